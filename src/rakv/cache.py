@@ -1,0 +1,172 @@
+"""Cross-request prefix KV store with exact prefix matching (spec section 2).
+
+Layout follows vLLM's prefix cache in miniature: a namespace (model identity + isolation salt)
+and a BLAKE2b digest of the first `BUCKET_TOKENS` token ids pick a bucket; the bucket's entries
+are validated by exact longest-common-prefix over token ids. Nothing approximate ever authorises
+reuse. Entries live in an LRU queue under a byte budget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+BUCKET_TOKENS = 16
+DEFAULT_BUDGET_MIB = 512
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each [1, heads, length, head_dim]
+
+
+def namespace(identity_key: str, salt: str | None) -> str:
+    """Entries are only visible to requests of the same target identity and the same salt (tenant)."""
+    return f"{identity_key}|salt={salt or ''}"
+
+
+def bucket_digest(token_ids: np.ndarray) -> bytes:
+    head = np.ascontiguousarray(token_ids[:BUCKET_TOKENS], dtype=np.int64)
+    return hashlib.blake2b(head.tobytes(), digest_size=12).digest()
+
+
+def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    mismatch = np.flatnonzero(a[:n] != b[:n])
+    return int(mismatch[0]) if mismatch.size else n
+
+
+@dataclass
+class CacheEntry:
+    token_ids: np.ndarray
+    kv: KV
+    next_logits: torch.Tensor  # logits after the last prompt token, [vocab]
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Hit:
+    """Result of matching a prompt against the store.
+
+    `prefix_length` is q, the longest common prefix with the best entry. `reused_tokens` is how
+    many prompt positions' K/V are taken from the store: all of them on an exact repeat, q-1 on a
+    partial hit (the boundary token is recomputed so its logits come from the model), 0 on a miss.
+    """
+
+    prompt_length: int
+    prefix_length: int = 0
+    exact: bool = False
+
+    @property
+    def reused_tokens(self) -> int:
+        if self.exact:
+            return self.prompt_length
+        return max(self.prefix_length - 1, 0)
+
+    @property
+    def is_hit(self) -> bool:
+        return self.reused_tokens > 0
+
+
+@dataclass
+class StoreStats:
+    lookups: int = 0
+    hits: int = 0
+    exact_hits: int = 0
+    hit_tokens: int = 0
+    inserts: int = 0
+    evictions: int = 0
+    rejected_oversize: int = 0
+    bytes: int = 0
+    entries: int = 0
+
+
+def kv_nbytes(kv: KV) -> int:
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+
+
+@dataclass
+class PrefixKVStore:
+    budget_bytes: int = DEFAULT_BUDGET_MIB << 20
+    stats: StoreStats = field(default_factory=StoreStats)
+
+    def __post_init__(self):
+        self._lru: OrderedDict[int, tuple[tuple[str, bytes], CacheEntry]] = OrderedDict()  # oldest first
+        self._buckets: dict[tuple[str, bytes], dict[int, CacheEntry]] = {}
+        self._next_id = 0
+
+    def _match(self, ns: str, token_ids: np.ndarray) -> tuple[Hit, int | None]:
+        best, best_id = Hit(prompt_length=len(token_ids)), None
+        for entry_id, entry in self._buckets.get((ns, bucket_digest(token_ids)), {}).items():
+            q = common_prefix_length(token_ids, entry.token_ids)
+            exact = q == len(token_ids) == len(entry.token_ids)
+            candidate = Hit(prompt_length=len(token_ids), prefix_length=q, exact=exact)
+            if (candidate.reused_tokens, exact) > (best.reused_tokens, best.exact):
+                best, best_id = candidate, entry_id
+        return best, best_id
+
+    def peek(self, ns: str, token_ids: np.ndarray) -> Hit:
+        """What a lookup would reuse, without copying, counting or touching the LRU order."""
+        return self._match(ns, token_ids)[0]
+
+    def lookup(self, ns: str, token_ids: np.ndarray) -> tuple[Hit, KV | None, torch.Tensor | None]:
+        """Match and copy out the reusable K/V (and the next-token logits on an exact repeat)."""
+        self.stats.lookups += 1
+        hit, entry_id = self._match(ns, token_ids)
+        if not hit.is_hit:
+            return hit, None, None
+        self._lru.move_to_end(entry_id)
+        entry = self._lru[entry_id][1]
+        n = hit.reused_tokens
+        kv = [(k[:, :, :n].clone(), v[:, :, :n].clone()) for k, v in entry.kv]
+        logits = entry.next_logits.clone() if hit.exact else None
+        self.stats.hits += 1
+        self.stats.exact_hits += int(hit.exact)
+        self.stats.hit_tokens += n
+        return hit, kv, logits
+
+    def insert(self, ns: str, token_ids: np.ndarray, kv: KV, next_logits: torch.Tensor) -> bool:
+        """Store a copy of a prompt's K/V (cropped to the prompt). Returns whether it is stored."""
+        length = len(token_ids)
+        hit, entry_id = self._match(ns, token_ids)
+        if hit.exact:
+            self._lru.move_to_end(entry_id)
+            return True
+        kv = [(k[:, :, :length].clone(), v[:, :, :length].clone()) for k, v in kv]
+        next_logits = next_logits.detach().reshape(-1).clone()
+        nbytes = kv_nbytes(kv) + next_logits.numel() * next_logits.element_size()
+        if nbytes > self.budget_bytes:
+            self.stats.rejected_oversize += 1
+            return False
+        while self.stats.bytes + nbytes > self.budget_bytes:
+            self._evict_oldest()
+        key = (ns, bucket_digest(token_ids))
+        entry = CacheEntry(token_ids=np.array(token_ids, dtype=np.int64), kv=kv,
+                           next_logits=next_logits, nbytes=nbytes)
+        self._lru[self._next_id] = (key, entry)
+        self._buckets.setdefault(key, {})[self._next_id] = entry
+        self._next_id += 1
+        self.stats.inserts += 1
+        self.stats.bytes += nbytes
+        self.stats.entries += 1
+        return True
+
+    def _evict_oldest(self) -> None:
+        entry_id, (key, entry) = self._lru.popitem(last=False)
+        bucket = self._buckets[key]
+        del bucket[entry_id]
+        if not bucket:
+            del self._buckets[key]
+        self.stats.bytes -= entry.nbytes
+        self.stats.entries -= 1
+        self.stats.evictions += 1
+
+    def clear(self) -> None:
+        while self._lru:
+            self._evict_oldest()
+        self.stats = StoreStats()
+
+    def lru_order(self) -> list[tuple[int, ...]]:
+        """Token ids of the stored entries, least recently used first (for tests and inspection)."""
+        return [tuple(entry.token_ids.tolist()) for _, entry in self._lru.values()]

@@ -1,0 +1,188 @@
+"""Decode loops: target-only (AR) and speculative with rollback (spec section 3).
+
+In the style of gpt-fast: a `forward` that runs a model over new tokens with its KV cache, a
+plain decode step, and one speculative round (propose k, verify k+1 in one target forward,
+accept, crop). The loops record per-phase time; every clock read synchronises the device first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from transformers import DynamicCache
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class PhaseTimer:
+    """Accumulates wall time per phase; reads the clock only after the device has finished its work."""
+
+    device: torch.device
+    seconds: dict = field(default_factory=lambda: defaultdict(float))
+
+    def now(self) -> float:
+        synchronize(self.device)
+        return time.perf_counter()
+
+    @contextmanager
+    def phase(self, name: str):
+        start = self.now()
+        try:
+            yield
+        finally:
+            self.seconds[name] += self.now() - start
+
+
+def forward(model: torch.nn.Module, ids: torch.Tensor, cache: DynamicCache, keep: int = 0) -> torch.Tensor:
+    """Run `model` over `ids` [1, n] appending to `cache`; returns fp32 logits [n or keep, vocab]."""
+    out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep)
+    return out.logits[0].float()
+
+
+def crop_cache(cache: DynamicCache, length: int) -> None:
+    """Roll a cache back to its first `length` positions."""
+    excess = cache.get_seq_length() - length
+    if excess > 0:
+        cache.crop(-excess)
+
+
+def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Temperature then nucleus (top-p) filtering, as transformers' warpers do; rows sum to 1."""
+    scaled = logits / sampling.temperature
+    if sampling.top_p < 1.0:
+        sorted_logits, order = scaled.sort(dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cumulative - sorted_logits.softmax(-1) >= sampling.top_p  # keeps the token crossing p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
+    return scaled.softmax(-1)
+
+
+def select_token(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
+    if sampling.greedy:
+        return int(logits.argmax())
+    return int(torch.multinomial(probabilities(logits, sampling), 1, generator=generator))
+
+
+def accept_greedy(candidates: list[int], logits: torch.Tensor) -> list[int]:
+    """Longest agreeing prefix of the candidates, then the target's own token (correction or bonus)."""
+    target = logits.argmax(-1).tolist()
+    n = 0
+    while n < len(candidates) and candidates[n] == target[n]:
+        n += 1
+    return candidates[:n] + [target[n]]
+
+
+def accept_sampled(candidates: list[int], proposal: torch.Tensor | None, logits: torch.Tensor,
+                   sampling: Sampling, generator: torch.Generator) -> list[int]:
+    """Modified rejection sampling: the output is distributed exactly as the target's sampler.
+
+    Accept candidate x with probability min(1, p(x)/q(x)); on the first rejection draw from
+    normalise(max(0, p - q)); if all pass, draw a bonus token from p. `proposal` None means each
+    candidate was chosen deterministically (q is a point mass on it).
+    """
+    p = probabilities(logits, sampling)
+    out = []
+    for i, x in enumerate(candidates):
+        if proposal is None:
+            q = torch.zeros_like(p[i])
+            q[x] = 1.0
+        else:
+            q = proposal[i]
+        u = torch.rand((), generator=generator, device=p.device)
+        if u * q[x] < p[i, x]:  # u < p/q without dividing by a possibly zero q
+            out.append(x)
+            continue
+        residual = (p[i] - q).clamp_min(0)
+        total = residual.sum()
+        residual = residual / total if total > 0 else p[i]
+        out.append(int(torch.multinomial(residual, 1, generator=generator)))
+        return out
+    out.append(int(torch.multinomial(p[len(candidates)], 1, generator=generator)))
+    return out
+
+
+@dataclass
+class DecodeState:
+    """Confirmed output of one request and what the loops count about it."""
+
+    max_new_tokens: int
+    eos_token_id: int | None
+    ignore_eos: bool
+    on_token: Callable[[int], None] | None = None
+    tokens: list[int] = field(default_factory=list)
+    rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    finished: bool = False
+
+    def emit(self, new_tokens: list[int]) -> None:
+        """Confirm tokens in order; stops at the budget or at end-of-sequence (which is kept, like `generate`)."""
+        for token in new_tokens:
+            if self.finished:
+                return
+            self.tokens.append(token)
+            if self.on_token is not None:
+                self.on_token(token)
+            if len(self.tokens) >= self.max_new_tokens or (
+                    not self.ignore_eos and self.eos_token_id is not None and token == self.eos_token_id):
+                self.finished = True
+
+
+def decode_autoregressive(target, cache, state: DecodeState, sampling, generator, timer: PhaseTimer,
+                          device) -> None:
+    """One target step per token; the first token is already in `state`, its K/V not yet in `cache`."""
+    while not state.finished:
+        ids = torch.tensor([[state.tokens[-1]]], dtype=torch.long, device=device)
+        with timer.phase("decode"):
+            logits = forward(target, ids, cache, keep=1)[-1]
+            token = select_token(logits, sampling, generator)
+        state.emit([token])
+
+
+def decode_speculative(target, cache, proposer, k: int, prompt: list[int], state: DecodeState, sampling,
+                       generator, timer: PhaseTimer, device) -> None:
+    """Speculative rounds until done. Invariant: `cache` holds prompt + all confirmed tokens but the last."""
+    with timer.phase("draft_prefill"):
+        proposer.start(prompt + state.tokens)
+    while not state.finished:
+        context = prompt + state.tokens
+        k_round = min(k, state.max_new_tokens - len(state.tokens) - 1)  # never draft past the budget
+        with timer.phase("propose"):
+            candidates, proposal = proposer.propose(context, k_round, sampling, generator) if k_round else ([], None)
+        ids = torch.tensor([[context[-1], *candidates]], dtype=torch.long, device=device)
+        with timer.phase("verify"):
+            logits = forward(target, ids, cache)
+            if sampling.greedy:
+                new_tokens = accept_greedy(candidates, logits)
+            else:
+                new_tokens = accept_sampled(candidates, proposal, logits, sampling, generator)
+        accepted = len(new_tokens) - 1
+        with timer.phase("rollback"):
+            crop_cache(cache, len(context) + accepted)
+            proposer.rollback(len(context) + accepted)
+        if candidates:
+            state.rounds += 1
+            state.proposed += len(candidates)
+            state.accepted += accepted
+        state.emit(new_tokens)

@@ -1,0 +1,171 @@
+"""One request through the engine: prefix lookup and reuse, prefill, then AR or speculative decoding.
+
+An *action* is the pair (reuse r, speculation depth k) of spec section 4; fixed strategies are
+fixed actions, and the controller picks one action per request.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from rakv.cache import Hit, PrefixKVStore, namespace
+from rakv.decoding import (DecodeState, PhaseTimer, Sampling, crop_cache, decode_autoregressive,
+                           decode_speculative, forward, select_token)
+from rakv.errors import RakvError
+from rakv.models import ModelPair
+from rakv.proposers import DraftModelProposer, PromptLookupProposer
+
+SPEC_K = (1, 2, 4, 6, 8)
+FIXED_STRATEGIES = ("ar", "kv-only", *(f"spec-k{k}" for k in SPEC_K), *(f"joint-k{k}" for k in SPEC_K))
+PROPOSERS = ("draft", "prompt-lookup")
+
+
+@dataclass(frozen=True, order=True)
+class Action:
+    reuse: bool
+    k: int
+
+    @property
+    def label(self) -> str:
+        return f"r{int(self.reuse)}k{self.k}"
+
+
+def parse_strategy(name: str) -> Action:
+    """The fixed action of a baseline strategy name."""
+    if name == "ar":
+        return Action(False, 0)
+    if name == "kv-only":
+        return Action(True, 0)
+    match = re.fullmatch(r"(spec|joint)-k(\d+)", name)
+    if match and int(match[2]) in SPEC_K:
+        return Action(match[1] == "joint", int(match[2]))
+    raise RakvError(f"unknown strategy '{name}'; choose one of: {', '.join(FIXED_STRATEGIES)}")
+
+
+@dataclass
+class RequestResult:
+    id: str
+    prompt_tokens: int
+    hit_tokens: int
+    new_tokens: int
+    token_ids: list[int]
+    text: str
+    reuse: bool
+    k: int
+    proposer: str
+    rounds: int
+    proposed: int
+    accepted: int
+    ttft_s: float
+    latency_s: float
+    tokens_per_s: float
+    prefill_s: float
+    kv_copy_s: float
+    draft_prefill_s: float
+    propose_s: float
+    verify_s: float
+    rollback_s: float
+    decode_s: float
+    store_insert_s: float  # after the response is complete; not part of latency
+    exact_hit: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        row = asdict(self)
+        row.update(row.pop("extra"))
+        return row
+
+
+@dataclass
+class Engine:
+    pair: ModelPair
+    store: PrefixKVStore
+    proposer: str = "draft"
+
+    def __post_init__(self):
+        if self.proposer not in PROPOSERS:
+            raise RakvError(f"unknown proposer '{self.proposer}'; choose one of: {', '.join(PROPOSERS)}")
+
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str) or not text.strip():
+            raise RakvError("empty prompt")
+        return self.pair.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def namespace(self, salt: str | None) -> str:
+        return namespace(self.pair.target.fingerprint.key(), salt)
+
+    def peek(self, token_ids: list[int], salt: str | None = None) -> Hit:
+        return self.store.peek(self.namespace(salt), np.asarray(token_ids, dtype=np.int64))
+
+    def make_proposer(self):
+        if self.proposer == "prompt-lookup":
+            return PromptLookupProposer()
+        return DraftModelProposer(self.pair.draft.module, self.pair.device)
+
+    def check_lengths(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        if max_new_tokens <= 0:
+            raise RakvError(f"max-new-tokens must be positive, got {max_new_tokens}")
+        if prompt_tokens == 0:
+            raise RakvError("empty prompt")
+        limit = self.pair.max_context
+        if prompt_tokens + max_new_tokens > limit:
+            raise RakvError(f"prompt ({prompt_tokens} tokens) + max-new-tokens ({max_new_tokens}) exceeds "
+                            f"the model context of {limit} tokens")
+
+    @torch.inference_mode()
+    def run(self, token_ids: list[int], action: Action, max_new_tokens: int, *, sampling: Sampling = Sampling(),
+            salt: str | None = None, ignore_eos: bool = False, on_token: Callable[[int], None] | None = None,
+            proposer=None, request_id: str = "0") -> RequestResult:
+        """Generate for one prompt under one action; the store is read only when `action.reuse`."""
+        self.check_lengths(len(token_ids), max_new_tokens)
+        device, target = self.pair.device, self.pair.target.module
+        ns = self.namespace(salt)
+        prompt = list(token_ids)
+        prompt_array = np.asarray(prompt, dtype=np.int64)
+        generator = None if sampling.greedy else torch.Generator(device=device).manual_seed(sampling.seed)
+        proposer = proposer if proposer is not None else (self.make_proposer() if action.k else None)
+        timer = PhaseTimer(device)
+        state = DecodeState(max_new_tokens, self.pair.eos_token_id, ignore_eos, on_token)
+
+        start = timer.now()
+        hit, kv, stored_logits = Hit(prompt_length=len(prompt)), None, None
+        with timer.phase("kv_copy"):
+            if action.reuse:
+                hit, kv, stored_logits = self.store.lookup(ns, prompt_array)
+            cache = DynamicCache(ddp_cache_data=kv, config=target.config)
+        with timer.phase("prefill"):
+            if stored_logits is not None:  # exact repeat: no forward pass before the first decode step
+                prompt_logits = stored_logits
+            else:
+                ids = torch.tensor([prompt[hit.reused_tokens:]], dtype=torch.long, device=device)
+                prompt_logits = forward(target, ids, cache, keep=1)[-1]
+            state.emit([select_token(prompt_logits, sampling, generator)])
+        ttft = timer.now() - start
+        if action.k == 0:
+            decode_autoregressive(target, cache, state, sampling, generator, timer, device)
+        else:
+            decode_speculative(target, cache, proposer, action.k, prompt, state, sampling, generator, timer, device)
+        latency = timer.now() - start
+
+        with timer.phase("store_insert"):
+            if not hit.exact:
+                crop_cache(cache, len(prompt))
+                self.store.insert(ns, prompt_array, [(layer.keys, layer.values) for layer in cache.layers],
+                                  prompt_logits)
+        s = timer.seconds
+        return RequestResult(
+            id=str(request_id), prompt_tokens=len(prompt), hit_tokens=hit.reused_tokens,
+            new_tokens=len(state.tokens), token_ids=state.tokens,
+            text=self.pair.tokenizer.decode(state.tokens, skip_special_tokens=True),
+            reuse=action.reuse, k=action.k, proposer=getattr(proposer, "name", "none"),
+            rounds=state.rounds, proposed=state.proposed, accepted=state.accepted,
+            ttft_s=ttft, latency_s=latency, tokens_per_s=len(state.tokens) / latency,
+            prefill_s=s["prefill"], kv_copy_s=s["kv_copy"], draft_prefill_s=s["draft_prefill"],
+            propose_s=s["propose"], verify_s=s["verify"], rollback_s=s["rollback"], decode_s=s["decode"],
+            store_insert_s=s["store_insert"], exact_hit=hit.exact)

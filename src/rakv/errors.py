@@ -1,0 +1,5 @@
+"""The one exception type whose message is shown to a user as a one-line error (no traceback)."""
+
+
+class RakvError(Exception):
+    """A problem with the user's input or environment, explained in one line."""
