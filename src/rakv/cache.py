@@ -43,6 +43,7 @@ class CacheEntry:
     kv: KV
     next_logits: torch.Tensor  # logits after the last prompt token, [vocab]
     nbytes: int
+    last_use: int = 0  # store clock at the last insert or lookup; breaks ties between equal matches
 
 
 @dataclass(frozen=True)
@@ -95,16 +96,25 @@ class PrefixKVStore:
         self._lru: OrderedDict[int, tuple[tuple[str, bytes], CacheEntry]] = OrderedDict()  # oldest first
         self._buckets: dict[tuple[str, bytes], dict[int, CacheEntry]] = {}
         self._next_id = 0
+        self._clock = 0
 
     def _match(self, ns: str, token_ids: np.ndarray) -> tuple[Hit, int | None]:
-        best, best_id = Hit(prompt_length=len(token_ids)), None
+        best, best_id, best_rank = Hit(prompt_length=len(token_ids)), None, (0, False, -1)
         for entry_id, entry in self._buckets.get((ns, bucket_digest(token_ids)), {}).items():
             q = common_prefix_length(token_ids, entry.token_ids)
             exact = q == len(token_ids) == len(entry.token_ids)
             candidate = Hit(prompt_length=len(token_ids), prefix_length=q, exact=exact)
-            if (candidate.reused_tokens, exact) > (best.reused_tokens, best.exact):
-                best, best_id = candidate, entry_id
+            rank = (candidate.reused_tokens, exact, entry.last_use)
+            if candidate.is_hit and rank > best_rank:
+                best, best_id, best_rank = candidate, entry_id, rank
         return best, best_id
+
+    def _touch(self, entry_id: int) -> CacheEntry:
+        self._clock += 1
+        self._lru.move_to_end(entry_id)
+        entry = self._lru[entry_id][1]
+        entry.last_use = self._clock
+        return entry
 
     def peek(self, ns: str, token_ids: np.ndarray) -> Hit:
         """What a lookup would reuse, without copying, counting or touching the LRU order."""
@@ -116,8 +126,7 @@ class PrefixKVStore:
         hit, entry_id = self._match(ns, token_ids)
         if not hit.is_hit:
             return hit, None, None
-        self._lru.move_to_end(entry_id)
-        entry = self._lru[entry_id][1]
+        entry = self._touch(entry_id)
         n = hit.reused_tokens
         kv = [(k[:, :, :n].clone(), v[:, :, :n].clone()) for k, v in entry.kv]
         logits = entry.next_logits.clone() if hit.exact else None
@@ -131,7 +140,7 @@ class PrefixKVStore:
         length = len(token_ids)
         hit, entry_id = self._match(ns, token_ids)
         if hit.exact:
-            self._lru.move_to_end(entry_id)
+            self._touch(entry_id)
             return True
         kv = [(k[:, :, :length].clone(), v[:, :, :length].clone()) for k, v in kv]
         next_logits = next_logits.detach().reshape(-1).clone()
@@ -146,6 +155,7 @@ class PrefixKVStore:
                            next_logits=next_logits, nbytes=nbytes)
         self._lru[self._next_id] = (key, entry)
         self._buckets.setdefault(key, {})[self._next_id] = entry
+        self._touch(self._next_id)
         self._next_id += 1
         self.stats.inserts += 1
         self.stats.bytes += nbytes

@@ -1,0 +1,136 @@
+"""Prefix KV store: exact matching, copying, isolation, budget and LRU."""
+
+import numpy as np
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rakv.cache import BUCKET_TOKENS, PrefixKVStore, namespace
+
+
+def fake_kv(length, layers=2, heads=2, dim=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(1, heads, length, dim, generator=g), torch.randn(1, heads, length, dim, generator=g))
+            for _ in range(layers)]
+
+
+def ids(*values):
+    return np.asarray(values, dtype=np.int64)
+
+
+BASE = np.arange(100, 140, dtype=np.int64)  # 40 tokens
+NS = namespace("model-a", None)
+
+
+def filled_store(budget=1 << 30):
+    store = PrefixKVStore(budget_bytes=budget)
+    store.insert(NS, BASE, fake_kv(len(BASE)), torch.randn(10))
+    return store
+
+
+def test_exact_repeat_reuses_everything_and_logits():
+    store = filled_store()
+    hit, kv, logits = store.lookup(NS, BASE.copy())
+    assert hit.exact and hit.reused_tokens == 40 and kv[0][0].shape[2] == 40 and logits is not None
+
+
+def test_partial_hit_reuses_q_minus_one():
+    store = filled_store()
+    prompt = np.concatenate([BASE[:25], [7, 8, 9]])
+    hit, kv, logits = store.lookup(NS, prompt)
+    assert hit.prefix_length == 25 and hit.reused_tokens == 24 and not hit.exact
+    assert kv[0][0].shape[2] == 24 and logits is None
+
+
+def test_prompt_that_is_strict_prefix_of_entry_is_a_partial_hit():
+    store = filled_store()
+    hit = store.peek(NS, BASE[:30])
+    assert hit.prefix_length == 30 and hit.reused_tokens == 29 and not hit.exact
+
+
+def test_divergence_inside_the_first_block_is_a_miss():
+    store = filled_store()
+    prompt = BASE.copy()
+    prompt[BUCKET_TOKENS - 1] = 0  # q = 15: another bucket
+    assert store.peek(NS, prompt).reused_tokens == 0
+    prompt = BASE.copy()
+    prompt[BUCKET_TOKENS] = 0  # first block intact: q = 16
+    assert store.peek(NS, prompt).reused_tokens == BUCKET_TOKENS - 1
+
+
+def test_no_hit_across_identities_or_salts():
+    store = filled_store()
+    assert not store.peek(namespace("model-b", None), BASE).is_hit
+    assert not store.peek(namespace("model-a", "tenant-2"), BASE).is_hit
+    store.insert(namespace("model-a", "tenant-2"), BASE, fake_kv(40, seed=1), torch.randn(10))
+    assert store.peek(namespace("model-a", "tenant-2"), BASE).exact
+
+
+def test_stored_tensors_are_copied_in_and_out():
+    kv = fake_kv(40)
+    store = PrefixKVStore()
+    store.insert(NS, BASE, kv, torch.zeros(10))
+    kv[0][0].fill_(7.0)  # the caller's tensors change; the entry must not
+    _, out, logits = store.lookup(NS, BASE)
+    assert not torch.equal(out[0][0], kv[0][0])
+    out[0][0].fill_(9.0)
+    logits.fill_(3.0)
+    _, again, logits_again = store.lookup(NS, BASE)
+    assert not torch.equal(again[0][0], out[0][0]) and torch.equal(logits_again, torch.zeros(10))
+
+
+def test_oversize_entry_is_not_stored():
+    store = PrefixKVStore(budget_bytes=1000)
+    assert not store.insert(NS, BASE, fake_kv(40), torch.zeros(10))
+    assert store.stats.rejected_oversize == 1 and store.stats.bytes == 0
+
+
+def test_peek_does_not_count_or_touch():
+    store = filled_store()
+    store.peek(NS, BASE)
+    assert store.stats.lookups == 0 and store.stats.hits == 0
+
+
+# Model-based check: random inserts and lookups against a plain-Python reference LRU.
+prompts = st.lists(st.integers(0, 3), min_size=1, max_size=3).map(
+    lambda tail: tuple(range(BUCKET_TOKENS)) + tuple(tail))
+operations = st.lists(st.tuples(st.sampled_from(["insert", "lookup"]), prompts), max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(operations, st.integers(2, 6))
+def test_budget_and_lru_order_under_random_operations(ops, capacity_entries):
+    def entry_bytes(n):  # 2 layers x (k, v) x [1, 1, n, 1] fp32, plus one fp32 logit
+        return 2 * 2 * n * 4 + 4
+
+    budget = capacity_entries * entry_bytes(BUCKET_TOKENS + 2)
+    store = PrefixKVStore(budget_bytes=budget)
+    model: list[tuple] = []  # reference LRU, oldest first
+    for op, prompt in ops:
+        arr = np.asarray(prompt, dtype=np.int64)
+        if op == "insert":
+            kv = fake_kv(len(prompt), layers=2, heads=1, dim=1)
+            store.insert(NS, arr, kv, torch.zeros(1))
+            if prompt in model:
+                model.remove(prompt)
+            model.append(prompt)
+            while sum(entry_bytes(len(p)) for p in model) > budget:
+                model.pop(0)
+        else:
+            hit, _, _ = store.lookup(NS, arr)
+            # the best entry is the one with the longest common prefix (exact preferred); it becomes newest
+            if hit.is_hit:
+                best = max(model, key=lambda p: (len(prompt) if p == prompt else _lcp(p, prompt) - 1,
+                                                 p == prompt, model.index(p)))
+                model.remove(best)
+                model.append(best)
+        assert store.stats.bytes <= budget
+        assert store.stats.bytes == sum(entry_bytes(len(p)) for p in model)
+        assert store.lru_order() == model
+
+
+def _lcp(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n

@@ -1,0 +1,108 @@
+"""`rakv generate` end to end on the tiny pair, and every bad input: one line, non-zero, no traceback."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rakv.cli import main
+from rakv.errors import RakvError
+from rakv.models import Fingerprint, LoadedModel, check_shared_tokenizer
+
+PROMPT = "The quick brown fox jumps over the lazy dog and then runs far away into the dark forest"
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def generate(capsys, *extra):
+    return run_cli(capsys, "generate", "--pair", "tiny", "--max-new-tokens", "6", "--threads", "2", *extra)
+
+
+def test_json_output_and_store_shared_across_prompts(capsys, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "a", "prompt": PROMPT}, {"id": "b", "prompt": PROMPT},
+        {"id": "c", "prompt": PROMPT, "salt": "other-tenant"}, {"id": "d", "prompt": PROMPT + " again and again"}]))
+    code, out, err = generate(capsys, "--prompts", str(prompts), "--strategy", "joint-k4", "--json", "--ignore-eos")
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    for key in ("id", "prompt_tokens", "hit_tokens", "new_tokens", "token_ids", "text", "reuse", "k", "proposed",
+                "accepted", "ttft_s", "latency_s", "tokens_per_s"):
+        assert all(key in row for row in rows), key
+    hits = {row["id"]: row["hit_tokens"] for row in rows}
+    assert hits["a"] == 0 and hits["b"] == rows[1]["prompt_tokens"] and hits["c"] == 0
+    assert hits["d"] == rows[0]["prompt_tokens"] - 1
+    assert len({tuple(row["token_ids"]) for row in rows[:3]}) == 1 and all(r["new_tokens"] == 6 for r in rows)
+
+
+def test_readable_output(capsys):
+    code, out, err = generate(capsys, "--prompt", PROMPT, "--strategy", "spec-k2")
+    assert code == 0 and "prompt tokens" in out and "k=2" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prompt", "   ", "--strategy", "ar"], "empty prompt"),
+    (["--prompt", "x " * 1100, "--strategy", "ar"], "exceeds the model context"),
+    (["--prompt", PROMPT, "--strategy", "ar", "--max-new-tokens", "0"], "must be positive"),
+    (["--prompt", PROMPT, "--strategy", "spec-k3"], "unknown strategy"),
+    (["--prompt", PROMPT, "--strategy", "ar", "--pair", "gpt5"], "unknown pair"),
+    (["--prompts", "/nonexistent/p.jsonl", "--strategy", "ar"], "cannot read prompts file"),
+])
+def test_bad_input_is_one_line_error(capsys, argv, message):
+    base = ["generate", "--pair", "tiny", "--max-new-tokens", "6"]
+    code, out, err = run_cli(capsys, *base, *argv)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"id": 1, "prompt": "fine"}\n{"id": 2, "prompt": \n', ":2: not valid JSON"),
+    ('{"id": 1, "text": "no prompt key"}\n', ":1: expected an object"),
+    ('{"id": 1, "prompt": ""}\n', ":1: empty prompt"),
+    ('{"id": 1, "prompt": "ok", "salt": 5}\n', "salt"),
+    ("\n\n", "no prompts"),
+])
+def test_malformed_jsonl_stops_before_any_work(capsys, tmp_path, content, message, monkeypatch):
+    import rakv.models
+
+    monkeypatch.setattr(rakv.models, "load_pair", lambda *a, **k: pytest.fail("models loaded before validation"))
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    code, out, err = generate(capsys, "--prompts", str(path), "--strategy", "ar")
+    assert code == 2 and message in err and out == ""
+
+
+def test_too_long_prompt_in_file_stops_before_generation(capsys, tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"id": "ok", "prompt": PROMPT}) + "\n" + json.dumps({"id": "long", "prompt": "y " * 1100}))
+    code, out, err = generate(capsys, "--prompts", str(path), "--strategy", "ar", "--json")
+    assert code == 2 and "request long" in err and out == ""
+
+
+def test_mismatched_tokenizers_refused():
+    fp = lambda tok: Fingerprint("m", "w", "float32", "none", tok)
+    with pytest.raises(RakvError, match="tokenizers differ"):
+        check_shared_tokenizer("p", LoadedModel(None, fp("aaaa"), 1024), LoadedModel(None, fp("bbbb"), 1024))
+
+
+def test_unreachable_hub_model_is_a_clear_error(monkeypatch, tmp_path):
+    from rakv.models import load_pair
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    import huggingface_hub.constants as c
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    with pytest.raises(RakvError, match="neither in the local Hugging Face cache"):
+        load_pair("gpt2-distilgpt2")
+
+
+def test_console_script_error_has_no_traceback():
+    exe = Path(sys.executable).parent / "rakv"
+    proc = subprocess.run([str(exe), "generate", "--pair", "tiny", "--prompt", "hi", "--max-new-tokens", "-3",
+                           "--strategy", "ar"], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.startswith("rakv: error:") and "Traceback" not in proc.stderr
