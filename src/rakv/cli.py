@@ -36,19 +36,52 @@ def read_prompts(path: str) -> list[dict]:
     return requests
 
 
-def cmd_generate(args) -> None:
+def parse_k_set(text: str) -> tuple[int, ...]:
+    from rakv.engine import SPEC_K
+
+    try:
+        values = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
+    except ValueError:
+        raise RakvError(f"--k-set must be comma-separated integers, got '{text}'") from None
+    if not values or any(v != 0 and v not in SPEC_K for v in values):
+        raise RakvError(f"--k-set values must be 0 or one of {SPEC_K}, got '{text}'")
+    return values
+
+
+def make_engine(args):
     from rakv.cache import PrefixKVStore
-    from rakv.decoding import Sampling
-    from rakv.engine import Engine, parse_strategy
+    from rakv.engine import Engine
     from rakv.models import load_pair
+
+    if getattr(args, "cache_budget_mib", 1) <= 0:
+        raise RakvError("--cache-budget-mib must be positive")
+    pair = load_pair(args.pair, device=args.device, dtype=args.dtype, threads=args.threads)
+    budget = int(getattr(args, "cache_budget_mib", 512) * (1 << 20))
+    return Engine(pair, PrefixKVStore(budget_bytes=budget), proposer=args.proposer)
+
+
+def cost_table(engine, recalibrate: str):
+    from rakv.costmodel import load_or_calibrate
+    from rakv.workloads import calibration_prompts
+
+    return load_or_calibrate(engine, calibration_prompts(engine.encode), recalibrate=recalibrate)
+
+
+def cmd_generate(args) -> None:
+    from rakv.controller import Controller, ControllerConfig, predict_fixed, run_rakv_asd
+    from rakv.decoding import Sampling
+    from rakv.engine import parse_strategy
 
     if args.max_new_tokens <= 0:
         raise RakvError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         raise RakvError("--temperature must be >= 0 and --top-p in (0, 1]")
-    if args.cache_budget_mib <= 0:
-        raise RakvError("--cache-budget-mib must be positive")
-    action = parse_strategy(args.strategy)
+    adaptive = args.strategy == "rakv-asd"
+    action = None if adaptive else parse_strategy(args.strategy)
+    config = ControllerConfig(k_set=parse_k_set(args.k_set), beta=args.beta,
+                              memory_penalty_s_per_byte=args.memory_penalty, memory_budget_mib=args.memory_budget_mib)
+    if not 0 <= config.beta < 1:
+        raise RakvError("--beta must be in [0, 1)")
     if args.prompt is not None:
         if not args.prompt.strip():
             raise RakvError("empty prompt")
@@ -56,27 +89,87 @@ def cmd_generate(args) -> None:
     else:
         requests = read_prompts(args.prompts)
 
-    pair = load_pair(args.pair, device=args.device, dtype=args.dtype, threads=args.threads)
-    engine = Engine(pair, PrefixKVStore(budget_bytes=int(args.cache_budget_mib * (1 << 20))), proposer=args.proposer)
+    engine = make_engine(args)
     encoded = [engine.encode(r["prompt"]) for r in requests]
     for request, ids in zip(requests, encoded):  # every length error before any generation
         try:
             engine.check_lengths(len(ids), args.max_new_tokens)
         except RakvError as exc:
             raise RakvError(f"request {request['id']}: {exc}") from None
+    try:  # the controller needs a calibration; fixed strategies use one, when present, for their prediction
+        table = cost_table(engine, "never" if args.no_calibrate or not adaptive else "auto")
+        controller = Controller(table, config)
+    except RakvError:
+        if adaptive:
+            raise
+        controller = None
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     for request, ids in zip(requests, encoded):
         salt = request["salt"] if request["salt"] is not None else args.salt
-        stream = None if args.json else _text_streamer(pair.tokenizer, request["id"])
-        result = engine.run(ids, action, args.max_new_tokens, sampling=sampling, salt=salt,
-                            ignore_eos=args.ignore_eos, on_token=stream, request_id=request["id"])
-        if args.json:
-            print(json.dumps(result.to_json()), flush=True)
+        stream = None if args.json else _text_streamer(engine.pair.tokenizer, request["id"])
+        kwargs = dict(sampling=sampling, salt=salt, ignore_eos=args.ignore_eos, on_token=stream,
+                      request_id=request["id"])
+        if adaptive:
+            result = run_rakv_asd(engine, controller, ids, args.max_new_tokens, **kwargs)
         else:
+            hit = engine.peek(ids, salt)
+            result = engine.run(ids, action, args.max_new_tokens, **kwargs)
+            result.extra["strategy"] = args.strategy
+            result.extra["predicted_latency_s"] = (
+                predict_fixed(controller, len(ids), hit, args.max_new_tokens, action) if controller else None)
+        if args.json:
+            row = result.to_json()
+            del row["round_log"]
+            print(json.dumps(row), flush=True)
+        else:
+            predicted = result.extra.get("predicted_latency_s")
             print(f"\n  [{result.prompt_tokens} prompt tokens, {result.hit_tokens} reused, {result.new_tokens} new; "
                   f"r={int(result.reuse)} k={result.k}; accepted {result.accepted}/{result.proposed}; "
-                  f"TTFT {result.ttft_s * 1e3:.1f} ms, {result.latency_s:.3f} s, {result.tokens_per_s:.1f} tok/s]",
-                  flush=True)
+                  f"TTFT {result.ttft_s * 1e3:.1f} ms, {result.latency_s:.3f} s"
+                  + (f" (predicted {predicted:.3f} s)" if predicted is not None else "")
+                  + f", {result.tokens_per_s:.1f} tok/s]", flush=True)
+
+
+def cmd_calibrate(args) -> None:
+    from rakv.costmodel import K_VALUES, RequestFeatures, break_even_alpha, estimate_latency
+
+    engine = make_engine(args)
+    table = cost_table(engine, "always" if args.force else "auto")
+    if args.json:
+        print(json.dumps(table.to_json()))
+        return
+    print(f"calibration of {engine.pair.name} / proposer {engine.proposer} "
+          f"({table.key['hardware']['processor']}, {table.key['hardware']['device']}, "
+          f"{table.key['hardware']['threads']} threads; measured in {table.measured_s:.0f} s)")
+    if not args.show:
+        return
+    rows = [("target prefill (s vs tokens)", table.target_prefill), ("target step (s vs context)", table.target_step),
+            *((f"target verify k={k} (s vs context)", table.verify[k]) for k in sorted(table.verify)),
+            *((f"propose k={k} (s vs context)", table.propose[k]) for k in sorted(table.propose)),
+            ("proposer prefill (s vs tokens)", table.proposer_prefill), ("KV copy (s vs reused tokens)", table.kv_copy)]
+    print(f"{'cost':<36} {'measured at x: seconds':<58} {'R^2':>6} {'max rel err':>11}")
+    for name, curve in rows:
+        points = ", ".join(f"{int(x)}: {y * 1e3:.2f}ms" for x, y in zip(curve.xs, curve.ys))
+        print(f"{name:<36} {points:<58} {curve.r2:>6.3f} {curve.max_rel_error:>11.3f}")
+    print(f"KV bytes per token: target {table.target_kv_bytes_per_token:.0f}, proposer "
+          f"{table.proposer_kv_bytes_per_token:.0f}; greedy acceptance alpha = {table.acceptance:.3f} "
+          f"over {table.acceptance_rounds} rounds")
+    lam = args.memory_penalty
+    lengths = [args.prompt_length] if args.prompt_length else [64, 256, 512]
+    print(f"\nbreak-even alpha per k (N = {args.new_tokens} new tokens, reuse {args.reuse_rate:.0%}; "
+          f"'-' = never, even at alpha = 1)")
+    print(f"{'prompt':>7} {'r':>2} " + " ".join(f"{'k=' + str(k):>7}" for k in K_VALUES)
+          + f" {'C(r,0) s':>9} {'best k at alpha=' + format(table.acceptance, '.2f'):>20}")
+    for length in lengths:
+        hit = int(length * args.reuse_rate)
+        features = RequestFeatures(length, max(hit - 1, 0) if hit else 0, args.new_tokens)
+        for reuse in ((False, True) if hit else (False,)):
+            alphas = [break_even_alpha(table, features, reuse, k, lam) for k in K_VALUES]
+            costs = {k: estimate_latency(table, features, reuse, k, table.acceptance, lam) for k in (0, *K_VALUES)}
+            best = min(costs, key=costs.get)
+            print(f"{length:>7} {int(reuse):>2} " + " ".join(f"{a:>7.3f}" if a is not None else f"{'-':>7}"
+                                                              for a in alphas)
+                  + f" {costs[0]:>9.3f} {best:>20}")
 
 
 def _text_streamer(tokenizer, request_id):
@@ -110,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--prompts", metavar="FILE.jsonl", help="JSONL file of prompts")
     gen.add_argument("--max-new-tokens", type=int, required=True, metavar="N")
     gen.add_argument("--strategy", required=True,
-                     help=f"{', '.join(FIXED_STRATEGIES)}")
+                     help=f"{', '.join(FIXED_STRATEGIES)}, rakv-asd (the controller; calibrates the pair first "
+                          "if this machine has no calibration for it)")
     gen.add_argument("--proposer", default="draft", choices=PROPOSERS, help="who drafts for k > 0 (default: draft)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-p", type=float, default=1.0)
@@ -119,11 +213,37 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--cache-budget-mib", type=float, default=512)
     gen.add_argument("--ignore-eos", action="store_true", help="generate exactly N tokens")
     gen.add_argument("--json", action="store_true", help="one JSON object per request on stdout")
-    gen.add_argument("--device", default="cpu")
-    gen.add_argument("--dtype", default="float32")
-    gen.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    gen.add_argument("--k-set", default="0,1,2,4,6,8", help="rakv-asd: speculation depths it may choose")
+    gen.add_argument("--beta", type=float, default=0.9, help="rakv-asd: EWMA weight of past acceptance")
+    gen.add_argument("--memory-penalty", type=float, default=1e-11, metavar="LAMBDA",
+                     help="rakv-asd: seconds charged per byte of K/V an action holds")
+    gen.add_argument("--memory-budget-mib", type=float, default=512, help="rakv-asd: actions above it are dropped")
+    gen.add_argument("--no-calibrate", action="store_true",
+                     help="never measure a calibration here; fail if rakv-asd needs one that is missing or stale")
+    add_model_options(gen)
     gen.set_defaults(func=cmd_generate)
+
+    cal = sub.add_parser("calibrate", help="measure the cost model of a pair on this machine (saved and reused)",
+                         description="Measure prefill, step, verify, propose and KV-copy costs and the greedy "
+                                     "acceptance of the pair's proposer; save them keyed by pair and machine.")
+    cal.add_argument("--pair", required=True, help=f"model pair: {', '.join(PAIR_NAMES)}")
+    cal.add_argument("--proposer", default="draft", choices=PROPOSERS)
+    cal.add_argument("--force", action="store_true", help="measure again even if a valid calibration exists")
+    cal.add_argument("--show", action="store_true", help="print the cost table and break-even alphas")
+    cal.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    cal.add_argument("--prompt-length", type=int, default=None, help="--show: one prompt length (default 64,256,512)")
+    cal.add_argument("--reuse-rate", type=float, default=0.0, help="--show: share of the prompt that hits the store")
+    cal.add_argument("--new-tokens", type=int, default=64, help="--show: new tokens per request")
+    cal.add_argument("--memory-penalty", type=float, default=1e-11, metavar="LAMBDA")
+    add_model_options(cal)
+    cal.set_defaults(func=cmd_calibrate)
     return parser
+
+
+def add_model_options(parser) -> None:
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -131,10 +131,25 @@ class DecodeState:
     ignore_eos: bool
     on_token: Callable[[int], None] | None = None
     tokens: list[int] = field(default_factory=list)
-    rounds: int = 0
-    proposed: int = 0
-    accepted: int = 0
+    round_log: list[tuple[int, int]] = field(default_factory=list)  # (proposed, accepted) per speculative round
     finished: bool = False
+
+    @property
+    def rounds(self) -> int:
+        return len(self.round_log)
+
+    @property
+    def proposed(self) -> int:
+        return sum(p for p, _ in self.round_log)
+
+    @property
+    def accepted(self) -> int:
+        return sum(a for _, a in self.round_log)
+
+    @property
+    def rejections(self) -> int:
+        """Rounds that ended at a rejected candidate (the rest accepted all and earned a bonus token)."""
+        return sum(a < p for p, a in self.round_log)
 
     def emit(self, new_tokens: list[int]) -> None:
         """Confirm tokens in order; stops at the budget or at end-of-sequence (which is kept, like `generate`)."""
@@ -182,7 +197,5 @@ def decode_speculative(target, cache, proposer, k: int, prompt: list[int], state
             crop_cache(cache, len(context) + accepted)
             proposer.rollback(len(context) + accepted)
         if candidates:
-            state.rounds += 1
-            state.proposed += len(candidates)
-            state.accepted += accepted
+            state.round_log.append((len(candidates), accepted))
         state.emit(new_tokens)

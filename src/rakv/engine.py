@@ -62,6 +62,7 @@ class RequestResult:
     rounds: int
     proposed: int
     accepted: int
+    rejections: int  # rounds that ended at a rejected candidate
     ttft_s: float
     latency_s: float
     tokens_per_s: float
@@ -74,6 +75,7 @@ class RequestResult:
     decode_s: float
     store_insert_s: float  # after the response is complete; not part of latency
     exact_hit: bool = False
+    round_log: list[tuple[int, int]] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -164,8 +166,8 @@ class Engine:
             new_tokens=len(state.tokens), token_ids=state.tokens,
             text=self.pair.tokenizer.decode(state.tokens, skip_special_tokens=True),
             reuse=action.reuse, k=action.k, proposer=getattr(proposer, "name", "none"),
-            rounds=state.rounds, proposed=state.proposed, accepted=state.accepted,
+            rounds=state.rounds, proposed=state.proposed, accepted=state.accepted, rejections=state.rejections,
             ttft_s=ttft, latency_s=latency, tokens_per_s=len(state.tokens) / latency,
             prefill_s=s["prefill"], kv_copy_s=s["kv_copy"], draft_prefill_s=s["draft_prefill"],
             propose_s=s["propose"], verify_s=s["verify"], rollback_s=s["rollback"], decode_s=s["decode"],
-            store_insert_s=s["store_insert"], exact_hit=hit.exact)
+            store_insert_s=s["store_insert"], exact_hit=hit.exact, round_log=state.round_log)

@@ -20,3 +20,8 @@ def load_humaneval():
     from datasets import load_dataset
 
     return load_dataset("json", data_files=str(humaneval_path()), split="train")
+
+
+def calibration_prompts(encode, count: int = 3) -> list[list[int]]:
+    """Token ids of the prompts whose greedy acceptance calibration measures (HumanEval/0, 1, 2)."""
+    return [encode(problem["prompt"]) for problem in load_humaneval().select(range(count))]

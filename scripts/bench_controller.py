@@ -1,0 +1,74 @@
+"""Decision overhead of the RAKV-ASD controller (goal: < 1 ms per decision), store peek included.
+
+    .venv/bin/python scripts/bench_controller.py [--pair tiny] [--decisions 2000]
+
+Uses the pair's saved calibration (measured first if this machine has none) and a store holding
+a few hundred prompts, so that peek has buckets to search.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from rakv.cache import PrefixKVStore
+from rakv.cli import cost_table
+from rakv.controller import Controller
+from rakv.engine import Engine
+from rakv.errors import RakvError
+from rakv.models import load_pair
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pair", default="tiny")
+    parser.add_argument("--proposer", default="draft")
+    parser.add_argument("--decisions", type=int, default=2000)
+    parser.add_argument("--stored-prompts", type=int, default=300)
+    args = parser.parse_args()
+    try:
+        pair = load_pair(args.pair)
+        engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 40), proposer=args.proposer)
+        controller = Controller(cost_table(engine, "auto"))
+    except RakvError as exc:
+        print(f"bench_controller: error: {exc}", file=sys.stderr)
+        return 2
+    import torch
+
+    ns = engine.namespace(None)
+    print(f"pair={pair.name} proposer={args.proposer} decisions per case={args.decisions} "
+          f"stored prompts={args.stored_prompts}")
+    for case, families in (("typical: 30 prompt families, ~10 entries per bucket", 30),
+                           ("worst case: every entry in one bucket", 1)):
+        engine.store.clear()
+        rng = np.random.default_rng(0)
+        heads = [rng.integers(100, 30000, size=16) for _ in range(families)]
+        prompts = [np.concatenate([heads[i % families], rng.integers(100, 30000, size=int(rng.integers(16, 500)))])
+                   for i in range(args.stored_prompts)]
+        for p in prompts:  # tiny fake K/V: the search cost does not depend on tensor sizes
+            engine.store.insert(ns, p, [(torch.zeros(1, 1, len(p), 1), torch.zeros(1, 1, len(p), 1))],
+                                torch.zeros(1))
+        peek, decide = [], []
+        for i in range(args.decisions):
+            query = prompts[i % len(prompts)][: int(rng.integers(20, 400))]
+            start = time.perf_counter()
+            hit = engine.store.peek(ns, query)
+            middle = time.perf_counter()
+            controller.decide(len(query), hit, 64)
+            peek.append(middle - start)
+            decide.append(time.perf_counter() - middle)
+        total = [a + b for a, b in zip(peek, decide)]
+        print(f"{case}:")
+        for name, samples in (("peek", peek), ("decide", decide), ("total", total)):
+            print(f"  {name:<7} median {statistics.median(samples) * 1e6:8.1f} us   p99 "
+                  f"{np.percentile(samples, 99) * 1e6:8.1f} us")
+        print(f"  goal < 1000 us per decision (median): {'met' if statistics.median(total) < 1e-3 else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Cost model and controller on synthetic cost tables, plus calibration keying on the tiny pair."""
+
+import json
+import random
+
+import pytest
+
+from rakv.cache import Hit, PrefixKVStore
+from rakv.controller import AcceptanceTracker, Controller, ControllerConfig, run_rakv_asd
+from rakv.costmodel import (CalibrationPlan, CostTable, Curve, RequestFeatures, acceptance_estimate,
+                            break_even_alpha, calibration_key, estimate_latency, expected_tokens_per_round,
+                            load_or_calibrate, load_table, save_table)
+from rakv.engine import Action, Engine, parse_strategy
+from rakv.errors import RakvError
+
+
+def flat(seconds):
+    return Curve([float(seconds)], 1.0, 0.0)
+
+
+def table(step=0.020, verify=0.024, propose_per_token=0.004, prefill_per_token=0.002, copy_per_token=1e-6,
+          alpha=0.6, kv_bytes=4096.0):
+    return CostTable(
+        key={}, target_prefill=Curve([prefill_per_token, 0.0], 1.0, 0.0), target_step=flat(step),
+        verify={k: flat(verify) for k in (1, 2, 4, 6, 8)},
+        propose={k: flat(propose_per_token * k) for k in (1, 2, 4, 6, 8)},
+        proposer_prefill=Curve([prefill_per_token / 2, 0.0], 1.0, 0.0), kv_copy=Curve([copy_per_token, 0.0], 1.0, 0.0),
+        target_kv_bytes_per_token=kv_bytes, proposer_kv_bytes_per_token=kv_bytes / 2, acceptance=alpha,
+        acceptance_rounds=100)
+
+
+def simulate_round(alpha, k, rng):
+    accepted = 0
+    while accepted < k and rng.random() < alpha:
+        accepted += 1
+    return accepted
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.6, 0.9, 0.99])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_expected_tokens_closed_form_matches_monte_carlo(alpha, k):
+    rng = random.Random(k * 100 + int(alpha * 100))
+    draws = [simulate_round(alpha, k, rng) + 1 for _ in range(40000)]
+    assert abs(sum(draws) / len(draws) - expected_tokens_per_round(alpha, k)) < 0.03 * (k + 1)
+    assert expected_tokens_per_round(1.0, k) == k + 1
+
+
+def test_acceptance_estimate_recovers_alpha_from_truncated_rounds():
+    rng = random.Random(0)
+    for alpha in (0.3, 0.7, 0.95):
+        log = [(4, simulate_round(alpha, 4, rng)) for _ in range(20000)]
+        assert abs(acceptance_estimate(log) - alpha) < 0.01
+        naive = sum(a for _, a in log) / sum(p for p, _ in log)
+        assert naive < alpha - 0.05  # the ratio of means would be biased low
+
+
+FEATURES = RequestFeatures(prompt_tokens=256, hit_tokens=0, new_tokens=64)
+
+
+def test_costly_draft_or_low_alpha_chooses_no_speculation():
+    costly = Controller(table(propose_per_token=0.019, alpha=0.9))
+    assert costly.decide(256, Hit(256), 64).action.k == 0
+    low_alpha = Controller(table(alpha=0.2))
+    assert low_alpha.decide(256, Hit(256), 64).action.k == 0
+
+
+def test_cheap_draft_and_high_alpha_speculates():
+    decision = Controller(table(propose_per_token=0.001, alpha=0.99)).decide(256, Hit(256), 64)
+    assert decision.action.k > 0 and decision.predictions["r0k0"] > decision.predicted_latency_s
+
+
+def test_hit_reuses_when_copy_is_cheaper_than_prefill():
+    hit = Hit(prompt_length=256, prefix_length=200)
+    assert Controller(table(alpha=0.2)).decide(256, hit, 64).action == Action(True, 0)
+    expensive_copy = Controller(table(alpha=0.2, copy_per_token=0.01))
+    assert expensive_copy.decide(256, hit, 64).action == Action(False, 0)
+    assert "r1k0" not in Controller(table()).decide(256, Hit(256), 64).predictions  # no hit, no r = 1
+
+
+def test_infeasible_actions_are_never_chosen():
+    config = ControllerConfig(memory_budget_mib=(4096 * 320 + 2048 * 320) / 2**20)  # below any k > 0
+    decision = Controller(table(propose_per_token=0.001, alpha=0.99), config).decide(256, Hit(256), 64)
+    assert decision.action.k == 0 and all(label.endswith("k0") for label in decision.predictions)
+    assert set(decision.infeasible) == {f"r0k{k}" for k in (1, 2, 4, 6, 8)}
+    with pytest.raises(RakvError, match="memory budget"):
+        Controller(table(), ControllerConfig(memory_budget_mib=0.1)).decide(256, Hit(256), 64)
+
+
+def test_k_set_restricts_actions():
+    decision = Controller(table(propose_per_token=0.001, alpha=0.99), ControllerConfig(k_set=(0, 2))).decide(
+        256, Hit(256), 64)
+    assert set(decision.predictions) == {"r0k0", "r0k2"} and decision.action.k == 2
+
+
+def test_ewma_moves_toward_observed_acceptance():
+    tracker = AcceptanceTracker(alpha0=0.5, beta=0.8)
+    tracker.observe([(4, 4)] * 10)
+    high = tracker.alpha
+    assert high > 0.9
+    tracker.observe([(4, 0)] * 5)
+    falling = tracker.alpha
+    assert falling < high
+    tracker.observe([(4, 0)] * 25)
+    assert tracker.alpha < min(falling, 0.1)
+    before = tracker.alpha
+    tracker.observe([])  # no rounds ran: no change
+    assert tracker.alpha == before
+
+
+def test_break_even_alpha_is_where_costs_cross():
+    t = table(propose_per_token=0.003)
+    alpha = break_even_alpha(t, FEATURES, False, 4)
+    assert 0 < alpha < 1
+    k0 = estimate_latency(t, FEATURES, False, 0, 0)
+    assert estimate_latency(t, FEATURES, False, 4, alpha) <= k0 < estimate_latency(t, FEATURES, False, 4, alpha - 0.01)
+    assert break_even_alpha(table(propose_per_token=0.03), FEATURES, False, 4) is None
+
+
+def test_exact_hit_costs_no_prefill():
+    t = table()
+    exact = RequestFeatures(256, 256, 64, exact_hit=True)
+    assert estimate_latency(t, exact, True, 0, 0.5) < estimate_latency(t, exact, False, 0, 0.5) - 0.4
+
+
+def test_stale_calibration_is_detected_and_not_used(tiny_pair, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAKV_CALIBRATION_DIR", str(tmp_path))
+    engine = Engine(tiny_pair, PrefixKVStore())
+    quick = CalibrationPlan(prefill_lengths=(16, 64), contexts=(32, 64), copy_lengths=(16, 32), repeats=1,
+                            acceptance_prompts=1, acceptance_new_tokens=8)
+    prompts = [list(range(100, 140))]
+    first = load_or_calibrate(engine, prompts, plan=quick, progress=False)
+    path = next(tmp_path.glob("*.json"))
+    assert load_table(path, calibration_key(tiny_pair, "draft")).key == first.key
+    stale = json.loads(path.read_text())
+    stale["key"]["hardware"]["torch"] = "0.0.1"
+    path.write_text(json.dumps(stale))
+    with pytest.raises(RakvError, match="another hardware"):
+        load_or_calibrate(engine, prompts, plan=quick, recalibrate="never", progress=False)
+    again = load_or_calibrate(engine, prompts, plan=quick, progress=False)  # stale: measured anew
+    assert again.key == calibration_key(tiny_pair, "draft")
+    assert json.loads(path.read_text())["key"]["hardware"]["torch"] != "0.0.1"
+
+
+def test_rakv_asd_greedy_output_identical_to_ar_on_mixed_workload(tiny_pair):
+    engine = Engine(tiny_pair, PrefixKVStore())
+    base = list(range(1000, 1040))
+    workload = [base, base, base[:30], base[:20] + list(range(5000, 5020)), list(range(7000, 7025)), base]
+    # a table under which speculation wins, so that k > 0 actions run as well as k = 0
+    controller = Controller(table(propose_per_token=0.0001, alpha=0.95), ControllerConfig(k_set=(0, 2, 4)))
+    reference = Engine(tiny_pair, PrefixKVStore())
+    chosen = set()
+    for i, ids in enumerate(workload):
+        if i == 3:
+            controller = Controller(table(alpha=0.1))  # and one under which it loses
+        expected = reference.run(ids, parse_strategy("ar"), 12, ignore_eos=True).token_ids
+        result = run_rakv_asd(engine, controller, ids, 12, ignore_eos=True)
+        assert result.token_ids == expected
+        assert result.extra["predicted_latency_s"] == result.extra["predictions"][Action(result.reuse, result.k).label]
+        chosen.add((result.reuse, result.k > 0))
+    assert {(True, True), (False, False), (True, False)} <= chosen
