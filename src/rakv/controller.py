@@ -57,8 +57,13 @@ class AcceptanceTracker:
 
     def observe(self, round_log: list[tuple[int, int]]) -> None:
         for proposed, accepted in round_log:
+            self.observe_mean(accepted, float(accepted < proposed), 1)
+
+    def observe_mean(self, accepted: float, rejected: float, rounds: int) -> None:
+        """`rounds` updates with the given per-round averages (replaying runs summarised by their totals)."""
+        for _ in range(rounds):
             self.accepted = self.beta * self.accepted + (1 - self.beta) * accepted
-            self.rejected = self.beta * self.rejected + (1 - self.beta) * float(accepted < proposed)
+            self.rejected = self.beta * self.rejected + (1 - self.beta) * rejected
 
 
 @dataclass
