@@ -1,0 +1,141 @@
+"""Figures of the paper, each drawn from the results tables and saved as PNG and PDF.
+
+The notebooks call these; keeping the drawing here makes it testable and keeps notebooks short.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from rakv import analysis  # noqa: E402
+
+FIGURES = ("strategy_latency_throughput", "chosen_actions", "predicted_vs_measured", "regret_distribution",
+           "speedup_vs_alpha", "cache_budget", "feasibility_gap")
+STRATEGY_ORDER = ["ar", "kv-only", "spec-k4", "joint-k4", "rakv-asd"]
+
+
+def style() -> None:
+    sns.set_theme(context="paper", style="whitegrid", palette="colorblind", font_scale=1.1)
+
+
+def save(fig, out_dir: Path, name: str) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
+    fig.tight_layout()
+    fig.savefig(paths[0], dpi=150)
+    fig.savefig(paths[1])
+    plt.close(fig)
+    return paths
+
+
+def strategy_latency_throughput(runs: pd.DataFrame, out_dir: Path, seed: int = 0):
+    s = analysis.strategy_runs(runs)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, metric, label in ((axes[0], "latency_s", "latency per request (s)"),
+                              (axes[1], "tokens_per_s", "throughput (tokens/s)")):
+        sns.barplot(data=s, x="strategy", y=metric, hue="configuration", order=STRATEGY_ORDER, ax=ax,
+                    errorbar=("ci", 95), seed=seed, n_boot=1000)
+        ax.set_xlabel("strategy")
+        ax.set_ylabel(label)
+    axes[1].get_legend().remove()
+    return save(fig, out_dir, "strategy_latency_throughput")
+
+
+def chosen_actions(runs: pd.DataFrame, out_dir: Path):
+    s = analysis.strategy_runs(runs)
+    chosen = s[s.strategy == "rakv-asd"]
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    order = sorted(chosen.action.unique(), key=lambda a: (a[1], int(a[3:])))
+    sns.countplot(data=chosen, x="action", hue="scenario", order=order, ax=ax)
+    ax.set_xlabel("action chosen by RAKV-ASD (r = reuse, k = draft tokens)")
+    ax.set_ylabel("requests")
+    return save(fig, out_dir, "chosen_actions")
+
+
+def predicted_vs_measured(runs: pd.DataFrame, out_dir: Path):
+    sweep = analysis.sweep_table(runs)
+    pooled, per = analysis.spearman(runs)
+    fig, ax = plt.subplots(figsize=(5.2, 4.6))
+    sns.scatterplot(data=sweep, x="measured_s", y="predicted_s", hue="k", style="reuse", palette="viridis", ax=ax)
+    low = min(sweep.measured_s.min(), sweep.predicted_s.min()) * 0.9
+    high = max(sweep.measured_s.max(), sweep.predicted_s.max()) * 1.1
+    ax.plot([low, high], [low, high], color="grey", linestyle="--", linewidth=1)
+    ax.set(xscale="log", yscale="log", xlabel="measured latency (s)", ylabel="predicted latency (s)")
+    ax.text(0.03, 0.97, f"MAPE {analysis.mape(runs):.1%}\nSpearman rho {pooled:.3f} pooled, {per:.3f} per scenario",
+            transform=ax.transAxes, va="top", fontsize=9, bbox={"facecolor": "white", "alpha": 0.8})
+    return save(fig, out_dir, "predicted_vs_measured")
+
+
+def regret_distribution(runs: pd.DataFrame, out_dir: Path):
+    choices = analysis.controller_choices(runs)
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    sns.histplot(data=choices, x=choices.regret * 100, hue="configuration", bins=20, multiple="stack", ax=ax)
+    ax.axvline(choices.regret.mean() * 100, color="black", linestyle="--", linewidth=1, label="mean")
+    ax.set_xlabel("regret vs oracle (% slower than the best measured action)")
+    ax.set_ylabel("RAKV-ASD requests")
+    return save(fig, out_dir, "regret_distribution")
+
+
+def speedup_vs_alpha(alpha_model: pd.DataFrame, controlled: pd.DataFrame | None, crossover: pd.DataFrame,
+                     out_dir: Path, scenario: str = "cold"):
+    """Predicted speedup of each k over k = 0 along alpha (cost model), measured points, crossover marked."""
+    model = alpha_model[alpha_model.scenario == scenario]
+    length = sorted(model.prompt_tokens.unique())[len(model.prompt_tokens.unique()) // 2]
+    model = model[model.prompt_tokens == length]
+    configurations = sorted(model.configuration.unique())
+    fig, axes = plt.subplots(1, len(configurations), figsize=(5.2 * len(configurations), 4), squeeze=False)
+    for ax, name in zip(axes[0], configurations):
+        part = model[model.configuration == name]
+        base = part[part.k == 0].set_index("alpha").predicted_latency_s
+        for k, group in part[part.k != 0].groupby("k"):
+            speed = base / group.set_index("alpha").predicted_latency_s
+            ax.plot(speed.index, speed.values, label=f"k={k} (model)")
+        if controlled is not None and len(controlled):
+            points = controlled[controlled.configuration == name].assign(
+                measured=lambda f: "k=" + f.k.astype(str) + " (measured)")
+            if len(points):
+                sns.scatterplot(data=points, x="alpha", y="measured_speedup", hue="measured", style="measured",
+                                ax=ax, palette="dark", s=50)
+        cross = crossover[(crossover.configuration == name) & (crossover.scenario == scenario)
+                          & (crossover.prompt_tokens == length)].break_even_alpha.min()
+        ax.axhline(1.0, color="grey", linewidth=1)
+        if np.isfinite(cross):
+            ax.axvline(cross, color="red", linestyle="--", linewidth=1, label=f"crossover alpha={cross:.3f}")
+        ax.set(xlabel="per-token acceptance alpha", ylabel="speedup over k = 0 (x)",
+               title=f"{name}, {scenario}, {length}-token prompt")
+        ax.legend(fontsize=7)
+    return save(fig, out_dir, "speedup_vs_alpha")
+
+
+def cache_budget(budget: pd.DataFrame, out_dir: Path):
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    sns.lineplot(data=budget, x="budget_mib", y="hit_rate", hue="configuration", marker="o", ax=axes[0])
+    sns.lineplot(data=budget, x="budget_mib", y="mean_latency_s", hue="configuration", marker="o", ax=axes[1])
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("store budget (MiB)")
+    axes[0].set_ylabel("hit rate (hits / lookups)")
+    axes[1].set_ylabel("mean latency per request (s)")
+    return save(fig, out_dir, "cache_budget")
+
+
+def feasibility_gap(gap: pd.DataFrame | None, summary: dict, out_dir: Path):
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    if gap is None or not len(gap):
+        ax.axis("off")
+        ax.text(0.5, 0.5, f"feasibility ({summary.get('configuration', '?')}):\n{summary.get('status', 'missing')}",
+                ha="center", va="center", fontsize=11, wrap=True)
+    else:
+        sns.barplot(data=gap, x="scenario", y=gap.gap * 100, hue="dataset", ax=ax, errorbar=None)
+        ax.axhline(0, color="grey", linewidth=1)
+        ax.set_ylabel("best k != 0 vs best k = 0 (% slower)")
+        ax.set_title(summary.get("configuration", ""))
+    return save(fig, out_dir, "feasibility_gap")
