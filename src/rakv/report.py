@@ -45,7 +45,10 @@ def macros(summary: dict, meta: dict) -> dict[str, str]:
          "MeanRegret": pct(summary["mean_regret"], 2), "WorstRegret": pct(summary["worst_regret"], 1),
          "SlowdownMin": pct(summary["spec_slowdown"]["min"], 0), "SlowdownMax": pct(summary["spec_slowdown"]["max"], 0),
          "ShareSlower": pct(summary["spec_slowdown"]["share_slower"], 0),
-         "CrossoverMin": num(summary["crossover_model"]["min"]), "CrossoverMax": num(summary["crossover_model"]["max"]),
+         "CrossoverMin": num((summary.get("crossover_model_draft") or summary["crossover_model"])["min"]),
+         "CrossoverMax": num((summary.get("crossover_model_draft") or summary["crossover_model"])["max"]),
+         "CrossoverMeasured": tex_escape(", ".join(f"{k}: {num(v)}" for k, v in summary["crossover_measured"].items())
+                                         or "n/a"),
          "FeasibilityStatus": tex_escape(summary["feasibility"].get("status", "missing"))}
     for baseline, name in BASELINE_NAMES.items():
         value, low, high = summary["latency_reduction"][baseline]
