@@ -20,6 +20,7 @@ import time
 import torch
 
 from rakv.cache import PrefixKVStore
+from rakv.costmodel import acceptance_estimate
 from rakv.decoding import synchronize
 from rakv.engine import Engine, parse_strategy
 from rakv.errors import RakvError
@@ -132,7 +133,9 @@ def main() -> int:
     ms = {label: statistics.median(t) / n * 1e3 for label, t in times.items()}
     rows = [(kind, ms[f"ours-{kind}"], ms[f"hf-{kind}"], memory[f"ours-{kind}"], memory[f"hf-{kind}"],
              outputs[f"ours-{kind}"].token_ids == outputs[f"hf-{kind}"]) for kind in ("ar", "spec-k4")]
-    acceptance = outputs["ours-spec-k4"].accepted / max(outputs["ours-spec-k4"].proposed, 1)
+    spec = outputs["ours-spec-k4"]
+    accepted_share = spec.accepted / max(spec.proposed, 1)
+    alpha = acceptance_estimate(spec.round_log)
 
     # TTFT with the store: a ~512-token prompt cold, as an exact repeat, and after a 50 % shared prefix.
     prompts = list(problems["prompt"])
@@ -160,7 +163,8 @@ def main() -> int:
     print(f"TTFT on a {len(long_ids)}-token prompt: cold {cold * 1e3:.1f} ms, exact repeat {exact * 1e3:.2f} ms "
           f"(ratio {exact / cold:.3f}, goal <=0.05), 50 % partial hit {partial * 1e3:.1f} ms "
           f"(ratio {partial / cold:.3f}, goal <=0.6)")
-    print(f"spec-k4 per-token acceptance of the draft on this prompt: {acceptance:.3f}")
+    print(f"spec-k4 on this prompt: accepted/proposed {accepted_share:.3f}, per-token acceptance alpha "
+          f"{alpha:.3f} (accepted / (accepted + rejecting rounds)) over {spec.rounds} rounds")
     return 0
 
 

@@ -9,7 +9,7 @@ from rakv.cache import Hit, PrefixKVStore
 from rakv.controller import AcceptanceTracker, Controller, ControllerConfig, run_rakv_asd
 from rakv.costmodel import (CalibrationPlan, CostTable, Curve, RequestFeatures, acceptance_estimate,
                             break_even_alpha, calibration_key, estimate_latency, expected_tokens_per_round,
-                            load_or_calibrate, load_table, save_table)
+                            load_or_calibrate, load_table)
 from rakv.engine import Action, Engine, parse_strategy
 from rakv.errors import RakvError
 

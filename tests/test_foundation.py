@@ -1,8 +1,6 @@
 """The ground everything else stands on: install, console script, shipped assets, pinned dependencies."""
 
-import gzip
 import importlib.util
-import json
 import subprocess
 import sys
 import tomllib

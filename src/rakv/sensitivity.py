@@ -13,7 +13,6 @@ The stage writes complete.json when every part is done and is skipped while that
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -21,12 +20,12 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from rakv.cache import Hit
-from rakv.controller import Controller
+from rakv.controller import Controller, run_rakv_asd
 from rakv.costmodel import RequestFeatures, acceptance_estimate, break_even_alpha, estimate_latency
-from rakv.engine import Action
+from rakv.engine import Action, parse_strategy
 from rakv.errors import RakvError
 from rakv.proposers import ControlledAcceptanceProposer, DraftModelProposer
-from rakv.study import (configurations, controller_config, cost_table_for, open_engine, prompts_for,
+from rakv.study import (configurations, controller_config, cost_table_for, open_engine, prompts_for, reset_store,
                         results_dir, run_main_study, write_atomic, write_parquet)
 from rakv.workloads import build_scenario, parse_scenario
 
@@ -124,12 +123,7 @@ def budget_rows(cfg, name, engine, prompts) -> list[dict]:
 
 
 def _timed(engine, controller, ids, strategy, n, warmups=()):
-    from rakv.controller import run_rakv_asd
-    from rakv.engine import parse_strategy
-
-    engine.store.clear()
-    for warm in warmups:
-        engine.run(list(warm), Action(False, 0), 1, ignore_eos=True)
+    reset_store(engine, warmups)
     if strategy == "rakv-asd":
         return run_rakv_asd(engine, controller, ids, n, ignore_eos=True)
     return engine.run(ids, parse_strategy(strategy), n, ignore_eos=True)

@@ -262,11 +262,16 @@ def output_hash(tokens: list[int]) -> str:
     return hashlib.blake2b(json.dumps(tokens).encode(), digest_size=8).hexdigest()
 
 
+def reset_store(engine: Engine, warmups) -> None:
+    """A defined store state before a timed request: empty, then the scenario's warm-ups replayed (untimed)."""
+    engine.store.clear()
+    for warm in warmups:
+        engine.run(list(warm), Action(False, 0), 1, ignore_eos=True)
+
+
 def timed_run(engine: Engine, controller: Controller, spec: RunSpec, prompt: Prompt, scenario, new_tokens: int):
     """One timed request from a defined store state: empty store, warm-ups replayed untimed."""
-    engine.store.clear()
-    for warm in scenario.warmups:
-        engine.run(list(warm), Action(False, 0), 1, ignore_eos=True)
+    reset_store(engine, scenario.warmups)
     ids = list(prompt.token_ids)
     if spec.strategy == "rakv-asd":
         return run_rakv_asd(engine, controller, ids, new_tokens, ignore_eos=True)
