@@ -165,22 +165,24 @@ def model_crossover(crossover: pd.DataFrame) -> dict:
             "never": int(per.isna().sum())}
 
 
-def measured_crossover(controlled: pd.DataFrame) -> dict:
-    """Smallest alpha at which controlled-acceptance speculation beats AR (linear interpolation of speedup = 1)."""
+def first_crossing(alphas, speedups) -> float | None:
+    """Smallest alpha at which a speedup curve exceeds 1, by linear interpolation between grid points."""
+    for i, (alpha, speedup) in enumerate(zip(alphas, speedups)):
+        if speedup > 1.0:
+            if i == 0:
+                return float(alpha)
+            a0, s0 = alphas[i - 1], speedups[i - 1]
+            return float(a0 + (1.0 - s0) * (alpha - a0) / (speedup - s0))
+    return None
+
+
+def measured_crossover(controlled: pd.DataFrame, column: str = "measured_speedup") -> dict:
+    """Per configuration and k, the smallest alpha at which speculation beats AR in the controlled-acceptance
+    runs (`column="predicted_speedup"`: where the cost model says it does, for the same prompts)."""
     out = {}
     for (configuration, k), group in controlled.groupby(["configuration", "k"]):
-        curve = group.groupby("alpha").measured_speedup.mean().sort_index()
-        alphas, speedups = curve.index.to_numpy(), curve.to_numpy()
-        crossing = None
-        for i in range(len(alphas)):
-            if speedups[i] > 1.0:
-                if i == 0:
-                    crossing = float(alphas[0])
-                else:
-                    a0, a1, s0, s1 = alphas[i - 1], alphas[i], speedups[i - 1], speedups[i]
-                    crossing = float(a0 + (1.0 - s0) * (a1 - a0) / (s1 - s0))
-                break
-        out[f"{configuration}/k{k}"] = crossing
+        curve = group.groupby("alpha")[column].mean().sort_index()
+        out[f"{configuration}/k{k}"] = first_crossing(curve.index.to_numpy(), curve.to_numpy())
     return out
 
 
@@ -272,8 +274,10 @@ def summarize(results: Path, seed: int = 0, resamples: int = 2000) -> dict:
             summary["crossover_model_draft"] = model_crossover(crossover[crossover.configuration.isin(drafted)])
     else:
         summary["crossover_model"] = {"min": None, "max": None}
-    summary["crossover_measured"] = (measured_crossover(pd.read_parquet(sens / "controlled.parquet"))
-                                     if (sens / "controlled.parquet").exists() else {})
+    controlled = pd.read_parquet(sens / "controlled.parquet") if (sens / "controlled.parquet").exists() else None
+    summary["crossover_measured"] = measured_crossover(controlled) if controlled is not None else {}
+    summary["crossover_predicted_controlled"] = (measured_crossover(controlled, "predicted_speedup")
+                                                 if controlled is not None else {})
     feas = results / "feasibility" / "summary.json"
     summary["feasibility"] = json.loads(feas.read_text()) if feas.exists() else {"status": "missing"}
     summary["claims"] = claims(summary)

@@ -86,31 +86,47 @@ def regret_distribution(runs: pd.DataFrame, out_dir: Path):
 
 def speedup_vs_alpha(alpha_model: pd.DataFrame, controlled: pd.DataFrame | None, crossover: pd.DataFrame,
                      out_dir: Path, scenario: str = "cold"):
-    """Predicted speedup of each k over k = 0 along alpha (cost model), measured points, crossover marked."""
-    model = alpha_model[alpha_model.scenario == scenario]
-    length = sorted(model.prompt_tokens.unique())[len(model.prompt_tokens.unique()) // 2]
-    model = model[model.prompt_tokens == length]
-    configurations = sorted(model.configuration.unique())
+    """Speedup of each k over k = 0 against alpha, crossover marked.
+
+    Where controlled-acceptance runs exist, the model's curve is drawn for exactly those prompts
+    beside the measured points; elsewhere (model-free proposers) the cost-model curves of a cold
+    prompt of middle length are drawn.
+    """
+    configurations = sorted(alpha_model.configuration.unique())
     fig, axes = plt.subplots(1, len(configurations), figsize=(5.2 * len(configurations), 4), squeeze=False)
+    palette = dict(zip((1, 2, 4, 6, 8), sns.color_palette("colorblind", 5)))
     for ax, name in zip(axes[0], configurations):
-        part = model[model.configuration == name]
-        base = part[part.k == 0].set_index("alpha").predicted_latency_s
-        for k, group in part[part.k != 0].groupby("k"):
-            speed = base / group.set_index("alpha").predicted_latency_s
-            ax.plot(speed.index, speed.values, label=f"k={k} (model)")
-        if controlled is not None and len(controlled):
-            points = controlled[controlled.configuration == name].assign(
-                measured=lambda f: "k=" + f.k.astype(str) + " (measured)")
-            if len(points):
-                sns.scatterplot(data=points, x="alpha", y="measured_speedup", hue="measured", style="measured",
-                                ax=ax, palette="dark", s=50)
-        cross = crossover[(crossover.configuration == name) & (crossover.scenario == scenario)
-                          & (crossover.prompt_tokens == length)].break_even_alpha.min()
+        points = controlled[controlled.configuration == name] if controlled is not None else pd.DataFrame()
+        if len(points):
+            for k, group in points.groupby("k"):
+                model = group.groupby("alpha").predicted_speedup.mean()
+                measured = group.groupby("alpha").measured_speedup.mean()
+                ax.plot(model.index, model.values, color=palette.get(k), label=f"k={k} model")
+                ax.scatter(group.alpha, group.measured_speedup, color=palette.get(k), marker="x",
+                           label=f"k={k} measured")
+                cross = analysis.first_crossing(model.index.to_numpy(), model.to_numpy())
+                seen = analysis.first_crossing(measured.index.to_numpy(), measured.to_numpy())
+                if cross is not None:
+                    ax.axvline(cross, color=palette.get(k), linestyle="--", linewidth=1,
+                               label=f"k={k} crossover: model {cross:.3f}"
+                                     + (f", measured {seen:.3f}" if seen is not None else ""))
+            ax.set_title(f"{name}: controlled acceptance, cold prompts")
+        else:
+            model = alpha_model[(alpha_model.configuration == name) & (alpha_model.scenario == scenario)]
+            lengths = sorted(model.prompt_tokens.unique())
+            length = lengths[len(lengths) // 2]
+            model = model[model.prompt_tokens == length]
+            base = model[model.k == 0].set_index("alpha").predicted_latency_s
+            for k, group in model[model.k != 0].groupby("k"):
+                speed = base / group.set_index("alpha").predicted_latency_s
+                ax.plot(speed.index, speed.values, color=palette.get(k), label=f"k={k} model")
+            cross = crossover[(crossover.configuration == name) & (crossover.scenario == scenario)
+                              & (crossover.prompt_tokens == length)].break_even_alpha.min()
+            if np.isfinite(cross):
+                ax.axvline(cross, color="red", linestyle="--", linewidth=1, label=f"crossover {cross:.3f}")
+            ax.set_title(f"{name}: cost model, {scenario} {length}-token prompt")
         ax.axhline(1.0, color="grey", linewidth=1)
-        if np.isfinite(cross):
-            ax.axvline(cross, color="red", linestyle="--", linewidth=1, label=f"crossover alpha={cross:.3f}")
-        ax.set(xlabel="per-token acceptance alpha", ylabel="speedup over k = 0 (x)",
-               title=f"{name}, {scenario}, {length}-token prompt")
+        ax.set(xlabel="per-token acceptance alpha", ylabel="speedup over k = 0 (x)")
         ax.legend(fontsize=7)
     return save(fig, out_dir, "speedup_vs_alpha")
 

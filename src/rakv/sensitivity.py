@@ -77,7 +77,8 @@ def controlled_rows(cfg, name, engine, controller, prompts) -> list[dict]:
                     predicted = {a: estimate_latency(controller.table, features, False, k, a)
                                  / estimate_latency(controller.table, features, False, 0, a)
                                  for a in (alpha, measured_alpha if measured_alpha is not None else alpha)}
-                    rows.append({"configuration": name, "prompt_id": prompt.id, "repeat": repeat, "k": k,
+                    rows.append({"configuration": name, "prompt_id": prompt.id, "prompt_tokens": len(ids),
+                                 "repeat": repeat, "k": k,
                                  "alpha": alpha, "measured_alpha": measured_alpha, "ar_latency_s": ar,
                                  "spec_latency_s": spec.latency_s, "measured_speedup": ar / spec.latency_s,
                                  "predicted_speedup": 1 / predicted[alpha],
