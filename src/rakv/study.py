@@ -209,13 +209,18 @@ def sweep_actions(controller: Controller, prompt_tokens: int, hit, new_tokens: i
     return controller.feasible_actions(controller.features(prompt_tokens, hit, new_tokens), hit)[0]
 
 
+def donor_of(chosen: list[Prompt], index: int) -> tuple[int, ...]:
+    """The prompt whose tokens extend or diverge from prompt `index` in its scenarios: the next one drawn."""
+    return chosen[(index + 1) % len(chosen)].token_ids
+
+
 def plan_runs(cfg, configuration: Configuration, prompts: dict[str, list[Prompt]], controller: Controller,
               engine: Engine) -> list[RunSpec]:
     """Every run of one configuration. The sweep's feasible actions come from the controller's own rule."""
     grid, specs = cfg.profile.study, []
     for dataset, chosen in prompts.items():
         for index, prompt in enumerate(chosen):
-            donor = chosen[(index + 1) % len(chosen)].token_ids
+            donor = donor_of(chosen, index)
             for scenario_name in cfg.experiment.scenarios:
                 scenario = build_scenario(scenario_name, prompt.token_ids, donor)
                 hit = hit_after_warmups(engine, scenario, prompt)
@@ -336,8 +341,7 @@ def run_main_study(cfg: DictConfig) -> Path:
 
 
 def _execute(cfg, configuration, engine, controller, prompts, todo, journal, mine, grid):
-    by_id = {(d, p.id): (p, prompts[d][(i + 1) % len(prompts[d])].token_ids)
-             for d in prompts for i, p in enumerate(prompts[d])}
+    by_id = {(d, p.id): (p, donor_of(prompts[d], i)) for d in prompts for i, p in enumerate(prompts[d])}
     # AR reference of every prompt (untimed), the target of every equality check
     references = {key: engine.run(list(p.token_ids), Action(False, 0), grid.new_tokens, ignore_eos=True).token_ids
                   for key, (p, _) in by_id.items()}
