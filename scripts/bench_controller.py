@@ -14,13 +14,12 @@ import sys
 import time
 
 import numpy as np
+import torch
 
-from rakv.cache import PrefixKVStore
-from rakv.cli import cost_table
+from rakv.costmodel import calibration_for
 from rakv.controller import Controller
-from rakv.engine import Engine
+from rakv.engine import open_engine
 from rakv.errors import RakvError
-from rakv.models import load_pair
 
 
 def main() -> int:
@@ -31,14 +30,12 @@ def main() -> int:
     parser.add_argument("--stored-prompts", type=int, default=300)
     args = parser.parse_args()
     try:
-        pair = load_pair(args.pair)
-        engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 40), proposer=args.proposer)
-        controller = Controller(cost_table(engine, "auto"))
+        engine = open_engine(args.pair, args.proposer, cache_budget_mib=1 << 20)
+        pair = engine.pair
+        controller = Controller(calibration_for(engine, "auto"))
     except RakvError as exc:
         print(f"bench_controller: error: {exc}", file=sys.stderr)
         return 2
-    import torch
-
     ns = engine.namespace(None)
     print(f"pair={pair.name} proposer={args.proposer} decisions per case={args.decisions} "
           f"stored prompts={args.stored_prompts}")

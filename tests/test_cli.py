@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rakv.cli import main
-from rakv.errors import RakvError
+from rakv.errors import RakvError, WeightsUnavailable
 from rakv.models import Fingerprint, LoadedModel, check_shared_tokenizer
 
 PROMPT = "The quick brown fox jumps over the lazy dog and then runs far away into the dark forest"
@@ -97,7 +97,7 @@ def test_unreachable_hub_model_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     import huggingface_hub.constants as c
     monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
-    with pytest.raises(RakvError, match="neither in the local Hugging Face cache"):
+    with pytest.raises(WeightsUnavailable, match="neither in the local Hugging Face cache"):
         load_pair("gpt2-distilgpt2")
 
 

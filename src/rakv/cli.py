@@ -49,26 +49,17 @@ def parse_k_set(text: str) -> tuple[int, ...]:
 
 
 def make_engine(args):
-    from rakv.cache import PrefixKVStore
-    from rakv.engine import Engine
-    from rakv.models import load_pair
+    from rakv.engine import open_engine
 
     if getattr(args, "cache_budget_mib", 1) <= 0:
         raise RakvError("--cache-budget-mib must be positive")
-    pair = load_pair(args.pair, device=args.device, dtype=args.dtype, threads=args.threads)
-    budget = int(getattr(args, "cache_budget_mib", 512) * (1 << 20))
-    return Engine(pair, PrefixKVStore(budget_bytes=budget), proposer=args.proposer)
-
-
-def cost_table(engine, recalibrate: str):
-    from rakv.costmodel import load_or_calibrate
-    from rakv.workloads import calibration_prompts
-
-    return load_or_calibrate(engine, calibration_prompts(engine.encode), recalibrate=recalibrate)
+    return open_engine(args.pair, args.proposer, device=args.device, dtype=args.dtype, threads=args.threads,
+                       cache_budget_mib=getattr(args, "cache_budget_mib", 512))
 
 
 def cmd_generate(args) -> None:
     from rakv.controller import Controller, ControllerConfig, predict_fixed, run_rakv_asd
+    from rakv.costmodel import calibration_for
     from rakv.decoding import Sampling
     from rakv.engine import parse_strategy
 
@@ -97,7 +88,7 @@ def cmd_generate(args) -> None:
         except RakvError as exc:
             raise RakvError(f"request {request['id']}: {exc}") from None
     try:  # the controller needs a calibration; fixed strategies use one, when present, for their prediction
-        table = cost_table(engine, "never" if args.no_calibrate or not adaptive else "auto")
+        table = calibration_for(engine, "never" if args.no_calibrate or not adaptive else "auto")
         controller = Controller(table, config)
     except RakvError:
         if adaptive:
@@ -131,10 +122,10 @@ def cmd_generate(args) -> None:
 
 
 def cmd_calibrate(args) -> None:
-    from rakv.costmodel import K_VALUES, RequestFeatures, break_even_alpha, estimate_latency
+    from rakv.costmodel import K_VALUES, RequestFeatures, break_even_alpha, calibration_for, estimate_latency
 
     engine = make_engine(args)
-    table = cost_table(engine, "always" if args.force else "auto")
+    table = calibration_for(engine, "always" if args.force else "auto")
     if args.json:
         print(json.dumps(table.to_json()))
         return

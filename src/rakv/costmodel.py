@@ -371,6 +371,13 @@ class StaleCalibration(RakvError):
     pass
 
 
+def calibration_for(engine, recalibrate: str = "auto") -> CostTable:
+    """The engine's calibration, measured on the standard prompts (HumanEval/0-2) when missing or stale."""
+    from rakv.workloads import calibration_prompts
+
+    return load_or_calibrate(engine, calibration_prompts(engine.encode), recalibrate=recalibrate)
+
+
 def load_or_calibrate(engine, prompts, *, path: Path | None = None, recalibrate: str = "auto",
                       plan: CalibrationPlan = CalibrationPlan(), progress: bool = True) -> CostTable:
     """The calibration for this pair, proposer and machine; measured anew when missing or stale.

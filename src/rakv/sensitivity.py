@@ -23,7 +23,7 @@ from rakv.cache import Hit
 from rakv.controller import Controller, run_rakv_asd
 from rakv.costmodel import RequestFeatures, acceptance_estimate, break_even_alpha, estimate_latency
 from rakv.engine import Action, parse_strategy
-from rakv.errors import RakvError
+from rakv.errors import RakvError, WeightsUnavailable
 from rakv.proposers import ControlledAcceptanceProposer, DraftModelProposer
 from rakv.study import (configurations, controller_config, cost_table_for, open_engine, prompts_for, reset_store,
                         results_dir, run_main_study, write_atomic, write_parquet)
@@ -269,9 +269,7 @@ def run_feasibility(cfg: DictConfig) -> None:
                               "repeats": 0, "sweep_repeats": feas.repeats, "new_tokens": feas.new_tokens}}})
     try:
         path = run_main_study(sub)
-    except RakvError as exc:
-        if "Hugging Face" not in str(exc) and "weights" not in str(exc):
-            raise
+    except WeightsUnavailable as exc:
         summary = {"status": "skipped: weights unavailable", "configuration": feas.configuration, "reason": str(exc)}
         write_atomic(out_dir / "summary.json", json.dumps(summary, indent=1))
         print(f"feasibility: skipped: weights unavailable ({exc})", flush=True)

@@ -29,11 +29,11 @@ from tqdm import tqdm
 
 from rakv.cache import PrefixKVStore
 from rakv.controller import Controller, ControllerConfig, predict_fixed, run_rakv_asd
-from rakv.costmodel import calibration_key, load_or_calibrate
+from rakv.costmodel import calibration_for, calibration_key
 from rakv.engine import Action, Engine, parse_strategy
+from rakv.engine import open_engine as engine_for
 from rakv.errors import RakvError
-from rakv.models import load_pair
-from rakv.workloads import Prompt, build_scenario, calibration_prompts, dataset_texts, select_prompts
+from rakv.workloads import Prompt, build_scenario, dataset_texts, select_prompts
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -67,9 +67,8 @@ def configurations(cfg: DictConfig) -> list[Configuration]:
 
 
 def open_engine(cfg: DictConfig, configuration: Configuration) -> Engine:
-    pair = load_pair(configuration.pair, device=cfg.device, dtype=cfg.dtype, threads=cfg.threads)
-    return Engine(pair, PrefixKVStore(budget_bytes=int(cfg.cache.budget_mib * (1 << 20))),
-                  proposer=configuration.proposer)
+    return engine_for(configuration.pair, configuration.proposer, device=cfg.device, dtype=cfg.dtype,
+                      threads=cfg.threads, cache_budget_mib=cfg.cache.budget_mib)
 
 
 def controller_config(cfg: DictConfig) -> ControllerConfig:
@@ -80,7 +79,7 @@ def controller_config(cfg: DictConfig) -> ControllerConfig:
 
 def cost_table_for(cfg: DictConfig, engine: Engine):
     """The calibration of this configuration on this machine; measured now if missing or stale."""
-    table = load_or_calibrate(engine, calibration_prompts(engine.encode), recalibrate=cfg.calibration.recalibrate)
+    table = calibration_for(engine, cfg.calibration.recalibrate)
     out = results_dir(cfg) / "calibration" / f"{engine.pair.name}-{engine.proposer}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, json.dumps(table.to_json(), indent=1))
