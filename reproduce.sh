@@ -22,27 +22,38 @@ for arg in "${overrides[@]+"${overrides[@]}"}"; do
     case "$arg" in profile=*) profile=${arg#profile=} ;; esac
 done
 
+# Each stage's wall time is kept in results/<profile>/stage_times.tsv: printed as the estimate before the
+# stage runs again, and as a table at the end.
+times_file="results/$profile/stage_times.tsv"
+last_time() { [ -f "$times_file" ] || return 0; awk -F'\t' -v s="$1" '$1 == s {t = $2} END {if (t != "") print t}' "$times_file"; }
 start=$(date +%s)
+summary=()
 for stage in "${stages[@]}"; do
     case " ${ALL_STAGES[*]} " in *" $stage "*) ;; *)
         echo "reproduce: unknown stage '$stage' (stages: ${ALL_STAGES[*]})" >&2; exit 2 ;;
     esac
+done
+for stage in "${stages[@]}"; do
     script="scripts/run_${stage}.py"
-    if [ ! -f "$script" ]; then
-        echo "reproduce: stage '$stage' is not built yet ($script is missing); stopping here" >&2
-        exit 3
-    fi
-    echo "reproduce: stage $stage ($(date +%H:%M:%S))"
+    previous=$(last_time "$stage")
+    echo "reproduce: stage $stage ($(date +%H:%M:%S))${previous:+; it took ${previous} s last time}"
+    stage_start=$(date +%s)
     if ! .venv/bin/python "$script" "${overrides[@]+"${overrides[@]}"}"; then
         echo "reproduce: stage '$stage' failed; fix the cause and rerun the same command to resume" >&2
         exit 1
     fi
+    took=$(( $(date +%s) - stage_start ))
+    mkdir -p "results/$profile"
+    printf '%s\t%s\t%s\n' "$stage" "$took" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >> "$times_file"
+    summary+=("$(printf '  %-12s %5d s' "$stage" "$took")")
 done
+echo "reproduce: time per stage"
+printf '%s\n' "${summary[@]}"
 echo "reproduce: done in $(( $(date +%s) - start )) s. Outputs:"
 echo "  results/$profile/calibration/   cost tables used (one per configuration)"
 echo "  results/$profile/study/         runs.parquet (one row per timed run), metadata.json, plan.txt"
 echo "  results/$profile/sensitivity/   alpha_model, crossover, controlled, cache_budget, output_length, prompt_length, reuse_rate, beta_lambda (.parquet)"
 echo "  results/$profile/feasibility/   summary.json (+ runs and gap.parquet when the weights were available)"
 if [ -f scripts/run_analysis.py ]; then
-    echo "  results/$profile/summary.json   every statistic;  figures/ (PNG + PDF);  paper/generated/ (macros, tables);  paper/main.pdf"
+    echo "  results/$profile/summary.json   every statistic;  figures/$profile/ (PNG + PDF);  paper/generated/$profile/ (macros, tables);  paper/build/$profile/main.pdf (with LaTeX)"
 fi

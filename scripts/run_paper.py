@@ -1,35 +1,47 @@
-"""Stage 'paper': build paper/main.pdf from paper/main.tex + paper/generated/ when LaTeX is installed.
-    .venv/bin/python scripts/run_paper.py"""
+"""Stage 'paper': build paper/build/<profile>/main.pdf from paper/main.tex with the numbers and figures of
+one profile (paper/generated/<profile>/, figures/<profile>/) when LaTeX is installed.
+    .venv/bin/python scripts/run_paper.py profile=smoke"""
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
+
+import hydra
+
+from rakv.stages import run_stage
 
 PAPER = Path(__file__).resolve().parents[1] / "paper"
 
 
-def main() -> int:
-    if not (PAPER / "generated" / "macros.tex").exists():
-        print("run_paper: error: paper/generated/ is empty: run the analysis stage first", file=sys.stderr)
-        return 2
-    if shutil.which("latexmk"):
-        command = ["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error", "main.tex"]
-    elif shutil.which("pdflatex"):
-        command = ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "main.tex"]
-    else:
-        print("run_paper: LaTeX is not installed, so paper/main.pdf was not built; paper/main.tex and "
-              "paper/generated/ are complete. To build: sudo apt-get install texlive-latex-extra latexmk, "
-              "then rerun ./reproduce.sh stages=paper", flush=True)
-        return 0
-    for _ in range(2 if command[0] == "pdflatex" else 1):  # pdflatex needs a second pass for references
+def paper(cfg):
+    from rakv.errors import RakvError
+    from rakv.notebooks import OutputPaths
+
+    paths = OutputPaths.of(cfg.results_dir)
+    name = paths.results.name
+    if not (paths.generated / "macros.tex").exists():
+        raise RakvError(f"{paths.generated} is empty: run the analysis stage of profile {cfg.profile.name} first")
+    if not shutil.which("pdflatex"):
+        print(f"run_paper: LaTeX is not installed, so no PDF was built; paper/main.tex and {paths.generated} are "
+              "complete. To build: apt-get install texlive-latex-extra, then rerun ./reproduce.sh stages=paper",
+              flush=True)
+        return
+    build = PAPER / "build" / name
+    build.mkdir(parents=True, exist_ok=True)
+    # main.tex reads generated/\RakvOutputs/ and ../figures/\RakvOutputs/; two passes settle the references
+    command = ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", f"-output-directory={build}",
+               f"\\def\\RakvOutputs{{{name}}}\\input{{main.tex}}"]
+    for _ in range(2):
         done = subprocess.run(command, cwd=PAPER, capture_output=True, text=True)
         if done.returncode != 0:
-            print(f"run_paper: error: LaTeX failed; see {PAPER / 'main.log'}", file=sys.stderr)
-            return 1
-    print(f"run_paper: built {PAPER / 'main.pdf'}", flush=True)
-    return 0
+            raise RakvError(f"LaTeX failed; see {build / 'main.log'}")
+    print(f"run_paper: built {build / 'main.pdf'}", flush=True)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg):
+    run_stage("run_paper", paper, cfg)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

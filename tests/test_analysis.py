@@ -1,7 +1,8 @@
 """Statistics on small hand-built tables whose answers are known."""
 
 import json
-import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,7 @@ import pandas as pd
 import pytest
 
 from rakv import analysis
+from rakv.notebooks import OutputPaths, run_all, setup
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,9 +98,23 @@ def test_claims_compare_with_reference(runs, tmp_path):
     assert summary["feasibility"] == {"status": "missing"}
 
 
-@pytest.mark.skipif(os.environ.get("CI") != "true" and not (ROOT / "results" / "smoke" / "summary.json").exists(),
-                    reason="runs after ./reproduce.sh profile=smoke (CI runs it first)")
-def test_every_figure_and_summary_key_listed_in_readme_was_produced():
+@pytest.fixture(scope="session")
+def smoke_outputs(tmp_path_factory):
+    """A small real results set: the smoke profile's study, sensitivity and feasibility stages on the tiny pair
+    and HumanEval alone, then every notebook, with figures and LaTeX written beside it (not into the repository)."""
+    root = tmp_path_factory.mktemp("smoke")
+    results = root / "results"
+    overrides = ["profile=smoke", f"results_dir={results}", "configurations=[tiny,tiny-lookup]", "datasets=[humaneval]"]
+    for stage in ("study", "sensitivity", "feasibility"):
+        done = subprocess.run([sys.executable, str(ROOT / "scripts" / f"run_{stage}.py"), *overrides],
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, f"{stage}: {done.stderr[-2000:]}"
+    paths = OutputPaths.of(results, root / "figures", root / "generated")
+    run_all("smoke", paths)
+    return paths
+
+
+def test_every_figure_and_summary_key_listed_in_readme_is_produced(smoke_outputs):
     readme = (ROOT / "README.md").read_text()
     figures = readme.split("<!-- figures -->")[1].split("<!-- /figures -->")[0].split()
     keys = readme.split("<!-- summary-keys -->")[1].split("<!-- /summary-keys -->")[0].split()
@@ -106,9 +122,16 @@ def test_every_figure_and_summary_key_listed_in_readme_was_produced():
                                                                           if k.startswith("`")]
     assert len(figures) >= 7 and len(keys) >= 15
     for name in figures:
-        assert (ROOT / "figures" / f"{name}.png").exists() and (ROOT / "figures" / f"{name}.pdf").exists(), name
-    summary = json.loads((ROOT / "results" / "smoke" / "summary.json").read_text())
+        assert (smoke_outputs.figures / f"{name}.png").exists(), name
+        assert (smoke_outputs.figures / f"{name}.pdf").exists(), name
+    summary = json.loads((smoke_outputs.results / "summary.json").read_text())
     for key in keys:
         assert key in summary, key
     for name in ("macros.tex", "claims_table.tex", "strategy_table.tex"):
-        assert (ROOT / "paper" / "generated" / name).exists()
+        assert (smoke_outputs.generated / name).exists()
+    assert not (ROOT / "figures" / smoke_outputs.results.name).exists()  # nothing written into the repository
+
+
+def test_notebook_setup_names_the_command_when_results_are_missing(tmp_path):
+    with pytest.raises(SystemExit, match=r"\./reproduce\.sh profile=nothing-here"):
+        setup("nothing-here", str(tmp_path / "nothing-here"))

@@ -1,4 +1,4 @@
-"""Statistics of the study, as pure functions over the results tables (spec section 6 definitions).
+"""Statistics of the study, as pure functions over the results tables (definitions: paper/main.tex, "Setup" and "Results").
 
 Runs are paired by *instance* = (configuration, dataset, prompt, scenario, repeat). The oracle of
 a scenario is its best action measured in the action sweep (mean over sweep repeats). Regret and
@@ -19,7 +19,7 @@ INSTANCE = ["configuration", "dataset", "prompt_id", "scenario", "repeat"]
 SCENARIO = ["configuration", "dataset", "prompt_id", "scenario"]
 BASELINES = ("joint-k4", "kv-only", "ar", "spec-k4")
 
-# Reference figures of spec section 6, and the test each reproduced value must pass for the
+# Reference figures of the reproduced study (paper/main.tex, "Claims"), and the test each reproduced value must pass for the
 # reference's qualitative conclusion to hold here.
 REFERENCE = {
     "latency_reduction_vs_joint_k4": 0.640,
@@ -282,3 +282,12 @@ def summarize(results: Path, seed: int = 0, resamples: int = 2000) -> dict:
     summary["feasibility"] = json.loads(feas.read_text()) if feas.exists() else {"status": "missing"}
     summary["claims"] = claims(summary)
     return summary
+
+
+def write_summary(summary: dict, results: Path) -> Path:
+    """results/<name>/summary.json, written atomically."""
+    from rakv.study import write_atomic
+
+    path = Path(results) / "summary.json"
+    write_atomic(path, json.dumps(summary, indent=1))
+    return path

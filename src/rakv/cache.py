@@ -1,4 +1,4 @@
-"""Cross-request prefix KV store with exact prefix matching (spec section 2).
+"""Cross-request prefix KV store with exact prefix matching (paper/main.tex, Method: "Prefix KV store").
 
 Layout follows vLLM's prefix cache in miniature: a namespace (model identity + isolation salt)
 and a BLAKE2b digest of the first `BUCKET_TOKENS` token ids pick a bucket; the bucket's entries

@@ -1,4 +1,4 @@
-"""Measured cost model (spec section 4): calibration on the machine and pair in use, and C(r, k).
+"""Measured cost model (paper/main.tex, Method: "Cost model and controller"): calibration on the machine and pair in use, and C(r, k).
 
 Calibration times the operations the decode loops actually perform (target prefill, target
 one-token step, target verify of k+1 tokens, the proposer's k candidates and its prefill, the KV

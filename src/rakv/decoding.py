@@ -1,4 +1,4 @@
-"""Decode loops: target-only (AR) and speculative with rollback (spec section 3).
+"""Decode loops: target-only (AR) and speculative with rollback (paper/main.tex, Method: "Speculative decoding").
 
 In the style of gpt-fast: a `forward` that runs a model over new tokens with its KV cache, a
 plain decode step, and one speculative round (propose k, verify k+1 in one target forward,

@@ -1,10 +1,23 @@
-"""Headless execution of the analysis notebooks (nbclient), parameterised by results path."""
+"""The analysis notebooks' shared set-up, and their headless execution (nbclient).
+
+Every notebook starts with one parameters cell (`PROFILE`, `RESULTS`) and one call of `setup`, which
+resolves where a profile's results, figures and LaTeX fragments live:
+
+    results/<name>/            what the pipeline measured (read)
+    figures/<name>/            PNG + PDF figures (written)
+    paper/generated/<name>/    macros.tex and tables for the paper (written)
+
+where <name> is the results folder's name: the profile's name unless `results_dir` was overridden.
+So one profile's outputs are never overwritten by another's.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
+import pandas as pd
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
@@ -14,11 +27,68 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
 
 
+@dataclass(frozen=True)
+class OutputPaths:
+    results: Path
+    figures: Path
+    generated: Path
+
+    @classmethod
+    def of(cls, results: Path | str, figures: Path | str | None = None,
+           generated: Path | str | None = None) -> "OutputPaths":
+        """A results folder's output paths; figures and LaTeX default to folders named like it."""
+        results = Path(results).resolve()
+        return cls(results, Path(figures or ROOT / "figures" / results.name),
+                   Path(generated or ROOT / "paper" / "generated" / results.name))
+
+
+@dataclass(frozen=True)
+class NotebookContext:
+    profile: str
+    paths: OutputPaths
+    runs: pd.DataFrame
+
+    @property
+    def results(self) -> Path:
+        return self.paths.results
+
+    @property
+    def figures(self) -> Path:
+        return self.paths.figures
+
+    @property
+    def generated(self) -> Path:
+        return self.paths.generated
+
+
+def setup(profile: str = "offline", results: str | None = None, figures: str | None = None,
+          generated: str | None = None) -> NotebookContext:
+    """Paths of one profile's outputs, its study runs and the figure style; a clear message when absent."""
+    from rakv import figures as figure_module
+
+    paths = OutputPaths.of(results or ROOT / "results" / profile, figures, generated)
+    study = paths.results / "study" / "runs.parquet"
+    if not study.exists():
+        present = sorted(p.parents[1].name for p in (ROOT / "results").glob("*/study/runs.parquet"))
+        hint = (f" Results present for: {', '.join(present)} (set PROFILE to one of them)." if present else "")
+        raise SystemExit(f"No results for profile '{profile}' ({study} is missing). Produce them with "
+                         f"`./reproduce.sh profile={profile}`.{hint}")
+    figure_module.style()
+    return NotebookContext(profile, paths, pd.read_parquet(study))
+
+
+def show(paths: list[Path]) -> None:
+    """Display the PNG of a figure that `rakv.figures` wrote (it returns [png, pdf])."""
+    from IPython.display import Image, display
+
+    display(Image(filename=str(paths[0])))
+
+
 def execute(notebook: Path, params: dict, out_path: Path, timeout: int = 1200) -> None:
     """Run `notebook` top to bottom with `params` injected after its `parameters` cell; save the executed copy."""
     nb = nbformat.read(notebook, as_version=4)
     index = next((i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])), -1)
-    injected = nbformat.v4.new_code_cell("\n".join(f"{k} = {str(v)!r}" for k, v in params.items()),
+    injected = nbformat.v4.new_code_cell("\n".join(f"{k} = {v!r}" for k, v in params.items()),
                                          metadata={"tags": ["injected-parameters"]})
     nb.cells.insert(index + 1, injected)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
@@ -34,11 +104,14 @@ def execute(notebook: Path, params: dict, out_path: Path, timeout: int = 1200) -
     nbformat.write(nb, out_path)
 
 
-def run_all(results: Path, figures: Path, generated: Path) -> list[Path]:
-    out = []
-    for notebook in sorted(NOTEBOOK_DIR.glob("[0-9]*.ipynb")):
-        target = Path(results) / "notebooks" / notebook.name
-        execute(notebook, {"RESULTS": str(results), "FIGURES": str(figures), "GENERATED": str(generated)}, target)
+def run_all(profile: str, paths: OutputPaths, progress=None) -> OutputPaths:
+    """Execute every analysis notebook on `paths.results`, writing figures and LaTeX where `paths` says."""
+    notebooks = sorted(NOTEBOOK_DIR.glob("[0-9]*.ipynb"))
+    for notebook in notebooks:
+        target = paths.results / "notebooks" / notebook.name
+        execute(notebook, {"PROFILE": profile, "RESULTS": str(paths.results), "FIGURES": str(paths.figures),
+                           "GENERATED": str(paths.generated)}, target)
         print(f"analysis: executed {notebook.name} -> {target}", flush=True)
-        out.append(target)
-    return out
+        if progress is not None:
+            progress.update(1)
+    return paths

@@ -1,4 +1,4 @@
-"""Sensitivity analysis and the feasibility study (spec section 6).
+"""Sensitivity analysis and the feasibility study (paper/main.tex, "Setup").
 
 Each part writes one Parquet table under results/<profile>/sensitivity/ (or feasibility/):
 - alpha_model:    predicted latency of every (r, k) over an alpha grid, from the cost model alone;
@@ -25,8 +25,8 @@ from rakv.costmodel import RequestFeatures, acceptance_estimate, break_even_alph
 from rakv.engine import Action, parse_strategy
 from rakv.errors import RakvError, WeightsUnavailable
 from rakv.proposers import ControlledAcceptanceProposer, DraftModelProposer
-from rakv.study import (configurations, controller_config, cost_table_for, open_engine, prompts_for, reset_store,
-                        results_dir, run_main_study, write_atomic, write_parquet)
+from rakv.study import (configurations, controller_config, cost_table_for, format_duration, open_engine, prompts_for,
+                        reset_store, results_dir, run_main_study, write_atomic, write_parquet)
 from rakv.workloads import build_scenario, parse_scenario
 
 
@@ -58,20 +58,23 @@ def alpha_model_tables(cfg, name, table) -> tuple[list[dict], list[dict]]:
     return curve, crossover
 
 
-def controlled_rows(cfg, name, engine, controller, prompts) -> list[dict]:
+def controlled_rows(cfg, name, engine, controller, prompts, tick=lambda n=1: None) -> list[dict]:
     sens, rows = cfg.profile.sensitivity, []
     n = sens.new_tokens
     for prompt in prompts[: sens.prompts]:
         ids = list(prompt.token_ids)
         reference = engine.run(ids, Action(False, 0), n, ignore_eos=True)
+        tick()
         for repeat in range(sens.repeats):
             ar = engine.run(ids, Action(False, 0), n, ignore_eos=True).latency_s
+            tick()
             for k in cfg.experiment.controlled_k:
                 for alpha in sens.controlled_alphas:
                     proposer = ControlledAcceptanceProposer(
                         DraftModelProposer(engine.pair.draft.module, engine.pair.device), ids + reference.token_ids,
                         alpha, engine.pair.vocab_size, seed=repeat * 1000 + int(alpha * 100))
                     spec = engine.run(ids, Action(False, k), n, ignore_eos=True, proposer=proposer)
+                    tick()
                     measured_alpha = acceptance_estimate(spec.round_log)
                     features = RequestFeatures(len(ids), 0, n)
                     predicted = {a: estimate_latency(controller.table, features, False, k, a)
@@ -102,7 +105,7 @@ def trace(prompts, families: int, requests: int, seed: int) -> list[list[int]]:
     return out
 
 
-def budget_rows(cfg, name, engine, prompts) -> list[dict]:
+def budget_rows(cfg, name, engine, prompts, tick=lambda n=1: None) -> list[dict]:
     sens, rows = cfg.profile.sensitivity, []
     requests = trace(prompts, sens.trace_families, sens.trace_requests, cfg.seed)
     for budget in sens.budgets_mib:
@@ -111,6 +114,7 @@ def budget_rows(cfg, name, engine, prompts) -> list[dict]:
         latencies, ttfts = [], []
         for ids in requests:
             result = engine.run(ids, Action(True, 0), sens.new_tokens, ignore_eos=True)
+            tick()
             latencies.append(result.latency_s)
             ttfts.append(result.ttft_s)
         stats = engine.store.stats
@@ -130,7 +134,7 @@ def _timed(engine, controller, ids, strategy, n, warmups=()):
     return engine.run(ids, parse_strategy(strategy), n, ignore_eos=True)
 
 
-def factor_rows(cfg, name, engine, controller, prompts) -> dict[str, list[dict]]:
+def factor_rows(cfg, name, engine, controller, prompts, tick=lambda n=1: None) -> dict[str, list[dict]]:
     """Output length, prompt length and reuse rate, each varied alone on the same prompts."""
     sens = cfg.profile.sensitivity
     out = {"output_length": [], "prompt_length": [], "reuse_rate": []}
@@ -142,6 +146,7 @@ def factor_rows(cfg, name, engine, controller, prompts) -> dict[str, list[dict]]
             for n in sens.output_lengths:
                 for strategy in ("ar", "spec-k4", "rakv-asd"):
                     r = _timed(engine, controller, ids, strategy, n)
+                    tick()
                     out["output_length"].append({"configuration": name, "prompt_id": prompt.id, "repeat": repeat,
                                                  "new_tokens": n, "strategy": strategy, "k": r.k,
                                                  "latency_s": r.latency_s, "tokens_per_s": r.tokens_per_s})
@@ -151,6 +156,7 @@ def factor_rows(cfg, name, engine, controller, prompts) -> dict[str, list[dict]]
             for scenario in ("cold", "partial-50", "exact"):
                 s = build_scenario(scenario, tuple(ids), tuple(donor))
                 r = _timed(engine, controller, ids, "kv-only", sens.new_tokens, s.warmups)
+                tick()
                 out["prompt_length"].append({"configuration": name, "repeat": repeat, "prompt_tokens": length,
                                              "scenario": scenario, "hit_tokens": r.hit_tokens, "ttft_s": r.ttft_s,
                                              "latency_s": r.latency_s})
@@ -160,6 +166,7 @@ def factor_rows(cfg, name, engine, controller, prompts) -> dict[str, list[dict]]
             s = build_scenario(scenario, tuple(ids), tuple(donor))
             for strategy in ("ar", "kv-only", "rakv-asd"):
                 r = _timed(engine, controller, ids, strategy, sens.new_tokens, s.warmups)
+                tick()
                 out["reuse_rate"].append({"configuration": name, "repeat": repeat, "reuse_rate_target": rate,
                                           "strategy": strategy, "hit_tokens": r.hit_tokens,
                                           "prompt_tokens": r.prompt_tokens, "reuse": r.reuse, "k": r.k,
@@ -219,6 +226,34 @@ def replay_rows(cfg, tables: dict) -> list[dict]:
     return rows
 
 
+def planned_requests(cfg, configuration, table, prompts) -> dict[str, tuple[int, float]]:
+    """Per measured part: (timed requests, predicted seconds), from the profile's grid and the cost table.
+
+    Requests are priced as cold ones of the prompts' mean length (k = 4 where the part speculates), so the
+    estimate is an upper-side guide, not a promise."""
+    sens, exp = cfg.profile.sensitivity, cfg.experiment
+    chosen = prompts[: sens.prompts]
+    length = int(np.mean([len(p.token_ids) for p in chosen])) if chosen else 64
+
+    def cost(n, k=0):
+        return estimate_latency(table, RequestFeatures(length, 0, n), False, k, table.acceptance)
+
+    n = sens.new_tokens
+    parts = {}
+    if configuration.proposer == "draft":
+        count = len(chosen) * (1 + sens.repeats * (1 + len(exp.controlled_k) * len(sens.controlled_alphas)))
+        parts["controlled"] = (count, count * cost(n, 4))
+    count = len(sens.budgets_mib) * sens.trace_requests
+    parts["cache_budget"] = (count, count * cost(n))
+    outputs = sum(3 * cost(m, 4) for m in sens.output_lengths) * len(chosen) * sens.repeats
+    parts["output_length"] = (3 * len(sens.output_lengths) * len(chosen) * sens.repeats, outputs)
+    count = 3 * len(sens.prompt_lengths) * sens.repeats
+    parts["prompt_length"] = (count, count * cost(n))
+    count = 3 * len(sens.reuse_rates) * sens.repeats
+    parts["reuse_rate"] = (count, count * cost(n))
+    return parts
+
+
 def run_sensitivity(cfg: DictConfig) -> None:
     out_dir = results_dir(cfg) / "sensitivity"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -235,19 +270,22 @@ def run_sensitivity(cfg: DictConfig) -> None:
         curve, crossover = alpha_model_tables(cfg, configuration.name, table)
         parts.setdefault("alpha_model", []).extend(curve)
         parts.setdefault("crossover", []).extend(crossover)
-        prompts = [p for d in cfg.datasets for p in prompts_for(cfg, engine, d)]
-        steps = tqdm(total=3 + (configuration.proposer == "draft"), desc=f"sensitivity {configuration.name}",
-                     unit="part")
+        prompts = [p for d in cfg.datasets for p in prompts_for(cfg, engine.encode, d)]
+        planned = planned_requests(cfg, configuration, table, prompts)
+        print(f"sensitivity {configuration.name}: plan " + ", ".join(f"{part} {count}" for part, (count, _)
+                                                                      in planned.items())
+              + f" timed requests; expected wall time {format_duration(sum(s for _, s in planned.values()))} "
+              "(predicted from the cost table)", flush=True)
+        bar = tqdm(total=sum(c for c, _ in planned.values()), desc=f"sensitivity {configuration.name}",
+                   unit="request", dynamic_ncols=True, mininterval=2)
         if configuration.proposer == "draft":  # the controlled proposer pays a draft model's cost
             parts.setdefault("controlled", []).extend(controlled_rows(cfg, configuration.name, engine, controller,
-                                                                      prompts))
-            steps.update()
-        parts.setdefault("cache_budget", []).extend(budget_rows(cfg, configuration.name, engine, prompts))
-        steps.update()
-        for key, rows in factor_rows(cfg, configuration.name, engine, controller, prompts).items():
+                                                                      prompts, bar.update))
+        parts.setdefault("cache_budget", []).extend(budget_rows(cfg, configuration.name, engine, prompts,
+                                                                bar.update))
+        for key, rows in factor_rows(cfg, configuration.name, engine, controller, prompts, bar.update).items():
             parts.setdefault(key, []).extend(rows)
-        steps.update(2)
-        steps.close()
+        bar.close()
     parts["beta_lambda"] = replay_rows(cfg, tables)
     for part, rows in parts.items():
         if rows:

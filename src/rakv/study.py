@@ -1,4 +1,4 @@
-"""The main study (spec section 6): plan, timed runs, and a crash-safe, resumable results journal.
+"""The main study (paper/main.tex, "Setup"): plan, timed runs, and a crash-safe, resumable results journal.
 
 A *configuration* is a pair with a proposer (`conf/pair/<name>.yaml`). For every configuration,
 dataset, prompt, scenario and repeat the plan holds one run per strategy (ar, kv-only, spec-k4,
@@ -99,11 +99,14 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def prompts_for(cfg: DictConfig, engine: Engine, dataset: str) -> list[Prompt]:
-    entry = load_group("dataset", dataset)
+def prompts_for(cfg: DictConfig, encode, dataset: str) -> list[Prompt]:
+    """The profile's seeded prompt selection from one configured dataset (`encode`: text -> token ids)."""
+    if dataset not in cfg.data:
+        raise RakvError(f"dataset '{dataset}' has no entry under data (configured: {', '.join(cfg.data)})")
+    entry = cfg.data[dataset]
     grid = cfg.profile.study
-    texts = dataset_texts(entry.name, entry.get("local_dir"), entry.split)
-    return select_prompts(dataset, texts, engine.encode, [tuple(b) for b in grid.length_bins], grid.prompts_per_bin,
+    texts = dataset_texts(entry.name, entry.source, entry.split)
+    return select_prompts(dataset, texts, encode, [tuple(b) for b in grid.length_bins], grid.prompts_per_bin,
                           seed=cfg.seed)
 
 
@@ -243,6 +246,24 @@ def hit_after_warmups(engine: Engine, scenario, prompt: Prompt):
     return store.peek(ns, np.asarray(prompt.token_ids))
 
 
+def predicted_seconds(controller: Controller, engine: Engine, spec: RunSpec, prompt: Prompt, scenario,
+                      new_tokens: int) -> float:
+    """Wall time of one planned run from the cost tables: the warm-up prefills, then the request itself
+    (rakv-asd as the action it would choose now; the AR reference and kernel warm-ups are not counted)."""
+    table = controller.table
+    warmups = sum(table.target_prefill(len(w)) + table.target_step(len(w)) for w in scenario.warmups)
+    hit = hit_after_warmups(engine, scenario, prompt)
+    if spec.strategy == "rakv-asd":
+        return warmups + controller.decide(len(prompt.token_ids), hit, new_tokens).predicted_latency_s
+    action = label_action(spec.strategy) if spec.kind == "sweep" else parse_strategy(spec.strategy)
+    return warmups + predict_fixed(controller, len(prompt.token_ids), hit, new_tokens, action)
+
+
+def format_duration(seconds: float) -> str:
+    minutes, rest = divmod(int(round(seconds)), 60)
+    return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"
+
+
 def describe_plan(specs: list[RunSpec]) -> str:
     lines = [f"plan: {len(specs)} timed runs "
              f"({sum(s.kind == 'strategy' for s in specs)} strategy runs + {sum(s.kind == 'sweep' for s in specs)} "
@@ -303,6 +324,34 @@ def result_row(spec: RunSpec, configuration: Configuration, prompt: Prompt, scen
             "order": order, "seed": seed}
 
 
+@dataclass
+class PreparedConfiguration:
+    """One configuration ready to run: its engine, controller, prompts, whole plan and this shard's share."""
+
+    configuration: Configuration
+    engine: Engine
+    controller: Controller
+    prompts: dict[str, list[Prompt]]
+    specs: list[RunSpec]
+    mine: list[RunSpec]  # this shard's runs, in the shuffled execution order
+
+    def prompt_and_donor(self, spec: RunSpec) -> tuple[Prompt, tuple[int, ...]]:
+        chosen = self.prompts[spec.dataset]
+        index = next(i for i, p in enumerate(chosen) if p.id == spec.prompt_id)
+        return chosen[index], donor_of(chosen, index)
+
+
+def prepare(cfg: DictConfig, configuration: Configuration) -> PreparedConfiguration:
+    engine = open_engine(cfg, configuration)
+    controller = Controller(cost_table_for(cfg, engine), controller_config(cfg))
+    prompts = {d: prompts_for(cfg, engine.encode, d) for d in cfg.datasets}
+    specs = plan_runs(cfg, configuration, prompts, controller, engine)
+    order = list(range(len(specs)))
+    random.Random(cfg.seed).shuffle(order)  # recorded: the seed is in every row and in metadata
+    mine = [specs[i] for i in order if i % cfg.study.num_shards == cfg.study.shard_index]
+    return PreparedConfiguration(configuration, engine, controller, prompts, specs, mine)
+
+
 def run_main_study(cfg: DictConfig) -> Path:
     """Plan every configuration, print the plan, then execute (or resume) the runs; returns the Parquet path."""
     out_dir = results_dir(cfg) / "study"
@@ -311,52 +360,55 @@ def run_main_study(cfg: DictConfig) -> Path:
     if not 0 <= shard < shards:
         raise RakvError(f"study.shard_index must be in [0, {shards}), got {shard}")
     journal = Journal(out_dir / (f"runs.shard{shard}of{shards}.jsonl" if shards > 1 else "runs.jsonl"))
-    prepared, all_specs, calibrations = [], [], {}
-    for configuration in configurations(cfg):
-        engine = open_engine(cfg, configuration)
-        controller = Controller(cost_table_for(cfg, engine), controller_config(cfg))
-        calibrations[configuration.name] = calibration_key(engine.pair, engine.proposer)
-        prompts = {d: prompts_for(cfg, engine, d) for d in cfg.datasets}
-        specs = plan_runs(cfg, configuration, prompts, controller, engine)
-        prepared.append((configuration, engine, controller, prompts, specs))
-        all_specs.extend(specs)
+    prepared = [prepare(cfg, configuration) for configuration in configurations(cfg)]
+    all_specs = [spec for p in prepared for spec in p.specs]
+    calibrations = {p.configuration.name: calibration_key(p.engine.pair, p.engine.proposer) for p in prepared}
     plan = describe_plan(all_specs)
-    print(plan, flush=True)
-    write_atomic(out_dir / "plan.txt", plan + "\n")
     planned = {s.run_id for s in all_specs}
     stray = [r for r in journal.rows if r["run_id"] not in planned]
     if stray:
         raise RakvError(f"{journal.path} holds {len(stray)} runs of a different plan; "
                         "use another results_dir or remove the old results")
-    for configuration, engine, controller, prompts, specs in ([] if cfg.study.merge_only else prepared):
-        order = list(range(len(specs)))
-        random.Random(cfg.seed).shuffle(order)  # recorded: the seed is in every row and in metadata
-        mine = [specs[i] for i in order if i % shards == shard]
-        todo = [s for s in mine if s.run_id not in journal.done]
-        print(f"{configuration.name}: {len(mine)} runs planned here, {len(mine) - len(todo)} already done", flush=True)
-        if todo:
-            _execute(cfg, configuration, engine, controller, prompts, todo, journal, mine, cfg.profile.study)
+    todo = {p.configuration.name: [s for s in p.mine if s.run_id not in journal.done] for p in prepared}
+    if not cfg.study.merge_only:
+        expected = sum(predicted_seconds(p.controller, p.engine, spec, *scenario_of(p, spec),
+                                         cfg.profile.study.new_tokens)
+                       for p in prepared for spec in todo[p.configuration.name])
+        plan += (f"\n  this shard: {sum(map(len, todo.values()))} runs to do; expected wall time "
+                 f"{format_duration(expected)} (predicted from the cost tables)")
+    print(plan, flush=True)
+    write_atomic(out_dir / "plan.txt", plan + "\n")
+    for p in ([] if cfg.study.merge_only else prepared):
+        name = p.configuration.name
+        print(f"{name}: {len(p.mine)} runs planned here, {len(p.mine) - len(todo[name])} already done", flush=True)
+        if todo[name]:
+            _execute(cfg, p, todo[name], journal)
     return finalize(cfg, out_dir, all_specs, calibrations)
 
 
-def _execute(cfg, configuration, engine, controller, prompts, todo, journal, mine, grid):
-    by_id = {(d, p.id): (p, donor_of(prompts[d], i)) for d in prompts for i, p in enumerate(prompts[d])}
+def scenario_of(p: PreparedConfiguration, spec: RunSpec):
+    prompt, donor = p.prompt_and_donor(spec)
+    return prompt, build_scenario(spec.scenario, prompt.token_ids, donor)
+
+
+def _execute(cfg, p: PreparedConfiguration, todo: list[RunSpec], journal: Journal) -> None:
+    grid, engine, controller = cfg.profile.study, p.engine, p.controller
     # AR reference of every prompt (untimed), the target of every equality check
-    references = {key: engine.run(list(p.token_ids), Action(False, 0), grid.new_tokens, ignore_eos=True).token_ids
-                  for key, (p, _) in by_id.items()}
-    for _ in range(cfg.profile.study.model_warmup_requests):  # warm kernels and allocator before timing
-        first = next(iter(by_id.values()))[0]
+    references = {(d, prompt.id): engine.run(list(prompt.token_ids), Action(False, 0), grid.new_tokens,
+                                             ignore_eos=True).token_ids
+                  for d, chosen in p.prompts.items() for prompt in chosen}
+    first = next(iter(p.prompts.values()))[0]
+    for _ in range(grid.model_warmup_requests):  # warm kernels and allocator before timing
         engine.run(list(first.token_ids), Action(True, max(cfg.controller.k_set)), grid.new_tokens, ignore_eos=True)
     last_alpha = [r["alpha_after"] for r in sorted(journal.rows, key=lambda r: r["order"])
-                  if r["configuration"] == configuration.name and r.get("alpha_after") is not None]
+                  if r["configuration"] == p.configuration.name and r.get("alpha_after") is not None]
     if last_alpha:  # resume the controller's acceptance estimate where the interrupted run left it
         controller.tracker.accepted, controller.tracker.rejected = last_alpha[-1], 1 - last_alpha[-1]
-    position = {s.run_id: i for i, s in enumerate(mine)}
-    for spec in tqdm(todo, desc=f"study {configuration.name}", unit="run", dynamic_ncols=True, mininterval=2):
-        prompt, donor = by_id[(spec.dataset, spec.prompt_id)]
-        scenario = build_scenario(spec.scenario, prompt.token_ids, donor)
+    position = {s.run_id: i for i, s in enumerate(p.mine)}
+    for spec in tqdm(todo, desc=f"study {p.configuration.name}", unit="run", dynamic_ncols=True, mininterval=2):
+        prompt, scenario = scenario_of(p, spec)
         result = timed_run(engine, controller, spec, prompt, scenario, grid.new_tokens)
-        journal.append(result_row(spec, configuration, prompt, scenario, result,
+        journal.append(result_row(spec, p.configuration, prompt, scenario, result,
                                   references[(spec.dataset, spec.prompt_id)], position[spec.run_id], cfg.seed))
 
 

@@ -38,28 +38,45 @@ def calibration_prompts(encode, count: int = 3) -> list[list[int]]:
     return [encode(problem["prompt"]) for problem in load_humaneval().select(range(count))]
 
 
-def load_wikitext2(local_dir: str | None = None, split: str = "test"):
-    """WikiText-2 (v1) lines as a `datasets.Dataset`: from `local_dir` ({split}.txt) when given, else the hub."""
+BUNDLED_WIKITEXT2 = Path(__file__).resolve().parents[2] / "data" / "wikitext-2"
+
+
+def wikitext2_files(folder: Path, split: str) -> Path:
+    """`{split}.txt` or `{split}.txt.gz` (WikiText's own file names: test, valid) inside `folder`."""
+    stem = "valid" if split == "validation" else split
+    for name in (f"{stem}.txt", f"{stem}.txt.gz"):
+        if (folder / name).is_file():
+            return folder / name
+    raise RakvError(f"WikiText-2 file {folder / stem}.txt(.gz) not found")
+
+
+def load_wikitext2(source: str = "bundled", split: str = "test"):
+    """WikiText-2 (v1) lines as a `datasets.Dataset`.
+
+    source: "bundled" (the copy in data/wikitext-2/ of this repository; no network), "hub" (the
+    `wikitext-2-v1` dataset from the Hugging Face hub or its local cache), or a folder holding
+    WikiText's `test.txt` / `valid.txt` (optionally gzip-compressed).
+    """
     from datasets import load_dataset
 
-    if local_dir:
-        path = Path(local_dir).expanduser() / f"{'valid' if split == 'validation' else split}.txt"
-        if not path.is_file():
-            raise RakvError(f"WikiText-2 file {path} not found (dataset.local_dir={local_dir})")
-        return load_dataset("text", data_files=str(path), split="train")
-    try:
-        return load_dataset("wikitext", "wikitext-2-v1", split=split)
-    except Exception as exc:  # datasets raises many types for "hub unreachable"
-        raise RakvError(f"WikiText-2 could not be loaded from the hub ({type(exc).__name__}); set "
-                        "RAKV_WIKITEXT_DIR (or dataset.local_dir) to a folder with test.txt and valid.txt") from None
+    if source == "hub":
+        try:
+            return load_dataset("wikitext", "wikitext-2-v1", split=split)
+        except Exception as exc:  # datasets raises many types for "hub unreachable"
+            raise RakvError(f"WikiText-2 could not be loaded from the hub ({type(exc).__name__}); use "
+                            "data.wikitext2.source=bundled (the repository's copy) or a folder") from None
+    folder = BUNDLED_WIKITEXT2 if source == "bundled" else Path(source).expanduser()
+    if not folder.is_dir():
+        raise RakvError(f"WikiText-2 source '{source}' is neither bundled, hub, nor an existing folder")
+    return load_dataset("text", data_files=str(wikitext2_files(folder, split)), split="train")
 
 
-def dataset_texts(name: str, local_dir: str | None = None, split: str = "test") -> list[tuple[str, str]]:
+def dataset_texts(name: str, source: str = "bundled", split: str = "test") -> list[tuple[str, str]]:
     """(id, text) pairs: HumanEval prompts, or WikiText-2 paragraphs (headings and blank lines dropped)."""
     if name == "humaneval":
         return [(row["task_id"], row["prompt"]) for row in load_humaneval()]
     if name == "wikitext2":
-        lines = load_wikitext2(local_dir, split)["text"]
+        lines = load_wikitext2(source, split)["text"]
         return [(f"wikitext2/{split}/{i}", line.strip()) for i, line in enumerate(lines)
                 if line.strip() and not re.fullmatch(r"\s*=.*=\s*", line)]
     raise RakvError(f"unknown dataset '{name}'; choose humaneval or wikitext2")
