@@ -54,7 +54,7 @@ def make_engine(args):
     if getattr(args, "cache_budget_mib", 1) <= 0:
         raise RakvError("--cache-budget-mib must be positive")
     return open_engine(args.pair, args.proposer, device=args.device, dtype=args.dtype, threads=args.threads,
-                       cache_budget_mib=getattr(args, "cache_budget_mib", 512))
+                       cache_budget_mib=getattr(args, "cache_budget_mib", 512), kernels=args.kernels)
 
 
 def cmd_generate(args) -> None:
@@ -235,6 +235,8 @@ def add_model_options(parser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    parser.add_argument("--kernels", default="fast", choices=("stock", "fast"),
+                        help="fast: the CPU fast path of rakv.kernels (default); stock: transformers as shipped")
 
 
 def main(argv: list[str] | None = None) -> int:

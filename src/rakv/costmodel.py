@@ -22,11 +22,11 @@ import numpy as np
 import torch
 import transformers
 from tqdm import tqdm
-from transformers import DynamicCache
 
 from rakv.cache import PrefixKVStore, kv_nbytes
 from rakv.decoding import Sampling, forward, synchronize
 from rakv.errors import RakvError
+from rakv.kernels import new_kv_cache
 
 K_VALUES = (1, 2, 4, 6, 8)
 
@@ -251,7 +251,7 @@ def calibrate(engine, prompts: list[list[int]], plan: CalibrationPlan = Calibrat
 
     with torch.inference_mode():
         def prefill_time(n):
-            return _median_time(lambda: forward(target, filler[:, :n], DynamicCache(config=target.config), keep=1),
+            return _median_time(lambda: forward(target, filler[:, :n], new_kv_cache(target), keep=1),
                                 device, plan.repeats)
 
         target_prefill = []
@@ -269,7 +269,7 @@ def calibrate(engine, prompts: list[list[int]], plan: CalibrationPlan = Calibrat
         step, verify, propose = [], {k: [] for k in plan.k_values}, {k: [] for k in plan.k_values}
         sampling = Sampling()
         for ctx in plan.contexts:
-            cache = DynamicCache(config=target.config)
+            cache = new_kv_cache(target)
             forward(target, filler[:, :ctx], cache, keep=1)
 
             def crop_back():
@@ -296,7 +296,7 @@ def calibrate(engine, prompts: list[list[int]], plan: CalibrationPlan = Calibrat
         store = PrefixKVStore(budget_bytes=1 << 40)
         ns = "calibration"
         longest = max(plan.copy_lengths)
-        cache = DynamicCache(config=target.config)
+        cache = new_kv_cache(target)
         logits = forward(target, filler[:, :longest + 1], cache, keep=1)[-1]
         entry_ids = filler[0, :longest + 1].cpu().numpy()
         store.insert(ns, entry_ids, [(layer.keys, layer.values) for layer in cache.layers], logits)
@@ -307,7 +307,7 @@ def calibrate(engine, prompts: list[list[int]], plan: CalibrationPlan = Calibrat
 
             def copy_out():
                 _, kv, _ = store.lookup(ns, query)
-                DynamicCache(ddp_cache_data=kv, config=target.config)
+                new_kv_cache(target, kv)
 
             copy_times.append(_median_time(copy_out, device, plan.repeats))
             tick()

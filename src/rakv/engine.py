@@ -12,12 +12,12 @@ from typing import Callable
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from rakv.cache import Hit, PrefixKVStore, namespace
 from rakv.decoding import (DecodeState, PhaseTimer, Sampling, crop_cache, decode_autoregressive,
                            decode_speculative, forward, select_token)
 from rakv.errors import RakvError
+from rakv.kernels import new_kv_cache
 from rakv.models import ModelPair, load_pair
 from rakv.proposers import DraftModelProposer, PromptLookupProposer
 
@@ -27,11 +27,11 @@ PROPOSERS = ("draft", "prompt-lookup")
 
 
 def open_engine(pair: str, proposer: str = "draft", *, device: str = "cpu", dtype: str = "float32",
-                threads: int | None = None, cache_budget_mib: float = 512) -> "Engine":
+                threads: int | None = None, cache_budget_mib: float = 512, kernels: str = "fast") -> "Engine":
     """Load a pair and give it an empty prefix store of the given budget."""
     if cache_budget_mib <= 0:
         raise RakvError("the cache budget must be positive")
-    return Engine(load_pair(pair, device=device, dtype=dtype, threads=threads),
+    return Engine(load_pair(pair, device=device, dtype=dtype, threads=threads, kernels=kernels),
                   PrefixKVStore(budget_bytes=int(cache_budget_mib * (1 << 20))), proposer=proposer)
 
 
@@ -149,7 +149,7 @@ class Engine:
         with timer.phase("kv_copy"):
             if action.reuse:
                 hit, kv, stored_logits = self.store.lookup(ns, prompt_array)
-            cache = DynamicCache(ddp_cache_data=kv, config=target.config)
+            cache = new_kv_cache(target, kv)
         with timer.phase("prefill"):
             if stored_logits is not None:  # exact repeat: no forward pass before the first decode step
                 prompt_logits = stored_logits

@@ -13,13 +13,14 @@ import json
 import os
 import shutil
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
 from rakv.errors import RakvError, WeightsUnavailable
+from rakv.kernels import apply_kernels, effective_mode
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -41,6 +42,7 @@ class Fingerprint:
     dtype: str
     quantisation: str
     tokenizer: str  # hash of the serialised tokenizer (vocabulary, merges, specials)
+    kernels: str = "stock"  # rakv.kernels mode that computes its K/V
 
     def key(self) -> str:
         blob = json.dumps(asdict(self), sort_keys=True).encode()
@@ -258,7 +260,9 @@ def configure_threads(device: torch.device, threads: int | None) -> None:
         torch.set_num_threads(int(threads or os.cpu_count() or 1))
 
 
-def load_pair(name: str, device: str = "cpu", dtype: str = "float32", threads: int | None = None) -> ModelPair:
+def load_pair(name: str, device: str = "cpu", dtype: str = "float32", threads: int | None = None,
+              kernels: str = "fast") -> ModelPair:
+    """Load a pair on `device`; `kernels` (rakv.kernels) says how its forwards run, and is part of its identity."""
     if name not in PAIR_NAMES:
         raise RakvError(f"unknown pair '{name}'; choose one of: {', '.join(PAIR_NAMES)}")
     try:
@@ -271,6 +275,7 @@ def load_pair(name: str, device: str = "cpu", dtype: str = "float32", threads: i
     if not isinstance(torch_dtype, torch.dtype):
         raise RakvError(f"invalid dtype '{dtype}' (e.g. float32, float16, bfloat16)")
     configure_threads(torch_device, threads)
+    effective_mode(kernels, torch_device)  # an unknown mode fails before any loading
     if name == "tiny":
         target, draft, tokenizer = _tiny_pair(torch_device, torch_dtype)
     elif name == "smollm2":
@@ -278,6 +283,9 @@ def load_pair(name: str, device: str = "cpu", dtype: str = "float32", threads: i
     else:
         target, draft, tokenizer = _hub_pair(name, torch_device, torch_dtype)
     check_shared_tokenizer(name, target, draft)
+    for model in (target, draft):
+        mode = apply_kernels(model.module, kernels, torch_device)
+        model.fingerprint = replace(model.fingerprint, kernels=mode)
     return ModelPair(name=name, target=target, draft=draft, tokenizer=tokenizer, device=torch_device)
 
 

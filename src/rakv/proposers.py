@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from rakv.decoding import Sampling, crop_cache, forward, probabilities
+from rakv.kernels import new_kv_cache
 
 
 class Proposer(Protocol):
@@ -45,7 +46,7 @@ class DraftModelProposer:
     pending_logits: torch.Tensor | None = None  # draft logits after the last fed token
 
     def start(self, context: list[int]) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = new_kv_cache(self.model)
         self.fed = []
         self.pending_logits = None
         self._catch_up(context)

@@ -68,7 +68,7 @@ def configurations(cfg: DictConfig) -> list[Configuration]:
 
 def open_engine(cfg: DictConfig, configuration: Configuration) -> Engine:
     return engine_for(configuration.pair, configuration.proposer, device=cfg.device, dtype=cfg.dtype,
-                      threads=cfg.threads, cache_budget_mib=cfg.cache.budget_mib)
+                      threads=cfg.threads, cache_budget_mib=cfg.cache.budget_mib, kernels=cfg.kernels)
 
 
 def controller_config(cfg: DictConfig) -> ControllerConfig:
