@@ -16,7 +16,7 @@ import time
 import numpy as np
 import torch
 
-from rakv.costmodel import calibration_for
+from rakv.calibration import calibration_for
 from rakv.controller import Controller
 from rakv.engine import open_engine
 from rakv.errors import RakvError

@@ -24,10 +24,11 @@ import time
 
 import torch
 
+from rakv.actions import SPEC_K, Action
 from rakv.cache import PrefixKVStore
 from rakv.costmodel import acceptance_estimate
 from rakv.decoding import synchronize
-from rakv.engine import Engine, parse_strategy
+from rakv.engine import Engine
 from rakv.errors import RakvError
 from rakv.models import load_pair
 from rakv.workloads import load_humaneval
@@ -75,7 +76,7 @@ def make_sides(pair, stock, engine, ids, n):
 
     def ours(strategy):
         engine.store.clear()
-        return engine.run(ids, parse_strategy(strategy), n, ignore_eos=True)
+        return engine.run(ids, Action.of_strategy(strategy), n, ignore_eos=True)
 
     def theirs(assistant):
         with torch.inference_mode():
@@ -127,7 +128,7 @@ def verify_ratios(engine, context: list[int], repeats: int) -> dict[int, float]:
         forward(target, ids[:, :-9], cache, keep=1)
         base = cache.get_seq_length()
         times = {}
-        for width in (1, 2, 3, 5, 7, 9):  # interleaved repeats, the first a warm-up
+        for width in (1, *(k + 1 for k in SPEC_K)):  # interleaved repeats, the first a warm-up
             times[width] = []
         for repeat in range(repeats + 1):
             for width in times:
@@ -160,7 +161,7 @@ def main() -> int:
         print(f"bench_engine: error: {exc}", file=sys.stderr)
         return 2
     device = pair.device
-    engine = Engine(pair, PrefixKVStore())
+    engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30))
     problems = load_humaneval()
     ids = engine.encode(problems[2]["prompt"])
     n = args.new_tokens
@@ -196,8 +197,8 @@ def main() -> int:
     def ttft(prompt, warm=None):
         engine.store.clear()
         if warm is not None:
-            engine.run(warm, parse_strategy("ar"), 1)
-        return engine.run(prompt, parse_strategy("kv-only"), 1).ttft_s
+            engine.run(warm, Action.of_strategy("ar"), 1)
+        return engine.run(prompt, Action.of_strategy("kv-only"), 1).ttft_s
 
     cold = statistics.median(ttft(long_ids) for _ in range(args.repeats))
     exact = statistics.median(ttft(long_ids, warm=long_ids) for _ in range(args.repeats))
@@ -207,7 +208,7 @@ def main() -> int:
     bandwidth = streaming_bandwidth(device)
     target_bytes = weight_bytes(stock.target.module)
     floor_ms = target_bytes / bandwidth * 1e3
-    steps = [ratios[k] for k in (1, 2, 4, 6, 8)]
+    steps = [ratios[k] for k in SPEC_K]
     report = {
         "pair": pair.name, "device": str(device), "threads": torch.get_num_threads(), "kernels": args.kernels,
         "new_tokens": n, "prompt_tokens": len(ids), "repeats": args.repeats,
@@ -220,7 +221,7 @@ def main() -> int:
         "floor": {"weight_bytes": target_bytes, "bandwidth_gb_s": bandwidth / 1e9, "floor_ms": floor_ms,
                   "ar_over_floor": ms["ours-ar"] / floor_ms, "goal": 1.6},
         "verify": {"context_tokens": 256, "step_ms": ratios[0] * 1e3,
-                   "verify_over_step": {str(k): ratios[k] for k in (1, 2, 4, 6, 8)},
+                   "verify_over_step": {str(k): ratios[k] for k in SPEC_K},
                    "monotone": all(a <= b for a, b in zip(steps, steps[1:]))},
         "ttft": {"prompt_tokens": len(long_ids), "cold_ms": cold * 1e3, "exact_ms": exact * 1e3,
                  "partial_ms": partial * 1e3, "exact_over_cold": exact / cold, "partial_over_cold": partial / cold},
@@ -241,7 +242,7 @@ def main() -> int:
     print(f"floor: {target_bytes / 1e6:.0f} MB of target weights / {bandwidth / 1e9:.1f} GB/s streaming (sum over "
           f"512 MiB) = {floor_ms:.1f} ms/token; our AR / floor = {ms['ours-ar'] / floor_ms:.2f} (goal <=1.6)")
     print(f"verify(k+1) / one step at 256 tokens of context (step {ratios[0] * 1e3:.1f} ms): "
-          + ", ".join(f"k={k} {ratios[k]:.2f}" for k in (1, 2, 4, 6, 8))
+          + ", ".join(f"k={k} {ratios[k]:.2f}" for k in SPEC_K)
           + f"; monotone in k: {report['verify']['monotone']}")
     print(f"TTFT on a {len(long_ids)}-token prompt: cold {cold * 1e3:.1f} ms, exact repeat {exact * 1e3:.2f} ms "
           f"(ratio {exact / cold:.3f}, goal <=0.05), 50 % partial hit {partial * 1e3:.1f} ms "

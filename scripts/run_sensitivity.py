@@ -1,14 +1,14 @@
-"""Stage 'sensitivity' of ./reproduce.sh; directly: .venv/bin/python scripts/run_sensitivity.py profile=smoke [overrides]"""
+"""Stage 'sensitivity' of ./reproduce.sh (rakv.stages.sensitivity); directly:
+    .venv/bin/python scripts/run_sensitivity.py profile=smoke [Hydra overrides]"""
 
 import hydra
 
-from rakv.sensitivity import run_sensitivity
 from rakv.stages import run_stage
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="sensitivity")
 def main(cfg):
-    run_stage("run_sensitivity", run_sensitivity, cfg)
+    run_stage("sensitivity", cfg)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,14 @@
-"""Main study: ./reproduce.sh stages=study [overrides], or directly:
-    .venv/bin/python scripts/run_study.py profile=smoke
-Resumable: rerun the same command after an interruption."""
+"""Stage 'study' of ./reproduce.sh (rakv.stages.study); directly:
+    .venv/bin/python scripts/run_study.py profile=smoke [Hydra overrides]"""
 
 import hydra
 
 from rakv.stages import run_stage
-from rakv.study import run_main_study
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg):
-    run_stage("run_study", run_main_study, cfg)
+    run_stage("study", cfg)
 
 
 if __name__ == "__main__":

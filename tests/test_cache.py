@@ -68,7 +68,7 @@ def test_no_hit_across_identities_or_salts():
 
 def test_stored_tensors_are_copied_in_and_out():
     kv = fake_kv(40)
-    store = PrefixKVStore()
+    store = PrefixKVStore(budget_bytes=1 << 30)
     store.insert(NS, BASE, kv, torch.zeros(10))
     kv[0][0].fill_(7.0)  # the caller's tensors change; the entry must not
     _, out, logits = store.lookup(NS, BASE)

@@ -2,16 +2,24 @@
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 
+from rakv.actions import Action
 from rakv.cache import Hit, PrefixKVStore
-from rakv.controller import AcceptanceTracker, Controller, ControllerConfig, run_rakv_asd
-from rakv.costmodel import (CalibrationPlan, CostTable, Curve, RequestFeatures, acceptance_estimate,
-                            break_even_alpha, calibration_key, estimate_latency, expected_tokens_per_round,
-                            load_or_calibrate, load_table)
-from rakv.engine import Action, Engine, parse_strategy
+from rakv.calibration import CalibrationPlan, calibration_key, load_or_calibrate, load_table
+from rakv.controller import AcceptanceTracker, Controller, ControllerConfig
+from rakv.costmodel import (CostTable, Curve, RequestFeatures, acceptance_estimate, break_even_alpha,
+                            estimate_latency, expected_tokens_per_round)
+from rakv.engine import Engine
+from rakv.strategies import run_strategy
 from rakv.errors import RakvError
+
+
+def configured(**changes) -> ControllerConfig:
+    """conf/controller/default.yaml with some settings changed (and checked again)."""
+    return replace(ControllerConfig.default(), **changes)
 
 
 def flat(seconds):
@@ -78,16 +86,15 @@ def test_hit_reuses_when_copy_is_cheaper_than_prefill():
 
 
 def test_infeasible_actions_are_never_chosen():
-    config = ControllerConfig(memory_budget_mib=(4096 * 320 + 2048 * 320) / 2**20)  # below any k > 0
+    config = configured(memory_budget_mib=(4096 * 320 + 2048 * 320) / 2**20)  # below any k > 0
     decision = Controller(table(propose_per_token=0.001, alpha=0.99), config).decide(256, Hit(256), 64)
-    assert decision.action.k == 0 and all(label.endswith("k0") for label in decision.predictions)
-    assert set(decision.infeasible) == {f"r0k{k}" for k in (1, 2, 4, 6, 8)}
+    assert decision.action.k == 0 and set(decision.predictions) == {"r0k0"}
     with pytest.raises(RakvError, match="memory budget"):
-        Controller(table(), ControllerConfig(memory_budget_mib=0.1)).decide(256, Hit(256), 64)
+        Controller(table(), configured(memory_budget_mib=0.1)).decide(256, Hit(256), 64)
 
 
 def test_k_set_restricts_actions():
-    decision = Controller(table(propose_per_token=0.001, alpha=0.99), ControllerConfig(k_set=(0, 2))).decide(
+    decision = Controller(table(propose_per_token=0.001, alpha=0.99), configured(k_set=(0, 2))).decide(
         256, Hit(256), 64)
     assert set(decision.predictions) == {"r0k0", "r0k2"} and decision.action.k == 2
 
@@ -124,7 +131,7 @@ def test_exact_hit_costs_no_prefill():
 
 def test_stale_calibration_is_detected_and_not_used(tiny_pair, tmp_path, monkeypatch):
     monkeypatch.setenv("RAKV_CALIBRATION_DIR", str(tmp_path))
-    engine = Engine(tiny_pair, PrefixKVStore())
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30))
     quick = CalibrationPlan(prefill_lengths=(16, 64), contexts=(32, 64), copy_lengths=(16, 32), repeats=1,
                             acceptance_prompts=1, acceptance_new_tokens=8)
     prompts = [list(range(100, 140))]
@@ -142,19 +149,32 @@ def test_stale_calibration_is_detected_and_not_used(tiny_pair, tmp_path, monkeyp
 
 
 def test_rakv_asd_greedy_output_identical_to_ar_on_mixed_workload(tiny_pair):
-    engine = Engine(tiny_pair, PrefixKVStore())
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30))
     base = list(range(1000, 1040))
     workload = [base, base, base[:30], base[:20] + list(range(5000, 5020)), list(range(7000, 7025)), base]
     # a table under which speculation wins, so that k > 0 actions run as well as k = 0
-    controller = Controller(table(propose_per_token=0.0001, alpha=0.95), ControllerConfig(k_set=(0, 2, 4)))
-    reference = Engine(tiny_pair, PrefixKVStore())
+    controller = Controller(table(propose_per_token=0.0001, alpha=0.95), configured(k_set=(0, 2, 4)))
+    reference = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30))
     chosen = set()
     for i, ids in enumerate(workload):
         if i == 3:
             controller = Controller(table(alpha=0.1))  # and one under which it loses
-        expected = reference.run(ids, parse_strategy("ar"), 12, ignore_eos=True).token_ids
-        result = run_rakv_asd(engine, controller, ids, 12, ignore_eos=True)
+        expected = reference.run(ids, Action.of_strategy("ar"), 12, ignore_eos=True).token_ids
+        result = run_strategy(engine, "rakv-asd", ids, 12, controller=controller, ignore_eos=True)
         assert result.token_ids == expected
-        assert result.extra["predicted_latency_s"] == result.extra["predictions"][Action(result.reuse, result.k).label]
+        assert result.predicted_latency_s == result.decision.predictions[result.action.label]
         chosen.add((result.reuse, result.k > 0))
     assert {(True, True), (False, False), (True, False)} <= chosen
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"k_set": (0, 3)}, "k_set values must be 0 or one of"),
+    ({"k_set": ()}, "k_set values must be"),
+    ({"beta": 1.5}, "beta must be in"),
+    ({"beta": -0.1}, "beta must be in"),
+    ({"memory_penalty_s_per_byte": -1.0}, "memory_penalty_s_per_byte must be >= 0"),
+    ({"memory_budget_mib": 0}, "memory_budget_mib must be positive"),
+])
+def test_controller_settings_are_checked_wherever_they_come_from(changes, message):
+    with pytest.raises(RakvError, match=message):
+        configured(**changes)

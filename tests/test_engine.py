@@ -6,7 +6,8 @@ import torch
 
 from rakv.cache import PrefixKVStore
 from rakv.decoding import Sampling
-from rakv.engine import FIXED_STRATEGIES, Engine, parse_strategy
+from rakv.actions import FIXED_STRATEGIES, Action
+from rakv.engine import Engine
 from rakv.proposers import ControlledAcceptanceProposer, DraftModelProposer, PromptLookupProposer
 
 N = 24
@@ -34,41 +35,41 @@ def variants():
 
 @pytest.fixture(scope="module")
 def engine(tiny_pair):
-    return Engine(tiny_pair, PrefixKVStore())
+    return Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30))
 
 
 @pytest.mark.parametrize("case", variants(), ids=lambda c: c[0])
 def test_greedy_output_identical_across_strategies(engine, case):
     name, warm, prompt = case
     engine.store.clear()
-    reference = engine.run(prompt, parse_strategy("ar"), N, ignore_eos=True).token_ids
+    reference = engine.run(prompt, Action.of_strategy("ar"), N, ignore_eos=True).token_ids
     for strategy in FIXED_STRATEGIES:
         engine.store.clear()
         if warm is not None:
-            engine.run(warm, parse_strategy("ar"), 2, ignore_eos=True)
-        result = engine.run(prompt, parse_strategy(strategy), N, ignore_eos=True)
+            engine.run(warm, Action.of_strategy("ar"), 2, ignore_eos=True)
+        result = engine.run(prompt, Action.of_strategy(strategy), N, ignore_eos=True)
         assert result.token_ids == reference, f"{name}/{strategy}"
         expected_hit = {"cold": 0, "partial-q16": 15, "partial-q17": 16, "partial-q15-miss": 0,
                         "exact-repeat": len(prompt), "prompt-is-prefix": 29, "prompt-extends-entry": 29}[name]
-        assert result.hit_tokens == (expected_hit if parse_strategy(strategy).reuse else 0), f"{name}/{strategy}"
+        assert result.hit_tokens == (expected_hit if Action.of_strategy(strategy).reuse else 0), f"{name}/{strategy}"
 
 
 def test_ar_matches_transformers_generate(tiny_pair, engine):
     ids = torch.tensor([BASE])
     hf = tiny_pair.target.module.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N,
                                           min_new_tokens=N, do_sample=False, pad_token_id=0)
-    ours = engine.run(BASE, parse_strategy("joint-k4"), N, ignore_eos=True).token_ids
+    ours = engine.run(BASE, Action.of_strategy("joint-k4"), N, ignore_eos=True).token_ids
     assert ours == hf[0, len(BASE):].tolist()
 
 
 def test_reused_entry_is_bitwise_unchanged(engine):
     engine.store.clear()
-    engine.run(BASE, parse_strategy("ar"), 4, ignore_eos=True)
+    engine.run(BASE, Action.of_strategy("ar"), 4, ignore_eos=True)
     (key, entry), = engine.store._lru.values()
     snapshot = [(k.clone(), v.clone()) for k, v in entry.kv], entry.next_logits.clone()
     for strategy in ("kv-only", "joint-k4", "joint-k8"):
-        engine.run(BASE, parse_strategy(strategy), N, ignore_eos=True)
-        engine.run(BASE[:30], parse_strategy(strategy), N, ignore_eos=True)
+        engine.run(BASE, Action.of_strategy(strategy), N, ignore_eos=True)
+        engine.run(BASE[:30], Action.of_strategy(strategy), N, ignore_eos=True)
     assert all(torch.equal(k, k0) and torch.equal(v, v0) for (k, v), (k0, v0) in zip(entry.kv, snapshot[0]))
     assert torch.equal(entry.next_logits, snapshot[1])
 
@@ -97,31 +98,31 @@ def test_rollback_leaves_caches_at_confirmed_length(tiny_pair, engine, monkeypat
 
     monkeypatch.setattr(decoding, "crop_cache", recording_crop)
     proposer = CheckingProposer(tiny_pair.draft.module, tiny_pair.device)
-    result = engine.run(BASE, parse_strategy("spec-k4"), N, ignore_eos=True, proposer=proposer)
+    result = engine.run(BASE, Action.of_strategy("spec-k4"), N, ignore_eos=True, proposer=proposer)
     assert proposer.checks >= result.rounds > 0
     assert lengths and all(have == want for have, want in lengths)
     assert 0 < result.accepted < result.proposed  # both accepting and rejecting rounds ran
 
 
 def test_stream_sees_only_confirmed_tokens(tiny_pair, engine):
-    reference = engine.run(BASE, parse_strategy("ar"), N, ignore_eos=True).token_ids
+    reference = engine.run(BASE, Action.of_strategy("ar"), N, ignore_eos=True).token_ids
     for alpha in (0.0, 0.5, 0.9):
         streamed = []
         proposer = ControlledAcceptanceProposer(DraftModelProposer(tiny_pair.draft.module, tiny_pair.device),
                                                 reference=BASE + reference, alpha=alpha,
                                                 vocab_size=tiny_pair.vocab_size, seed=1)
-        result = engine.run(BASE, parse_strategy("spec-k4"), N, ignore_eos=True, on_token=streamed.append,
+        result = engine.run(BASE, Action.of_strategy("spec-k4"), N, ignore_eos=True, on_token=streamed.append,
                             proposer=proposer)
         assert streamed == result.token_ids == reference
 
 
 def test_controlled_acceptance_tracks_alpha(tiny_pair, engine):
-    reference = engine.run(BASE, parse_strategy("ar"), 200, ignore_eos=True).token_ids
+    reference = engine.run(BASE, Action.of_strategy("ar"), 200, ignore_eos=True).token_ids
     for alpha in (0.2, 0.8):
         proposer = ControlledAcceptanceProposer(DraftModelProposer(tiny_pair.draft.module, tiny_pair.device),
                                                 reference=BASE + reference, alpha=alpha,
                                                 vocab_size=tiny_pair.vocab_size, seed=2)
-        result = engine.run(BASE, parse_strategy("spec-k1"), 200, ignore_eos=True, proposer=proposer)
+        result = engine.run(BASE, Action.of_strategy("spec-k1"), 200, ignore_eos=True, proposer=proposer)
         assert abs(result.accepted / result.proposed - alpha) < 0.12
 
 
@@ -133,26 +134,26 @@ def test_prompt_lookup_proposer_copies_repeated_ngrams():
 
 
 def test_prompt_lookup_greedy_output_identical(tiny_pair):
-    engine = Engine(tiny_pair, PrefixKVStore(), proposer="prompt-lookup")
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30), proposer="prompt-lookup")
     prompt = BASE[:20] * 2
-    reference = engine.run(prompt, parse_strategy("ar"), N, ignore_eos=True).token_ids
-    result = engine.run(prompt, parse_strategy("spec-k4"), N, ignore_eos=True)
+    reference = engine.run(prompt, Action.of_strategy("ar"), N, ignore_eos=True).token_ids
+    result = engine.run(prompt, Action.of_strategy("spec-k4"), N, ignore_eos=True)
     assert result.token_ids == reference and result.proposed > 0
 
 
 def test_generation_stops_at_eos_identically(tiny_pair, engine, monkeypatch):
-    free_run = engine.run(BASE, parse_strategy("ar"), N, ignore_eos=True).token_ids
+    free_run = engine.run(BASE, Action.of_strategy("ar"), N, ignore_eos=True).token_ids
     eos = free_run[7]
     monkeypatch.setattr(type(tiny_pair), "eos_token_id", property(lambda self: eos))
     expected = free_run[:free_run.index(eos) + 1]
     for strategy in FIXED_STRATEGIES:
-        assert engine.run(BASE, parse_strategy(strategy), N).token_ids == expected, strategy
-        assert engine.run(BASE, parse_strategy(strategy), N, ignore_eos=True).token_ids == free_run, strategy
+        assert engine.run(BASE, Action.of_strategy(strategy), N).token_ids == expected, strategy
+        assert engine.run(BASE, Action.of_strategy(strategy), N, ignore_eos=True).token_ids == free_run, strategy
 
 
 def test_sampled_runs_are_reproducible_and_differ_from_greedy(engine):
     sampling = Sampling(temperature=1.0, top_p=0.9, seed=7)
-    a = engine.run(BASE, parse_strategy("spec-k4"), N, sampling=sampling, ignore_eos=True).token_ids
-    b = engine.run(BASE, parse_strategy("spec-k4"), N, sampling=sampling, ignore_eos=True).token_ids
-    greedy = engine.run(BASE, parse_strategy("ar"), N, ignore_eos=True).token_ids
+    a = engine.run(BASE, Action.of_strategy("spec-k4"), N, sampling=sampling, ignore_eos=True).token_ids
+    b = engine.run(BASE, Action.of_strategy("spec-k4"), N, sampling=sampling, ignore_eos=True).token_ids
+    greedy = engine.run(BASE, Action.of_strategy("ar"), N, ignore_eos=True).token_ids
     assert a == b and a != greedy

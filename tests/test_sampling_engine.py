@@ -11,8 +11,9 @@ import pytest
 from scipy.stats import chi2_contingency
 
 from rakv.decoding import Sampling
-from rakv.engine import Action, Engine
+from rakv.actions import Action
 from rakv.cache import PrefixKVStore
+from rakv.engine import Engine
 
 RUNS = 300
 NEW_TOKENS = 5
@@ -49,7 +50,7 @@ def two_sample_pvalue(a: np.ndarray, b: np.ndarray, min_count: int = 10) -> floa
 
 @pytest.fixture(scope="module")
 def ar_and_spec(tiny_pair):
-    engine = Engine(tiny_pair, PrefixKVStore())
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30))
     ar, _ = samples(engine, Action(False, 0))
     spec, rejected_before = samples(engine, Action(False, 4), seed0=10_000)
     return ar, spec, rejected_before
@@ -65,7 +66,7 @@ def test_speculative_sampling_matches_ar_after_rejections(ar_and_spec, position)
 
 def test_the_test_can_tell_the_draft_from_the_target(tiny_pair, ar_and_spec):
     draft_engine = Engine(type(tiny_pair)(tiny_pair.name, tiny_pair.draft, tiny_pair.draft, tiny_pair.tokenizer,
-                                          tiny_pair.device), PrefixKVStore())
+                                          tiny_pair.device), PrefixKVStore(budget_bytes=1 << 30))
     draft, _ = samples(draft_engine, Action(False, 0), seed0=20_000)
     ar = ar_and_spec[0]
     assert min(two_sample_pvalue(ar[:, p], draft[:, p]) for p in POSITIONS) < 1e-4

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from rakv.cache import PrefixKVStore
-from rakv.engine import Engine, parse_strategy
+from rakv.actions import Action
+from rakv.engine import Engine
 from rakv.workloads import load_humaneval
 
 pytestmark = pytest.mark.slow
@@ -12,14 +13,14 @@ pytestmark = pytest.mark.slow
 
 def test_joint_k4_equals_transformers_greedy_generate(smollm2_pair):
     prompt = load_humaneval()[2]["prompt"]
-    engine = Engine(smollm2_pair, PrefixKVStore())
+    engine = Engine(smollm2_pair, PrefixKVStore(budget_bytes=1 << 30))
     ids = engine.encode(prompt)
     n = 40
     hf = smollm2_pair.target.module.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                              max_new_tokens=n, do_sample=False)
     expected = hf[0, len(ids):].tolist()
-    cold = engine.run(ids, parse_strategy("joint-k4"), n)
-    repeat = engine.run(ids, parse_strategy("joint-k4"), n)  # exact repeat: K/V and logits from the store
+    cold = engine.run(ids, Action.of_strategy("joint-k4"), n)
+    repeat = engine.run(ids, Action.of_strategy("joint-k4"), n)  # exact repeat: K/V and logits from the store
     assert cold.token_ids == expected and repeat.token_ids == expected
     assert repeat.hit_tokens == len(ids) and cold.accepted > 0
     assert smollm2_pair.draft.fingerprint.quantisation == "int8-dynamic"

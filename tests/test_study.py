@@ -11,7 +11,9 @@ from pathlib import Path
 import pandas as pd
 from hydra import compose, initialize_config_dir
 
-from rakv.study import CONF_DIR, Journal, RunSpec
+from rakv.config import CONF_DIR
+from rakv.records import Journal
+from rakv.study import PlannedRun
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,9 +44,9 @@ def test_journal_recovers_from_a_torn_last_line(tmp_path):
 
 
 def test_run_ids_are_stable_and_distinct():
-    a = RunSpec("tiny", "humaneval", "HumanEval/1", "cold", "strategy", "ar", 0)
-    assert a.run_id == RunSpec("tiny", "humaneval", "HumanEval/1", "cold", "strategy", "ar", 0).run_id
-    assert a.run_id != RunSpec("tiny", "humaneval", "HumanEval/1", "cold", "strategy", "ar", 1).run_id
+    a = PlannedRun("tiny", "humaneval", "HumanEval/1", "cold", "strategy", "ar", 0)
+    assert a.run_id == PlannedRun("tiny", "humaneval", "HumanEval/1", "cold", "strategy", "ar", 0).run_id
+    assert a.run_id != PlannedRun("tiny", "humaneval", "HumanEval/1", "cold", "strategy", "ar", 1).run_id
 
 
 def test_study_killed_with_sigkill_resumes_without_loss_or_duplicates(tmp_path):

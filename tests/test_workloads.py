@@ -43,7 +43,7 @@ def test_unknown_wikitext2_source_is_a_one_line_error(tmp_path):
 SELECT_EVERY_OFFLINE_PROFILE = """
 from hydra import compose, initialize_config_dir
 from rakv.models import smollm2_tokenizer
-from rakv.study import CONF_DIR, prompts_for
+from rakv.config import CONF_DIR, prompts_for
 
 tokenizer = smollm2_tokenizer()
 encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -286,7 +286,7 @@ def summarize(results: Path, seed: int = 0, resamples: int = 2000) -> dict:
 
 def write_summary(summary: dict, results: Path) -> Path:
     """results/<name>/summary.json, written atomically."""
-    from rakv.study import write_atomic
+    from rakv.records import write_atomic
 
     path = Path(results) / "summary.json"
     write_atomic(path, json.dumps(summary, indent=1))

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 BUCKET_TOKENS = 16
-DEFAULT_BUDGET_MIB = 512
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each [1, heads, length, head_dim]
 
@@ -83,7 +82,7 @@ def kv_nbytes(kv: KV) -> int:
 
 @dataclass
 class PrefixKVStore:
-    budget_bytes: int = DEFAULT_BUDGET_MIB << 20
+    budget_bytes: int  # conf/cache/default.yaml: budget_mib
     stats: StoreStats = field(default_factory=StoreStats)
 
     def __post_init__(self):

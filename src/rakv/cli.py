@@ -36,43 +36,40 @@ def read_prompts(path: str) -> list[dict]:
     return requests
 
 
-def parse_k_set(text: str) -> tuple[int, ...]:
-    from rakv.engine import SPEC_K
-
-    try:
-        values = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
-    except ValueError:
-        raise RakvError(f"--k-set must be comma-separated integers, got '{text}'") from None
-    if not values or any(v != 0 and v not in SPEC_K for v in values):
-        raise RakvError(f"--k-set values must be 0 or one of {SPEC_K}, got '{text}'")
-    return values
-
-
 def make_engine(args):
     from rakv.engine import open_engine
 
-    if getattr(args, "cache_budget_mib", 1) <= 0:
-        raise RakvError("--cache-budget-mib must be positive")
-    return open_engine(args.pair, args.proposer, device=args.device, dtype=args.dtype, threads=args.threads,
-                       cache_budget_mib=getattr(args, "cache_budget_mib", 512), kernels=args.kernels)
+    return open_engine(args.pair, args.proposer, cache_budget_mib=args.cache_budget_mib, salt=args.salt,
+                       device=args.device, dtype=args.dtype, threads=args.threads, kernels=args.kernels)
+
+
+def controller_config(args):
+    """The same ControllerConfig (and checks) as a Hydra run's, from the flags."""
+    from rakv.controller import ControllerConfig
+
+    try:
+        k_set = [int(v) for v in args.k_set.split(",") if v.strip()]
+    except ValueError:
+        raise RakvError(f"--k-set must be comma-separated integers, got '{args.k_set}'") from None
+    return ControllerConfig(k_set=k_set, beta=args.beta, memory_penalty_s_per_byte=args.memory_penalty,
+                            memory_budget_mib=args.memory_budget_mib)
 
 
 def cmd_generate(args) -> None:
-    from rakv.controller import Controller, ControllerConfig, predict_fixed, run_rakv_asd
-    from rakv.costmodel import calibration_for
+    from rakv.actions import ADAPTIVE
+    from rakv.calibration import calibration_for
+    from rakv.controller import Controller
     from rakv.decoding import Sampling
-    from rakv.engine import parse_strategy
+    from rakv.strategies import action_of, run_strategy
 
     if args.max_new_tokens <= 0:
         raise RakvError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         raise RakvError("--temperature must be >= 0 and --top-p in (0, 1]")
-    adaptive = args.strategy == "rakv-asd"
-    action = None if adaptive else parse_strategy(args.strategy)
-    config = ControllerConfig(k_set=parse_k_set(args.k_set), beta=args.beta,
-                              memory_penalty_s_per_byte=args.memory_penalty, memory_budget_mib=args.memory_budget_mib)
-    if not 0 <= config.beta < 1:
-        raise RakvError("--beta must be in [0, 1)")
+    adaptive = args.strategy == ADAPTIVE
+    if not adaptive:
+        action_of(args.strategy)  # an unknown strategy fails before any model work
+    config = controller_config(args)
     if args.prompt is not None:
         if not args.prompt.strip():
             raise RakvError("empty prompt")
@@ -96,24 +93,14 @@ def cmd_generate(args) -> None:
         controller = None
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     for request, ids in zip(requests, encoded):
-        salt = request["salt"] if request["salt"] is not None else args.salt
         stream = None if args.json else _text_streamer(engine.pair.tokenizer, request["id"])
-        kwargs = dict(sampling=sampling, salt=salt, ignore_eos=args.ignore_eos, on_token=stream,
-                      request_id=request["id"])
-        if adaptive:
-            result = run_rakv_asd(engine, controller, ids, args.max_new_tokens, **kwargs)
-        else:
-            hit = engine.peek(ids, salt)
-            result = engine.run(ids, action, args.max_new_tokens, **kwargs)
-            result.extra["strategy"] = args.strategy
-            result.extra["predicted_latency_s"] = (
-                predict_fixed(controller, len(ids), hit, args.max_new_tokens, action) if controller else None)
+        result = run_strategy(engine, args.strategy, ids, args.max_new_tokens, controller=controller,
+                              sampling=sampling, salt=request["salt"], ignore_eos=args.ignore_eos, on_token=stream,
+                              request_id=request["id"])
         if args.json:
-            row = result.to_json()
-            del row["round_log"]
-            print(json.dumps(row), flush=True)
+            print(json.dumps(result.to_json()), flush=True)
         else:
-            predicted = result.extra.get("predicted_latency_s")
+            predicted = result.predicted_latency_s
             print(f"\n  [{result.prompt_tokens} prompt tokens, {result.hit_tokens} reused, {result.new_tokens} new; "
                   f"r={int(result.reuse)} k={result.k}; accepted {result.accepted}/{result.proposed}; "
                   f"TTFT {result.ttft_s * 1e3:.1f} ms, {result.latency_s:.3f} s"
@@ -122,7 +109,10 @@ def cmd_generate(args) -> None:
 
 
 def cmd_calibrate(args) -> None:
-    from rakv.costmodel import K_VALUES, RequestFeatures, break_even_alpha, calibration_for, estimate_latency
+    from rakv.actions import SPEC_K
+    from rakv.calibration import calibration_for
+    from rakv.costmodel import break_even_alpha, estimate_latency
+    from rakv.workloads import scenario_features, scenario_for_rate
 
     engine = make_engine(args)
     table = calibration_for(engine, "always" if args.force else "auto")
@@ -149,14 +139,13 @@ def cmd_calibrate(args) -> None:
     lengths = [args.prompt_length] if args.prompt_length else [64, 256, 512]
     print(f"\nbreak-even alpha per k (N = {args.new_tokens} new tokens, reuse {args.reuse_rate:.0%}; "
           f"'-' = never, even at alpha = 1)")
-    print(f"{'prompt':>7} {'r':>2} " + " ".join(f"{'k=' + str(k):>7}" for k in K_VALUES)
+    print(f"{'prompt':>7} {'r':>2} " + " ".join(f"{'k=' + str(k):>7}" for k in SPEC_K)
           + f" {'C(r,0) s':>9} {'best k at alpha=' + format(table.acceptance, '.2f'):>20}")
     for length in lengths:
-        hit = int(length * args.reuse_rate)
-        features = RequestFeatures(length, max(hit - 1, 0) if hit else 0, args.new_tokens)
-        for reuse in ((False, True) if hit else (False,)):
-            alphas = [break_even_alpha(table, features, reuse, k, lam) for k in K_VALUES]
-            costs = {k: estimate_latency(table, features, reuse, k, table.acceptance, lam) for k in (0, *K_VALUES)}
+        features = scenario_features(scenario_for_rate(args.reuse_rate), length, args.new_tokens)
+        for reuse in ((False, True) if features.hit_tokens else (False,)):
+            alphas = [break_even_alpha(table, features, reuse, k, lam) for k in SPEC_K]
+            costs = {k: estimate_latency(table, features, reuse, k, table.acceptance, lam) for k in (0, *SPEC_K)}
             best = min(costs, key=costs.get)
             print(f"{length:>7} {int(reuse):>2} " + " ".join(f"{a:>7.3f}" if a is not None else f"{'-':>7}"
                                                               for a in alphas)
@@ -178,8 +167,12 @@ def _text_streamer(tokenizer, request_id):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rakv.engine import FIXED_STRATEGIES, PROPOSERS
+    from rakv.actions import FIXED_STRATEGIES
+    from rakv.controller import ControllerConfig
+    from rakv.engine import PROPOSERS
     from rakv.models import PAIR_NAMES
+
+    defaults, store = ControllerConfig.default(), store_defaults()  # conf/ is the one source of defaults
 
     parser = argparse.ArgumentParser(prog="rakv", description="RAKV-ASD: prefix KV reuse + adaptive speculative decoding")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -200,15 +193,20 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--salt", default=None, help="isolation salt (tenant) of the KV store namespace")
-    gen.add_argument("--cache-budget-mib", type=float, default=512)
+    gen.add_argument("--salt", default=store.salt, help="isolation salt (tenant) of the KV store namespace; a "
+                     "prompts file's \"salt\" overrides it per request")
+    gen.add_argument("--cache-budget-mib", type=float, default=store.budget_mib,
+                     help=f"byte budget of the prefix KV store (default {store.budget_mib})")
     gen.add_argument("--ignore-eos", action="store_true", help="generate exactly N tokens")
     gen.add_argument("--json", action="store_true", help="one JSON object per request on stdout")
-    gen.add_argument("--k-set", default="0,1,2,4,6,8", help="rakv-asd: speculation depths it may choose")
-    gen.add_argument("--beta", type=float, default=0.9, help="rakv-asd: EWMA weight of past acceptance")
-    gen.add_argument("--memory-penalty", type=float, default=1e-11, metavar="LAMBDA",
-                     help="rakv-asd: seconds charged per byte of K/V an action holds")
-    gen.add_argument("--memory-budget-mib", type=float, default=512, help="rakv-asd: actions above it are dropped")
+    gen.add_argument("--k-set", default=",".join(map(str, defaults.k_set)),
+                     help="rakv-asd: speculation depths it may choose (default %(default)s)")
+    gen.add_argument("--beta", type=float, default=defaults.beta,
+                     help="rakv-asd: EWMA weight of past acceptance (default %(default)s)")
+    gen.add_argument("--memory-penalty", type=float, default=defaults.memory_penalty_s_per_byte, metavar="LAMBDA",
+                     help="rakv-asd: seconds charged per byte of K/V an action holds (default %(default)s)")
+    gen.add_argument("--memory-budget-mib", type=float, default=defaults.memory_budget_mib,
+                     help="rakv-asd: actions above it are dropped (default %(default)s)")
     gen.add_argument("--no-calibrate", action="store_true",
                      help="never measure a calibration here; fail if rakv-asd needs one that is missing or stale")
     add_model_options(gen)
@@ -225,18 +223,40 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--prompt-length", type=int, default=None, help="--show: one prompt length (default 64,256,512)")
     cal.add_argument("--reuse-rate", type=float, default=0.0, help="--show: share of the prompt that hits the store")
     cal.add_argument("--new-tokens", type=int, default=64, help="--show: new tokens per request")
-    cal.add_argument("--memory-penalty", type=float, default=1e-11, metavar="LAMBDA")
+    cal.add_argument("--memory-penalty", type=float, default=defaults.memory_penalty_s_per_byte, metavar="LAMBDA")
+    cal.add_argument("--cache-budget-mib", type=float, default=store.budget_mib, help=argparse.SUPPRESS)
+    cal.add_argument("--salt", default=store.salt, help=argparse.SUPPRESS)
     add_model_options(cal)
     cal.set_defaults(func=cmd_calibrate)
     return parser
 
 
+def store_defaults():
+    from omegaconf import OmegaConf
+
+    from rakv.controller import DEFAULTS
+
+    return OmegaConf.load(DEFAULTS.parents[1] / "cache" / "default.yaml")
+
+
+def conf_value(key: str):
+    """A top-level default of conf/config.yaml (the pipeline's), so the CLI and the stages agree."""
+    from omegaconf import OmegaConf
+
+    from rakv.controller import DEFAULTS
+
+    return OmegaConf.load(DEFAULTS.parents[1] / "config.yaml")[key]
+
+
 def add_model_options(parser) -> None:
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
+    from rakv.kernels import KERNEL_MODES
+
+    parser.add_argument("--device", default=conf_value("device"))
+    parser.add_argument("--dtype", default=conf_value("dtype"))
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    parser.add_argument("--kernels", default="fast", choices=("stock", "fast"),
-                        help="fast: the CPU fast path of rakv.kernels (default); stock: transformers as shipped")
+    parser.add_argument("--kernels", default=conf_value("kernels"), choices=KERNEL_MODES,
+                        help="fast: the CPU fast path of rakv.kernels; stock: transformers as shipped "
+                             "(default %(default)s)")
 
 
 def main(argv: list[str] | None = None) -> int:

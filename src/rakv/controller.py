@@ -10,18 +10,45 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from rakv.actions import Action, parse_k_set
 from rakv.cache import Hit
-from rakv.costmodel import (CostTable, RequestFeatures, acceptance_estimate, action_kv_bytes,
-                            estimate_latency)
-from rakv.engine import Action
+from rakv.costmodel import CostTable, RequestFeatures, action_kv_bytes, estimate_latency
+from rakv.errors import RakvError
+
+DEFAULTS = Path(__file__).resolve().parents[2] / "conf" / "controller" / "default.yaml"
 
 
 @dataclass(frozen=True)
 class ControllerConfig:
-    k_set: tuple[int, ...] = (0, 1, 2, 4, 6, 8)
-    beta: float = 0.9  # EWMA weight of the past
-    memory_penalty_s_per_byte: float = 1e-11  # lambda
-    memory_budget_mib: float = 512.0
+    """The controller's settings. Defaults live in conf/controller/default.yaml (`ControllerConfig.default()`);
+    every way of building one (Hydra config, CLI flags) goes through the same checks here."""
+
+    k_set: tuple[int, ...]
+    beta: float  # EWMA weight of the past
+    memory_penalty_s_per_byte: float  # lambda
+    memory_budget_mib: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "k_set", parse_k_set(self.k_set))
+        if not 0 <= self.beta < 1:
+            raise RakvError(f"controller beta must be in [0, 1), got {self.beta}")
+        if self.memory_penalty_s_per_byte < 0:
+            raise RakvError(f"controller memory_penalty_s_per_byte must be >= 0, got {self.memory_penalty_s_per_byte}")
+        if self.memory_budget_mib <= 0:
+            raise RakvError(f"controller memory_budget_mib must be positive, got {self.memory_budget_mib}")
+
+    @classmethod
+    def from_conf(cls, conf) -> "ControllerConfig":
+        """From the `controller` group of a composed config (or any mapping with its keys)."""
+        return cls(**{f: conf[f] for f in ("k_set", "beta", "memory_penalty_s_per_byte", "memory_budget_mib")})
+
+    @classmethod
+    def default(cls) -> "ControllerConfig":
+        return cls.from_conf(OmegaConf.load(DEFAULTS))
 
 
 @dataclass
@@ -31,7 +58,7 @@ class Decision:
     predictions: dict[str, float]  # every feasible action's estimate, by label (r1k4, ...)
     alpha_before: float
     decision_s: float
-    infeasible: list[str] = field(default_factory=list)
+    alpha_after: float | None = None  # set once the chosen action's rounds have been observed
 
 
 @dataclass
@@ -69,7 +96,7 @@ class AcceptanceTracker:
 @dataclass
 class Controller:
     table: CostTable
-    config: ControllerConfig = ControllerConfig()
+    config: ControllerConfig = field(default_factory=ControllerConfig.default)
 
     def __post_init__(self):
         self.tracker = AcceptanceTracker(self.table.acceptance, self.config.beta)
@@ -78,59 +105,31 @@ class Controller:
     def alpha(self) -> float:
         return self.tracker.alpha
 
-    def features(self, prompt_tokens: int, hit: Hit, new_tokens: int) -> RequestFeatures:
-        return RequestFeatures(prompt_tokens, hit.reused_tokens, new_tokens, hit.exact)
-
     def predict(self, features: RequestFeatures, action: Action) -> float:
         return estimate_latency(self.table, features, action.reuse, action.k, self.alpha,
                                 self.config.memory_penalty_s_per_byte)
 
-    def feasible_actions(self, features: RequestFeatures, hit: Hit) -> tuple[list[Action], list[Action]]:
-        """(feasible, dropped): r = 1 only with a hit; actions whose K/V exceeds the memory budget are dropped."""
+    def feasible_actions(self, features: RequestFeatures, hit: Hit) -> list[Action]:
+        """r = 1 only with a hit; actions whose K/V exceeds the memory budget are dropped."""
         budget = self.config.memory_budget_mib * (1 << 20)
         candidates = [Action(reuse, k) for reuse in ((False, True) if hit.is_hit else (False,))
                       for k in self.config.k_set]
         feasible = [a for a in candidates if action_kv_bytes(self.table, features, a.k) <= budget]
         if not feasible:
-            raise_budget_error(features, budget)
-        return feasible, [a for a in candidates if a not in feasible]
+            raise RakvError(f"no action fits the memory budget of {budget / 2**20:.0f} MiB for a request of "
+                            f"{features.prompt_tokens} + {features.new_tokens} tokens")
+        return feasible
 
     def decide(self, prompt_tokens: int, hit: Hit, new_tokens: int) -> Decision:
         start = time.perf_counter()
-        features = self.features(prompt_tokens, hit, new_tokens)
-        feasible, dropped = self.feasible_actions(features, hit)
+        features = RequestFeatures.from_hit(prompt_tokens, hit, new_tokens)
+        feasible = self.feasible_actions(features, hit)
         predictions = {action: self.predict(features, action) for action in feasible}
         best = min(predictions, key=lambda a: (predictions[a], a.k, not a.reuse))  # ties: less speculation, reuse
         return Decision(action=best, predicted_latency_s=predictions[best],
                         predictions={a.label: v for a, v in predictions.items()}, alpha_before=self.alpha,
-                        decision_s=time.perf_counter() - start, infeasible=[a.label for a in dropped])
+                        decision_s=time.perf_counter() - start)
 
     def observe(self, round_log: list[tuple[int, int]]) -> None:
         """Update alpha only from speculative rounds that actually ran."""
         self.tracker.observe(round_log)
-
-
-def raise_budget_error(features: RequestFeatures, budget: float):
-    from rakv.errors import RakvError
-
-    raise RakvError(f"no action fits the memory budget of {budget / 2**20:.0f} MiB for a request of "
-                    f"{features.prompt_tokens} + {features.new_tokens} tokens")
-
-
-def run_rakv_asd(engine, controller: Controller, token_ids: list[int], max_new_tokens: int, **run_kwargs):
-    """Peek the store, decide, run the chosen action, learn from its rounds; telemetry in `result.extra`."""
-    hit = engine.peek(token_ids, run_kwargs.get("salt"))
-    decision = controller.decide(len(token_ids), hit, max_new_tokens)
-    result = engine.run(token_ids, decision.action, max_new_tokens, **run_kwargs)
-    controller.observe(result.round_log)
-    result.extra.update(strategy="rakv-asd", available_hit_tokens=hit.reused_tokens,
-                        predicted_latency_s=decision.predicted_latency_s,
-                        predictions=decision.predictions, alpha_before=decision.alpha_before,
-                        alpha_after=controller.alpha, decision_s=decision.decision_s,
-                        infeasible_actions=decision.infeasible, acceptance_rate=acceptance_estimate(result.round_log))
-    return result
-
-
-def predict_fixed(controller: Controller, prompt_tokens: int, hit: Hit, max_new_tokens: int, action: Action) -> float:
-    """The model's prediction for a fixed strategy's action, made before the run like the controller's own."""
-    return controller.predict(controller.features(prompt_tokens, hit, max_new_tokens), action)

@@ -6,55 +6,36 @@ fixed actions, and the controller picks one action per request.
 
 from __future__ import annotations
 
-import re
-from dataclasses import asdict, dataclass, field
-from typing import Callable
+import json
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 
+from rakv.actions import Action
 from rakv.cache import Hit, PrefixKVStore, namespace
 from rakv.decoding import (DecodeState, PhaseTimer, Sampling, crop_cache, decode_autoregressive,
                            decode_speculative, forward, select_token)
+from rakv.costmodel import acceptance_estimate
 from rakv.errors import RakvError
 from rakv.kernels import new_kv_cache
 from rakv.models import ModelPair, load_pair
 from rakv.proposers import DraftModelProposer, PromptLookupProposer
 
-SPEC_K = (1, 2, 4, 6, 8)
-FIXED_STRATEGIES = ("ar", "kv-only", *(f"spec-k{k}" for k in SPEC_K), *(f"joint-k{k}" for k in SPEC_K))
+if TYPE_CHECKING:
+    from rakv.controller import Decision
+
 PROPOSERS = ("draft", "prompt-lookup")
 
 
-def open_engine(pair: str, proposer: str = "draft", *, device: str = "cpu", dtype: str = "float32",
-                threads: int | None = None, cache_budget_mib: float = 512, kernels: str = "fast") -> "Engine":
-    """Load a pair and give it an empty prefix store of the given budget."""
+def open_engine(pair: str, proposer: str, *, cache_budget_mib: float, salt: str | None = None, device: str = "cpu",
+                dtype: str = "float32", threads: int | None = None, kernels: str = "fast") -> "Engine":
+    """Load a pair and give it an empty prefix store of the given budget (conf/cache/default.yaml)."""
     if cache_budget_mib <= 0:
-        raise RakvError("the cache budget must be positive")
+        raise RakvError(f"the cache budget must be positive, got {cache_budget_mib} MiB")
     return Engine(load_pair(pair, device=device, dtype=dtype, threads=threads, kernels=kernels),
-                  PrefixKVStore(budget_bytes=int(cache_budget_mib * (1 << 20))), proposer=proposer)
-
-
-@dataclass(frozen=True, order=True)
-class Action:
-    reuse: bool
-    k: int
-
-    @property
-    def label(self) -> str:
-        return f"r{int(self.reuse)}k{self.k}"
-
-
-def parse_strategy(name: str) -> Action:
-    """The fixed action of a baseline strategy name."""
-    if name == "ar":
-        return Action(False, 0)
-    if name == "kv-only":
-        return Action(True, 0)
-    match = re.fullmatch(r"(spec|joint)-k(\d+)", name)
-    if match and int(match[2]) in SPEC_K:
-        return Action(match[1] == "joint", int(match[2]))
-    raise RakvError(f"unknown strategy '{name}'; choose one of: {', '.join(FIXED_STRATEGIES)}")
+                  PrefixKVStore(budget_bytes=int(cache_budget_mib * (1 << 20))), proposer=proposer, salt=salt)
 
 
 @dataclass
@@ -85,12 +66,40 @@ class RequestResult:
     store_insert_s: float  # after the response is complete; not part of latency
     exact_hit: bool = False
     round_log: list[tuple[int, int]] = field(default_factory=list)
-    extra: dict = field(default_factory=dict)
+    strategy: str = ""  # set by rakv.strategies.run_strategy: ar, spec-k4, rakv-asd, or a sweep's action label
+    available_hit_tokens: int = 0  # what the store offered, whether or not the action reused it
+    predicted_latency_s: float | None = None  # the cost model's estimate for the action that ran
+    decision: Decision | None = None  # rakv-asd only: the controller's choice and what it saw
+
+    @property
+    def action(self) -> Action:
+        return Action(self.reuse, self.k)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return acceptance_estimate(self.round_log)
+
+    def to_row(self) -> dict:
+        """One flat row of scalars (the study's runs.parquet columns; the CLI's --json adds the text)."""
+        row = {name: getattr(self, name) for name in ROW_FIELDS}
+        row.update(action=self.action.label, acceptance_rate=self.acceptance_rate)
+        decision = self.decision
+        row.update(predictions=json.dumps(decision.predictions) if decision else None,
+                   alpha_before=decision.alpha_before if decision else None,
+                   alpha_after=decision.alpha_after if decision else None,
+                   decision_s=decision.decision_s if decision else None)
+        return row
 
     def to_json(self) -> dict:
-        row = asdict(self)
-        row.update(row.pop("extra"))
+        """The row plus the request's id, output text and tokens, predictions as an object (`rakv generate --json`)."""
+        row = self.to_row()
+        row.update(id=self.id, proposer=self.proposer, text=self.text, token_ids=self.token_ids,
+                   predictions=self.decision.predictions if self.decision else None)
         return row
+
+
+ROW_FIELDS = tuple(f.name for f in fields(RequestResult)
+                   if f.name not in ("id", "token_ids", "text", "round_log", "decision", "proposer"))
 
 
 @dataclass
@@ -98,6 +107,7 @@ class Engine:
     pair: ModelPair
     store: PrefixKVStore
     proposer: str = "draft"
+    salt: str | None = None  # the namespace salt of requests that name none (conf/cache: salt)
 
     def __post_init__(self):
         if self.proposer not in PROPOSERS:
@@ -109,7 +119,7 @@ class Engine:
         return self.pair.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def namespace(self, salt: str | None) -> str:
-        return namespace(self.pair.target.fingerprint.key(), salt)
+        return namespace(self.pair.target.fingerprint.key(), salt if salt is not None else self.salt)
 
     def peek(self, token_ids: list[int], salt: str | None = None) -> Hit:
         return self.store.peek(self.namespace(salt), np.asarray(token_ids, dtype=np.int64))

@@ -16,6 +16,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from rakv import analysis  # noqa: E402
+from rakv.actions import SPEC_K, Action  # noqa: E402
 
 FIGURES = ("strategy_latency_throughput", "chosen_actions", "predicted_vs_measured", "regret_distribution",
            "speedup_vs_alpha", "cache_budget", "feasibility_gap")
@@ -53,7 +54,7 @@ def chosen_actions(runs: pd.DataFrame, out_dir: Path):
     s = analysis.strategy_runs(runs)
     chosen = s[s.strategy == "rakv-asd"]
     fig, ax = plt.subplots(figsize=(7, 3.8))
-    order = sorted(chosen.action.unique(), key=lambda a: (a[1], int(a[3:])))
+    order = sorted(chosen.action.unique(), key=Action.parse)
     sns.countplot(data=chosen, x="action", hue="scenario", order=order, ax=ax)
     ax.set_xlabel("action chosen by RAKV-ASD (r = reuse, k = draft tokens)")
     ax.set_ylabel("requests")
@@ -94,7 +95,7 @@ def speedup_vs_alpha(alpha_model: pd.DataFrame, controlled: pd.DataFrame | None,
     """
     configurations = sorted(alpha_model.configuration.unique())
     fig, axes = plt.subplots(1, len(configurations), figsize=(5.2 * len(configurations), 4), squeeze=False)
-    palette = dict(zip((1, 2, 4, 6, 8), sns.color_palette("colorblind", 5)))
+    palette = dict(zip(SPEC_K, sns.color_palette("colorblind", len(SPEC_K))))
     for ax, name in zip(axes[0], configurations):
         points = controlled[controlled.configuration == name] if controlled is not None else pd.DataFrame()
         if len(points):

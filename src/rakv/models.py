@@ -81,8 +81,9 @@ class ModelPair:
                 "draft": asdict(self.draft.fingerprint)}
 
 
-def cache_dir() -> Path:
-    """Where derived artefacts (tokenizer exports, file hashes, calibrations) live."""
+def derived_files_dir() -> Path:
+    """The on-disk folder of derived files (tokenizer exports, file hashes, calibrations): $RAKV_CACHE_DIR or
+    ~/.cache/rakv. Not to be confused with the prefix KV store (rakv.cache) or a model's DynamicCache."""
     root = os.environ.get("RAKV_CACHE_DIR") or Path.home() / ".cache" / "rakv"
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True)
@@ -104,7 +105,7 @@ def smollm2_gguf_path() -> Path:
 def file_hash(path: Path) -> str:
     """BLAKE2b of a file's bytes, memoised on disk by (path, size, mtime)."""
     stat = path.stat()
-    memo = cache_dir() / "file_hashes.json"
+    memo = derived_files_dir() / "file_hashes.json"
     table = json.loads(memo.read_text()) if memo.exists() else {}
     key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
     if key not in table:
@@ -138,7 +139,7 @@ def smollm2_tokenizer():
     from transformers import AutoTokenizer
 
     gguf = smollm2_gguf_path()
-    export = cache_dir() / "tokenizers" / file_hash(gguf)
+    export = derived_files_dir() / "tokenizers" / file_hash(gguf)
     if not (export / "tokenizer.json").exists():
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         tmp = export.with_name(export.name + f".tmp{os.getpid()}")

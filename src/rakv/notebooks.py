@@ -13,12 +13,14 @@ So one profile's outputs are never overwritten by another's.
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 import pandas as pd
 from nbclient import NotebookClient
+from jupyter_client import KernelManager
 from nbclient.exceptions import CellExecutionError
 
 from rakv.errors import RakvError
@@ -91,8 +93,17 @@ def execute(notebook: Path, params: dict, out_path: Path, timeout: int = 1200) -
     injected = nbformat.v4.new_code_cell("\n".join(f"{k} = {v!r}" for k, v in params.items()),
                                          metadata={"tags": ["injected-parameters"]})
     nb.cells.insert(index + 1, injected)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(notebook.parent)}})
+    with tempfile.TemporaryDirectory(prefix="rakv-kernel-") as sockets:
+        # a local kernel over unix sockets (no TCP ports, and no "unencrypted TCP" warning on every run)
+        manager = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))
+        client = NotebookClient(nb, km=manager, timeout=timeout, kernel_name="python3",
+                                resources={"metadata": {"path": str(notebook.parent)}})
+        _execute_or_explain(client, nb, notebook, out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, out_path)
+
+
+def _execute_or_explain(client, nb, notebook: Path, out_path: Path) -> None:
     try:
         client.execute()
     except CellExecutionError as exc:
@@ -100,8 +111,6 @@ def execute(notebook: Path, params: dict, out_path: Path, timeout: int = 1200) -
         nbformat.write(nb, out_path)
         last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         raise RakvError(f"notebook {notebook.name} failed: {last} (executed copy: {out_path})") from None
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, out_path)
 
 
 def run_all(profile: str, paths: OutputPaths, progress=None) -> OutputPaths:

@@ -1,4 +1,4 @@
-"""Sensitivity analysis and the feasibility study (paper/main.tex, "Setup").
+"""Sensitivity analysis (paper/main.tex, "Setup").
 
 Each part writes one Parquet table under results/<profile>/sensitivity/ (or feasibility/):
 - alpha_model:    predicted latency of every (r, k) over an alpha grid, from the cost model alone;
@@ -13,30 +13,24 @@ The stage writes complete.json when every part is done and is skipped while that
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm import tqdm
 
+from rakv.actions import Action
 from rakv.cache import Hit
-from rakv.controller import Controller, run_rakv_asd
+from rakv.config import configurations, controller_config, cost_table_for, engine_for, prompts_for, results_dir
+from rakv.controller import Controller
 from rakv.costmodel import RequestFeatures, acceptance_estimate, break_even_alpha, estimate_latency
-from rakv.engine import Action, parse_strategy
-from rakv.errors import RakvError, WeightsUnavailable
+from rakv.errors import RakvError
 from rakv.proposers import ControlledAcceptanceProposer, DraftModelProposer
-from rakv.study import (configurations, controller_config, cost_table_for, format_duration, open_engine, prompts_for,
-                        reset_store, results_dir, run_main_study, write_atomic, write_parquet)
-from rakv.workloads import build_scenario, parse_scenario
-
-
-def _scenario_features(name: str, length: int, new_tokens: int) -> RequestFeatures:
-    kind, rate = parse_scenario(name)
-    if kind == "cold":
-        return RequestFeatures(length, 0, new_tokens)
-    if kind == "exact":
-        return RequestFeatures(length, length, new_tokens, exact_hit=True)
-    return RequestFeatures(length, max(int(rate * length), 1), new_tokens)
+from rakv.records import write_atomic, write_parquet
+from rakv.strategies import run_strategy
+from rakv.study import format_duration, reset_store
+from rakv.workloads import build_scenario, scenario_features, scenario_for_rate
 
 
 def alpha_model_tables(cfg, name, table) -> tuple[list[dict], list[dict]]:
@@ -45,7 +39,7 @@ def alpha_model_tables(cfg, name, table) -> tuple[list[dict], list[dict]]:
     curve, crossover = [], []
     for scenario in exp.scenario_classes:
         for length in exp.model_prompt_lengths:
-            features = _scenario_features(scenario, length, new_tokens)
+            features = scenario_features(scenario, length, new_tokens)
             reuse = features.hit_tokens > 0
             for k in cfg.controller.k_set:
                 for alpha in exp.alpha_grid:
@@ -73,9 +67,9 @@ def controlled_rows(cfg, name, engine, controller, prompts, tick=lambda n=1: Non
                     proposer = ControlledAcceptanceProposer(
                         DraftModelProposer(engine.pair.draft.module, engine.pair.device), ids + reference.token_ids,
                         alpha, engine.pair.vocab_size, seed=repeat * 1000 + int(alpha * 100))
-                    spec = engine.run(ids, Action(False, k), n, ignore_eos=True, proposer=proposer)
+                    speculative = engine.run(ids, Action(False, k), n, ignore_eos=True, proposer=proposer)
                     tick()
-                    measured_alpha = acceptance_estimate(spec.round_log)
+                    measured_alpha = speculative.acceptance_rate
                     features = RequestFeatures(len(ids), 0, n)
                     predicted = {a: estimate_latency(controller.table, features, False, k, a)
                                  / estimate_latency(controller.table, features, False, 0, a)
@@ -83,10 +77,10 @@ def controlled_rows(cfg, name, engine, controller, prompts, tick=lambda n=1: Non
                     rows.append({"configuration": name, "prompt_id": prompt.id, "prompt_tokens": len(ids),
                                  "repeat": repeat, "k": k,
                                  "alpha": alpha, "measured_alpha": measured_alpha, "ar_latency_s": ar,
-                                 "spec_latency_s": spec.latency_s, "measured_speedup": ar / spec.latency_s,
+                                 "spec_latency_s": speculative.latency_s, "measured_speedup": ar / speculative.latency_s,
                                  "predicted_speedup": 1 / predicted[alpha],
                                  "predicted_speedup_at_measured_alpha": 1 / list(predicted.values())[-1],
-                                 "equal_to_ar": spec.token_ids == reference.token_ids})
+                                 "equal_to_ar": speculative.token_ids == reference.token_ids})
     return rows
 
 
@@ -129,9 +123,7 @@ def budget_rows(cfg, name, engine, prompts, tick=lambda n=1: None) -> list[dict]
 
 def _timed(engine, controller, ids, strategy, n, warmups=()):
     reset_store(engine, warmups)
-    if strategy == "rakv-asd":
-        return run_rakv_asd(engine, controller, ids, n, ignore_eos=True)
-    return engine.run(ids, parse_strategy(strategy), n, ignore_eos=True)
+    return run_strategy(engine, strategy, ids, n, controller=controller, ignore_eos=True)
 
 
 def factor_rows(cfg, name, engine, controller, prompts, tick=lambda n=1: None) -> dict[str, list[dict]]:
@@ -162,8 +154,7 @@ def factor_rows(cfg, name, engine, controller, prompts, tick=lambda n=1: None) -
                                              "latency_s": r.latency_s})
         ids = list(longest.token_ids)
         for rate in sens.reuse_rates:
-            scenario = "cold" if rate == 0 else f"partial-{int(round(rate * 100))}"
-            s = build_scenario(scenario, tuple(ids), tuple(donor))
+            s = build_scenario(scenario_for_rate(rate), tuple(ids), tuple(donor))
             for strategy in ("ar", "kv-only", "rakv-asd"):
                 r = _timed(engine, controller, ids, strategy, sens.new_tokens, s.warmups)
                 tick()
@@ -199,8 +190,7 @@ def replay_rows(cfg, tables: dict) -> list[dict]:
         for lam in exp.lambdas:
             for configuration, table in tables.items():
                 config = controller_config(cfg)
-                controller = Controller(table, type(config)(**{**config.__dict__, "beta": beta,
-                                                               "memory_penalty_s_per_byte": lam}))
+                controller = Controller(table, replace(config, beta=beta, memory_penalty_s_per_byte=lam))
                 regrets, hits_k, hits_action = [], 0, 0
                 groups = [(key, g) for key, g in instances if key[0] == configuration]
                 for (_, dataset, prompt_id, scenario), group in groups:
@@ -214,7 +204,7 @@ def replay_rows(cfg, tables: dict) -> list[dict]:
                         continue
                     regrets.append(by_action.latency_s[chosen] / by_action.latency_s[oracle] - 1)
                     hits_action += chosen == oracle
-                    hits_k += int(chosen[3:]) == int(oracle[3:])
+                    hits_k += decision.action.k == Action.parse(oracle).k
                     row = by_action.loc[chosen]
                     if row.rounds:  # learn from the acceptance that action showed, one update per round it ran
                         controller.tracker.observe_mean(row.accepted / row.rounds, row.rejections / row.rounds,
@@ -263,7 +253,7 @@ def run_sensitivity(cfg: DictConfig) -> None:
         return
     tables, parts = {}, {}
     for configuration in configurations(cfg):
-        engine = open_engine(cfg, configuration)
+        engine = engine_for(cfg, configuration)
         table = cost_table_for(cfg, engine)
         tables[configuration.name] = table
         controller = Controller(table, controller_config(cfg))
@@ -292,42 +282,3 @@ def run_sensitivity(cfg: DictConfig) -> None:
             write_parquet(rows, out_dir / f"{part}.parquet")
     write_atomic(marker, json.dumps({"parts": sorted(parts)}))
     print(f"sensitivity: wrote {', '.join(sorted(parts))} to {out_dir}", flush=True)
-
-
-def run_feasibility(cfg: DictConfig) -> None:
-    """The main-study machinery on the feasibility pair (action sweep only); skipped when weights are missing."""
-    out_dir = results_dir(cfg) / "feasibility"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    feas = cfg.profile.feasibility
-    base = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))  # a plain, non-struct copy
-    sub = OmegaConf.merge(base, {
-        "configurations": [feas.configuration], "results_dir": str(out_dir),
-        "experiment": {"strategies": [], "scenarios": list(cfg.experiment.scenarios)},
-        "profile": {"study": {"length_bins": feas.length_bins, "prompts_per_bin": feas.prompts_per_bin,
-                              "repeats": 0, "sweep_repeats": feas.repeats, "new_tokens": feas.new_tokens}}})
-    try:
-        path = run_main_study(sub)
-    except WeightsUnavailable as exc:
-        summary = {"status": "skipped: weights unavailable", "configuration": feas.configuration, "reason": str(exc)}
-        write_atomic(out_dir / "summary.json", json.dumps(summary, indent=1))
-        print(f"feasibility: skipped: weights unavailable ({exc})", flush=True)
-        return
-    runs = pd.read_parquet(path)
-    per_scenario = []
-    for (dataset, prompt_id, scenario), group in runs.groupby(["dataset", "prompt_id", "scenario"]):
-        by_action = group.groupby("action").latency_s.mean()
-        k0 = by_action[[a for a in by_action.index if a.endswith("k0")]].min()
-        spec = by_action[[a for a in by_action.index if not a.endswith("k0")]]
-        per_scenario.append({"dataset": dataset, "prompt_id": prompt_id, "scenario": scenario,
-                             "best_k0_s": float(k0), "best_spec_s": float(spec.min()), "best_spec_action": spec.idxmin(),
-                             "gap": float(spec.min() / k0 - 1)})
-    table = pd.DataFrame(per_scenario)
-    write_parquet(per_scenario, out_dir / "gap.parquet")
-    calibration = json.loads(next((out_dir / "calibration").glob("*.json")).read_text())
-    summary = {"status": "ran", "configuration": feas.configuration, "scenarios": len(table),
-               "gap_min": float(table.gap.min()), "gap_max": float(table.gap.max()),
-               "gap_mean": float(table.gap.mean()), "crossed": bool((table.gap < 0).any()),
-               "calibrated_alpha": calibration["acceptance"]}
-    write_atomic(out_dir / "summary.json", json.dumps(summary, indent=1))
-    print(f"feasibility: best k != 0 vs k = 0 gap {summary['gap_min']:+.1%} to {summary['gap_max']:+.1%} "
-          f"over {len(table)} scenarios; crossed: {summary['crossed']}", flush=True)

@@ -1,15 +1,95 @@
-"""Shared wrapper of the Hydra entry points in scripts/: one-line errors, non-zero exit, no traceback."""
+"""The pipeline's stages, in the order `reproduce.sh` runs them, behind one wrapper that validates the composed
+config first and turns a RakvError into a one-line message and a non-zero exit (never a traceback).
+
+Each scripts/run_<stage>.py is a Hydra entry point that calls `run_stage("<stage>", cfg)`.
+"""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
+from pathlib import Path
 
+from omegaconf import DictConfig
+
+from rakv.config import configurations, cost_table_for, engine_for, results_dir, validate
 from rakv.errors import RakvError
 
+PAPER = Path(__file__).resolve().parents[2] / "paper"
 
-def run_stage(name: str, body, cfg) -> None:
+
+def calibrate(cfg: DictConfig) -> None:
+    """Every configuration's cost table (reused when still valid), copied into the results folder."""
+    for configuration in configurations(cfg):
+        engine = engine_for(cfg, configuration)
+        table = cost_table_for(cfg, engine)
+        print(f"calibration {configuration.name}: alpha = {table.acceptance:.3f}, target step "
+              f"{table.target_step(256) * 1e3:.1f} ms at 256 tokens of context", flush=True)
+
+
+def study(cfg: DictConfig) -> None:
+    from rakv.study import run_main_study
+
+    run_main_study(cfg)
+
+
+def sensitivity(cfg: DictConfig) -> None:
+    from rakv.sensitivity import run_sensitivity
+
+    run_sensitivity(cfg)
+
+
+def feasibility(cfg: DictConfig) -> None:
+    from rakv.feasibility import run_feasibility
+
+    run_feasibility(cfg)
+
+
+def analysis(cfg: DictConfig) -> None:
+    """Every notebook, headless, on results/<name>/: summary.json, figures/<name>/, paper/generated/<name>/."""
+    from rakv.notebooks import OutputPaths, run_all
+
+    results = results_dir(cfg)
+    if not (results / "study" / "runs.parquet").exists():
+        raise RakvError(f"{results}/study/runs.parquet is missing: run the study stage first")
+    paths = run_all(cfg.profile.name, OutputPaths.of(results))
+    print(f"analysis: summary {paths.results / 'summary.json'}, figures {paths.figures}, LaTeX {paths.generated}",
+          flush=True)
+
+
+def paper(cfg: DictConfig) -> None:
+    """paper/build/<name>/main.pdf from paper/main.tex with one results folder's numbers and figures (needs LaTeX)."""
+    from rakv.notebooks import OutputPaths
+
+    paths = OutputPaths.of(results_dir(cfg))
+    name = paths.results.name
+    if not (paths.generated / "macros.tex").exists():
+        raise RakvError(f"{paths.generated} is empty: run the analysis stage of profile {cfg.profile.name} first")
+    if not shutil.which("pdflatex"):
+        print(f"paper: LaTeX is not installed, so no PDF was built; paper/main.tex and {paths.generated} are "
+              "complete. To build: apt-get install texlive-latex-extra, then rerun ./reproduce.sh stages=paper",
+              flush=True)
+        return
+    build = PAPER / "build" / name
+    build.mkdir(parents=True, exist_ok=True)
+    # main.tex reads generated/\RakvOutputs/ and ../figures/\RakvOutputs/; two passes settle the references
+    command = ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", f"-output-directory={build}",
+               f"\\def\\RakvOutputs{{{name}}}\\input{{main.tex}}"]
+    for _ in range(2):
+        if subprocess.run(command, cwd=PAPER, capture_output=True, text=True).returncode != 0:
+            raise RakvError(f"LaTeX failed; see {build / 'main.log'}")
+    print(f"paper: built {build / 'main.pdf'}", flush=True)
+
+
+STAGES = {"calibrate": calibrate, "study": study, "sensitivity": sensitivity, "feasibility": feasibility,
+          "analysis": analysis, "paper": paper}
+
+
+def run_stage(name: str, cfg: DictConfig) -> None:
     try:
-        body(cfg)
+        validate(cfg)
+        STAGES[name](cfg)
     except RakvError as exc:
         print(f"{name}: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)

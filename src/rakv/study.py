@@ -13,186 +13,34 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
-import subprocess
-import sys
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm import tqdm
 
+from rakv.actions import Action
 from rakv.cache import PrefixKVStore
-from rakv.controller import Controller, ControllerConfig, predict_fixed, run_rakv_asd
-from rakv.costmodel import calibration_for, calibration_key
-from rakv.engine import Action, Engine, parse_strategy
-from rakv.engine import open_engine as engine_for
+from rakv.calibration import calibration_key
+from rakv.config import Configuration, configurations, controller_config, cost_table_for, engine_for, prompts_for, results_dir
+from rakv.controller import Controller
+from rakv.costmodel import RequestFeatures
+from rakv.engine import Engine, RequestResult
 from rakv.errors import RakvError
-from rakv.workloads import Prompt, build_scenario, dataset_texts, select_prompts
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-
-
-# ---------------------------------------------------------------------------------------------
-# Configuration helpers
-
-
-def load_group(group: str, name: str) -> DictConfig:
-    """One option of a Hydra config group by name (profiles list several pairs and datasets)."""
-    path = CONF_DIR / group / f"{name}.yaml"
-    if not path.is_file():
-        options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-        raise RakvError(f"unknown {group} '{name}'; choose one of: {', '.join(options)}")
-    return OmegaConf.load(path)
-
-
-@dataclass
-class Configuration:
-    name: str
-    pair: str
-    proposer: str
-
-
-def configurations(cfg: DictConfig) -> list[Configuration]:
-    out = []
-    for name in cfg.configurations:
-        entry = load_group("pair", name)
-        out.append(Configuration(name=name, pair=entry.name, proposer=entry.proposer))
-    return out
-
-
-def open_engine(cfg: DictConfig, configuration: Configuration) -> Engine:
-    return engine_for(configuration.pair, configuration.proposer, device=cfg.device, dtype=cfg.dtype,
-                      threads=cfg.threads, cache_budget_mib=cfg.cache.budget_mib, kernels=cfg.kernels)
-
-
-def controller_config(cfg: DictConfig) -> ControllerConfig:
-    c = cfg.controller
-    return ControllerConfig(k_set=tuple(c.k_set), beta=c.beta, memory_penalty_s_per_byte=c.memory_penalty_s_per_byte,
-                            memory_budget_mib=c.memory_budget_mib)
-
-
-def cost_table_for(cfg: DictConfig, engine: Engine):
-    """The calibration of this configuration on this machine; measured now if missing or stale."""
-    table = calibration_for(engine, cfg.calibration.recalibrate)
-    out = results_dir(cfg) / "calibration" / f"{engine.pair.name}-{engine.proposer}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, json.dumps(table.to_json(), indent=1))
-    return table
-
-
-def results_dir(cfg: DictConfig) -> Path:
-    return Path(cfg.results_dir)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def prompts_for(cfg: DictConfig, encode, dataset: str) -> list[Prompt]:
-    """The profile's seeded prompt selection from one configured dataset (`encode`: text -> token ids)."""
-    if dataset not in cfg.data:
-        raise RakvError(f"dataset '{dataset}' has no entry under data (configured: {', '.join(cfg.data)})")
-    entry = cfg.data[dataset]
-    grid = cfg.profile.study
-    texts = dataset_texts(entry.name, entry.source, entry.split)
-    return select_prompts(dataset, texts, encode, [tuple(b) for b in grid.length_bins], grid.prompts_per_bin,
-                          seed=cfg.seed)
-
-
-# ---------------------------------------------------------------------------------------------
-# The journal: one JSON line per finished run, fsynced
-
-
-class Journal:
-    def __init__(self, path: Path):
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.rows = self._recover()
-        self.done = {row["run_id"] for row in self.rows}
-
-    def _recover(self) -> list[dict]:
-        """Read complete lines; a torn last line (killed mid-write) is cut off so appends stay clean."""
-        if not self.path.exists():
-            return []
-        data = self.path.read_bytes()
-        good = data.rfind(b"\n") + 1
-        if good < len(data):
-            with open(self.path, "r+b") as fh:
-                fh.truncate(good)
-        rows, seen = [], set()
-        for line in data[:good].splitlines():
-            row = json.loads(line)
-            if row["run_id"] not in seen:  # cannot happen with one writer; kept as a guard
-                seen.add(row["run_id"])
-                rows.append(row)
-        return rows
-
-    def append(self, row: dict) -> None:
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(row) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        self.rows.append(row)
-        self.done.add(row["run_id"])
-
-
-def write_parquet(rows: list[dict], path: Path) -> pd.DataFrame:
-    frame = pd.DataFrame(rows)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-    return frame
-
-
-# ---------------------------------------------------------------------------------------------
-# Provenance
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=CONF_DIR.parent)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=CONF_DIR.parent).stdout.strip()
-        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else None
-    except OSError:
-        return None
-
-
-def package_versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    names = ("rakv", "torch", "transformers", "datasets", "hydra-core", "pandas", "pyarrow", "scipy", "numpy")
-    out = {"python": sys.version.split()[0]}
-    for name in names:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def metadata(cfg: DictConfig, extra: dict) -> dict:
-    return {"config": OmegaConf.to_container(cfg, resolve=True), "git_commit": git_commit(),
-            "packages": package_versions(), **extra}
-
+from rakv.records import Journal, metadata, write_atomic, write_parquet
+from rakv.strategies import action_of, run_strategy
+from rakv.workloads import Prompt, build_scenario
 
 # ---------------------------------------------------------------------------------------------
 # The plan
 
 
 @dataclass(frozen=True)
-class RunSpec:
+class PlannedRun:
     configuration: str
     dataset: str
     prompt_id: str
@@ -208,7 +56,7 @@ class RunSpec:
 
 
 def sweep_actions(controller: Controller, prompt_tokens: int, hit, new_tokens: int) -> list[Action]:
-    return controller.feasible_actions(controller.features(prompt_tokens, hit, new_tokens), hit)[0]
+    return controller.feasible_actions(RequestFeatures.from_hit(prompt_tokens, hit, new_tokens), hit)
 
 
 def donor_of(chosen: list[Prompt], index: int) -> tuple[int, ...]:
@@ -217,9 +65,9 @@ def donor_of(chosen: list[Prompt], index: int) -> tuple[int, ...]:
 
 
 def plan_runs(cfg, configuration: Configuration, prompts: dict[str, list[Prompt]], controller: Controller,
-              engine: Engine) -> list[RunSpec]:
+              engine: Engine) -> list[PlannedRun]:
     """Every run of one configuration. The sweep's feasible actions come from the controller's own rule."""
-    grid, specs = cfg.profile.study, []
+    grid, runs = cfg.profile.study, []
     for dataset, chosen in prompts.items():
         for index, prompt in enumerate(chosen):
             donor = donor_of(chosen, index)
@@ -228,13 +76,13 @@ def plan_runs(cfg, configuration: Configuration, prompts: dict[str, list[Prompt]
                 hit = hit_after_warmups(engine, scenario, prompt)
                 for repeat in range(grid.repeats):
                     for strategy in cfg.experiment.strategies:
-                        specs.append(RunSpec(configuration.name, dataset, prompt.id, scenario_name, "strategy",
+                        runs.append(PlannedRun(configuration.name, dataset, prompt.id, scenario_name, "strategy",
                                              strategy, repeat))
                 for repeat in range(grid.sweep_repeats):
                     for action in sweep_actions(controller, len(prompt.token_ids), hit, grid.new_tokens):
-                        specs.append(RunSpec(configuration.name, dataset, prompt.id, scenario_name, "sweep",
+                        runs.append(PlannedRun(configuration.name, dataset, prompt.id, scenario_name, "sweep",
                                              action.label, repeat))
-    return specs
+    return runs
 
 
 def hit_after_warmups(engine: Engine, scenario, prompt: Prompt):
@@ -246,17 +94,17 @@ def hit_after_warmups(engine: Engine, scenario, prompt: Prompt):
     return store.peek(ns, np.asarray(prompt.token_ids))
 
 
-def predicted_seconds(controller: Controller, engine: Engine, spec: RunSpec, prompt: Prompt, scenario,
+def predicted_seconds(controller: Controller, engine: Engine, planned: PlannedRun, prompt: Prompt, scenario,
                       new_tokens: int) -> float:
     """Wall time of one planned run from the cost tables: the warm-up prefills, then the request itself
     (rakv-asd as the action it would choose now; the AR reference and kernel warm-ups are not counted)."""
     table = controller.table
     warmups = sum(table.target_prefill(len(w)) + table.target_step(len(w)) for w in scenario.warmups)
     hit = hit_after_warmups(engine, scenario, prompt)
-    if spec.strategy == "rakv-asd":
+    if planned.strategy == "rakv-asd":
         return warmups + controller.decide(len(prompt.token_ids), hit, new_tokens).predicted_latency_s
-    action = label_action(spec.strategy) if spec.kind == "sweep" else parse_strategy(spec.strategy)
-    return warmups + predict_fixed(controller, len(prompt.token_ids), hit, new_tokens, action)
+    features = RequestFeatures.from_hit(len(prompt.token_ids), hit, new_tokens)
+    return warmups + controller.predict(features, action_of(planned.strategy))
 
 
 def format_duration(seconds: float) -> str:
@@ -264,19 +112,15 @@ def format_duration(seconds: float) -> str:
     return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"
 
 
-def describe_plan(specs: list[RunSpec]) -> str:
-    lines = [f"plan: {len(specs)} timed runs "
-             f"({sum(s.kind == 'strategy' for s in specs)} strategy runs + {sum(s.kind == 'sweep' for s in specs)} "
+def describe_plan(runs: list[PlannedRun]) -> str:
+    lines = [f"plan: {len(runs)} timed runs "
+             f"({sum(s.kind == 'strategy' for s in runs)} strategy runs + {sum(s.kind == 'sweep' for s in runs)} "
              "action-sweep runs)"]
     for factor in ("configuration", "dataset", "scenario", "kind", "strategy", "repeat"):
-        counts = Counter(getattr(s, factor) for s in specs)
+        counts = Counter(getattr(s, factor) for s in runs)
         lines.append(f"  {factor:<13} " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items(), key=str)))
-    lines.append(f"  prompts       {len({(s.dataset, s.prompt_id) for s in specs})}")
+    lines.append(f"  prompts       {len({(s.dataset, s.prompt_id) for s in runs})}")
     return "\n".join(lines)
-
-
-def label_action(label: str) -> Action:
-    return Action(label[1] == "1", int(label[3:]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,32 +138,20 @@ def reset_store(engine: Engine, warmups) -> None:
         engine.run(list(warm), Action(False, 0), 1, ignore_eos=True)
 
 
-def timed_run(engine: Engine, controller: Controller, spec: RunSpec, prompt: Prompt, scenario, new_tokens: int):
+def timed_run(engine: Engine, controller: Controller, planned: PlannedRun, prompt: Prompt, scenario,
+              new_tokens: int) -> RequestResult:
     """One timed request from a defined store state: empty store, warm-ups replayed untimed."""
     reset_store(engine, scenario.warmups)
-    ids = list(prompt.token_ids)
-    if spec.strategy == "rakv-asd":
-        return run_rakv_asd(engine, controller, ids, new_tokens, ignore_eos=True)
-    action = label_action(spec.strategy) if spec.kind == "sweep" else parse_strategy(spec.strategy)
-    hit = engine.peek(ids)
-    result = engine.run(ids, action, new_tokens, ignore_eos=True)
-    result.extra["predicted_latency_s"] = predict_fixed(controller, len(ids), hit, new_tokens, action)
-    result.extra["available_hit_tokens"] = hit.reused_tokens
-    return result
+    return run_strategy(engine, planned.strategy, list(prompt.token_ids), new_tokens, controller=controller,
+                        ignore_eos=True)
 
 
-def result_row(spec: RunSpec, configuration: Configuration, prompt: Prompt, scenario, result, reference: list[int],
-               order: int, seed: int) -> dict:
-    row = result.to_json()
-    for name in ("token_ids", "text", "round_log", "id", "proposer", "strategy"):
-        row.pop(name, None)
-    if isinstance(row.get("predictions"), dict):
-        row["predictions"] = json.dumps(row["predictions"])
-    row.pop("infeasible_actions", None)
-    return {"run_id": spec.run_id, **asdict(spec), "pair": configuration.pair, "proposer": configuration.proposer,
+def result_row(planned: PlannedRun, configuration: Configuration, prompt: Prompt, scenario, result: RequestResult,
+               reference: list[int], order: int, seed: int) -> dict:
+    return {"run_id": planned.run_id, **asdict(planned), "pair": configuration.pair, "proposer": configuration.proposer,
             "length_bin": prompt.length_bin, "reuse_rate_target": scenario.reuse_rate_target,
             "reuse_rate": result.hit_tokens / result.prompt_tokens if result.reuse else 0.0,
-            "action": Action(result.reuse, result.k).label, **row,
+            **{k: v for k, v in result.to_row().items() if k != "strategy"},
             "output_hash": output_hash(result.token_ids), "equal_to_ar": result.token_ids == reference,
             "order": order, "seed": seed}
 
@@ -332,48 +164,48 @@ class PreparedConfiguration:
     engine: Engine
     controller: Controller
     prompts: dict[str, list[Prompt]]
-    specs: list[RunSpec]
-    mine: list[RunSpec]  # this shard's runs, in the shuffled execution order
+    runs: list[PlannedRun]
+    mine: list[PlannedRun]  # this shard's runs, in the shuffled execution order
 
-    def prompt_and_donor(self, spec: RunSpec) -> tuple[Prompt, tuple[int, ...]]:
-        chosen = self.prompts[spec.dataset]
-        index = next(i for i, p in enumerate(chosen) if p.id == spec.prompt_id)
+    def prompt_and_donor(self, planned: PlannedRun) -> tuple[Prompt, tuple[int, ...]]:
+        chosen = self.prompts[planned.dataset]
+        index = next(i for i, p in enumerate(chosen) if p.id == planned.prompt_id)
         return chosen[index], donor_of(chosen, index)
 
 
 def prepare(cfg: DictConfig, configuration: Configuration) -> PreparedConfiguration:
-    engine = open_engine(cfg, configuration)
+    engine = engine_for(cfg, configuration)
     controller = Controller(cost_table_for(cfg, engine), controller_config(cfg))
     prompts = {d: prompts_for(cfg, engine.encode, d) for d in cfg.datasets}
-    specs = plan_runs(cfg, configuration, prompts, controller, engine)
-    order = list(range(len(specs)))
+    runs = plan_runs(cfg, configuration, prompts, controller, engine)
+    order = list(range(len(runs)))
     random.Random(cfg.seed).shuffle(order)  # recorded: the seed is in every row and in metadata
-    mine = [specs[i] for i in order if i % cfg.study.num_shards == cfg.study.shard_index]
-    return PreparedConfiguration(configuration, engine, controller, prompts, specs, mine)
+    mine = [runs[i] for i in order if i % cfg.study.num_shards == cfg.study.shard_index]
+    return PreparedConfiguration(configuration, engine, controller, prompts, runs, mine)
 
 
-def run_main_study(cfg: DictConfig) -> Path:
-    """Plan every configuration, print the plan, then execute (or resume) the runs; returns the Parquet path."""
-    out_dir = results_dir(cfg) / "study"
+def run_main_study(cfg: DictConfig, out_dir: Path | None = None) -> Path:
+    """Plan every configuration, print the plan, then execute (or resume) the runs; returns the Parquet path.
+
+    out_dir: where the journal, plan and tables go (default results/<name>/study)."""
+    out_dir = out_dir or results_dir(cfg) / "study"
     out_dir.mkdir(parents=True, exist_ok=True)
     shard, shards = cfg.study.shard_index, cfg.study.num_shards
-    if not 0 <= shard < shards:
-        raise RakvError(f"study.shard_index must be in [0, {shards}), got {shard}")
     journal = Journal(out_dir / (f"runs.shard{shard}of{shards}.jsonl" if shards > 1 else "runs.jsonl"))
     prepared = [prepare(cfg, configuration) for configuration in configurations(cfg)]
-    all_specs = [spec for p in prepared for spec in p.specs]
+    all_runs = [planned for p in prepared for planned in p.runs]
     calibrations = {p.configuration.name: calibration_key(p.engine.pair, p.engine.proposer) for p in prepared}
-    plan = describe_plan(all_specs)
-    planned = {s.run_id for s in all_specs}
-    stray = [r for r in journal.rows if r["run_id"] not in planned]
+    plan = describe_plan(all_runs)
+    planned_ids = {s.run_id for s in all_runs}
+    stray = [r for r in journal.rows if r["run_id"] not in planned_ids]
     if stray:
         raise RakvError(f"{journal.path} holds {len(stray)} runs of a different plan; "
                         "use another results_dir or remove the old results")
     todo = {p.configuration.name: [s for s in p.mine if s.run_id not in journal.done] for p in prepared}
     if not cfg.study.merge_only:
-        expected = sum(predicted_seconds(p.controller, p.engine, spec, *scenario_of(p, spec),
+        expected = sum(predicted_seconds(p.controller, p.engine, planned, *scenario_of(p, planned),
                                          cfg.profile.study.new_tokens)
-                       for p in prepared for spec in todo[p.configuration.name])
+                       for p in prepared for planned in todo[p.configuration.name])
         plan += (f"\n  this shard: {sum(map(len, todo.values()))} runs to do; expected wall time "
                  f"{format_duration(expected)} (predicted from the cost tables)")
     print(plan, flush=True)
@@ -383,15 +215,15 @@ def run_main_study(cfg: DictConfig) -> Path:
         print(f"{name}: {len(p.mine)} runs planned here, {len(p.mine) - len(todo[name])} already done", flush=True)
         if todo[name]:
             _execute(cfg, p, todo[name], journal)
-    return finalize(cfg, out_dir, all_specs, calibrations)
+    return finalize(cfg, out_dir, all_runs, calibrations)
 
 
-def scenario_of(p: PreparedConfiguration, spec: RunSpec):
-    prompt, donor = p.prompt_and_donor(spec)
-    return prompt, build_scenario(spec.scenario, prompt.token_ids, donor)
+def scenario_of(p: PreparedConfiguration, planned: PlannedRun):
+    prompt, donor = p.prompt_and_donor(planned)
+    return prompt, build_scenario(planned.scenario, prompt.token_ids, donor)
 
 
-def _execute(cfg, p: PreparedConfiguration, todo: list[RunSpec], journal: Journal) -> None:
+def _execute(cfg, p: PreparedConfiguration, todo: list[PlannedRun], journal: Journal) -> None:
     grid, engine, controller = cfg.profile.study, p.engine, p.controller
     # AR reference of every prompt (untimed), the target of every equality check
     references = {(d, prompt.id): engine.run(list(prompt.token_ids), Action(False, 0), grid.new_tokens,
@@ -405,14 +237,14 @@ def _execute(cfg, p: PreparedConfiguration, todo: list[RunSpec], journal: Journa
     if last_alpha:  # resume the controller's acceptance estimate where the interrupted run left it
         controller.tracker.accepted, controller.tracker.rejected = last_alpha[-1], 1 - last_alpha[-1]
     position = {s.run_id: i for i, s in enumerate(p.mine)}
-    for spec in tqdm(todo, desc=f"study {p.configuration.name}", unit="run", dynamic_ncols=True, mininterval=2):
-        prompt, scenario = scenario_of(p, spec)
-        result = timed_run(engine, controller, spec, prompt, scenario, grid.new_tokens)
-        journal.append(result_row(spec, p.configuration, prompt, scenario, result,
-                                  references[(spec.dataset, spec.prompt_id)], position[spec.run_id], cfg.seed))
+    for planned in tqdm(todo, desc=f"study {p.configuration.name}", unit="run", dynamic_ncols=True, mininterval=2):
+        prompt, scenario = scenario_of(p, planned)
+        result = timed_run(engine, controller, planned, prompt, scenario, grid.new_tokens)
+        journal.append(result_row(planned, p.configuration, prompt, scenario, result,
+                                  references[(planned.dataset, planned.prompt_id)], position[planned.run_id], cfg.seed))
 
 
-def finalize(cfg, out_dir: Path, specs: list[RunSpec], calibrations: dict) -> Path:
+def finalize(cfg, out_dir: Path, runs: list[PlannedRun], calibrations: dict) -> Path:
     """Merge every shard's journal into runs.parquet once all planned runs are present."""
     rows, seen = [], set()
     for path in sorted(out_dir.glob("runs*.jsonl")):
@@ -420,18 +252,18 @@ def finalize(cfg, out_dir: Path, specs: list[RunSpec], calibrations: dict) -> Pa
             if row["run_id"] not in seen:
                 seen.add(row["run_id"])
                 rows.append(row)
-    planned = {s.run_id for s in specs}
-    missing = planned - seen
+    planned_ids = {s.run_id for s in runs}
+    missing = planned_ids - seen
     if missing:
-        print(f"study: {len(missing)} of {len(planned)} planned runs still missing (other shards?); "
+        print(f"study: {len(missing)} of {len(planned_ids)} planned runs still missing (other shards?); "
               "rerun to complete or merge later", flush=True)
         return out_dir / "runs.parquet"
-    rows = [r for r in rows if r["run_id"] in planned]
+    rows = [r for r in rows if r["run_id"] in planned_ids]
     path = out_dir / "runs.parquet"
     frame = write_parquet(rows, path)
     write_atomic(out_dir / "metadata.json", json.dumps(metadata(cfg, {
         "calibration_keys": calibrations, "hardware": next(iter(calibrations.values()))["hardware"],
-        "runs": len(frame), "plan": describe_plan(specs)}), indent=1))
+        "runs": len(frame), "plan": describe_plan(runs)}), indent=1))
     strategy_rows = frame[frame.kind == "strategy"]
     unequal = int((~frame.equal_to_ar).sum())
     print(f"study: {len(frame)} runs in {path}; strategy runs equal to AR: "
@@ -440,12 +272,3 @@ def finalize(cfg, out_dir: Path, specs: list[RunSpec], calibrations: dict) -> Pa
     if unequal:
         raise RakvError(f"{unequal} runs produced output different from AR greedy decoding (equal_to_ar = false)")
     return path
-
-
-def calibrate_configurations(cfg: DictConfig) -> None:
-    """The calibrate stage: every configuration's cost table, copied into the results folder."""
-    for configuration in configurations(cfg):
-        engine = open_engine(cfg, configuration)
-        table = cost_table_for(cfg, engine)
-        print(f"calibration {configuration.name}: alpha = {table.acceptance:.3f}, target step "
-              f"{table.target_step(256) * 1e3:.1f} ms at 256 tokens of context", flush=True)

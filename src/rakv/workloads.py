@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rakv.cache import BUCKET_TOKENS
+from rakv.cache import BUCKET_TOKENS, Hit
+from rakv.costmodel import RequestFeatures
 from rakv.errors import RakvError
 
 
@@ -106,9 +107,6 @@ def select_prompts(dataset: str, texts: list[tuple[str, str]], encode, bins: lis
     return chosen
 
 
-SCENARIOS = ("cold", "partial", "exact", "prefix")
-
-
 @dataclass(frozen=True)
 class Scenario:
     name: str  # cold, partial-50, partial-90, exact, prefix
@@ -128,6 +126,34 @@ def parse_scenario(name: str) -> tuple[str, float]:
     return match[1], {"cold": 0.0, "exact": 1.0, "prefix": 1.0}[match[1]]
 
 
+def scenario_for_rate(rate: float) -> str:
+    """The scenario name that reuses `rate` of a prompt: cold, partial-<percent> or exact."""
+    if rate <= 0:
+        return "cold"
+    return "exact" if rate >= 1 else f"partial-{int(round(rate * 100))}"
+
+
+def _shared_tokens(rate: float, length: int) -> int:
+    """Prompt tokens a partial scenario's warm-up shares with the prompt: rate * L + 1, at least one bucket."""
+    return max(round(rate * length) + 1, BUCKET_TOKENS)
+
+
+def scenario_hit(name: str, prompt_length: int) -> Hit:
+    """What the store offers a prompt of `prompt_length` tokens in scenario `name` (no model needed)."""
+    kind, rate = parse_scenario(name)
+    if kind == "cold":
+        return Hit(prompt_length)
+    if kind == "exact":
+        return Hit(prompt_length, prompt_length, exact=True)
+    if kind == "prefix":  # the prompt is a strict prefix of the stored entry
+        return Hit(prompt_length, prompt_length)
+    return Hit(prompt_length, min(_shared_tokens(rate, prompt_length), prompt_length))
+
+
+def scenario_features(name: str, prompt_tokens: int, new_tokens: int) -> RequestFeatures:
+    return RequestFeatures.from_hit(prompt_tokens, scenario_hit(name, prompt_tokens), new_tokens)
+
+
 def build_scenario(name: str, prompt: tuple[int, ...], donor: tuple[int, ...]) -> Scenario:
     """The warm-up prompts that put the store in this scenario's state for `prompt`.
 
@@ -137,17 +163,18 @@ def build_scenario(name: str, prompt: tuple[int, ...], donor: tuple[int, ...]) -
     """
     kind, rate = parse_scenario(name)
     length = len(prompt)
+    reuse_rate = scenario_hit(name, length).reused_tokens / length
     if kind == "cold":
-        return Scenario(name, (), 0.0)
+        return Scenario(name, (), reuse_rate)
     if kind == "exact":
-        return Scenario(name, (tuple(prompt),), 1.0)
+        return Scenario(name, (tuple(prompt),), reuse_rate)
     tail = list(donor) * (1 + 2 * length // max(len(donor), 1))
     if kind == "prefix":
-        return Scenario(name, (tuple(prompt) + tuple(tail[: max(8, length // 4)]),), (length - 1) / length)
-    shared = max(round(rate * length) + 1, BUCKET_TOKENS)  # reuse = shared - 1 positions
+        return Scenario(name, (tuple(prompt) + tuple(tail[: max(8, length // 4)]),), reuse_rate)
+    shared = _shared_tokens(rate, length)
     if shared >= length:
         raise RakvError(f"prompt of {length} tokens is too short for scenario {name}")
     diverging = tail[: length - shared]
     if diverging[0] == prompt[shared]:
         diverging[0] = prompt[shared] - 1 if prompt[shared] > 0 else 1
-    return Scenario(name, (tuple(prompt[:shared]) + tuple(diverging),), (shared - 1) / length)
+    return Scenario(name, (tuple(prompt[:shared]) + tuple(diverging),), reuse_rate)

@@ -1,0 +1,44 @@
+"""The one typed path for running a request under a strategy, used by the CLI, the study and every stage.
+
+    result = run_strategy(engine, "joint-k4", token_ids, new_tokens, controller=controller)
+
+A fixed strategy (or a sweep's action label such as `r1k4`) runs its action; `rakv-asd` peeks the
+store, lets the controller decide, runs the decision and feeds the rounds back to the controller.
+Either way the result carries what the store offered and, when a controller (and so a calibration)
+is at hand, the cost model's prediction for the action that ran.
+"""
+
+from __future__ import annotations
+
+from rakv.actions import ADAPTIVE, Action
+from rakv.controller import Controller
+from rakv.costmodel import RequestFeatures
+from rakv.engine import Engine, RequestResult
+from rakv.errors import RakvError
+
+
+def action_of(strategy: str) -> Action:
+    """The fixed action of a strategy name (`spec-k4`) or of an action label (`r1k4`)."""
+    return Action.parse(strategy) if strategy.startswith("r") else Action.of_strategy(strategy)
+
+
+def run_strategy(engine: Engine, strategy: str, token_ids: list[int], new_tokens: int, *,
+                 controller: Controller | None = None, **run_kwargs) -> RequestResult:
+    """Run one request; `run_kwargs` go to `Engine.run` (sampling, salt, ignore_eos, on_token, ...)."""
+    hit = engine.peek(token_ids, run_kwargs.get("salt"))
+    if strategy == ADAPTIVE:
+        if controller is None:
+            raise RakvError("strategy rakv-asd needs a controller (and so a calibration)")
+        decision = controller.decide(len(token_ids), hit, new_tokens)
+        result = engine.run(token_ids, decision.action, new_tokens, **run_kwargs)
+        controller.observe(result.round_log)
+        decision.alpha_after = controller.alpha
+        result.decision, result.predicted_latency_s = decision, decision.predicted_latency_s
+    else:
+        action = action_of(strategy)
+        predicted = (controller.predict(RequestFeatures.from_hit(len(token_ids), hit, new_tokens), action)
+                     if controller is not None else None)  # made before the run, like the controller's own
+        result = engine.run(token_ids, action, new_tokens, **run_kwargs)
+        result.predicted_latency_s = predicted
+    result.strategy, result.available_hit_tokens = strategy, hit.reused_tokens
+    return result

@@ -1,0 +1,94 @@
+"""conf/ composes for every profile and experiment, validates once with one-line errors, and the package keeps its
+one-way import rule (runtime modules never import experiment modules)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from rakv.config import CONF_DIR, configurations, controller_config, validate
+from rakv.errors import RakvError
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "rakv"
+PROFILES = sorted(p.stem for p in (CONF_DIR / "profile").glob("*.yaml"))
+PRIMARY = ("config", "sensitivity", "feasibility")  # the stages' primary configs
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+
+
+def composed(name="config", *overrides):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name=name, overrides=["results_dir=/tmp/rakv-compose", *overrides])
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("primary", PRIMARY)
+def test_every_profile_composes_and_validates_for_every_stage(primary, profile):
+    cfg = composed(primary, f"profile={profile}")
+    validate(cfg)
+    assert configurations(cfg) and all(d in cfg.data for d in cfg.datasets)
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes(experiment):
+    validate(composed("config", f"experiment={experiment}"))
+
+
+def test_feasibility_is_the_main_study_with_overrides():
+    cfg = composed("feasibility", "profile=offline")
+    assert list(cfg.configurations) == [cfg.profile.feasibility.configuration]
+    assert cfg.profile.study.repeats == 0 and cfg.profile.study.new_tokens == cfg.profile.feasibility.new_tokens
+    assert list(cfg.experiment.strategies) == []
+
+
+def test_controller_defaults_come_from_conf():
+    cfg = composed()
+    config = controller_config(cfg)
+    assert list(config.k_set) == list(cfg.controller.k_set) and config.beta == cfg.controller.beta
+
+
+@pytest.mark.parametrize("override, message", [
+    ("controller.k_set=[0,3]", "k_set values must be 0 or one of"),
+    ("controller.beta=1.5", "beta must be in"),
+    ("controller.memory_penalty_s_per_byte=-1", "memory_penalty_s_per_byte must be >= 0"),
+    ("controller.memory_budget_mib=0", "memory_budget_mib must be positive"),
+    ("cache.budget_mib=0", "cache.budget_mib must be positive"),
+    ("kernels=turbo", "unknown kernels mode"),
+    ("device=gpu0", "is not a torch device"),
+    ("calibration.recalibrate=sometimes", "calibration.recalibrate must be"),
+    ("configurations=[nonesuch]", "unknown configuration 'nonesuch'"),
+    ("datasets=[humaneval,nonesuch]", "dataset 'nonesuch' has no entry"),
+    ("experiment.scenarios=[partial-150]", "partial scenario rate"),
+    ("experiment.strategies=[spec-k3]", "unknown strategy 'spec-k3'"),
+    ("profile.study.new_tokens=0", "new_tokens must be >= 1"),
+    ("study.shard_index=2", "study.shard_index must be in"),
+])
+def test_each_rule_fails_the_composed_config_with_one_line(override, message):
+    with pytest.raises(RakvError, match=message):
+        validate(composed("config", override))
+
+
+RUNTIME = {"actions", "cache", "calibration", "cli", "controller", "costmodel", "decoding", "engine", "errors",
+           "kernels", "models", "proposers", "strategies", "workloads"}
+EXPERIMENT = {"analysis", "config", "feasibility", "figures", "notebooks", "records", "report", "sensitivity",
+              "stages", "study"}
+
+
+def imported_modules(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rakv"):
+            names.add(node.module.removeprefix("rakv").lstrip(".") or next(a.name for a in node.names))
+        elif isinstance(node, ast.Import):
+            names.update(a.name.removeprefix("rakv.") for a in node.names if a.name.startswith("rakv."))
+    return {name.split(".")[0] for name in names}
+
+
+def test_every_module_is_classified():
+    modules = {p.stem for p in SRC.glob("*.py")} - {"__init__"}
+    assert modules == RUNTIME | EXPERIMENT and not RUNTIME & EXPERIMENT
+
+
+@pytest.mark.parametrize("module", sorted(RUNTIME))
+def test_runtime_modules_never_import_experiment_modules(module):
+    assert not imported_modules(SRC / f"{module}.py") & EXPERIMENT
