@@ -53,7 +53,7 @@ echo "reproduce: done in $(( $(date +%s) - start )) s. Outputs:"
 echo "  results/$profile/calibration/   cost tables used (one per configuration)"
 echo "  results/$profile/study/         runs.parquet (one row per timed run), metadata.json, plan.txt"
 echo "  results/$profile/sensitivity/   alpha_model, crossover, controlled, cache_budget, output_length, prompt_length, reuse_rate, beta_lambda (.parquet)"
-echo "  results/$profile/feasibility/   summary.json (+ runs and gap.parquet when the weights were available)"
+echo "  results/$profile/feasibility/   summary.json; gap.parquet with the weights, else break_even.parquet and controlled.parquet (twins)"
 if [ -f scripts/run_analysis.py ]; then
     echo "  results/$profile/summary.json   every statistic;  figures/$profile/ (PNG + PDF);  paper/generated/$profile/ (macros, tables);  paper/build/$profile/main.pdf (with LaTeX)"
 fi

@@ -135,3 +135,22 @@ def test_every_figure_and_summary_key_listed_in_readme_is_produced(smoke_outputs
 def test_notebook_setup_names_the_command_when_results_are_missing(tmp_path):
     with pytest.raises(SystemExit, match=r"\./reproduce\.sh profile=nothing-here"):
         setup("nothing-here", str(tmp_path / "nothing-here"))
+
+
+def test_cost_side_feasibility_is_labelled_and_never_claims_a_verdict(runs, tmp_path):
+    rows = [{"pair": "big-twin", "k": 2, "break_even_alpha": 0.93}, {"pair": "big-twin", "k": 4, "break_even_alpha": 0.88},
+            {"pair": "big-twin", "k": 8, "break_even_alpha": None}, {"pair": "other-twin", "k": 2, "break_even_alpha": 0.5}]
+    feas = {"status": "cost side only: weights unavailable", "configuration": "big", "twin": "big-twin",
+            "twins": ["big-twin", "other-twin"], "break_even": rows}
+    sentence = analysis.cost_side_sentence(feas)
+    assert sentence == ("cost side only (architecture twins): pays only above alpha = 0.88 (k = 4), never for k = 8; "
+                        "acceptance needs the real weights")
+    never = analysis.cost_side_sentence({**feas, "break_even": [{**r, "break_even_alpha": None} for r in rows]})
+    assert "never pays, for any k, even at alpha = 1" in never
+    study = tmp_path / "study"
+    study.mkdir()
+    runs.to_parquet(study / "runs.parquet")
+    (tmp_path / "feasibility").mkdir()
+    (tmp_path / "feasibility" / "summary.json").write_text(json.dumps(feas))
+    claim = analysis.summarize(tmp_path, resamples=50)["claims"][-1]
+    assert claim["holds"] is None and claim["reproduced"] == sentence

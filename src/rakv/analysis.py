@@ -226,7 +226,10 @@ def claims(summary: dict) -> list[dict]:
             cross["max"], cross["max"] is not None and cross["max"] >= 0.8, unit=""),
     ]
     label = f"feasibility ({feas.get('configuration', '?')}): k != 0 never beats k = 0"
-    if feas.get("status") == "ran":
+    if feas.get("break_even"):
+        rows.append({"claim": label, "reference": "does not cross", "reproduced": cost_side_sentence(feas),
+                     "difference": None, "unit": "", "holds": None})
+    elif feas.get("status") == "ran":
         rows.append({"claim": label, "reference": "does not cross",
                      "reproduced": "crosses" if feas["crossed"] else "does not cross", "difference": None,
                      "unit": "", "holds": not feas["crossed"]})
@@ -234,6 +237,46 @@ def claims(summary: dict) -> list[dict]:
         rows.append({"claim": label, "reference": "does not cross", "reproduced": feas.get("status", "missing"),
                      "difference": None, "unit": "", "holds": False})
     return rows
+
+
+def cost_side_sentence(feas: dict) -> str:
+    """What the twins say about the feasibility pair: the least break-even alpha over k, and the k that never pay."""
+    rows = [r for r in feas["break_even"] if r["pair"] == feas["twin"]]
+    paying = [r for r in rows if r["break_even_alpha"] is not None]
+    never = [str(r["k"]) for r in rows if r["break_even_alpha"] is None]
+    if paying:
+        best = min(paying, key=lambda r: r["break_even_alpha"])
+        text = f"pays only above alpha = {best['break_even_alpha']:.2f} (k = {best['k']})"
+    else:
+        text = "never pays, for any k, even at alpha = 1"
+    if never and paying:
+        text += f", never for k = {', '.join(never)}"
+    return f"cost side only (architecture twins): {text}; acceptance needs the real weights"
+
+
+def break_even_table(results: Path) -> pd.DataFrame:
+    """Break-even alpha per k for every calibration in results/<name>/calibration/ (cold request, 128 prompt
+    tokens, the study's new tokens), with the draft/target step-cost ratio."""
+    from rakv.costmodel import CostTable, break_even_rows
+
+    meta = json.loads((results / "study" / "metadata.json").read_text())
+    new_tokens = meta["config"]["profile"]["study"]["new_tokens"]
+    rows = []
+    for path in sorted((results / "calibration").glob("*.json")):
+        rows.extend(break_even_rows(path.stem, CostTable.from_json(json.loads(path.read_text())), 128, new_tokens))
+    return pd.DataFrame(rows)
+
+
+def measured_acceptance(runs: pd.DataFrame) -> dict[str, float]:
+    """Per pair/proposer (the calibration files' names): accepted / (accepted + rejecting rounds) over its
+    speculative runs."""
+    spec = runs[runs.k > 0]
+    out = {}
+    for (pair, proposer), part in spec.groupby(["pair", "proposer"]):
+        total = part.accepted.sum() + part.rejections.sum()
+        if total:
+            out[f"{pair}-{proposer}"] = float(part.accepted.sum() / total)
+    return out
 
 
 def summarize(results: Path, seed: int = 0, resamples: int = 2000) -> dict:

@@ -57,8 +57,9 @@ class Decision:
     predicted_latency_s: float
     predictions: dict[str, float]  # every feasible action's estimate, by label (r1k4, ...)
     alpha_before: float
-    decision_s: float
+    decision_s: float  # store peek + decision (rakv.strategies adds it to the request's latency)
     alpha_after: float | None = None  # set once the chosen action's rounds have been observed
+    tracker_after: tuple[float, float] | None = None  # the EWMA state then (accepted, rejected): exact resume
 
 
 @dataclass
@@ -85,6 +86,14 @@ class AcceptanceTracker:
     def observe(self, round_log: list[tuple[int, int]]) -> None:
         for proposed, accepted in round_log:
             self.observe_mean(accepted, float(accepted < proposed), 1)
+
+    @property
+    def state(self) -> tuple[float, float]:
+        return self.accepted, self.rejected
+
+    def restore(self, state: tuple[float, float]) -> None:
+        """Continue from a recorded `state` (a resumed study makes the decisions an uninterrupted one makes)."""
+        self.accepted, self.rejected = (float(x) for x in state)
 
     def observe_mean(self, accepted: float, rejected: float, rounds: int) -> None:
         """`rounds` updates with the given per-round averages (replaying runs summarised by their totals)."""

@@ -151,3 +151,13 @@ def acceptance_estimate(round_log: list[tuple[int, int]]) -> float | None:
     if accepted + rejections == 0:
         return None
     return accepted / (accepted + rejections)
+
+
+def break_even_rows(name: str, table, prompt_tokens: int, new_tokens: int) -> list[dict]:
+    """Per k: the break-even alpha of a cold request (None: never) and the draft/target step-cost ratio."""
+    features = RequestFeatures(prompt_tokens, 0, new_tokens)
+    context = prompt_tokens + new_tokens / 2
+    ratio = table.propose[1](context) / table.target_step(context)
+    return [{"pair": name, "k": k, "break_even_alpha": break_even_alpha(table, features, False, k),
+             "draft_target_cost_ratio": ratio, "target_step_s": table.target_step(context),
+             "prompt_tokens": prompt_tokens, "new_tokens": new_tokens} for k in sorted(table.verify)]

@@ -87,7 +87,9 @@ class RequestResult:
         row.update(predictions=json.dumps(decision.predictions) if decision else None,
                    alpha_before=decision.alpha_before if decision else None,
                    alpha_after=decision.alpha_after if decision else None,
-                   decision_s=decision.decision_s if decision else None)
+                   decision_s=decision.decision_s if decision else None,
+                   ewma_accepted=decision.tracker_after[0] if decision and decision.tracker_after else None,
+                   ewma_rejected=decision.tracker_after[1] if decision and decision.tracker_after else None)
         return row
 
     def to_json(self) -> dict:

@@ -19,7 +19,7 @@ from rakv import analysis  # noqa: E402
 from rakv.actions import SPEC_K, Action  # noqa: E402
 
 FIGURES = ("strategy_latency_throughput", "chosen_actions", "predicted_vs_measured", "regret_distribution",
-           "speedup_vs_alpha", "cache_budget", "feasibility_gap")
+           "speedup_vs_alpha", "cache_budget", "feasibility_gap", "break_even_vs_cost_ratio")
 STRATEGY_ORDER = ["ar", "kv-only", "spec-k4", "joint-k4", "rakv-asd"]
 
 
@@ -146,7 +146,17 @@ def cache_budget(budget: pd.DataFrame, out_dir: Path):
 
 def feasibility_gap(gap: pd.DataFrame | None, summary: dict, out_dir: Path):
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    if gap is None or not len(gap):
+    break_even = pd.DataFrame(summary.get("break_even", []))
+    if len(break_even):  # cost side only: break-even alpha per k on the twins; never-paying k drawn at the top
+        for pair, rows in break_even.groupby("pair"):
+            alpha = rows.break_even_alpha.astype(float)
+            line, = ax.plot(rows.k[alpha.notna()], alpha[alpha.notna()], marker="o", label=pair)
+            ax.scatter(rows.k[alpha.isna()], [1.04] * int(alpha.isna().sum()), marker="^", color=line.get_color())
+        ax.set(ylim=(0, 1.08), xticks=sorted(break_even.k.unique()), xlabel="k (draft tokens)",
+               ylabel="break-even acceptance alpha")
+        ax.set_title(f"{summary.get('configuration', '')}: cost side only (twins); ^ = never pays", fontsize=9)
+        ax.legend(fontsize=8)
+    elif gap is None or not len(gap):
         ax.axis("off")
         ax.text(0.5, 0.5, f"feasibility ({summary.get('configuration', '?')}):\n{summary.get('status', 'missing')}",
                 ha="center", va="center", fontsize=11, wrap=True)
@@ -156,3 +166,27 @@ def feasibility_gap(gap: pd.DataFrame | None, summary: dict, out_dir: Path):
         ax.set_ylabel("best k != 0 vs best k = 0 (% slower)")
         ax.set_title(summary.get("configuration", ""))
     return save(fig, out_dir, "feasibility_gap")
+
+
+def break_even_vs_cost_ratio(break_even: pd.DataFrame, acceptance: dict[str, float], out_dir: Path):
+    """Break-even alpha against the draft/target step-cost ratio, one point per (pair/proposer, k).
+
+    `break_even` has columns pair, k, break_even_alpha (NaN: never pays), draft_target_cost_ratio;
+    `acceptance` maps a pair/proposer to its measured per-token acceptance, drawn as a horizontal mark
+    over its points (speculation pays where the mark lies above the point)."""
+    fig, ax = plt.subplots(figsize=(8.4, 4.4))
+    never = break_even.break_even_alpha.isna()
+    sns.scatterplot(data=break_even[~never], x="draft_target_cost_ratio", y="break_even_alpha", hue="pair",
+                    style="k", s=60, ax=ax)
+    if never.any():
+        ax.scatter(break_even[never].draft_target_cost_ratio, [1.04] * int(never.sum()), marker="^", color="grey",
+                   label="never pays (any alpha)")
+    for pair, alpha in acceptance.items():
+        ratio = break_even[break_even.pair == pair].draft_target_cost_ratio
+        if len(ratio):
+            ax.hlines(alpha, ratio.min() * 0.8, ratio.max() * 1.25 + 0.02, color="black", linewidth=1.5)
+            ax.annotate(f"measured alpha {alpha:.2f} ({pair})", (ratio.min() * 0.8, alpha + 0.012), fontsize=7,
+                        va="bottom")
+    ax.set(xlabel="draft step cost / target step cost", ylabel="break-even acceptance alpha", ylim=(0, 1.08))
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    return save(fig, out_dir, "break_even_vs_cost_ratio")

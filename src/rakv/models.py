@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import warnings
+import zlib
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -30,7 +31,22 @@ HUB_PAIRS = {
     "gpt2medium-gpt2": ("gpt2-medium", "gpt2"),
     "gpt2large-gpt2medium": ("gpt2-large", "gpt2-medium"),
 }
-PAIR_NAMES = ("tiny", "smollm2", *HUB_PAIRS)
+# The reference models' published architectures: (layers, width, heads); all have a 50,257-token vocabulary
+# and a 1,024-token context. Their *twins* have exactly this shape and seeded random weights: the cost of a
+# step, a verification or a draft step depends on the shape and the hardware, not on the weight values.
+ARCHITECTURES = {"gpt2": (12, 768, 12), "distilgpt2": (6, 768, 12), "gpt2-medium": (24, 1024, 16),
+                 "gpt2-large": (36, 1280, 20)}
+GPT2_VOCAB, GPT2_CONTEXT = 50257, 1024
+TWIN_SUFFIX = "-twin"
+TWIN_PAIRS = {f"{name}{TWIN_SUFFIX}": ids for name, ids in HUB_PAIRS.items()}
+PAIR_NAMES = ("tiny", "smollm2", *HUB_PAIRS, *TWIN_PAIRS)
+
+
+def twin_of(pair: str) -> str:
+    """The architecture twin of a reference pair (`gpt2large-gpt2medium` -> `gpt2large-gpt2medium-twin`)."""
+    if pair not in HUB_PAIRS:
+        raise RakvError(f"pair '{pair}' has no architecture twin; twins exist for {', '.join(HUB_PAIRS)}")
+    return pair + TWIN_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -248,6 +264,31 @@ def _hub_model(model_id, device, dtype):
     return _finish(module, model_id, revision, dtype, "none", tokenizer_hash(tokenizer), device), tokenizer
 
 
+def _twin_model(model_id: str, tokenizer, tok_hash: str, device, dtype):
+    """A GPT-2 of `model_id`'s exact architecture with seeded random weights (never the real model)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    layers, width, heads = ARCHITECTURES[model_id]
+    cfg = GPT2Config(vocab_size=GPT2_VOCAB, n_positions=GPT2_CONTEXT, n_embd=width, n_layer=layers, n_head=heads,
+                     bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    seed = zlib.crc32(model_id.encode())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        module = GPT2LMHeadModel(cfg).to(dtype)
+    shape = hashlib.blake2b(cfg.to_json_string().encode(), digest_size=8).hexdigest()
+    return _finish(module, f"{model_id} architecture twin (random weights)", f"twin:seed={seed}:config={shape}",
+                   dtype, "none", tok_hash, device)
+
+
+def _twin_pair(name, device, dtype):
+    """Twins of a reference pair, with SmolLM2's offline tokenizer (49,152 ids, all inside GPT-2's vocabulary)."""
+    tokenizer = smollm2_tokenizer()
+    tok_hash = tokenizer_hash(tokenizer)
+    target_id, draft_id = TWIN_PAIRS[name]
+    return (_twin_model(target_id, tokenizer, tok_hash, device, dtype),
+            _twin_model(draft_id, tokenizer, tok_hash, device, dtype), tokenizer)
+
+
 def _hub_pair(name, device, dtype):
     target_id, draft_id = HUB_PAIRS[name]
     target, tokenizer = _hub_model(target_id, device, dtype)
@@ -281,6 +322,8 @@ def load_pair(name: str, device: str = "cpu", dtype: str = "float32", threads: i
         target, draft, tokenizer = _tiny_pair(torch_device, torch_dtype)
     elif name == "smollm2":
         target, draft, tokenizer = _smollm2_pair(torch_device, torch_dtype)
+    elif name in TWIN_PAIRS:
+        target, draft, tokenizer = _twin_pair(name, torch_device, torch_dtype)
     else:
         target, draft, tokenizer = _hub_pair(name, torch_device, torch_dtype)
     check_shared_tokenizer(name, target, draft)

@@ -13,6 +13,7 @@ So one profile's outputs are never overwritten by another's.
 
 from __future__ import annotations
 
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,9 +95,9 @@ def execute(notebook: Path, params: dict, out_path: Path, timeout: int = 1200) -
                                          metadata={"tags": ["injected-parameters"]})
     nb.cells.insert(index + 1, injected)
     with tempfile.TemporaryDirectory(prefix="rakv-kernel-") as sockets:
-        # a local kernel over unix sockets (no TCP ports, and no "unencrypted TCP" warning on every run)
+        # a local kernel over unix sockets: no TCP ports opened on the machine
         manager = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(sockets) / "kernel"))
-        client = NotebookClient(nb, km=manager, timeout=timeout, kernel_name="python3",
+        client = NotebookClient(nb, km=manager, timeout=timeout, kernel_name="python3", shutdown_kernel="immediate",
                                 resources={"metadata": {"path": str(notebook.parent)}})
         _execute_or_explain(client, nb, notebook, out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,7 +106,9 @@ def execute(notebook: Path, params: dict, out_path: Path, timeout: int = 1200) -
 
 def _execute_or_explain(client, nb, notebook: Path, out_path: Path) -> None:
     try:
-        client.execute()
+        # the kernel's own log lines (start-up and shut-down chatter) are not the user's business; a failing
+        # cell still surfaces as CellExecutionError with its message
+        client.execute(stderr=subprocess.DEVNULL)
     except CellExecutionError as exc:
         out_path.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, out_path)

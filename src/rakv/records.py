@@ -8,16 +8,46 @@ produced a results folder: the composed config, the git commit and the package v
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from rakv.errors import RakvError
+
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def exclusive(lock_path: Path):
+    """Hold an exclusive lock on `lock_path` for the block, or refuse at once: one writer per results folder.
+
+    Two studies timing runs on one folder would double every run and time each against the other's load.
+    The lock is the kernel's (flock), so a killed process never leaves a stale one behind."""
+    handle = open(lock_path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise RakvError(f"{lock_path.parent} is in use by a running study ({holder}); wait for it to finish or "
+                        "use another results_dir") from None
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # releases the lock
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -38,6 +38,7 @@ def macros(summary: dict, meta: dict) -> dict[str, str]:
          "TransformersVersion": tex_escape(meta["packages"]["transformers"]),
          "GitCommit": tex_escape((meta.get("git_commit") or "unknown")[:12]),
          "NewTokens": str(meta["config"]["profile"]["study"]["new_tokens"]),
+         "KernelsMode": tex_escape(meta["config"].get("kernels", "stock")),
          "ExactEqual": str(summary["exact"]["equal"]), "ExactTotal": str(summary["exact"]["total"]),
          "AccK": pct(summary["accuracy_k"]), "AccAction": pct(summary["accuracy_action"]),
          "Mape": pct(summary["mape"]), "SpearmanPooled": num(summary["spearman_pooled"]),
@@ -58,11 +59,18 @@ def macros(summary: dict, meta: dict) -> dict[str, str]:
         m[f"ThrGain{name}"] = pct(value)
         m[f"ThrGain{name}CI"] = f"[{pct(low)}, {pct(high)}]"
     feas = summary["feasibility"]
-    if feas.get("status") == "ran":
-        m["FeasibilityGap"] = f"{pct(feas['gap_min'], 0)} to {pct(feas['gap_max'], 0)}"
+    if feas.get("break_even"):
+        m["FeasibilityGap"] = tex_escape(analysis.cost_side_sentence(feas))
+    elif feas.get("status") == "ran":
+        m["FeasibilityGap"] = (f"the best $k \\neq 0$ action is {pct(feas['gap_min'], 0)} to {pct(feas['gap_max'], 0)} "
+                               "slower than the best $k = 0$ one across scenarios (negative: faster)")
     else:
-        m["FeasibilityGap"] = "n/a"
+        m["FeasibilityGap"] = tex_escape(feas.get("reason", "no result"))
     return m
+
+
+def holds(value) -> str:
+    return "n/a" if value is None else ("yes" if value else "no")
 
 
 def claims_table(rows: list[dict]) -> str:
@@ -75,7 +83,7 @@ def claims_table(rows: list[dict]) -> str:
             return "--" if v is None else (f"{v}{unit}" if isinstance(v, (int, float)) else tex_escape(v))
 
         lines.append(f"{tex_escape(row['claim'])} & {cell(row['reference'])} & {cell(row['reproduced'])} & "
-                     f"{cell(row['difference'])} & {'yes' if row['holds'] else 'no'} \\\\")
+                     f"{cell(row['difference'])} & {holds(row['holds'])} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 

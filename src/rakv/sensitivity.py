@@ -24,7 +24,7 @@ from rakv.actions import Action
 from rakv.cache import Hit
 from rakv.config import configurations, controller_config, cost_table_for, engine_for, prompts_for, results_dir
 from rakv.controller import Controller
-from rakv.costmodel import RequestFeatures, acceptance_estimate, break_even_alpha, estimate_latency
+from rakv.costmodel import RequestFeatures, break_even_alpha, estimate_latency
 from rakv.errors import RakvError
 from rakv.proposers import ControlledAcceptanceProposer, DraftModelProposer
 from rakv.records import write_atomic, write_parquet
@@ -52,34 +52,38 @@ def alpha_model_tables(cfg, name, table) -> tuple[list[dict], list[dict]]:
     return curve, crossover
 
 
-def controlled_rows(cfg, name, engine, controller, prompts, tick=lambda n=1: None) -> list[dict]:
-    sens, rows = cfg.profile.sensitivity, []
-    n = sens.new_tokens
-    for prompt in prompts[: sens.prompts]:
+def controlled_rows(name: str, engine, table, prompts, *, new_tokens: int, repeats: int, alphas, ks,
+                    tick=lambda n=1: None) -> list[dict]:
+    """Measured speedup of spec-k over AR at chosen acceptance (controlled proposer) beside the cost model's."""
+    rows = []
+    for prompt in prompts:
         ids = list(prompt.token_ids)
-        reference = engine.run(ids, Action(False, 0), n, ignore_eos=True)
+        reference = engine.run(ids, Action(False, 0), new_tokens, ignore_eos=True)
         tick()
-        for repeat in range(sens.repeats):
-            ar = engine.run(ids, Action(False, 0), n, ignore_eos=True).latency_s
+        features = RequestFeatures(len(ids), 0, new_tokens)
+        for repeat in range(repeats):
+            ar = engine.run(ids, Action(False, 0), new_tokens, ignore_eos=True).latency_s
             tick()
-            for k in cfg.experiment.controlled_k:
-                for alpha in sens.controlled_alphas:
+            for k in ks:
+                for alpha in alphas:
                     proposer = ControlledAcceptanceProposer(
                         DraftModelProposer(engine.pair.draft.module, engine.pair.device), ids + reference.token_ids,
                         alpha, engine.pair.vocab_size, seed=repeat * 1000 + int(alpha * 100))
-                    speculative = engine.run(ids, Action(False, k), n, ignore_eos=True, proposer=proposer)
+                    speculative = engine.run(ids, Action(False, k), new_tokens, ignore_eos=True, proposer=proposer)
                     tick()
                     measured_alpha = speculative.acceptance_rate
-                    features = RequestFeatures(len(ids), 0, n)
-                    predicted = {a: estimate_latency(controller.table, features, False, k, a)
-                                 / estimate_latency(controller.table, features, False, 0, a)
-                                 for a in (alpha, measured_alpha if measured_alpha is not None else alpha)}
+
+                    def predicted_speedup(a):
+                        return (estimate_latency(table, features, False, 0, a)
+                                / estimate_latency(table, features, False, k, a))
+
                     rows.append({"configuration": name, "prompt_id": prompt.id, "prompt_tokens": len(ids),
                                  "repeat": repeat, "k": k,
                                  "alpha": alpha, "measured_alpha": measured_alpha, "ar_latency_s": ar,
                                  "spec_latency_s": speculative.latency_s, "measured_speedup": ar / speculative.latency_s,
-                                 "predicted_speedup": 1 / predicted[alpha],
-                                 "predicted_speedup_at_measured_alpha": 1 / list(predicted.values())[-1],
+                                 "predicted_speedup": predicted_speedup(alpha),
+                                 "predicted_speedup_at_measured_alpha": predicted_speedup(
+                                     measured_alpha if measured_alpha is not None else alpha),
                                  "equal_to_ar": speculative.token_ids == reference.token_ids})
     return rows
 
@@ -269,8 +273,11 @@ def run_sensitivity(cfg: DictConfig) -> None:
         bar = tqdm(total=sum(c for c, _ in planned.values()), desc=f"sensitivity {configuration.name}",
                    unit="request", dynamic_ncols=True, mininterval=2)
         if configuration.proposer == "draft":  # the controlled proposer pays a draft model's cost
-            parts.setdefault("controlled", []).extend(controlled_rows(cfg, configuration.name, engine, controller,
-                                                                      prompts, bar.update))
+            sens = cfg.profile.sensitivity
+            parts.setdefault("controlled", []).extend(controlled_rows(
+                configuration.name, engine, table, prompts[: sens.prompts], new_tokens=sens.new_tokens,
+                repeats=sens.repeats, alphas=sens.controlled_alphas, ks=cfg.experiment.controlled_k,
+                tick=bar.update))
         parts.setdefault("cache_budget", []).extend(budget_rows(cfg, configuration.name, engine, prompts,
                                                                 bar.update))
         for key, rows in factor_rows(cfg, configuration.name, engine, controller, prompts, bar.update).items():

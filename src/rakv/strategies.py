@@ -3,12 +3,15 @@
     result = run_strategy(engine, "joint-k4", token_ids, new_tokens, controller=controller)
 
 A fixed strategy (or a sweep's action label such as `r1k4`) runs its action; `rakv-asd` peeks the
-store, lets the controller decide, runs the decision and feeds the rounds back to the controller.
+store, lets the controller decide, runs the decision and feeds the rounds back to the controller; the
+peek and the decision count in its time to first token and latency, as they would when serving.
 Either way the result carries what the store offered and, when a controller (and so a calibration)
 is at hand, the cost model's prediction for the action that ran.
 """
 
 from __future__ import annotations
+
+import time
 
 from rakv.actions import ADAPTIVE, Action
 from rakv.controller import Controller
@@ -25,16 +28,23 @@ def action_of(strategy: str) -> Action:
 def run_strategy(engine: Engine, strategy: str, token_ids: list[int], new_tokens: int, *,
                  controller: Controller | None = None, **run_kwargs) -> RequestResult:
     """Run one request; `run_kwargs` go to `Engine.run` (sampling, salt, ignore_eos, on_token, ...)."""
-    hit = engine.peek(token_ids, run_kwargs.get("salt"))
     if strategy == ADAPTIVE:
         if controller is None:
             raise RakvError("strategy rakv-asd needs a controller (and so a calibration)")
+        start = time.perf_counter()
+        hit = engine.peek(token_ids, run_kwargs.get("salt"))
         decision = controller.decide(len(token_ids), hit, new_tokens)
+        decision.decision_s = time.perf_counter() - start
         result = engine.run(token_ids, decision.action, new_tokens, **run_kwargs)
+        # peek and decision are part of serving this request: in its time to first token and latency
+        result.ttft_s += decision.decision_s
+        result.latency_s += decision.decision_s
+        result.tokens_per_s = result.new_tokens / result.latency_s
         controller.observe(result.round_log)
-        decision.alpha_after = controller.alpha
+        decision.alpha_after, decision.tracker_after = controller.alpha, controller.tracker.state
         result.decision, result.predicted_latency_s = decision, decision.predicted_latency_s
     else:
+        hit = engine.peek(token_ids, run_kwargs.get("salt"))  # for the prediction and the record; not timed
         action = action_of(strategy)
         predicted = (controller.predict(RequestFeatures.from_hit(len(token_ids), hit, new_tokens), action)
                      if controller is not None else None)  # made before the run, like the controller's own

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -31,7 +32,7 @@ from rakv.controller import Controller
 from rakv.costmodel import RequestFeatures
 from rakv.engine import Engine, RequestResult
 from rakv.errors import RakvError
-from rakv.records import Journal, metadata, write_atomic, write_parquet
+from rakv.records import Journal, exclusive, metadata, write_atomic, write_parquet
 from rakv.strategies import action_of, run_strategy
 from rakv.workloads import Prompt, build_scenario
 
@@ -191,6 +192,12 @@ def run_main_study(cfg: DictConfig, out_dir: Path | None = None) -> Path:
     out_dir = out_dir or results_dir(cfg) / "study"
     out_dir.mkdir(parents=True, exist_ok=True)
     shard, shards = cfg.study.shard_index, cfg.study.num_shards
+    with exclusive(out_dir / f".lock.shard{shard}"):
+        return _run_locked(cfg, out_dir, shard, shards)
+
+
+def _run_locked(cfg: DictConfig, out_dir: Path, shard: int, shards: int) -> Path:
+    load_before = os.getloadavg()
     journal = Journal(out_dir / (f"runs.shard{shard}of{shards}.jsonl" if shards > 1 else "runs.jsonl"))
     prepared = [prepare(cfg, configuration) for configuration in configurations(cfg)]
     all_runs = [planned for p in prepared for planned in p.runs]
@@ -215,7 +222,9 @@ def run_main_study(cfg: DictConfig, out_dir: Path | None = None) -> Path:
         print(f"{name}: {len(p.mine)} runs planned here, {len(p.mine) - len(todo[name])} already done", flush=True)
         if todo[name]:
             _execute(cfg, p, todo[name], journal)
-    return finalize(cfg, out_dir, all_runs, calibrations)
+    load = {"load_average_1_5_15min_at_start": load_before, "load_average_1_5_15min_at_end": os.getloadavg(),
+            "cpus": os.cpu_count()}
+    return finalize(cfg, out_dir, all_runs, calibrations, load)
 
 
 def scenario_of(p: PreparedConfiguration, planned: PlannedRun):
@@ -232,10 +241,10 @@ def _execute(cfg, p: PreparedConfiguration, todo: list[PlannedRun], journal: Jou
     first = next(iter(p.prompts.values()))[0]
     for _ in range(grid.model_warmup_requests):  # warm kernels and allocator before timing
         engine.run(list(first.token_ids), Action(True, max(cfg.controller.k_set)), grid.new_tokens, ignore_eos=True)
-    last_alpha = [r["alpha_after"] for r in sorted(journal.rows, key=lambda r: r["order"])
-                  if r["configuration"] == p.configuration.name and r.get("alpha_after") is not None]
-    if last_alpha:  # resume the controller's acceptance estimate where the interrupted run left it
-        controller.tracker.accepted, controller.tracker.rejected = last_alpha[-1], 1 - last_alpha[-1]
+    states = [(r["ewma_accepted"], r["ewma_rejected"]) for r in sorted(journal.rows, key=lambda r: r["order"])
+              if r["configuration"] == p.configuration.name and r.get("ewma_accepted") is not None]
+    if states:  # resume the controller exactly where the interrupted run left it
+        controller.tracker.restore(states[-1])
     position = {s.run_id: i for i, s in enumerate(p.mine)}
     for planned in tqdm(todo, desc=f"study {p.configuration.name}", unit="run", dynamic_ncols=True, mininterval=2):
         prompt, scenario = scenario_of(p, planned)
@@ -244,7 +253,7 @@ def _execute(cfg, p: PreparedConfiguration, todo: list[PlannedRun], journal: Jou
                                   references[(planned.dataset, planned.prompt_id)], position[planned.run_id], cfg.seed))
 
 
-def finalize(cfg, out_dir: Path, runs: list[PlannedRun], calibrations: dict) -> Path:
+def finalize(cfg, out_dir: Path, runs: list[PlannedRun], calibrations: dict, load: dict) -> Path:
     """Merge every shard's journal into runs.parquet once all planned runs are present."""
     rows, seen = [], set()
     for path in sorted(out_dir.glob("runs*.jsonl")):
@@ -263,7 +272,7 @@ def finalize(cfg, out_dir: Path, runs: list[PlannedRun], calibrations: dict) -> 
     frame = write_parquet(rows, path)
     write_atomic(out_dir / "metadata.json", json.dumps(metadata(cfg, {
         "calibration_keys": calibrations, "hardware": next(iter(calibrations.values()))["hardware"],
-        "runs": len(frame), "plan": describe_plan(runs)}), indent=1))
+        "runs": len(frame), "plan": describe_plan(runs), "machine_load": load}), indent=1))
     strategy_rows = frame[frame.kind == "strategy"]
     unequal = int((~frame.equal_to_ar).sum())
     print(f"study: {len(frame)} runs in {path}; strategy runs equal to AR: "
