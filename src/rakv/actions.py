@@ -30,6 +30,10 @@ class Action:
     def label(self) -> str:
         return f"r{int(self.reuse)}k{self.k}"
 
+    @staticmethod
+    def is_label(text: str) -> bool:
+        return _LABEL.fullmatch(text) is not None
+
     @classmethod
     def parse(cls, label: str) -> "Action":
         """The action of a label such as `r1k4` (as the study's `action` column holds)."""
@@ -48,7 +52,7 @@ class Action:
         match = _STRATEGY.fullmatch(name)
         if match and int(match[2]) in SPEC_K:
             return cls(match[1] == "joint", int(match[2]))
-        raise RakvError(f"unknown strategy '{name}'; choose one of: {', '.join(STRATEGIES)}")
+        raise RakvError(f"unknown strategy '{name}' (a fixed one: {', '.join(FIXED_STRATEGIES)}; or {ADAPTIVE})")
 
 
 def parse_k_set(values) -> tuple[int, ...]:

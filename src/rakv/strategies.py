@@ -22,7 +22,7 @@ from rakv.errors import RakvError
 
 def action_of(strategy: str) -> Action:
     """The fixed action of a strategy name (`spec-k4`) or of an action label (`r1k4`)."""
-    return Action.parse(strategy) if strategy.startswith("r") else Action.of_strategy(strategy)
+    return Action.parse(strategy) if Action.is_label(strategy) else Action.of_strategy(strategy)
 
 
 def run_strategy(engine: Engine, strategy: str, token_ids: list[int], new_tokens: int, *,
