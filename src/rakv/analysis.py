@@ -255,15 +255,17 @@ def cost_side_sentence(feas: dict) -> str:
 
 
 def break_even_table(results: Path) -> pd.DataFrame:
-    """Break-even alpha per k for every calibration in results/<name>/calibration/ (cold request, 128 prompt
-    tokens, the study's new tokens), with the draft/target step-cost ratio."""
+    """Break-even alpha per k for every calibration in results/<name>/calibration/ (a cold request of the
+    feasibility cost side's prompt length and the study's new tokens), with the draft/target step-cost ratio."""
     from rakv.costmodel import CostTable, break_even_rows
 
     meta = json.loads((results / "study" / "metadata.json").read_text())
-    new_tokens = meta["config"]["profile"]["study"]["new_tokens"]
+    profile = meta["config"]["profile"]
+    prompt_tokens, new_tokens = profile["feasibility"]["cost_side"]["prompt_tokens"], profile["study"]["new_tokens"]
     rows = []
     for path in sorted((results / "calibration").glob("*.json")):
-        rows.extend(break_even_rows(path.stem, CostTable.from_json(json.loads(path.read_text())), 128, new_tokens))
+        table = CostTable.from_json(json.loads(path.read_text()))
+        rows.extend(break_even_rows(path.stem, table, prompt_tokens, new_tokens))
     return pd.DataFrame(rows)
 
 

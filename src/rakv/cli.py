@@ -171,8 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rakv.controller import ControllerConfig
     from rakv.engine import PROPOSERS
     from rakv.models import PAIR_NAMES
+    from rakv.paths import conf_file
 
-    defaults, store = ControllerConfig.default(), store_defaults()  # conf/ is the one source of defaults
+    defaults, store = ControllerConfig.default(), conf_file("cache/default.yaml")  # conf/: the one source of defaults
 
     parser = argparse.ArgumentParser(prog="rakv", description="RAKV-ASD: prefix KV reuse + adaptive speculative decoding")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -231,30 +232,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def store_defaults():
-    from omegaconf import OmegaConf
-
-    from rakv.controller import DEFAULTS
-
-    return OmegaConf.load(DEFAULTS.parents[1] / "cache" / "default.yaml")
-
-
-def conf_value(key: str):
-    """A top-level default of conf/config.yaml (the pipeline's), so the CLI and the stages agree."""
-    from omegaconf import OmegaConf
-
-    from rakv.controller import DEFAULTS
-
-    return OmegaConf.load(DEFAULTS.parents[1] / "config.yaml")[key]
-
-
 def add_model_options(parser) -> None:
     from rakv.kernels import KERNEL_MODES
+    from rakv.paths import conf_file
 
-    parser.add_argument("--device", default=conf_value("device"))
-    parser.add_argument("--dtype", default=conf_value("dtype"))
+    pipeline = conf_file("config.yaml")  # the stages' defaults, so the CLI and the stages agree
+    parser.add_argument("--device", default=pipeline.device)
+    parser.add_argument("--dtype", default=pipeline.dtype)
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    parser.add_argument("--kernels", default=conf_value("kernels"), choices=KERNEL_MODES,
+    parser.add_argument("--kernels", default=pipeline.kernels, choices=KERNEL_MODES,
                         help="fast: the CPU fast path of rakv.kernels; stock: transformers as shipped "
                              "(default %(default)s)")
 

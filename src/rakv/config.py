@@ -22,11 +22,10 @@ from rakv.engine import PROPOSERS, Engine, open_engine
 from rakv.errors import RakvError
 from rakv.kernels import effective_mode
 from rakv.models import PAIR_NAMES
+from rakv.paths import CONF_DIR
 from rakv.records import write_atomic
 from rakv.strategies import action_of
 from rakv.workloads import Prompt, dataset_texts, parse_scenario, select_prompts
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,11 @@ def engine_for(cfg: DictConfig, configuration: Configuration) -> Engine:
 def cost_table_for(cfg: DictConfig, engine: Engine) -> CostTable:
     """The calibration of this configuration on this machine (measured now if missing or stale), with a copy
     in the results folder."""
-    table = calibration_for(engine, cfg.calibration.recalibrate)
+    return keep_calibration(cfg, engine, calibration_for(engine, cfg.calibration.recalibrate))
+
+
+def keep_calibration(cfg: DictConfig, engine: Engine, table: CostTable) -> CostTable:
+    """A copy of the cost table used, in results/<name>/calibration/<pair>-<proposer>.json (the analysis reads it)."""
     out = results_dir(cfg) / "calibration" / f"{engine.pair.name}-{engine.proposer}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, json.dumps(table.to_json(), indent=1))

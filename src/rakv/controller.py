@@ -10,16 +10,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from pathlib import Path
-
-from omegaconf import OmegaConf
 
 from rakv.actions import Action, parse_k_set
 from rakv.cache import Hit
 from rakv.costmodel import CostTable, RequestFeatures, action_kv_bytes, estimate_latency
 from rakv.errors import RakvError
-
-DEFAULTS = Path(__file__).resolve().parents[2] / "conf" / "controller" / "default.yaml"
+from rakv.paths import conf_file
 
 
 @dataclass(frozen=True)
@@ -48,7 +44,7 @@ class ControllerConfig:
 
     @classmethod
     def default(cls) -> "ControllerConfig":
-        return cls.from_conf(OmegaConf.load(DEFAULTS))
+        return cls.from_conf(conf_file("controller/default.yaml"))
 
 
 @dataclass

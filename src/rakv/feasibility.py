@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from rakv.actions import Action
 from rakv.calibration import CalibrationPlan, load_or_calibrate
-from rakv.config import Configuration, configuration, engine_for, prompts_for, results_dir
+from rakv.config import Configuration, configuration, engine_for, keep_calibration, prompts_for, results_dir
 from rakv.costmodel import break_even_rows
 from rakv.errors import RakvError, WeightsUnavailable
 from rakv.models import twin_of
@@ -77,10 +77,8 @@ def run_cost_side(cfg: DictConfig, out_dir, reason: str) -> None:
     for pair in side.pairs:
         twin = Configuration(twin_of(pair), twin_of(pair), "draft")
         engine = engine_for(cfg, twin)
-        table = load_or_calibrate(engine, [], plan=plan, recalibrate=cfg.calibration.recalibrate)
-        copy = results_dir(cfg) / "calibration" / f"{twin.pair}-draft.json"
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(copy, json.dumps(table.to_json(), indent=1))
+        table = keep_calibration(cfg, engine, load_or_calibrate(engine, [], plan=plan,
+                                                                recalibrate=cfg.calibration.recalibrate))
         rows.extend(break_even_rows(twin.pair, table, side.prompt_tokens, feas.new_tokens))
         if pair == main_pair:
             prompts = prompts_for(cfg, engine.encode, cfg.datasets[0])[:1]

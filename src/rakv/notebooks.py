@@ -25,8 +25,8 @@ from jupyter_client import KernelManager
 from nbclient.exceptions import CellExecutionError
 
 from rakv.errors import RakvError
+from rakv.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
 
 

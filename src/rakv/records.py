@@ -21,8 +21,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from rakv.errors import RakvError
-
-ROOT = Path(__file__).resolve().parents[2]
+from rakv.paths import ROOT
 
 
 @contextmanager

@@ -9,14 +9,12 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 from omegaconf import DictConfig
 
 from rakv.config import configurations, cost_table_for, engine_for, results_dir, validate
 from rakv.errors import RakvError
-
-PAPER = Path(__file__).resolve().parents[2] / "paper"
+from rakv.paths import PAPER_DIR as PAPER
 
 
 def calibrate(cfg: DictConfig) -> None:

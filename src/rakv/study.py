@@ -1,6 +1,6 @@
 """The main study (paper/main.tex, "Setup"): plan, timed runs, and a crash-safe, resumable results journal.
 
-A *configuration* is a pair with a proposer (`conf/pair/<name>.yaml`). For every configuration,
+A *configuration* is a pair with a proposer (`conf/configuration/<name>.yaml`). For every configuration,
 dataset, prompt, scenario and repeat the plan holds one run per strategy (ar, kv-only, spec-k4,
 joint-k4, rakv-asd) and, for the oracle, one per feasible action (r, k). Runs execute in a
 shuffled order (seed recorded); each starts from an empty store into which the scenario's

@@ -18,6 +18,7 @@ import numpy as np
 from rakv.cache import BUCKET_TOKENS, Hit
 from rakv.costmodel import RequestFeatures
 from rakv.errors import RakvError
+from rakv.paths import DATA_DIR
 
 
 def humaneval_path() -> Path:
@@ -39,7 +40,7 @@ def calibration_prompts(encode, count: int = 3) -> list[list[int]]:
     return [encode(problem["prompt"]) for problem in load_humaneval().select(range(count))]
 
 
-BUNDLED_WIKITEXT2 = Path(__file__).resolve().parents[2] / "data" / "wikitext-2"
+BUNDLED_WIKITEXT2 = DATA_DIR / "wikitext-2"
 
 
 def wikitext2_files(folder: Path, split: str) -> Path:
