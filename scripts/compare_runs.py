@@ -12,37 +12,55 @@ import json
 import sys
 from pathlib import Path
 
-SCALARS = ("mape", "accuracy_action", "accuracy_k", "mean_regret", "worst_regret", "spearman_pooled",
-           "spearman_per_scenario")
+SECTIONS = ("per_configuration", "pooled")  # where summary.json keeps its statistics
+
+
+def walk(node, prefix=""):
+    """(dotted name, value) for every leaf under `node`: a [value, low, high] triple counts as one leaf."""
+    if isinstance(node, dict):
+        for key, child in node.items():
+            yield from walk(child, f"{prefix}.{key}" if prefix else key)
+    elif isinstance(node, list) and len(node) == 3 and all(isinstance(v, (int, float)) or v is None for v in node):
+        yield prefix, node
+    elif isinstance(node, (int, float)) and not isinstance(node, bool):
+        yield prefix, node
 
 
 def with_intervals(summary: dict) -> dict[str, list[float]]:
     """name -> [value, low, high] for every statistic reported with a confidence interval."""
-    out = {}
-    for family in ("latency_reduction", "throughput_gain"):
-        for baseline, triple in summary.get(family, {}).items():
-            out[f"{family} vs {baseline}"] = triple
-    return out
+    return {name: value for section in SECTIONS for name, value in walk(summary.get(section, {}), section)
+            if isinstance(value, list) and None not in value}
+
+
+def scalars(summary: dict) -> dict[str, float]:
+    """name -> value for every statistic reported without an interval."""
+    return {name: value for section in SECTIONS for name, value in walk(summary.get(section, {}), section)
+            if not isinstance(value, list)}
 
 
 def compare(a: dict, b: dict) -> tuple[list[str], int]:
-    lines, outside = [f"{'statistic':<34} {'A [95% CI]':>28} {'B':>9}  B inside A's CI"], 0
+    width = max([34, *(len(n) for n in with_intervals(a)), *(len(n) for n in scalars(a))])
+    lines, outside = [f"{'statistic':<{width}} {'A [95% CI]':>28} {'B':>9}  B inside A's CI"], 0
     b_ci = with_intervals(b)
     for name, (value, low, high) in with_intervals(a).items():
         if name not in b_ci:
-            lines.append(f"{name:<34} {'':>28} {'missing':>9}")
+            lines.append(f"{name:<{width}} {'':>28} {'missing':>9}")
             continue
         other = b_ci[name][0]
+        if other is None:
+            continue
         inside = low <= other <= high
         outside += not inside
-        lines.append(f"{name:<34} {value:>9.4f} [{low:>7.4f}, {high:>7.4f}] {other:>9.4f}  {'yes' if inside else 'NO'}")
-    lines.append(f"{'statistic (no interval)':<34} {'A':>28} {'B':>9}  relative difference")
-    for name in SCALARS:
-        x, y = a.get(name), b.get(name)
-        if x is None or y is None:
+        lines.append(f"{name:<{width}} {value:>9.4f} [{low:>7.4f}, {high:>7.4f}] {other:>9.4f}  "
+                     f"{'yes' if inside else 'NO'}")
+    lines.append(f"{'statistic (no interval)':<{width}} {'A':>28} {'B':>9}  relative difference")
+    b_scalars = scalars(b)
+    for name, x in scalars(a).items():
+        y = b_scalars.get(name)
+        if y is None:
             continue
         relative = (y - x) / abs(x) if x else float("nan")
-        lines.append(f"{name:<34} {x:>28.4f} {y:>9.4f}  {relative:+.1%}")
+        lines.append(f"{name:<{width}} {x:>28.4f} {y:>9.4f}  {relative:+.1%}")
     return lines, outside
 
 

@@ -11,8 +11,10 @@ spec.loader.exec_module(compare_runs)
 
 
 def summary(latency, mape=0.2):
-    return {"latency_reduction": {"joint-k4": latency, "kv-only": [0.02, -0.01, 0.05]},
-            "throughput_gain": {"joint-k4": [0.1, 0.05, 0.15]}, "mape": mape}
+    return {"per_configuration": {"c": {"latency_reduction": {"joint-k4": latency, "kv-only": [0.02, -0.01, 0.05]},
+                                        "throughput_gain": {"joint-k4": [0.1, 0.05, 0.15]}, "worst_regret": mape,
+                                        "best_fixed_action": "r1k0"}},
+            "pooled": {"latency_reduction": {"kv-only": [0.02, -0.01, 0.05]}}, "runs": 10}
 
 
 def write(folder: Path, content: dict) -> Path:
@@ -28,7 +30,7 @@ def test_inside_and_outside_the_interval(tmp_path, capsys):
     assert compare_runs.main([str(a), str(inside)]) == 0
     assert "+25.0%" in capsys.readouterr().out
     assert compare_runs.main([str(a), str(outside)]) == 1
-    assert "latency_reduction vs joint-k4" in capsys.readouterr().out
+    assert "per_configuration.c.latency_reduction.joint-k4" in capsys.readouterr().out
 
 
 def test_unreadable_input_is_a_one_line_error(tmp_path, capsys):

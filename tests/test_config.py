@@ -70,7 +70,7 @@ def test_each_rule_fails_the_composed_config_with_one_line(override, message):
 
 RUNTIME = {"actions", "cache", "calibration", "cli", "controller", "costmodel", "decoding", "engine", "errors",
            "kernels", "models", "paths", "proposers", "strategies", "workloads"}
-EXPERIMENT = {"analysis", "config", "feasibility", "figures", "notebooks", "records", "report", "sensitivity",
+EXPERIMENT = {"ablation", "analysis", "config", "feasibility", "figures", "notebooks", "records", "report", "sensitivity",
               "stages", "study"}
 
 

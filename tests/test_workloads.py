@@ -66,4 +66,4 @@ def test_every_offline_profile_selects_its_prompts_without_network_or_workspace_
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.split("\n")
     assert sum(line.startswith(("smoke", "offline")) for line in lines) == 6
-    assert "offline wikitext2 2 bundled" in lines
+    assert "offline wikitext2 4 bundled" in lines

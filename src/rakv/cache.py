@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -172,15 +172,18 @@ class PrefixKVStore:
         key = (ns, bucket_digest(token_ids))
         entry = CacheEntry(token_ids=np.array(token_ids, dtype=np.int64), kv=kv,
                            next_logits=next_logits, nbytes=nbytes)
+        self._add(key, entry)
+        self.stats.inserts += 1
+        return True
+
+    def _add(self, key: tuple[str, bytes], entry: CacheEntry) -> None:
         self._lru[self._next_id] = (key, entry)
         self._buckets.setdefault(key, {})[self._next_id] = entry
         self._matrices.pop(key, None)
         self._touch(self._next_id)
         self._next_id += 1
-        self.stats.inserts += 1
-        self.stats.bytes += nbytes
+        self.stats.bytes += entry.nbytes
         self.stats.entries += 1
-        return True
 
     def _evict_oldest(self) -> None:
         entry_id, (key, entry) = self._lru.popitem(last=False)
@@ -192,6 +195,17 @@ class PrefixKVStore:
         self.stats.bytes -= entry.nbytes
         self.stats.entries -= 1
         self.stats.evictions += 1
+
+    def snapshot(self) -> list[tuple[tuple[str, bytes], CacheEntry]]:
+        """The stored entries, oldest first, for `restore`: the K/V tensors are shared, never mutated by the store."""
+        return [(key, replace(entry)) for key, entry in self._lru.values()]
+
+    def restore(self, snapshot: list[tuple[tuple[str, bytes], CacheEntry]]) -> None:
+        """Empty the store and put back a snapshot's entries in their LRU order (no K/V copied or recomputed)."""
+        self.clear()
+        for key, entry in snapshot:
+            assert self.stats.bytes + entry.nbytes <= self.budget_bytes, "snapshot larger than the store's budget"
+            self._add(key, replace(entry))
 
     def clear(self) -> None:
         while self._lru:

@@ -2,8 +2,16 @@
 
 It times the operations the decode loops actually perform (target prefill, target one-token step,
 target verify of k+1 tokens, the proposer's k candidates and its prefill, the KV copy of a store
-hit), fits a small curve to each (rakv.costmodel.Curve), and saves the table under a key made of
-the pair's and the machine's fingerprints; a table measured for another key is never used.
+hit) at a grid of points, and saves the table under a key made of the pair's and the machine's
+fingerprints and the measuring method; a table measured for another key is never used.
+
+Measuring robustly on a noisy machine: every point gets a warm-up, then the points are timed in
+interleaved passes in a shuffled order (a burst of noise lands on many points once, not on one point
+five times); each point's cost is the median of its repeats, its noise the interquartile range over the
+median; points noisier than `remeasure_spread` are measured again; a calibration with a point still
+noisier than `refuse_spread` is refused with the points named. Each cost is then a per-point table
+(rakv.costmodel.Curve, kind "table") interpolated between the measured points and made non-decreasing
+in context or length; the cost of each k is its own measured table, not a smooth curve in k.
 """
 
 from __future__ import annotations
@@ -12,9 +20,11 @@ import hashlib
 import json
 import os
 import platform
+import random
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -46,9 +56,13 @@ def hardware_fingerprint(device: torch.device, dtype: str) -> dict:
             "torch": torch.__version__, "transformers": transformers.__version__}
 
 
+METHOD = "interleaved-median-table/2"  # part of the key: a table measured another way is stale
+
+
 def calibration_key(pair, proposer: str) -> dict:
     dtype = pair.target.fingerprint.dtype
-    return {"pair": pair.fingerprint(), "proposer": proposer, "hardware": hardware_fingerprint(pair.device, dtype)}
+    return {"pair": pair.fingerprint(), "proposer": proposer, "hardware": hardware_fingerprint(pair.device, dtype),
+            "method": METHOD}
 
 
 def key_digest(key: dict) -> str:
@@ -57,32 +71,89 @@ def key_digest(key: dict) -> str:
 
 @dataclass(frozen=True)
 class CalibrationPlan:
-    prefill_lengths: tuple[int, ...] = (16, 64, 128, 256, 512)
+    prefill_lengths: tuple[int, ...] = (1, 16, 64, 128, 256, 512)
     contexts: tuple[int, ...] = (64, 256, 512)
     k_values: tuple[int, ...] = SPEC_K
     copy_lengths: tuple[int, ...] = (16, 128, 512)
-    repeats: int = 5
+    repeats: int = 5  # per point and pass; the points are measured in interleaved, shuffled passes
     acceptance_prompts: int = 3
     acceptance_new_tokens: int = 48
+    remeasure_spread: float = 0.10  # a point whose IQR / median exceeds this is measured again ...
+    remeasure_passes: int = 3  # ... up to this many times
+    refuse_spread: float = 0.25  # still above this afterwards: the calibration is refused (RakvError)
+    noise_floor_s: float = 5e-4  # an IQR below this is never noise worth re-measuring (sub-ms operations)
 
 
-def _median_time(fn, device, repeats: int, setup=None) -> float:
-    samples = []
-    for i in range(repeats + 1):  # the first call is a warm-up
-        if setup is not None:
-            setup()
-        synchronize(device)
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        if i:
-            samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+@dataclass
+class Point:
+    """One measured cost: the operation (`run`), what must happen before each timing (`setup`), its samples."""
+
+    run: Callable[[], object]
+    setup: Callable[[], object] | None = None
+    samples: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range over median: the repeat-to-repeat noise of this point."""
+        q1, _, q3 = statistics.quantiles(self.samples, n=4) if len(self.samples) > 1 else (0, 0, 0)
+        return (q3 - q1) / self.median if self.median > 0 else 0.0
+
+    def noisy(self, plan: CalibrationPlan, limit: float) -> bool:
+        return self.spread > limit and self.spread * self.median > plan.noise_floor_s
+
+
+def _time_once(point: Point, device) -> float:
+    if point.setup is not None:
+        point.setup()
+    synchronize(device)
+    start = time.perf_counter()
+    point.run()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def measure_interleaved(points: dict, device, plan: CalibrationPlan, seed: int = 0, progress: tqdm | None = None) -> None:
+    """Fill every point's samples: one warm-up each, then `plan.repeats` passes over all points in a fresh
+    shuffled order, so a burst of machine noise spreads over many points instead of ruining one; points whose
+    spread stays high are measured again (a fresh set of passes), keeping the quieter set."""
+    rng = random.Random(seed)
+    for point in points.values():
+        _time_once(point, device)
+
+    def passes(keys):
+        fresh = {key: [] for key in keys}
+        for _ in range(plan.repeats):
+            order = list(keys)
+            rng.shuffle(order)
+            for key in order:
+                fresh[key].append(_time_once(points[key], device))
+            if progress is not None:
+                progress.update(len(order))
+        return fresh
+
+    for key, samples in passes(list(points)).items():
+        points[key].samples = samples
+    for _ in range(plan.remeasure_passes):
+        noisy = [key for key, point in points.items() if point.noisy(plan, plan.remeasure_spread)]
+        if not noisy:
+            break
+        if progress is not None:
+            progress.total += len(noisy) * plan.repeats
+        for key, samples in passes(noisy).items():
+            retry = Point(points[key].run, points[key].setup, samples)
+            if retry.spread < points[key].spread:
+                points[key].samples = samples
 
 
 def calibrate(engine, prompts: list[list[int]], plan: CalibrationPlan = CalibrationPlan(),
               progress: bool = True) -> CostTable:
-    """Measure every cost the model needs on `engine`'s pair and proposer. `prompts`: token ids for acceptance."""
+    """Measure every cost the model needs on `engine`'s pair and proposer. `prompts`: token ids for acceptance.
+
+    Raises RakvError naming the points whose noise stayed above `plan.refuse_spread` after re-measuring."""
     pair, device = engine.pair, engine.pair.device
     target = pair.target.module
     limit = pair.max_context
@@ -92,56 +163,38 @@ def calibrate(engine, prompts: list[list[int]], plan: CalibrationPlan = Calibrat
                               "prefill_lengths": tuple(n for n in plan.prefill_lengths if n < limit - 16),
                               "contexts": tuple(n for n in plan.contexts if n + max(plan.k_values) + 1 < limit),
                               "copy_lengths": tuple(n for n in plan.copy_lengths if n < limit)})
-    total = (len(plan.prefill_lengths) * 2 + len(plan.contexts) * (1 + 2 * len(plan.k_values))
-             + len(plan.copy_lengths) + plan.acceptance_prompts)
-    bar = tqdm(total=total, desc=f"calibrating {pair.name}/{engine.proposer}", disable=not progress, unit="measure")
+    load_before = os.getloadavg()[0]
+    if load_before > 0.5 * (os.cpu_count() or 1) and device.type == "cpu":
+        print(f"rakv: warning: the machine is busy (1-minute load {load_before:.1f} on {os.cpu_count()} CPUs) "
+              "while calibrating; its timings will be too slow", flush=True)
     started = time.perf_counter()
-
-    def tick():
-        bar.update(1)
-
+    points: dict[tuple, Point] = {}
     with torch.inference_mode():
-        def prefill_time(n):
-            return _median_time(lambda: forward(target, filler[:, :n], new_kv_cache(target), keep=1),
-                                device, plan.repeats)
-
-        target_prefill = []
         for n in plan.prefill_lengths:
-            target_prefill.append(prefill_time(n))
-            tick()
-
-        proposer = engine.make_proposer()
-        proposer_prefill = []
+            points["target_prefill", n] = Point(lambda n=n: forward(target, filler[:, :n], new_kv_cache(target), keep=1))
+        proposers = {}
         for n in plan.prefill_lengths:
-            context = filler[0, :n].tolist()
-            proposer_prefill.append(_median_time(lambda: proposer.start(context), device, plan.repeats))
-            tick()
-
-        step, verify, propose = [], {k: [] for k in plan.k_values}, {k: [] for k in plan.k_values}
+            proposers["prefill", n] = proposer = engine.make_proposer()
+            points["proposer_prefill", n] = Point(lambda n=n, p=proposer: p.start(filler[0, :n].tolist()))
         sampling = Sampling()
         for ctx in plan.contexts:
             cache = new_kv_cache(target)
             forward(target, filler[:, :ctx], cache, keep=1)
-
-            def crop_back():
-                crop_cache(cache, ctx)
-
-            step.append(_median_time(lambda: forward(target, filler[:, ctx:ctx + 1], cache, keep=1), device,
-                                     plan.repeats, setup=crop_back))
-            tick()
+            crop_back = (lambda c=cache, n=ctx: crop_cache(c, n))
+            points["target_step", ctx] = Point(lambda c=cache, n=ctx: forward(target, filler[:, n:n + 1], c, keep=1),
+                                               crop_back)
             for k in plan.k_values:
-                verify[k].append(_median_time(lambda: forward(target, filler[:, ctx:ctx + k + 1], cache), device,
-                                              plan.repeats, setup=crop_back))
-                tick()
+                points["verify", k, ctx] = Point(lambda c=cache, n=ctx, k=k: forward(target, filler[:, n:n + k + 1], c),
+                                                 crop_back)
             context = filler[0, :ctx].tolist()
-            proposer.start(context)
             for k in plan.k_values:
                 # steady state: the last confirmed token is new to the proposer, as after every round
-                propose[k].append(_median_time(lambda: proposer.propose(context, k, sampling, None), device,
-                                               plan.repeats, setup=lambda: proposer.rollback(ctx - 1)))
-                tick()
+                proposer = proposers["propose", k, ctx] = engine.make_proposer()
+                proposer.start(context)
+                points["propose", k, ctx] = Point(
+                    lambda p=proposer, c=context, k=k: p.propose(c, k, sampling, None),
+                    lambda p=proposer, n=ctx: p.rollback(n - 1))
 
-        copy_times = []
         store = PrefixKVStore(budget_bytes=1 << 40)
         ns = "calibration"
         longest = max(plan.copy_lengths)
@@ -153,37 +206,48 @@ def calibrate(engine, prompts: list[list[int]], plan: CalibrationPlan = Calibrat
         for n in plan.copy_lengths:  # a prompt that shares n + 1 tokens reuses n positions
             query = entry_ids.copy()[: n + 2]
             query[-1] = (query[-1] + 1) % pair.vocab_size
+            points["kv_copy", n] = Point(lambda q=query: new_kv_cache(target, store.lookup(ns, q)[1]))
 
-            def copy_out():
-                _, kv, _ = store.lookup(ns, query)
-                new_kv_cache(target, kv)
+        bar = tqdm(total=len(points) * plan.repeats + plan.acceptance_prompts, unit="measure", disable=not progress,
+                   desc=f"calibrating {pair.name}/{engine.proposer}")
+        measure_interleaved(points, device, plan, progress=bar)
 
-            copy_times.append(_median_time(copy_out, device, plan.repeats))
-            tick()
-
-        proposer_bytes = 0.0
-        if getattr(proposer, "cache", None) is not None:
-            proposer.start(filler[0, :64].tolist())
-            proposer_bytes = kv_nbytes([(layer.keys, layer.values) for layer in proposer.cache.layers]) / 64
+        probe = engine.make_proposer()
+        probe.start(filler[0, :64].tolist())
+        proposer_bytes = (kv_nbytes([(layer.keys, layer.values) for layer in probe.cache.layers]) / 64
+                          if getattr(probe, "cache", None) is not None else 0.0)
 
         round_log = []
         for ids in prompts[: plan.acceptance_prompts]:
             result = engine.run(ids, Action(False, 4), plan.acceptance_new_tokens, ignore_eos=True)
             round_log.extend(result.round_log)
-            tick()
+            bar.update(1)
     bar.close()
+    refuse_if_noisy(points, plan, pair.name, engine.proposer)
     alpha = acceptance_estimate(round_log)
+
+    def curve(name, *k, monotone=True):
+        keys = sorted((key for key in points if key[0] == name and key[1:1 + len(k)] == k), key=lambda key: key[-1])
+        return Curve.table([key[-1] for key in keys], [points[key].median for key in keys],
+                           [points[key].spread for key in keys], [len(points[key].samples) for key in keys], monotone)
+
     return CostTable(
         key=calibration_key(pair, engine.proposer),
-        target_prefill=Curve.fit(plan.prefill_lengths, target_prefill, 2),
-        target_step=Curve.fit(plan.contexts, step, 1),
-        verify={k: Curve.fit(plan.contexts, v, 1) for k, v in verify.items()},
-        propose={k: Curve.fit(plan.contexts, v, 1) for k, v in propose.items()},
-        proposer_prefill=Curve.fit(plan.prefill_lengths, proposer_prefill, 2),
-        kv_copy=Curve.fit(plan.copy_lengths, copy_times, 1),
+        target_prefill=curve("target_prefill"), target_step=curve("target_step"),
+        verify={k: curve("verify", k) for k in plan.k_values}, propose={k: curve("propose", k) for k in plan.k_values},
+        proposer_prefill=curve("proposer_prefill"), kv_copy=curve("kv_copy"),
         target_kv_bytes_per_token=target_bytes, proposer_kv_bytes_per_token=proposer_bytes,
         acceptance=alpha if alpha is not None else 0.0, acceptance_rounds=len(round_log),
-        measured_s=time.perf_counter() - started)
+        measured_s=time.perf_counter() - started, load_average=[load_before, os.getloadavg()[0]])
+
+
+def refuse_if_noisy(points: dict, plan: CalibrationPlan, pair: str, proposer: str) -> None:
+    noisy = {key: point for key, point in points.items() if point.noisy(plan, plan.refuse_spread)}
+    if noisy:
+        named = ", ".join(f"{'/'.join(map(str, key))} (spread {point.spread:.0%} of {point.median * 1e3:.1f} ms)"
+                          for key, point in sorted(noisy.items(), key=lambda item: -item[1].spread)[:6])
+        raise RakvError(f"calibration of {pair}/{proposer} is too noisy to use: {named}; the machine was busy "
+                        f"(1-minute load {os.getloadavg()[0]:.1f}) -- rerun on a quiet machine")
 
 
 def calibration_dir() -> Path:

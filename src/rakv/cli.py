@@ -128,10 +128,14 @@ def cmd_calibrate(args) -> None:
             *((f"target verify k={k} (s vs context)", table.verify[k]) for k in sorted(table.verify)),
             *((f"propose k={k} (s vs context)", table.propose[k]) for k in sorted(table.propose)),
             ("proposer prefill (s vs tokens)", table.proposer_prefill), ("KV copy (s vs reused tokens)", table.kv_copy)]
-    print(f"{'cost':<36} {'measured at x: seconds':<58} {'R^2':>6} {'max rel err':>11}")
+    print(f"{'cost':<36} {'measured at x: median (IQR / median)':<72} {'adjusted':>8}")
     for name, curve in rows:
-        points = ", ".join(f"{int(x)}: {y * 1e3:.2f}ms" for x, y in zip(curve.xs, curve.ys))
-        print(f"{name:<36} {points:<58} {curve.r2:>6.3f} {curve.max_rel_error:>11.3f}")
+        spread = curve.spread or [float("nan")] * len(curve.xs)
+        points = ", ".join(f"{int(x)}: {y * 1e3:.2f}ms ({s:.0%})" for x, y, s in zip(curve.xs, curve.ys, spread))
+        print(f"{name:<36} {points:<72} {curve.max_rel_error:>8.1%}")
+    if table.load_average:
+        print(f"machine load (1 min) before / after: {table.load_average[0]:.2f} / {table.load_average[1]:.2f}; "
+              "adjusted = the largest change a point needed to make its cost non-decreasing in x")
     print(f"KV bytes per token: target {table.target_kv_bytes_per_token:.0f}, proposer "
           f"{table.proposer_kv_bytes_per_token:.0f}; greedy acceptance alpha = {table.acceptance:.3f} "
           f"over {table.acceptance_rounds} rounds")

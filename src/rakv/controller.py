@@ -27,9 +27,17 @@ class ControllerConfig:
     beta: float  # EWMA weight of the past
     memory_penalty_s_per_byte: float  # lambda
     memory_budget_mib: float
+    tie_margin: float = 0.0  # estimates within this share of the best are ties, broken toward less speculation
+    explore_every: int = 0  # every n-th decision that picks k = 0 runs the best k > 0 action instead (0: never)
+
+    FIELDS = ("k_set", "beta", "memory_penalty_s_per_byte", "memory_budget_mib", "tie_margin", "explore_every")
 
     def __post_init__(self):
         object.__setattr__(self, "k_set", parse_k_set(self.k_set))
+        if not 0 <= self.tie_margin < 1:
+            raise RakvError(f"controller tie_margin must be in [0, 1), got {self.tie_margin}")
+        if self.explore_every < 0 or int(self.explore_every) != self.explore_every:
+            raise RakvError(f"controller explore_every must be a whole number >= 0, got {self.explore_every}")
         if not 0 <= self.beta < 1:
             raise RakvError(f"controller beta must be in [0, 1), got {self.beta}")
         if self.memory_penalty_s_per_byte < 0:
@@ -40,7 +48,7 @@ class ControllerConfig:
     @classmethod
     def from_conf(cls, conf) -> "ControllerConfig":
         """From the `controller` group of a composed config (or any mapping with its keys)."""
-        return cls(**{f: conf[f] for f in ("k_set", "beta", "memory_penalty_s_per_byte", "memory_budget_mib")})
+        return cls(**{f: conf[f] for f in cls.FIELDS if f in conf})
 
     @classmethod
     def default(cls) -> "ControllerConfig":
@@ -54,6 +62,7 @@ class Decision:
     predictions: dict[str, float]  # every feasible action's estimate, by label (r1k4, ...)
     alpha_before: float
     decision_s: float  # store peek + decision (rakv.strategies adds it to the request's latency)
+    explored: bool = False  # an exploration probe: the best k > 0 action run instead of the chosen k = 0
     alpha_after: float | None = None  # set once the chosen action's rounds have been observed
     tracker_after: tuple[float, float] | None = None  # the EWMA state then (accepted, rejected): exact resume
 
@@ -98,6 +107,15 @@ class AcceptanceTracker:
             self.rejected = self.beta * self.rejected + (1 - self.beta) * rejected
 
 
+def choose(predictions: dict[Action, float], tie_margin: float = 0.0) -> Action:
+    """The action of least estimate; estimates within `tie_margin` of it are ties, which go to the action with
+    the least speculation, then the one that reuses (the cost model's error is a few per cent: a smaller
+    predicted gain than that is noise, and speculating costs more when acceptance disappoints)."""
+    least = min(predictions.values())
+    tied = [a for a, v in predictions.items() if v <= least * (1 + tie_margin)]
+    return min(tied, key=lambda a: (a.k, not a.reuse, predictions[a]))
+
+
 @dataclass
 class Controller:
     table: CostTable
@@ -105,6 +123,7 @@ class Controller:
 
     def __post_init__(self):
         self.tracker = AcceptanceTracker(self.table.acceptance, self.config.beta)
+        self.decisions = 0  # counts decisions for the exploration schedule (journaled with the tracker state)
 
     @property
     def alpha(self) -> float:
@@ -130,10 +149,17 @@ class Controller:
         features = RequestFeatures.from_hit(prompt_tokens, hit, new_tokens)
         feasible = self.feasible_actions(features, hit)
         predictions = {action: self.predict(features, action) for action in feasible}
-        best = min(predictions, key=lambda a: (predictions[a], a.k, not a.reuse))  # ties: less speculation, reuse
+        best = choose(predictions, self.config.tie_margin)
+        self.decisions += 1
+        explored = False
+        every = self.config.explore_every
+        if every and best.k == 0 and self.decisions % every == 0:
+            speculative = {a: v for a, v in predictions.items() if a.k > 0 and a.reuse == best.reuse}
+            if speculative:  # a probe keeps the acceptance estimate learning once k = 0 wins
+                best, explored = min(speculative, key=speculative.get), True
         return Decision(action=best, predicted_latency_s=predictions[best],
                         predictions={a.label: v for a, v in predictions.items()}, alpha_before=self.alpha,
-                        decision_s=time.perf_counter() - start)
+                        decision_s=time.perf_counter() - start, explored=explored)
 
     def observe(self, round_log: list[tuple[int, int]]) -> None:
         """Update alpha only from speculative rounds that actually ran."""

@@ -7,36 +7,66 @@ alpha), so the controller, the sensitivity analysis and the notebooks all call t
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 @dataclass
 class Curve:
-    """A least-squares polynomial in one variable, with its fit quality."""
+    """A measured cost against one variable: a polynomial (`kind="poly"`, coefficients given) or a per-point table
+    with linear interpolation between the measured points and extrapolation along the end segments
+    (`kind="table"`, what calibration measures), with its fit quality and the repeat spread of each point."""
 
-    coefficients: list[float]  # highest power first (numpy.polyval order)
+    coefficients: list[float]  # poly: highest power first (numpy.polyval order); table: unused
     r2: float
-    max_rel_error: float
+    max_rel_error: float  # poly: largest |fit - point| / point; table: largest monotone adjustment of a point
     xs: list[float] = field(default_factory=list)
-    ys: list[float] = field(default_factory=list)
+    ys: list[float] = field(default_factory=list)  # measured medians (table: after the monotone adjustment)
+    kind: str = "poly"
+    spread: list[float] = field(default_factory=list)  # per point: interquartile range / median of the repeats
+    samples: list[int] = field(default_factory=list)  # per point: repeats behind the median
 
     def __call__(self, x: float) -> float:
+        if self.kind == "table":
+            return max(_interpolate(self.xs, self.ys, x), 0.0)
         value = 0.0
         for c in self.coefficients:  # Horner in plain Python: ~10x faster than np.polyval on scalars
             value = value * x + c
         return max(value, 0.0)
 
     @classmethod
-    def fit(cls, xs, ys, degree: int = 1) -> "Curve":
-        xs, ys = np.asarray(xs, float), np.asarray(ys, float)
-        degree = min(degree, len(set(xs.tolist())) - 1)
-        coefficients = np.polyfit(xs, ys, degree)
-        predicted = np.polyval(coefficients, xs)
-        total = float(((ys - ys.mean()) ** 2).sum())
-        r2 = 1.0 - float(((ys - predicted) ** 2).sum()) / total if total > 0 else 1.0
-        rel = np.abs(predicted - ys) / np.maximum(ys, 1e-12)
-        return cls(coefficients.tolist(), r2, float(rel.max()), xs.tolist(), ys.tolist())
+    def table(cls, xs, medians, spread=(), samples=(), monotone: bool = True) -> "Curve":
+        """Interpolate the measured medians; `monotone`: a cost that cannot fall as x grows is made
+        non-decreasing by pooling adjacent violators (the adjustment is kept as max_rel_error)."""
+        order = np.argsort(np.asarray(xs, float))
+        xs = np.asarray(xs, float)[order]
+        medians = np.asarray(medians, float)[order]
+        ys = non_decreasing(medians) if monotone else medians
+        adjustment = float((np.abs(ys - medians) / np.maximum(medians, 1e-12)).max()) if len(ys) else 0.0
+        return cls([], 1.0, adjustment, xs.tolist(), ys.tolist(), "table",
+                   [float(v) for v in np.asarray(spread, float)[order]] if len(spread) else [],
+                   [int(v) for v in np.asarray(samples)[order]] if len(samples) else [])
+
+
+def _interpolate(xs: list[float], ys: list[float], x: float) -> float:
+    """Piecewise linear through (xs, ys); beyond the ends, the end segments extended."""
+    if len(xs) == 1:
+        return ys[0]
+    i = min(max(bisect.bisect_right(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def non_decreasing(values) -> np.ndarray:
+    """The least-squares non-decreasing sequence (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight]
+    for v in np.asarray(values, float):
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, w1), (m2, w2) = blocks[-2], blocks.pop()
+            blocks[-1] = [(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2]
+    return np.concatenate([[m] * int(w) for m, w in blocks]) if blocks else np.asarray([], float)
 
 
 @dataclass
@@ -53,6 +83,7 @@ class CostTable:
     acceptance: float  # per-token acceptance of the proposer, greedy, on the calibration prompts
     acceptance_rounds: int
     measured_s: float = 0.0
+    load_average: list[float] = field(default_factory=list)  # the machine's 1-minute load before and after
 
     def to_json(self) -> dict:
         row = asdict(self)

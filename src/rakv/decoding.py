@@ -59,6 +59,14 @@ def forward(model: torch.nn.Module, ids: torch.Tensor, cache: DynamicCache, keep
     return out.logits[0].float()
 
 
+def cache_nbytes(cache) -> int:
+    """Bytes of K/V a cache holds (its positions, not any spare capacity); 0 for no cache."""
+    if cache is None:
+        return 0
+    return sum(layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+               for layer in cache.layers if getattr(layer, "keys", None) is not None)
+
+
 def crop_cache(cache: DynamicCache, length: int) -> None:
     """Roll a cache back to its first `length` positions."""
     excess = cache.get_seq_length() - length
@@ -133,6 +141,11 @@ class DecodeState:
     tokens: list[int] = field(default_factory=list)
     round_log: list[tuple[int, int]] = field(default_factory=list)  # (proposed, accepted) per speculative round
     finished: bool = False
+    peak_kv_bytes: int = 0  # most K/V held at once: the target's cache plus the proposer's (rejected positions too)
+
+    def note_memory(self, cache, proposer=None) -> None:
+        held = cache_nbytes(cache) + cache_nbytes(getattr(proposer, "cache", None))
+        self.peak_kv_bytes = max(self.peak_kv_bytes, held)
 
     @property
     def rounds(self) -> int:
@@ -173,6 +186,7 @@ def decode_autoregressive(target, cache, state: DecodeState, sampling, generator
             logits = forward(target, ids, cache, keep=1)[-1]
             token = select_token(logits, sampling, generator)
         state.emit([token])
+    state.note_memory(cache)  # an autoregressive cache only grows: its peak is its final size
 
 
 def decode_speculative(target, cache, proposer, k: int, prompt: list[int], state: DecodeState, sampling,
@@ -192,6 +206,7 @@ def decode_speculative(target, cache, proposer, k: int, prompt: list[int], state
                 new_tokens = accept_greedy(candidates, logits)
             else:
                 new_tokens = accept_sampled(candidates, proposal, logits, sampling, generator)
+        state.note_memory(cache, proposer)  # before rollback: the rejected candidates' K/V are still held
         accepted = len(new_tokens) - 1
         with timer.phase("rollback"):
             crop_cache(cache, len(context) + accepted)

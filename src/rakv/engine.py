@@ -65,6 +65,7 @@ class RequestResult:
     decode_s: float
     store_insert_s: float  # after the response is complete; not part of latency
     exact_hit: bool = False
+    peak_kv_bytes: int = 0  # most K/V bytes held at once during the request, the proposer's included
     round_log: list[tuple[int, int]] = field(default_factory=list)
     strategy: str = ""  # set by rakv.strategies.run_strategy: ar, spec-k4, rakv-asd, or a sweep's action label
     available_hit_tokens: int = 0  # what the store offered, whether or not the action reused it
@@ -191,4 +192,5 @@ class Engine:
             ttft_s=ttft, latency_s=latency, tokens_per_s=len(state.tokens) / latency,
             prefill_s=s["prefill"], kv_copy_s=s["kv_copy"], draft_prefill_s=s["draft_prefill"],
             propose_s=s["propose"], verify_s=s["verify"], rollback_s=s["rollback"], decode_s=s["decode"],
-            store_insert_s=s["store_insert"], exact_hit=hit.exact, round_log=state.round_log)
+            store_insert_s=s["store_insert"], exact_hit=hit.exact, peak_kv_bytes=state.peak_kv_bytes,
+            round_log=state.round_log)

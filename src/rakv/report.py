@@ -1,4 +1,9 @@
-"""LaTeX macros and tables for the paper, written from summary.json and the study metadata only."""
+"""LaTeX for the paper, written from summary.json, the study metadata and runs.parquet only.
+
+Besides macros and tables, the abstract, the claims discussion and the limitations are *generated*:
+each sentence's wording (lower / higher / not distinguishable) follows the sign of the number and of its
+confidence interval, and the grid it describes is the one the profile actually ran.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,10 @@ import pandas as pd
 
 from rakv import analysis
 
-BASELINE_NAMES = {"joint-k4": "Joint", "kv-only": "KvOnly", "ar": "Ar", "spec-k4": "Spec"}
+BASELINE_NAMES = {"joint-k4": "Joint", "kv-only": "KvOnly", "ar": "Ar", "spec-k4": "Spec",
+                  "best-fixed": "BestFixed", "oracle": "Oracle"}
+BASELINE_TEXT = {"joint-k4": "fixed Joint-k4", "kv-only": "KV-only", "ar": "AR", "spec-k4": "fixed spec-k4",
+                 "best-fixed": "the best single fixed action", "oracle": "the per-scenario oracle"}
 
 
 def tex_escape(text) -> str:
@@ -20,12 +28,108 @@ def tex_escape(text) -> str:
     return out
 
 
+def missing(value) -> bool:
+    return value is None or value != value
+
+
 def pct(value, digits: int = 1) -> str:
-    return "n/a" if value is None or value != value else f"{100 * value:.{digits}f}\\%"
+    return "n/a" if missing(value) else f"{100 * value:.{digits}f}\\%"
 
 
 def num(value, digits: int = 3) -> str:
-    return "n/a" if value is None or value != value else f"{value:.{digits}f}"
+    return "n/a" if missing(value) else f"{value:.{digits}f}"
+
+
+def ci_text(triple, fmt=pct) -> str:
+    value, low, high = triple
+    return f"{fmt(value)} [{fmt(low)}, {fmt(high)}]" if not missing(low) else fmt(value)
+
+
+def comparison(triple, baseline: str) -> str:
+    """RAKV-ASD against a baseline, worded by the sign of the CI (a latency reduction: positive = faster)."""
+    value, low, high = triple
+    name = BASELINE_TEXT.get(baseline, baseline)
+    if missing(value):
+        return f"no comparison with {name} (no paired runs)"
+    interval = "" if missing(low) else f" (95\\% CI [{pct(low)}, {pct(high)}])"
+    if not missing(low) and low > 0:
+        return f"{pct(value)} lower latency than {name}{interval}"
+    if not missing(high) and high < 0:
+        return f"{pct(-value)} higher latency than {name}{interval}"
+    return f"a latency not distinguishable from {name}'s (reduction {pct(value)}{interval}, which includes zero)"
+
+
+def configuration_sentence(name: str, s: dict) -> str:
+    best = s["best_fixed_action"]
+    return (f"On \\texttt{{{tex_escape(name)}}}, RAKV-ASD has {comparison(s['latency_reduction']['joint-k4'], 'joint-k4')}, "
+            f"{comparison(s['latency_reduction']['kv-only'], 'kv-only')}, and "
+            f"{comparison(s['latency_reduction']['best-fixed'], 'best-fixed')} "
+            f"(\\texttt{{{best}}} in hindsight).")
+
+
+def abstract(summary: dict, meta: dict) -> str:
+    grid = summary["grid"]
+    prompts = ", ".join(f"{n} {tex_escape(d)}" for d, n in grid["prompts"].items())
+    text = [
+        "We reproduce a study of joint cross-request prefix KV reuse and speculative decoding in which a measured "
+        "cost model chooses, per request, whether to reuse cached prefix state ($r$) and how many draft tokens to "
+        "speculate ($k$, including $k=0$).",
+        f"On {tex_escape(meta['hardware']['processor'])} ({tex_escape(meta['hardware']['device'])}), with "
+        f"{prompts} prompts, {len(grid['scenarios'])} reuse scenarios, every feasible action measured at least "
+        f"{grid['measurements_per_action_min']} times and {summary['runs']} timed runs in all.",
+    ]
+    text += [configuration_sentence(name, s) for name, s in summary["per_configuration"].items()]
+    exact = summary["exact"]
+    text.append(f"{exact['equal']}/{exact['total']} outputs are identical to autoregressive greedy decoding.")
+    return " ".join(text) + "\n"
+
+
+def claims_discussion(summary: dict) -> str:
+    rows = pd.DataFrame(summary["claims"])
+    if rows.empty:
+        return "No claims could be evaluated.\n"
+    parts = []
+    for name, part in rows.groupby("configuration", sort=False):
+        direction = part[part.direction != "n/a"].direction.value_counts()
+        magnitude = part.magnitude.value_counts()
+        parts.append(
+            f"On \\texttt{{{tex_escape(name)}}}, of {int(direction.sum())} signed claims the direction is reproduced "
+            f"for {direction.get('yes', 0)}, reversed for {direction.get('no', 0)} and inconclusive for "
+            f"{direction.get('inconclusive', 0)}; of {len(part)} magnitudes, {magnitude.get('yes', 0)} lie within "
+            f"their tolerance band, {magnitude.get('no', 0)} outside it and {magnitude.get('inconclusive', 0)} "
+            "straddle its edge.")
+        reversed_ = part[part.direction == "no"].claim.tolist()
+        if reversed_:
+            parts.append("Reversed: " + "; ".join(tex_escape(c) for c in reversed_) + ".")
+    return " ".join(parts) + "\n"
+
+
+def limitations(summary: dict, meta: dict) -> str:
+    grid, config = summary["grid"], meta["config"]
+    hardware = meta["hardware"]
+    text = [
+        f"Timings depend on the machine ({tex_escape(hardware['processor'])}, {tex_escape(hardware['device'])}): "
+        "a speculative round's cost relative to a target step differs between machines, so the break-even "
+        "acceptance and the value of speculation differ from the reference's.",
+        f"The grid is the profile's (\\texttt{{{tex_escape(config['profile']['name'])}}}): "
+        + ", ".join(f"{n} {tex_escape(d)} prompts" for d, n in grid["prompts"].items())
+        + f" over {len(grid['length_bins'])} length bin{'s' if len(grid['length_bins']) != 1 else ''}, "
+        f"{grid['new_tokens']} new tokens, "
+        f"{grid['measurements_per_action_min']} measurements per action and {grid['controller_repeats']} "
+        "controller runs per scenario; confidence intervals resample prompts, so with few prompts they are wide.",
+    ]
+    undecided = [r for r in summary["claims"] if r["direction"] == "inconclusive"]
+    if undecided:
+        text.append(f"{len(undecided)} signed claims are inconclusive at this grid's power.")
+    mapes = {n: s["mape"][0] for n, s in summary["per_configuration"].items() if not missing(s["mape"][0])}
+    if mapes:
+        worst = max(mapes, key=mapes.get)
+        text.append(f"The cost model's largest MAPE is {pct(mapes[worst])} (\\texttt{{{tex_escape(worst)}}}).")
+    feas = summary["feasibility"]
+    if feas.get("status") != "ran":
+        text.append("The feasibility pair's weights were unavailable: "
+                    f"{tex_escape(summary.get('feasibility_verdict', 'missing'))}.")
+    return " ".join(text) + "\n"
 
 
 def macros(summary: dict, meta: dict) -> dict[str, str]:
@@ -39,68 +143,101 @@ def macros(summary: dict, meta: dict) -> dict[str, str]:
          "GitCommit": tex_escape((meta.get("git_commit") or "unknown")[:12]),
          "NewTokens": str(meta["config"]["profile"]["study"]["new_tokens"]),
          "KernelsMode": tex_escape(meta["config"].get("kernels", "stock")),
+         "MeasurementsPerAction": str(summary["grid"]["measurements_per_action_min"]),
+         "ControllerRepeats": str(summary["grid"]["controller_repeats"]),
          "ExactEqual": str(summary["exact"]["equal"]), "ExactTotal": str(summary["exact"]["total"]),
-         "AccK": pct(summary["accuracy_k"]), "AccAction": pct(summary["accuracy_action"]),
-         "Mape": pct(summary["mape"]), "SpearmanPooled": num(summary["spearman_pooled"]),
-         "SpearmanPerScenario": num(summary["spearman_per_scenario"]),
-         "MeanRegret": pct(summary["mean_regret"], 2), "WorstRegret": pct(summary["worst_regret"], 1),
-         "SlowdownMin": pct(summary["spec_slowdown"]["min"], 0), "SlowdownMax": pct(summary["spec_slowdown"]["max"], 0),
-         "ShareSlower": pct(summary["spec_slowdown"]["share_slower"], 0),
-         "CrossoverMin": num((summary.get("crossover_model_draft") or summary["crossover_model"])["min"]),
-         "CrossoverMax": num((summary.get("crossover_model_draft") or summary["crossover_model"])["max"]),
+         "NoiseLevel": pct(analysis.NOISE_LEVEL, 0),
          "CrossoverMeasured": tex_escape(", ".join(f"{k}: {num(v)}" for k, v in summary["crossover_measured"].items())
                                          or "n/a"),
-         "FeasibilityStatus": tex_escape(summary["feasibility"].get("status", "missing"))}
+         "FeasibilityStatus": tex_escape(summary["feasibility"].get("status", "missing")),
+         "FeasibilityGap": tex_escape(summary.get("feasibility_verdict", "missing"))}
     for baseline, name in BASELINE_NAMES.items():
-        value, low, high = summary["latency_reduction"][baseline]
-        m[f"LatRed{name}"] = pct(value)
-        m[f"LatRed{name}CI"] = f"[{pct(low)}, {pct(high)}]"
-        value, low, high = summary["throughput_gain"][baseline]
-        m[f"ThrGain{name}"] = pct(value)
-        m[f"ThrGain{name}CI"] = f"[{pct(low)}, {pct(high)}]"
-    feas = summary["feasibility"]
-    if feas.get("break_even"):
-        m["FeasibilityGap"] = tex_escape(analysis.cost_side_sentence(feas))
-    elif feas.get("status") == "ran":
-        m["FeasibilityGap"] = (f"the best $k \\neq 0$ action is {pct(feas['gap_min'], 0)} to {pct(feas['gap_max'], 0)} "
-                               "slower than the best $k = 0$ one across scenarios (negative: faster)")
-    else:
-        m["FeasibilityGap"] = tex_escape(feas.get("reason", "no result"))
+        m[f"LatRedPooled{name}"] = ci_text(summary["pooled"]["latency_reduction"][baseline])
     return m
 
 
-def holds(value) -> str:
-    return "n/a" if value is None else ("yes" if value else "no")
+def statistics_table(summary: dict) -> str:
+    """Per configuration: the controller's statistics with their CIs."""
+    names = list(summary["per_configuration"])
+    rows = [
+        ("accuracy, strict", lambda s: ci_text(s["accuracy_action"])),
+        ("accuracy, within noise", lambda s: ci_text(s["accuracy_within_noise"])),
+        ("accuracy of $k$", lambda s: ci_text(s["accuracy_k"])),
+        ("accuracy of a random choice", lambda s: pct(s["accuracy_chance"])),
+        ("mean regret (cross-fitted)", lambda s: ci_text(s["mean_regret"])),
+        ("worst per-scenario regret", lambda s: pct(s["worst_regret"])),
+        ("mean regret of a random choice", lambda s: ci_text(s["random_regret"])),
+        ("MAPE", lambda s: ci_text(s["mape"])),
+        ("MAPE, action-blind predictor", lambda s: pct(s["mape_null"])),
+        ("Spearman $\\rho$, mean per scenario", lambda s: ci_text(s["spearman"], num)),
+        ("Spearman $\\rho$, pooled", lambda s: num(s["spearman_pooled"])),
+        ("best fixed action (hindsight)", lambda s: f"\\texttt{{{s['best_fixed_action']}}}"),
+        *[(f"latency reduction vs {tex_escape(b)}", (lambda b: lambda s: ci_text(s["latency_reduction"][b]))(b))
+          for b in analysis.BASELINES],
+        ("best $k\\neq0$ vs $k=0$, slowdown", lambda s: f"{pct(s['spec_slowdown']['min'], 0)} to "
+                                                     f"{pct(s['spec_slowdown']['max'], 0)}"),
+    ]
+    lines = [r"\begin{tabular}{l" + "r" * len(names) + "}", r"\toprule",
+             "Statistic & " + " & ".join(f"\\texttt{{{tex_escape(n)}}}" for n in names) + r" \\", r"\midrule"]
+    for label, get in rows:
+        lines.append(label + " & " + " & ".join(get(summary["per_configuration"][n]) for n in names) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
 
 
 def claims_table(rows: list[dict]) -> str:
-    lines = [r"\begin{tabular}{p{6.2cm}rrrc}", r"\toprule",
-             r"Claim & Reference & Reproduced & Difference & Holds \\", r"\midrule"]
+    lines = [r"\begin{tabular}{p{5.2cm}lrrrcc}", r"\toprule",
+             r"Claim & Configuration & Reference & Reproduced [95\% CI] & Band & Direction & Magnitude \\",
+             r"\midrule"]
     for row in rows:
-        unit = r"\%" if row["unit"] == "%" else ""
+        fmt = (lambda v: pct(v)) if row["unit"] == "%" else (lambda v: num(v))
+        lines.append(f"{tex_escape(row['claim'])} & \\texttt{{{tex_escape(row['configuration'])}}} & "
+                     f"{fmt(row['reference'])} & {ci_text((row['reproduced'], row['ci_low'], row['ci_high']), fmt)} & "
+                     f"[{fmt(row['band_low'])}, {fmt(row['band_high'])}] & {row['direction']} & {row['magnitude']} \\\\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
 
-        def cell(v):
-            return "--" if v is None else (f"{v}{unit}" if isinstance(v, (int, float)) else tex_escape(v))
 
-        lines.append(f"{tex_escape(row['claim'])} & {cell(row['reference'])} & {cell(row['reproduced'])} & "
-                     f"{cell(row['difference'])} & {holds(row['holds'])} \\\\")
+def acceptance_table(rows: list[dict]) -> str:
+    lines = [r"\begin{tabular}{llrrrc}", r"\toprule",
+             r"Configuration & Dataset & Measured $\alpha$ [95\% CI] & Break-even $\alpha$ (least $k$) & "
+             r"Break-even $\alpha$, $k=4$ & Pays \\", r"\midrule"]
+    for r in rows:
+        least = "never" if missing(r["break_even_alpha"]) else f"{num(r['break_even_alpha'])} ($k={r['break_even_k']}$)"
+        pays = "n/a" if r["speculation_pays"] is None else ("yes" if r["speculation_pays"] else "no")
+        lines.append(f"\\texttt{{{tex_escape(r['configuration'])}}} & {tex_escape(r['dataset'])} & "
+                     f"{ci_text((r['acceptance'], r['acceptance_low'], r['acceptance_high']), num)} & {least} & "
+                     f"{'never' if missing(r['break_even_alpha_k4']) else num(r['break_even_alpha_k4'])} & {pays} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
 
 def strategy_table(runs: pd.DataFrame) -> str:
-    table = analysis.strategy_table(runs)
-    lines = [r"\begin{tabular}{llrrrr}", r"\toprule",
-             r"Configuration & Strategy & Runs & Latency (s) & TTFT (ms) & Throughput (tok/s) \\", r"\midrule"]
+    lat = analysis.strategy_latencies(runs)
+    table = (lat.groupby(["configuration", "strategy"])
+             .agg(runs=("latency_s", "size"), latency_s=("latency_s", "mean"), tokens_per_s=("tokens_per_s", "mean"))
+             .reset_index())
+    lines = [r"\begin{tabular}{llrrr}", r"\toprule",
+             r"Configuration & Strategy & Instances & Latency (s) & Throughput (tok/s) \\", r"\midrule"]
     for row in table.itertuples():
         lines.append(f"{tex_escape(row.configuration)} & {tex_escape(row.strategy)} & {row.runs} & "
-                     f"{row.latency_s:.3f} & {row.ttft_s * 1e3:.1f} & {row.tokens_per_s:.1f} \\\\")
+                     f"{row.latency_s:.3f} & {row.tokens_per_s:.1f} \\\\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def memory_table(rows: list[dict]) -> str:
+    lines = [r"\begin{tabular}{lrrr}", r"\toprule",
+             r"Configuration & $k$ & Peak K/V, mean (MiB) & Peak K/V, max (MiB) \\", r"\midrule"]
+    for r in rows:
+        lines.append(f"\\texttt{{{tex_escape(r['configuration'])}}} & {r['k']} & {r['peak_kv_mib']:.2f} & "
+                     f"{r['peak_kv_mib_max']:.2f} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
 
 def write_generated(summary: dict, results: Path, out_dir: Path) -> list[Path]:
-    """paper/generated/: macros.tex, claims_table.tex, strategy_table.tex."""
+    """paper/generated/<name>/: macros, tables, and the generated abstract, claims discussion and limitations."""
     results, out_dir = Path(results), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = json.loads((results / "study" / "metadata.json").read_text())
@@ -108,7 +245,13 @@ def write_generated(summary: dict, results: Path, out_dir: Path) -> list[Path]:
     files = {
         "macros.tex": "% generated by rakv.report from summary.json; do not edit\n" + "".join(
             f"\\newcommand{{\\{name}}}{{{value}}}\n" for name, value in macros(summary, meta).items()),
+        "abstract.tex": abstract(summary, meta),
+        "claims_discussion.tex": claims_discussion(summary),
+        "limitations.tex": limitations(summary, meta),
         "claims_table.tex": claims_table(summary["claims"]),
+        "statistics_table.tex": statistics_table(summary),
+        "acceptance_table.tex": acceptance_table(summary["acceptance"]),
+        "memory_table.tex": memory_table(summary["peak_kv"]),
         "strategy_table.tex": strategy_table(runs),
     }
     paths = []

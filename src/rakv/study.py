@@ -1,12 +1,25 @@
 """The main study (paper/main.tex, "Setup"): plan, timed runs, and a crash-safe, resumable results journal.
 
 A *configuration* is a pair with a proposer (`conf/configuration/<name>.yaml`). For every configuration,
-dataset, prompt, scenario and repeat the plan holds one run per strategy (ar, kv-only, spec-k4,
-joint-k4, rakv-asd) and, for the oracle, one per feasible action (r, k). Runs execute in a
-shuffled order (seed recorded); each starts from an empty store into which the scenario's
-warm-ups are replayed untimed. Each finished run is appended to a JSONL journal and fsynced, so a
-run killed at any moment loses at most the run in flight; rerunning skips what is done. The
-Parquet table is written from the journal atomically (temp file + rename).
+dataset, prompt and scenario the plan holds `sweep_repeats` *measurements* of every feasible action
+(r, k) -- the oracle's data, and also the data of every fixed strategy, which is just an action
+(`ar` = r0k0, `joint-k4` = r1k4) -- and `repeats` runs of the adaptive strategy (rakv-asd), whose
+decisions depend on the controller's state and so are timed themselves. Nothing is timed twice under
+two names:
+
+- an action that does not reuse (r = 0) never reads the store, so it is measured once per prompt
+  (under the scenario name `cold`) and stands for that action in every scenario;
+- an action with k = 0 never calls the proposer, so configurations sharing a target pair measure it
+  once (under the first such configuration) and share it;
+- the AR reference every output is checked against is the r0k0 measurement itself.
+
+Runs execute in a shuffled order (seed recorded). Each starts from a defined store state: the
+scenario's warm-up prompts are prefilled once, the store is snapshotted, and every run of that
+(prompt, scenario) restores the snapshot (no warm-up prefill is replayed per run). Each finished run
+is appended to a JSONL journal and fsynced, so a run killed at any moment loses at most the run in
+flight; rerunning skips what is done and resumes the controller's exact state. The Parquet table is
+written from the journal atomically (temp file + rename). rakv.analysis expands the measurements back
+to one row per (configuration, scenario, action, repeat).
 """
 
 from __future__ import annotations
@@ -16,7 +29,7 @@ import json
 import os
 import random
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +37,7 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from rakv.actions import Action
+from rakv.actions import ADAPTIVE, Action
 from rakv.cache import PrefixKVStore
 from rakv.calibration import calibration_key
 from rakv.config import Configuration, configurations, controller_config, cost_table_for, engine_for, prompts_for, results_dir
@@ -36,6 +49,8 @@ from rakv.records import Journal, exclusive, metadata, write_atomic, write_parqu
 from rakv.strategies import action_of, run_strategy
 from rakv.workloads import Prompt, build_scenario
 
+COLD = "cold"  # the scenario name under which actions that never read the store are measured
+
 # ---------------------------------------------------------------------------------------------
 # The plan
 
@@ -46,8 +61,8 @@ class PlannedRun:
     dataset: str
     prompt_id: str
     scenario: str
-    kind: str  # "strategy" or "sweep"
-    strategy: str  # ar, kv-only, spec-k4, joint-k4, rakv-asd; for a sweep run the action label (r1k4)
+    kind: str  # "strategy" (rakv-asd) or "sweep" (one measurement of an action)
+    strategy: str  # rakv-asd; for a sweep run the action label (r1k4)
     repeat: int
 
     @property
@@ -60,29 +75,44 @@ def sweep_actions(controller: Controller, prompt_tokens: int, hit, new_tokens: i
     return controller.feasible_actions(RequestFeatures.from_hit(prompt_tokens, hit, new_tokens), hit)
 
 
+def measured_as(action: Action, scenario: str) -> str:
+    """The scenario under which an action's measurement is taken: its own if it reads the store, else cold."""
+    return scenario if action.reuse else COLD
+
+
 def donor_of(chosen: list[Prompt], index: int) -> tuple[int, ...]:
     """The prompt whose tokens extend or diverge from prompt `index` in its scenarios: the next one drawn."""
     return chosen[(index + 1) % len(chosen)].token_ids
 
 
 def plan_runs(cfg, configuration: Configuration, prompts: dict[str, list[Prompt]], controller: Controller,
-              engine: Engine) -> list[PlannedRun]:
-    """Every run of one configuration. The sweep's feasible actions come from the controller's own rule."""
+              engine: Engine, measure_k0: bool = True) -> list[PlannedRun]:
+    """Every run of one configuration. The sweep's actions: the controller's feasible ones (its own rule),
+    the fixed strategies' actions, and r0k0 (the AR reference). `measure_k0=False` when an earlier
+    configuration with the same pair measures the k = 0 actions."""
     grid, runs = cfg.profile.study, []
+    strategies = list(cfg.experiment.strategies)
+    fixed = [action_of(s) for s in strategies if s != ADAPTIVE]
     for dataset, chosen in prompts.items():
         for index, prompt in enumerate(chosen):
             donor = donor_of(chosen, index)
+            measured = {(COLD, Action(False, 0))}
             for scenario_name in cfg.experiment.scenarios:
                 scenario = build_scenario(scenario_name, prompt.token_ids, donor)
                 hit = hit_after_warmups(engine, scenario, prompt)
                 for repeat in range(grid.repeats):
-                    for strategy in cfg.experiment.strategies:
+                    if ADAPTIVE in strategies:
                         runs.append(PlannedRun(configuration.name, dataset, prompt.id, scenario_name, "strategy",
-                                             strategy, repeat))
+                                               ADAPTIVE, repeat))
+                offered = sweep_actions(controller, len(prompt.token_ids), hit, grid.new_tokens)
+                offered += [Action(a.reuse and hit.is_hit, a.k) for a in fixed]
+                measured |= {(measured_as(a, scenario_name), a) for a in offered}
+            for scenario_name, action in sorted(measured, key=lambda m: (m[0], m[1])):
+                if action.k == 0 and not measure_k0:
+                    continue
                 for repeat in range(grid.sweep_repeats):
-                    for action in sweep_actions(controller, len(prompt.token_ids), hit, grid.new_tokens):
-                        runs.append(PlannedRun(configuration.name, dataset, prompt.id, scenario_name, "sweep",
-                                             action.label, repeat))
+                    runs.append(PlannedRun(configuration.name, dataset, prompt.id, scenario_name, "sweep",
+                                           action.label, repeat))
     return runs
 
 
@@ -97,15 +127,18 @@ def hit_after_warmups(engine: Engine, scenario, prompt: Prompt):
 
 def predicted_seconds(controller: Controller, engine: Engine, planned: PlannedRun, prompt: Prompt, scenario,
                       new_tokens: int) -> float:
-    """Wall time of one planned run from the cost tables: the warm-up prefills, then the request itself
-    (rakv-asd as the action it would choose now; the AR reference and kernel warm-ups are not counted)."""
-    table = controller.table
-    warmups = sum(table.target_prefill(len(w)) + table.target_step(len(w)) for w in scenario.warmups)
+    """Wall time of one planned run's request from the cost tables (rakv-asd as the action it would choose now)."""
     hit = hit_after_warmups(engine, scenario, prompt)
-    if planned.strategy == "rakv-asd":
-        return warmups + controller.decide(len(prompt.token_ids), hit, new_tokens).predicted_latency_s
+    if planned.strategy == ADAPTIVE:
+        return controller.decide(len(prompt.token_ids), hit, new_tokens).predicted_latency_s
     features = RequestFeatures.from_hit(len(prompt.token_ids), hit, new_tokens)
-    return warmups + controller.predict(features, action_of(planned.strategy))
+    return controller.predict(features, action_of(planned.strategy))
+
+
+def predicted_setup_seconds(controller: Controller, scenarios) -> float:
+    """The one-time warm-up prefills that build the store snapshots of `scenarios`."""
+    table = controller.table
+    return sum(table.target_prefill(len(w)) + table.target_step(len(w)) for s in scenarios for w in s.warmups)
 
 
 def format_duration(seconds: float) -> str:
@@ -115,8 +148,8 @@ def format_duration(seconds: float) -> str:
 
 def describe_plan(runs: list[PlannedRun]) -> str:
     lines = [f"plan: {len(runs)} timed runs "
-             f"({sum(s.kind == 'strategy' for s in runs)} strategy runs + {sum(s.kind == 'sweep' for s in runs)} "
-             "action-sweep runs)"]
+             f"({sum(s.kind == 'strategy' for s in runs)} rakv-asd runs + {sum(s.kind == 'sweep' for s in runs)} "
+             "action measurements; fixed strategies are read from the measurements of their actions)"]
     for factor in ("configuration", "dataset", "scenario", "kind", "strategy", "repeat"):
         counts = Counter(getattr(s, factor) for s in runs)
         lines.append(f"  {factor:<13} " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items(), key=str)))
@@ -139,22 +172,21 @@ def reset_store(engine: Engine, warmups) -> None:
         engine.run(list(warm), Action(False, 0), 1, ignore_eos=True)
 
 
-def timed_run(engine: Engine, controller: Controller, planned: PlannedRun, prompt: Prompt, scenario,
+def timed_run(engine: Engine, controller: Controller, planned: PlannedRun, prompt: Prompt, snapshot,
               new_tokens: int) -> RequestResult:
-    """One timed request from a defined store state: empty store, warm-ups replayed untimed."""
-    reset_store(engine, scenario.warmups)
+    """One timed request from a defined store state: the scenario's snapshot restored (no model work)."""
+    engine.store.restore(snapshot)
     return run_strategy(engine, planned.strategy, list(prompt.token_ids), new_tokens, controller=controller,
                         ignore_eos=True)
 
 
 def result_row(planned: PlannedRun, configuration: Configuration, prompt: Prompt, scenario, result: RequestResult,
-               reference: list[int], order: int, seed: int) -> dict:
+               order: int, seed: int) -> dict:
     return {"run_id": planned.run_id, **asdict(planned), "pair": configuration.pair, "proposer": configuration.proposer,
             "length_bin": prompt.length_bin, "reuse_rate_target": scenario.reuse_rate_target,
             "reuse_rate": result.hit_tokens / result.prompt_tokens if result.reuse else 0.0,
             **{k: v for k, v in result.to_row().items() if k != "strategy"},
-            "output_hash": output_hash(result.token_ids), "equal_to_ar": result.token_ids == reference,
-            "order": order, "seed": seed}
+            "output_hash": output_hash(result.token_ids), "order": order, "seed": seed}
 
 
 @dataclass
@@ -167,6 +199,7 @@ class PreparedConfiguration:
     prompts: dict[str, list[Prompt]]
     runs: list[PlannedRun]
     mine: list[PlannedRun]  # this shard's runs, in the shuffled execution order
+    snapshots: dict = field(default_factory=dict)  # (dataset, prompt id, scenario) -> store snapshot
 
     def prompt_and_donor(self, planned: PlannedRun) -> tuple[Prompt, tuple[int, ...]]:
         chosen = self.prompts[planned.dataset]
@@ -174,11 +207,20 @@ class PreparedConfiguration:
         return chosen[index], donor_of(chosen, index)
 
 
-def prepare(cfg: DictConfig, configuration: Configuration) -> PreparedConfiguration:
+    def snapshot(self, planned: PlannedRun, scenario) -> list:
+        """The store state of this (prompt, scenario): its warm-ups prefilled once (untimed), then reused."""
+        key = (planned.dataset, planned.prompt_id, planned.scenario)
+        if key not in self.snapshots:
+            reset_store(self.engine, scenario.warmups)
+            self.snapshots[key] = self.engine.store.snapshot()
+        return self.snapshots[key]
+
+
+def prepare(cfg: DictConfig, configuration: Configuration, measure_k0: bool = True) -> PreparedConfiguration:
     engine = engine_for(cfg, configuration)
     controller = Controller(cost_table_for(cfg, engine), controller_config(cfg))
     prompts = {d: prompts_for(cfg, engine.encode, d) for d in cfg.datasets}
-    runs = plan_runs(cfg, configuration, prompts, controller, engine)
+    runs = plan_runs(cfg, configuration, prompts, controller, engine, measure_k0)
     order = list(range(len(runs)))
     random.Random(cfg.seed).shuffle(order)  # recorded: the seed is in every row and in metadata
     mine = [runs[i] for i in order if i % cfg.study.num_shards == cfg.study.shard_index]
@@ -199,7 +241,9 @@ def run_main_study(cfg: DictConfig, out_dir: Path | None = None) -> Path:
 def _run_locked(cfg: DictConfig, out_dir: Path, shard: int, shards: int) -> Path:
     load_before = os.getloadavg()
     journal = Journal(out_dir / (f"runs.shard{shard}of{shards}.jsonl" if shards > 1 else "runs.jsonl"))
-    prepared = [prepare(cfg, configuration) for configuration in configurations(cfg)]
+    chosen = configurations(cfg)
+    first_of_pair = {c.pair: c.name for c in reversed(chosen)}  # k = 0 actions: measured by the first per pair
+    prepared = [prepare(cfg, c, measure_k0=first_of_pair[c.pair] == c.name) for c in chosen]
     all_runs = [planned for p in prepared for planned in p.runs]
     calibrations = {p.configuration.name: calibration_key(p.engine.pair, p.engine.proposer) for p in prepared}
     plan = describe_plan(all_runs)
@@ -213,6 +257,9 @@ def _run_locked(cfg: DictConfig, out_dir: Path, shard: int, shards: int) -> Path
         expected = sum(predicted_seconds(p.controller, p.engine, planned, *scenario_of(p, planned),
                                          cfg.profile.study.new_tokens)
                        for p in prepared for planned in todo[p.configuration.name])
+        expected += sum(predicted_setup_seconds(p.controller, {(s.dataset, s.prompt_id, s.scenario):
+                                                               scenario_of(p, s)[1] for s in todo[name]}.values())
+                        for p in prepared for name in [p.configuration.name])
         plan += (f"\n  this shard: {sum(map(len, todo.values()))} runs to do; expected wall time "
                  f"{format_duration(expected)} (predicted from the cost tables)")
     print(plan, flush=True)
@@ -234,10 +281,6 @@ def scenario_of(p: PreparedConfiguration, planned: PlannedRun):
 
 def _execute(cfg, p: PreparedConfiguration, todo: list[PlannedRun], journal: Journal) -> None:
     grid, engine, controller = cfg.profile.study, p.engine, p.controller
-    # AR reference of every prompt (untimed), the target of every equality check
-    references = {(d, prompt.id): engine.run(list(prompt.token_ids), Action(False, 0), grid.new_tokens,
-                                             ignore_eos=True).token_ids
-                  for d, chosen in p.prompts.items() for prompt in chosen}
     first = next(iter(p.prompts.values()))[0]
     for _ in range(grid.model_warmup_requests):  # warm kernels and allocator before timing
         engine.run(list(first.token_ids), Action(True, max(cfg.controller.k_set)), grid.new_tokens, ignore_eos=True)
@@ -245,12 +288,31 @@ def _execute(cfg, p: PreparedConfiguration, todo: list[PlannedRun], journal: Jou
               if r["configuration"] == p.configuration.name and r.get("ewma_accepted") is not None]
     if states:  # resume the controller exactly where the interrupted run left it
         controller.tracker.restore(states[-1])
+        controller.decisions = len(states)  # the exploration schedule counts decisions
     position = {s.run_id: i for i, s in enumerate(p.mine)}
     for planned in tqdm(todo, desc=f"study {p.configuration.name}", unit="run", dynamic_ncols=True, mininterval=2):
         prompt, scenario = scenario_of(p, planned)
-        result = timed_run(engine, controller, planned, prompt, scenario, grid.new_tokens)
-        journal.append(result_row(planned, p.configuration, prompt, scenario, result,
-                                  references[(planned.dataset, planned.prompt_id)], position[planned.run_id], cfg.seed))
+        result = timed_run(engine, controller, planned, prompt, p.snapshot(planned, scenario), grid.new_tokens)
+        journal.append(result_row(planned, p.configuration, prompt, scenario, result, position[planned.run_id],
+                                  cfg.seed))
+
+
+def mark_equal_to_ar(rows: list[dict]) -> None:
+    """Set `equal_to_ar` on every row: its output against its pair's r0k0 measurement of the same prompt
+    (the AR reference, computed once as a measurement); the r0k0 repeats must agree with each other."""
+    reference: dict[tuple, set] = {}
+    for row in rows:
+        if row["kind"] == "sweep" and row["strategy"] == Action(False, 0).label:
+            reference.setdefault((row["pair"], row["dataset"], row["prompt_id"]), set()).add(row["output_hash"])
+    for key, hashes in reference.items():
+        if len(hashes) > 1:
+            raise RakvError(f"the AR (r0k0) runs of {'/'.join(key)} disagree with each other: "
+                            "greedy decoding is not deterministic here")
+    for row in rows:
+        key = (row["pair"], row["dataset"], row["prompt_id"])
+        if key not in reference:
+            raise RakvError(f"no r0k0 (AR) measurement of {'/'.join(key)} to check outputs against")
+        row["equal_to_ar"] = row["output_hash"] in reference[key]
 
 
 def finalize(cfg, out_dir: Path, runs: list[PlannedRun], calibrations: dict, load: dict) -> Path:
@@ -268,6 +330,7 @@ def finalize(cfg, out_dir: Path, runs: list[PlannedRun], calibrations: dict, loa
               "rerun to complete or merge later", flush=True)
         return out_dir / "runs.parquet"
     rows = [r for r in rows if r["run_id"] in planned_ids]
+    mark_equal_to_ar(rows)
     path = out_dir / "runs.parquet"
     frame = write_parquet(rows, path)
     write_atomic(out_dir / "metadata.json", json.dumps(metadata(cfg, {

@@ -35,9 +35,13 @@ def load_humaneval():
     return load_dataset("json", data_files=str(humaneval_path()), split="train")
 
 
-def calibration_prompts(encode, count: int = 3) -> list[list[int]]:
-    """Token ids of the prompts whose greedy acceptance calibration measures (HumanEval/0, 1, 2)."""
-    return [encode(problem["prompt"]) for problem in load_humaneval().select(range(count))]
+CALIBRATION_PROMPT_IDS = ("HumanEval/0", "HumanEval/1", "HumanEval/2")  # never drawn as study prompts
+
+
+def calibration_prompts(encode) -> list[list[int]]:
+    """Token ids of the prompts whose greedy acceptance calibration measures (CALIBRATION_PROMPT_IDS)."""
+    by_id = {problem["task_id"]: problem["prompt"] for problem in load_humaneval()}
+    return [encode(by_id[task_id]) for task_id in CALIBRATION_PROMPT_IDS]
 
 
 BUNDLED_WIKITEXT2 = DATA_DIR / "wikitext-2"
@@ -94,9 +98,10 @@ class Prompt:
 
 def select_prompts(dataset: str, texts: list[tuple[str, str]], encode, bins: list[tuple[int, int]],
                    per_bin: int, seed: int) -> list[Prompt]:
-    """`per_bin` prompts whose token length lies in each [low, high) bin, drawn with a seeded generator."""
+    """`per_bin` prompts whose token length lies in each [low, high) bin, drawn with a seeded generator.
+    The calibration's prompts are never drawn, so no prediction is judged on the prompts it was fitted to."""
     rng = np.random.default_rng(seed)
-    encoded = [(text_id, encode(text)) for text_id, text in texts]
+    encoded = [(text_id, encode(text)) for text_id, text in texts if text_id not in CALIBRATION_PROMPT_IDS]
     chosen = []
     for low, high in bins:
         candidates = [(i, ids) for i, ids in encoded if low <= len(ids) < high]

@@ -1,0 +1,45 @@
+"""Controller ablations replayed on a finished study (rakv.ablation): one row per configuration and variant.
+
+    .venv/bin/python scripts/ablate_controller.py results/offline                      # the standard variants
+    .venv/bin/python scripts/ablate_controller.py results/offline tie_margin=0.1 explore_every=4
+
+Writes <results>/ablation.csv and prints the table as Markdown. Exit status 2 on bad input.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from rakv import ablation, analysis
+from rakv.controller import ControllerConfig
+from rakv.errors import RakvError
+from rakv.records import write_atomic
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", type=Path, help="a results folder with study/runs.parquet")
+    parser.add_argument("options", nargs="*", help="one variant as controller options name=value (default: the "
+                                                   "standard variants of rakv.ablation.VARIANTS)")
+    parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples per CI")
+    args = parser.parse_args(argv)
+    try:
+        runs = pd.read_parquet(args.results / "study" / "runs.parquet")
+        meta = json.loads((args.results / "study" / "metadata.json").read_text())
+        base = ControllerConfig.from_conf(meta["config"]["controller"])
+        variants = ({"given": ablation.parse_overrides(args.options)} if args.options else ablation.VARIANTS)
+        table = ablation.ablation_table(runs, analysis.tables_by_configuration(runs, args.results), base, variants,
+                                        args.resamples)
+    except (OSError, ValueError, KeyError, RakvError) as exc:
+        print(f"ablate_controller: error: {exc}", file=sys.stderr)
+        return 2
+    write_atomic(args.results / "ablation.csv", table.to_csv(index=False))
+    print(ablation.format_table(table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Controller ablations replayed on a finished study: each variant decides again, the sweep says what it costs.
+
+The study measures every feasible action of every scenario several times, so the latency of *any*
+choice is known without running it again (full-information replay). A variant of the controller
+(`ControllerConfig` with some options changed) re-decides the study's rakv-asd requests in their original
+order; a decision's latency is the measurement of the chosen action in the same scenario and repeat, plus
+the variant's own decision time, and its acceptance tracker learns from the rounds of that measurement
+(per-round averages). The variant is then judged by exactly the statistics of rakv.analysis.
+
+    .venv/bin/python scripts/ablate_controller.py results/offline             # the standard variants
+    .venv/bin/python scripts/ablate_controller.py results/offline tie_margin=0.1 explore_every=4
+
+Replay is an approximation of a live rerun (`./reproduce.sh controller.<option>=...`): a live run would
+also draw fresh timing noise and learn from its own rounds rather than the sweep's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+
+import pandas as pd
+
+from rakv import analysis
+from rakv.actions import ADAPTIVE
+from rakv.cache import Hit
+from rakv.controller import Controller, ControllerConfig
+from rakv.errors import RakvError
+
+# The ideas of the controller, each on and off against the configured default (conf/controller/default.yaml)
+VARIANTS = {
+    "no tie-breaking (tie_margin=0)": {"tie_margin": 0.0},
+    "tie-breaking 5 % (tie_margin=0.05)": {"tie_margin": 0.05},
+    "tie-breaking 10 % (tie_margin=0.1)": {"tie_margin": 0.1},
+    "exploration every 8th k=0 decision": {"explore_every": 8},
+    "faster-learning acceptance (beta=0.5)": {"beta": 0.5},
+    "calibrated acceptance only (beta=0.999)": {"beta": 0.999},
+    "no speculation (k_set=[0])": {"k_set": (0,)},
+}
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """`name=value` pairs of ControllerConfig fields (k_set as 0,2,4)."""
+    out = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if name not in ControllerConfig.FIELDS or not value:
+            raise RakvError(f"'{item}' is not name=value of a controller option ({', '.join(ControllerConfig.FIELDS)})")
+        out[name] = tuple(int(v) for v in value.strip("[]").split(",")) if name == "k_set" else float(value)
+    if "explore_every" in out:
+        out["explore_every"] = int(out["explore_every"])
+    return out
+
+
+def replay(runs: pd.DataFrame, meas: pd.DataFrame, table, config: ControllerConfig, configuration: str) -> pd.DataFrame:
+    """The configuration's rakv-asd runs as a controller with `config` would have made them."""
+    live = runs[(runs.kind == "strategy") & (runs.strategy == ADAPTIVE) & (runs.configuration == configuration)]
+    part = meas[meas.configuration == configuration]
+    repeats = part.repeat.nunique()
+    lookup = part.set_index(["dataset", "prompt_id", "scenario", "action", "repeat"]).sort_index()
+    controller = Controller(table, config)
+    rows = []
+    for row in live.sort_values("order").itertuples(index=False):
+        exact = row.scenario == "exact"
+        hit = Hit(row.prompt_tokens, row.prompt_tokens if exact else row.available_hit_tokens + 1, exact) \
+            if row.available_hit_tokens else Hit(row.prompt_tokens)
+        decision = controller.decide(row.prompt_tokens, hit, row.new_tokens)
+        key = (row.dataset, row.prompt_id, row.scenario, decision.action.label, row.repeat % repeats)
+        if key not in lookup.index:
+            raise RakvError(f"replay: no measurement of {'/'.join(map(str, key))} in the study")
+        measured = lookup.loc[key]
+        if measured.rounds:
+            controller.tracker.observe_mean(measured.accepted / measured.rounds,
+                                            measured.rejections / measured.rounds, int(measured.rounds))
+        latency = float(measured.latency_s) + decision.decision_s
+        rows.append({**row._asdict(), "action": decision.action.label, "k": decision.action.k,
+                     "reuse": decision.action.reuse, "latency_s": latency, "tokens_per_s": row.new_tokens / latency,
+                     "predicted_latency_s": decision.predicted_latency_s, "decision_s": decision.decision_s})
+    return pd.DataFrame(rows, columns=list(live.columns))
+
+
+def variant_statistics(runs: pd.DataFrame, replayed: pd.DataFrame, configuration: str, seed: int = 0,
+                       resamples: int = 1000) -> dict:
+    """rakv.analysis's statistics of one configuration with its rakv-asd runs replaced by `replayed`."""
+    live = (runs.kind == "strategy") & (runs.strategy == ADAPTIVE) & (runs.configuration == configuration)
+    full = pd.concat([runs[~live], replayed], ignore_index=True)
+    meas = analysis.measurements(full)
+    meas = meas[meas.configuration == configuration]
+    part = full[full.configuration == configuration]
+    return analysis.configuration_statistics(part, meas, analysis.strategy_latencies(part, meas), seed, resamples)
+
+
+def ablation_table(runs: pd.DataFrame, tables: dict, base: ControllerConfig, variants: dict,
+                   resamples: int = 1000) -> pd.DataFrame:
+    """One row per (configuration, variant): regret, accuracy, ranking, error, and latency against the best
+    fixed action, with CIs; the first variant of each configuration is the configured default."""
+    meas = analysis.measurements(runs)
+    rows = []
+    for configuration in sorted(runs.configuration.unique()):
+        table = tables.get(configuration)
+        if table is None:
+            raise RakvError(f"no calibration kept for configuration {configuration}")
+        for name, change in {"default (conf/controller)": {}, **variants}.items():
+            config = replace(base, **change)
+            replayed = replay(runs, meas, table, config, configuration)
+            s = variant_statistics(runs, replayed, configuration, resamples=resamples)
+            rows.append({"configuration": configuration, "variant": name,
+                         "options": ", ".join(f"{k}={v}" for k, v in asdict(config).items() if k in change) or "-",
+                         "mean_regret": s["mean_regret"], "worst_regret": s["worst_regret"],
+                         "accuracy_action": s["accuracy_action"], "accuracy_within_noise": s["accuracy_within_noise"],
+                         "spearman": s["spearman"], "mape": s["mape"],
+                         "vs_best_fixed": s["latency_reduction"]["best-fixed"],
+                         "best_fixed_action": s["best_fixed_action"],
+                         "speculative_share": float((replayed.k > 0).mean())})
+    return pd.DataFrame(rows)
+
+
+def format_table(frame: pd.DataFrame) -> str:
+    """Markdown: each [value, low, high] as `value [low, high]` in per cent (Spearman as a number)."""
+    def cell(value, percent=True):
+        if isinstance(value, list):
+            value, low, high = value
+            f = (lambda v: f"{100 * v:.1f}") if percent else (lambda v: f"{v:.2f}")
+            return f"{f(value)} [{f(low)}, {f(high)}]" if low == low else f(value)
+        if isinstance(value, float):
+            return f"{100 * value:.1f}" if percent else f"{value:.2f}"
+        return str(value)
+
+    columns = ["configuration", "variant", "mean_regret", "worst_regret", "accuracy_action", "accuracy_within_noise",
+               "spearman", "mape", "vs_best_fixed", "speculative_share"]
+    header = ("| configuration | variant | mean regret % | worst regret % | accuracy strict % | accuracy within noise % "
+              "| Spearman (per scenario) | MAPE % | latency reduction vs best fixed % | speculative share % |")
+    lines = [header, "|" + "---|" * len(columns)]
+    for row in frame.to_dict("records"):
+        lines.append("| " + " | ".join(cell(row[c], c != "spearman") for c in columns) + " |")
+    return "\n".join(lines)
