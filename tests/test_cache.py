@@ -134,3 +134,21 @@ def _lcp(a, b):
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return n
+
+
+def test_snapshot_restores_entries_order_and_hits_without_copying_kv():
+    store = filled_store()
+    other = np.arange(300, 340, dtype=np.int64)
+    store.insert(NS, other, fake_kv(len(other), seed=1), torch.randn(10))
+    snapshot = store.snapshot()
+    order, hit = store.lru_order(), store.peek(NS, BASE[:30])
+    _, kv, _ = store.lookup(NS, BASE)
+    kv[0][0].zero_()  # a request's copy may be written; the snapshot's tensors must not change
+    store.insert(NS, np.arange(500, 540, dtype=np.int64), fake_kv(40, seed=2), torch.randn(10))
+    store.restore(snapshot)
+    assert store.lru_order() == order and store.peek(NS, BASE[:30]) == hit
+    assert store.stats.entries == 2 and store.stats.bytes == sum(entry.nbytes for _, entry in snapshot)
+    _, again, _ = store.lookup(NS, BASE)
+    assert torch.equal(again[0][0], fake_kv(len(BASE))[0][0])
+    store.restore([])
+    assert store.lru_order() == [] and store.stats.bytes == 0

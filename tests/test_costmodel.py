@@ -9,9 +9,12 @@ import pytest
 from rakv.actions import Action
 from rakv.cache import Hit, PrefixKVStore
 from rakv.calibration import CalibrationPlan, calibration_key, load_or_calibrate, load_table
-from rakv.controller import AcceptanceTracker, Controller, ControllerConfig
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rakv.controller import AcceptanceTracker, Controller, ControllerConfig, choose
 from rakv.costmodel import (CostTable, Curve, RequestFeatures, acceptance_estimate, break_even_alpha,
-                            estimate_latency, expected_tokens_per_round)
+                            estimate_latency, expected_tokens_per_round, non_decreasing)
 from rakv.engine import Engine
 from rakv.strategies import run_strategy
 from rakv.errors import RakvError
@@ -174,7 +177,65 @@ def test_rakv_asd_greedy_output_identical_to_ar_on_mixed_workload(tiny_pair):
     ({"beta": -0.1}, "beta must be in"),
     ({"memory_penalty_s_per_byte": -1.0}, "memory_penalty_s_per_byte must be >= 0"),
     ({"memory_budget_mib": 0}, "memory_budget_mib must be positive"),
+    ({"tie_margin": 1.0}, "tie_margin must be in"),
+    ({"explore_every": -1}, "explore_every must be a whole number"),
 ])
 def test_controller_settings_are_checked_wherever_they_come_from(changes, message):
     with pytest.raises(RakvError, match=message):
         configured(**changes)
+
+
+def test_table_curve_interpolates_extrapolates_and_is_made_non_decreasing():
+    curve = Curve.table([64, 256, 512], [0.030, 0.028, 0.040])  # a dip at 256 is noise: pooled with 64
+    assert curve.ys == pytest.approx([0.029, 0.029, 0.040]) and curve.max_rel_error == pytest.approx(1 / 28)
+    assert curve(160) == pytest.approx(0.029) and curve(384) == pytest.approx(0.0345)
+    assert curve(768) == pytest.approx(0.051)  # the last segment extended
+    assert Curve.table([1, 16], [0.02, 0.05])(0) == pytest.approx(0.018)
+    assert Curve.table([4], [0.5])(100) == 0.5
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.001, 1.0), min_size=1, max_size=12))
+def test_non_decreasing_is_monotone_and_keeps_the_total(values):
+    fitted = non_decreasing(values)
+    assert all(a <= b + 1e-12 for a, b in zip(fitted, fitted[1:]))
+    assert sum(fitted) == pytest.approx(sum(values))
+    if all(a <= b for a, b in zip(values, values[1:])):
+        assert list(fitted) == pytest.approx(values)
+
+
+def test_ties_within_the_margin_go_to_less_speculation():
+    predictions = {Action(False, 0): 1.00, Action(True, 0): 0.97, Action(True, 4): 0.93, Action(True, 8): 0.95}
+    assert choose(predictions, 0.0) == Action(True, 4)
+    assert choose(predictions, 0.05) == Action(True, 0)  # 0.97 is within 5 % of 0.93
+    assert choose(predictions, 0.10) == Action(True, 0)  # k = 0 first, then reuse
+    assert choose({Action(False, 0): 1.0, Action(False, 2): 0.5}, 0.05) == Action(False, 2)  # a real gain
+
+
+def test_exploration_probes_speculation_on_schedule_and_only_then():
+    controller = Controller(table(alpha=0.05), configured(explore_every=3, tie_margin=0.0))
+    decisions = [controller.decide(256, Hit(256), 64) for _ in range(6)]
+    assert [d.explored for d in decisions] == [False, False, True, False, False, True]
+    assert all(d.action.k == 0 for d in decisions if not d.explored)
+    assert all(d.action.k > 0 and d.action == min((a for a in map(Action.parse, d.predictions) if a.k),
+                                                  key=lambda a: d.predictions[a.label])
+               for d in decisions if d.explored)
+    quiet = Controller(table(alpha=0.05), configured(explore_every=0))
+    assert not any(quiet.decide(256, Hit(256), 64).explored for _ in range(6))
+
+
+def test_noisy_calibration_points_are_measured_again_then_refused(monkeypatch):
+    from rakv import calibration
+
+    plan = CalibrationPlan(repeats=4, remeasure_passes=1)
+    # per point: a warm-up, a pass of 4, and (if noisy) a second pass of 4
+    scripted = {"quiet": iter([0.010] * 5), "spiky": iter([0.010] + [0.030, 0.010] * 2 + [0.010, 0.0101, 0.0099, 0.010]),
+                "bad": iter([0.010] + [0.010, 0.050] * 4)}
+    monkeypatch.setattr(calibration, "_time_once", lambda point, device: next(scripted[point.run()]))
+    points = {(name, 64): calibration.Point(lambda name=name: name) for name in scripted}
+    calibration.measure_interleaved(points, None, plan)
+    assert points["quiet", 64].spread == 0 and points["spiky", 64].spread < 0.05  # the quieter second set is kept
+    assert points["bad", 64].spread > plan.refuse_spread
+    with pytest.raises(RakvError, match=r"too noisy to use: bad/64 \(spread"):
+        calibration.refuse_if_noisy(points, plan, "tiny", "draft")
+    calibration.refuse_if_noisy({k: v for k, v in points.items() if k[0] != "bad"}, plan, "tiny", "draft")

@@ -157,3 +157,16 @@ def test_sampled_runs_are_reproducible_and_differ_from_greedy(engine):
     b = engine.run(BASE, Action.of_strategy("spec-k4"), N, sampling=sampling, ignore_eos=True).token_ids
     greedy = engine.run(BASE, Action.of_strategy("ar"), N, ignore_eos=True).token_ids
     assert a == b and a != greedy
+
+
+def test_peak_kv_bytes_counts_the_drafts_cache_and_rejected_positions(engine):
+    engine.store.clear()
+    ar = engine.run(BASE, Action(False, 0), N, ignore_eos=True)
+    spec = engine.run(BASE, Action(False, 4), N, ignore_eos=True)
+    lookup = Engine(engine.pair, PrefixKVStore(budget_bytes=1 << 30), proposer="prompt-lookup").run(
+        BASE, Action(False, 4), N, ignore_eos=True)
+    target = engine.pair.target.module.config
+    per_token = 2 * target.n_layer * target.n_embd * 4  # K and V, every layer, float32
+    assert ar.peak_kv_bytes == per_token * (len(BASE) + N - 1)  # the last token's K/V is never computed
+    assert spec.peak_kv_bytes > ar.peak_kv_bytes + per_token * len(BASE) / 4  # + the draft's cache
+    assert lookup.peak_kv_bytes >= ar.peak_kv_bytes  # no draft cache, but candidates beyond the output

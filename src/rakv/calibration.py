@@ -7,8 +7,8 @@ fingerprints and the measuring method; a table measured for another key is never
 
 Measuring robustly on a noisy machine: every point gets a warm-up, then the points are timed in
 interleaved passes in a shuffled order (a burst of noise lands on many points once, not on one point
-five times); each point's cost is the median of its repeats, its noise the interquartile range over the
-median; points noisier than `remeasure_spread` are measured again; a calibration with a point still
+five times); each point's cost is the median of its repeats, its noise the median absolute deviation over
+the median; points noisier than `remeasure_spread` are measured again; a calibration with a point still
 noisier than `refuse_spread` is refused with the points named. Each cost is then a per-point table
 (rakv.costmodel.Curve, kind "table") interpolated between the measured points and made non-decreasing
 in context or length; the cost of each k is its own measured table, not a smooth curve in k.
@@ -78,10 +78,10 @@ class CalibrationPlan:
     repeats: int = 5  # per point and pass; the points are measured in interleaved, shuffled passes
     acceptance_prompts: int = 3
     acceptance_new_tokens: int = 48
-    remeasure_spread: float = 0.10  # a point whose IQR / median exceeds this is measured again ...
+    remeasure_spread: float = 0.05  # a point whose MAD / median exceeds this is measured again ...
     remeasure_passes: int = 3  # ... up to this many times
-    refuse_spread: float = 0.25  # still above this afterwards: the calibration is refused (RakvError)
-    noise_floor_s: float = 5e-4  # an IQR below this is never noise worth re-measuring (sub-ms operations)
+    refuse_spread: float = 0.15  # still above this afterwards: the calibration is refused (RakvError)
+    noise_floor_s: float = 5e-4  # a MAD below this is never noise worth re-measuring (sub-ms operations)
 
 
 @dataclass
@@ -98,9 +98,11 @@ class Point:
 
     @property
     def spread(self) -> float:
-        """Interquartile range over median: the repeat-to-repeat noise of this point."""
-        q1, _, q3 = statistics.quantiles(self.samples, n=4) if len(self.samples) > 1 else (0, 0, 0)
-        return (q3 - q1) / self.median if self.median > 0 else 0.0
+        """Median absolute deviation over median: the repeat-to-repeat noise of this point. Robust to a minority
+        of outliers (the median is too), which on a shared machine arrive as single slow repeats."""
+        if len(self.samples) < 2 or self.median <= 0:
+            return 0.0
+        return statistics.median(abs(x - self.median) for x in self.samples) / self.median
 
     def noisy(self, plan: CalibrationPlan, limit: float) -> bool:
         return self.spread > limit and self.spread * self.median > plan.noise_floor_s
@@ -164,9 +166,9 @@ def calibrate(engine, prompts: list[list[int]], plan: CalibrationPlan = Calibrat
                               "contexts": tuple(n for n in plan.contexts if n + max(plan.k_values) + 1 < limit),
                               "copy_lengths": tuple(n for n in plan.copy_lengths if n < limit)})
     load_before = os.getloadavg()[0]
-    if load_before > 0.5 * (os.cpu_count() or 1) and device.type == "cpu":
-        print(f"rakv: warning: the machine is busy (1-minute load {load_before:.1f} on {os.cpu_count()} CPUs) "
-              "while calibrating; its timings will be too slow", flush=True)
+    if load_before > 0.75 * (os.cpu_count() or 1) and device.type == "cpu":
+        print(f"rakv: warning: the machine may be busy (1-minute load {load_before:.1f} on {os.cpu_count()} CPUs) "
+              "as calibration starts; its timings may be too slow", flush=True)
     started = time.perf_counter()
     points: dict[tuple, Point] = {}
     with torch.inference_mode():
@@ -246,8 +248,9 @@ def refuse_if_noisy(points: dict, plan: CalibrationPlan, pair: str, proposer: st
     if noisy:
         named = ", ".join(f"{'/'.join(map(str, key))} (spread {point.spread:.0%} of {point.median * 1e3:.1f} ms)"
                           for key, point in sorted(noisy.items(), key=lambda item: -item[1].spread)[:6])
-        raise RakvError(f"calibration of {pair}/{proposer} is too noisy to use: {named}; the machine was busy "
-                        f"(1-minute load {os.getloadavg()[0]:.1f}) -- rerun on a quiet machine")
+        raise RakvError(f"calibration of {pair}/{proposer} is too noisy to use: {named} (1-minute load "
+                        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, this process included); rerun when the "
+                        "machine is quiet")
 
 
 def calibration_dir() -> Path:

@@ -128,7 +128,7 @@ def cmd_calibrate(args) -> None:
             *((f"target verify k={k} (s vs context)", table.verify[k]) for k in sorted(table.verify)),
             *((f"propose k={k} (s vs context)", table.propose[k]) for k in sorted(table.propose)),
             ("proposer prefill (s vs tokens)", table.proposer_prefill), ("KV copy (s vs reused tokens)", table.kv_copy)]
-    print(f"{'cost':<36} {'measured at x: median (IQR / median)':<72} {'adjusted':>8}")
+    print(f"{'cost':<36} {'measured at x: median (MAD / median)':<72} {'adjusted':>8}")
     for name, curve in rows:
         spread = curve.spread or [float("nan")] * len(curve.xs)
         points = ", ".join(f"{int(x)}: {y * 1e3:.2f}ms ({s:.0%})" for x, y, s in zip(curve.xs, curve.ys, spread))

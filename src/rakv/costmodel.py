@@ -24,7 +24,7 @@ class Curve:
     xs: list[float] = field(default_factory=list)
     ys: list[float] = field(default_factory=list)  # measured medians (table: after the monotone adjustment)
     kind: str = "poly"
-    spread: list[float] = field(default_factory=list)  # per point: interquartile range / median of the repeats
+    spread: list[float] = field(default_factory=list)  # per point: median absolute deviation / median of the repeats
     samples: list[int] = field(default_factory=list)  # per point: repeats behind the median
 
     def __call__(self, x: float) -> float:

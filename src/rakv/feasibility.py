@@ -16,6 +16,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from rakv.actions import Action
+from rakv.analysis import measurements
 from rakv.calibration import CalibrationPlan, load_or_calibrate
 from rakv.config import Configuration, configuration, engine_for, keep_calibration, prompts_for, results_dir
 from rakv.costmodel import break_even_rows
@@ -37,8 +38,8 @@ def run_feasibility(cfg: DictConfig) -> None:
         run_cost_side(cfg, out_dir, str(exc))
         return
     runs = pd.read_parquet(path)
-    per_scenario = []
-    for (dataset, prompt_id, scenario), group in runs.groupby(["dataset", "prompt_id", "scenario"]):
+    per_scenario = []  # over the measurements: an r = 0 action measured once per prompt stands in every scenario
+    for (dataset, prompt_id, scenario), group in measurements(runs).groupby(["dataset", "prompt_id", "scenario"]):
         by_action = group.groupby("action").latency_s.mean()
         speculative = [Action.parse(label).k > 0 for label in by_action.index]
         k0 = by_action[[not s for s in speculative]].min()

@@ -236,6 +236,29 @@ def memory_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def ablation_table(frame: pd.DataFrame) -> str:
+    """The controller ablations (rakv.ablation.ablation_table) as a LaTeX table."""
+    lines = [r"\begin{tabular}{p{4.4cm}lllllll}", r"\toprule",
+             r"Variant & Mean regret & Worst & Acc.\ strict & Acc.\ within noise & Spearman & vs best fixed & Spec.\ share \\",
+             r"\midrule"]
+    for name, part in frame.groupby("configuration", sort=False):
+        lines.append(f"\\multicolumn{{8}}{{l}}{{\\texttt{{{tex_escape(name)}}}}} \\\\")
+        for row in part.to_dict("records"):
+            lines.append(f"{tex_escape(row['variant'])} & {ci_text(row['mean_regret'])} & {pct(row['worst_regret'])} & "
+                         f"{ci_text(row['accuracy_action'], lambda v: pct(v, 0))} & "
+                         f"{ci_text(row['accuracy_within_noise'], lambda v: pct(v, 0))} & {ci_text(row['spearman'], num)} & "
+                         f"{ci_text(row['vs_best_fixed'])} & {pct(row['speculative_share'], 0)} \\\\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_ablation(frame: pd.DataFrame, out_dir: Path) -> Path:
+    path = Path(out_dir) / "ablation_table.tex"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(ablation_table(frame))
+    return path
+
+
 def write_generated(summary: dict, results: Path, out_dir: Path) -> list[Path]:
     """paper/generated/<name>/: macros, tables, and the generated abstract, claims discussion and limitations."""
     results, out_dir = Path(results), Path(out_dir)
