@@ -29,10 +29,10 @@ def main(argv=None) -> int:
     try:
         runs = pd.read_parquet(args.results / "study" / "runs.parquet")
         meta = json.loads((args.results / "study" / "metadata.json").read_text())
-        base = ControllerConfig.from_conf(meta["config"]["controller"])
-        variants = ({"given": ablation.parse_overrides(args.options)} if args.options else ablation.VARIANTS)
-        table = ablation.ablation_table(runs, analysis.tables_by_configuration(runs, args.results), base, variants,
-                                        args.resamples)
+        study = ControllerConfig.from_conf(meta["config"]["controller"])
+        changes = {" ".join(args.options): ablation.parse_overrides(args.options)} if args.options else None
+        table = ablation.ablation_table(runs, analysis.tables_by_configuration(runs, args.results),
+                                        ablation.standard_variants(study, changes), args.resamples)
     except (OSError, ValueError, KeyError, RakvError) as exc:
         print(f"ablate_controller: error: {exc}", file=sys.stderr)
         return 2

@@ -28,11 +28,12 @@ from rakv.errors import RakvError
 
 # The ideas of the controller, each on and off against the configured default (conf/controller/default.yaml)
 VARIANTS = {
-    "no tie-breaking (tie_margin=0)": {"tie_margin": 0.0},
     "tie-breaking 5 % (tie_margin=0.05)": {"tie_margin": 0.05},
     "tie-breaking 10 % (tie_margin=0.1)": {"tie_margin": 0.1},
     "exploration every 8th k=0 decision": {"explore_every": 8},
-    "faster-learning acceptance (beta=0.5)": {"beta": 0.5},
+    "match-rate model (match_rate=true)": {"match_rate": True},
+    "faster-forgetting acceptance (beta=0.9)": {"beta": 0.9},
+    "slower-forgetting acceptance (beta=0.99)": {"beta": 0.99},
     "calibrated acceptance only (beta=0.999)": {"beta": 0.999},
     "no speculation (k_set=[0])": {"k_set": (0,)},
 }
@@ -45,10 +46,24 @@ def parse_overrides(items: list[str]) -> dict:
         name, _, value = item.partition("=")
         if name not in ControllerConfig.FIELDS or not value:
             raise RakvError(f"'{item}' is not name=value of a controller option ({', '.join(ControllerConfig.FIELDS)})")
-        out[name] = tuple(int(v) for v in value.strip("[]").split(",")) if name == "k_set" else float(value)
+        if name == "k_set":
+            out[name] = tuple(int(v) for v in value.strip("[]").split(","))
+        elif name == "match_rate":
+            out[name] = value.lower() in ("1", "true", "yes", "on")
+        else:
+            out[name] = float(value)
     if "explore_every" in out:
         out["explore_every"] = int(out["explore_every"])
     return out
+
+
+def empty_rounds(run) -> int:
+    """Speculative rounds without a candidate: recorded, or (older studies) what the token count leaves over:
+    every round confirms accepted + 1 tokens, the prefill one more."""
+    recorded = getattr(run, "empty_rounds", None)
+    if recorded is not None and recorded == recorded:
+        return int(recorded)
+    return max(int(run.new_tokens) - 1 - int(run.accepted) - int(run.rounds), 0)
 
 
 def replay(runs: pd.DataFrame, meas: pd.DataFrame, table, config: ControllerConfig, configuration: str) -> pd.DataFrame:
@@ -71,6 +86,8 @@ def replay(runs: pd.DataFrame, meas: pd.DataFrame, table, config: ControllerConf
         if measured.rounds:
             controller.tracker.observe_mean(measured.accepted / measured.rounds,
                                             measured.rejections / measured.rounds, int(measured.rounds))
+        if measured.k:
+            controller.tracker.observe_matches(int(measured.rounds), empty_rounds(measured))
         latency = float(measured.latency_s) + decision.decision_s
         rows.append({**row._asdict(), "action": decision.action.label, "k": decision.action.k,
                      "reuse": decision.action.reuse, "latency_s": latency, "tokens_per_s": row.new_tokens / latency,
@@ -89,22 +106,35 @@ def variant_statistics(runs: pd.DataFrame, replayed: pd.DataFrame, configuration
     return analysis.configuration_statistics(part, meas, analysis.strategy_latencies(part, meas), seed, resamples)
 
 
-def ablation_table(runs: pd.DataFrame, tables: dict, base: ControllerConfig, variants: dict,
+def standard_variants(study: ControllerConfig, changes: dict | None = None) -> dict[str, ControllerConfig]:
+    """The configured default, the controller the study ran (when it differs), and each of `changes` (default:
+    VARIANTS) applied to the configured default."""
+    default = ControllerConfig.default()
+    variants = {"default (conf/controller)": default}
+    if study != default:
+        variants["as the study ran it"] = study
+    for name, change in (VARIANTS if changes is None else changes).items():
+        variants[name] = replace(default, **change)
+    return variants
+
+
+def ablation_table(runs: pd.DataFrame, tables: dict, variants: dict[str, ControllerConfig],
                    resamples: int = 1000) -> pd.DataFrame:
     """One row per (configuration, variant): regret, accuracy, ranking, error, and latency against the best
-    fixed action, with CIs; the first variant of each configuration is the configured default."""
+    fixed action, with CIs."""
     meas = analysis.measurements(runs)
+    default = ControllerConfig.default()
     rows = []
     for configuration in sorted(runs.configuration.unique()):
         table = tables.get(configuration)
         if table is None:
             raise RakvError(f"no calibration kept for configuration {configuration}")
-        for name, change in {"default (conf/controller)": {}, **variants}.items():
-            config = replace(base, **change)
+        for name, config in variants.items():
             replayed = replay(runs, meas, table, config, configuration)
             s = variant_statistics(runs, replayed, configuration, resamples=resamples)
+            changed = {k: v for k, v in asdict(config).items() if v != getattr(default, k)}
             rows.append({"configuration": configuration, "variant": name,
-                         "options": ", ".join(f"{k}={v}" for k, v in asdict(config).items() if k in change) or "-",
+                         "options": ", ".join(f"{k}={v}" for k, v in changed.items()) or "-",
                          "mean_regret": s["mean_regret"], "worst_regret": s["worst_regret"],
                          "accuracy_action": s["accuracy_action"], "accuracy_within_noise": s["accuracy_within_noise"],
                          "spearman": s["spearman"], "mape": s["mape"],

@@ -355,12 +355,16 @@ def measured_acceptance(runs: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def peak_memory_table(meas: pd.DataFrame) -> pd.DataFrame:
-    """Peak K/V bytes held during a request (the proposer's included), per configuration and k."""
-    return (meas.drop_duplicates(["configuration", "run_id"]).groupby(["configuration", "k"])
+def peak_memory_table(meas: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Peak K/V held during a request (the proposer's cache and rejected positions included), per configuration
+    and k over the action measurements, and for the controller's own runs (`k` = rakv-asd)."""
+    rows = meas.drop_duplicates(["configuration", "run_id"]).assign(k=lambda f: f.k.map(str))
+    adaptive = runs[(runs.kind == "strategy") & (runs.strategy == ADAPTIVE)].assign(k=ADAPTIVE)
+    return (pd.concat([rows, adaptive]).groupby(["configuration", "k"], sort=False)
             .agg(peak_kv_mib=("peak_kv_bytes", lambda b: b.mean() / 2**20),
                  peak_kv_mib_max=("peak_kv_bytes", lambda b: b.max() / 2**20), runs=("peak_kv_bytes", "size"))
-            .reset_index())
+            .reset_index().sort_values(["configuration", "k"], key=lambda c: c.map(
+                lambda v: (1, v) if v == ADAPTIVE else (0, int(v)) if str(v).isdigit() else (0, v))))
 
 
 def configuration_statistics(runs: pd.DataFrame, meas: pd.DataFrame, lat: pd.DataFrame, seed: int,
@@ -599,7 +603,7 @@ def summarize(results: Path, seed: int = 0, resamples: int = 2000) -> dict:
                          "throughput_gain": {b: throughput_gain(lat, ADAPTIVE, b, **ci) for b in BASELINES}}
     tables = tables_by_configuration(runs, results)
     summary["acceptance"] = acceptance_table(runs, tables, **ci).to_dict("records")
-    summary["peak_kv"] = peak_memory_table(meas).to_dict("records")
+    summary["peak_kv"] = peak_memory_table(meas, runs).to_dict("records")
     sens = results / "sensitivity"
     if (sens / "crossover.parquet").exists():
         crossover = pd.read_parquet(sens / "crossover.parquet")

@@ -219,10 +219,11 @@ def calibrate(engine, prompts: list[list[int]], plan: CalibrationPlan = Calibrat
         proposer_bytes = (kv_nbytes([(layer.keys, layer.values) for layer in probe.cache.layers]) / 64
                           if getattr(probe, "cache", None) is not None else 0.0)
 
-        round_log = []
+        round_log, empty_rounds = [], 0
         for ids in prompts[: plan.acceptance_prompts]:
             result = engine.run(ids, Action(False, 4), plan.acceptance_new_tokens, ignore_eos=True)
             round_log.extend(result.round_log)
+            empty_rounds += result.empty_rounds
             bar.update(1)
     bar.close()
     refuse_if_noisy(points, plan, pair.name, engine.proposer)
@@ -240,6 +241,7 @@ def calibrate(engine, prompts: list[list[int]], plan: CalibrationPlan = Calibrat
         proposer_prefill=curve("proposer_prefill"), kv_copy=curve("kv_copy"),
         target_kv_bytes_per_token=target_bytes, proposer_kv_bytes_per_token=proposer_bytes,
         acceptance=alpha if alpha is not None else 0.0, acceptance_rounds=len(round_log),
+        match_rate=len(round_log) / max(len(round_log) + empty_rounds, 1),
         measured_s=time.perf_counter() - started, load_average=[load_before, os.getloadavg()[0]])
 
 

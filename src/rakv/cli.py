@@ -45,14 +45,17 @@ def make_engine(args):
 
 def controller_config(args):
     """The same ControllerConfig (and checks) as a Hydra run's, from the flags."""
+    from dataclasses import replace
+
     from rakv.controller import ControllerConfig
 
     try:
         k_set = [int(v) for v in args.k_set.split(",") if v.strip()]
     except ValueError:
         raise RakvError(f"--k-set must be comma-separated integers, got '{args.k_set}'") from None
-    return ControllerConfig(k_set=k_set, beta=args.beta, memory_penalty_s_per_byte=args.memory_penalty,
-                            memory_budget_mib=args.memory_budget_mib)
+    # conf/controller/default.yaml for every setting without a flag (tie_margin, explore_every, match_rate)
+    return replace(ControllerConfig.default(), k_set=k_set, beta=args.beta, memory_penalty_s_per_byte=args.memory_penalty,
+                   memory_budget_mib=args.memory_budget_mib)
 
 
 def cmd_generate(args) -> None:

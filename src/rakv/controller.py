@@ -29,8 +29,10 @@ class ControllerConfig:
     memory_budget_mib: float
     tie_margin: float = 0.0  # estimates within this share of the best are ties, broken toward less speculation
     explore_every: int = 0  # every n-th decision that picks k = 0 runs the best k > 0 action instead (0: never)
+    match_rate: bool = False  # model the share of rounds in which the proposer offers candidates (EWMA)
 
-    FIELDS = ("k_set", "beta", "memory_penalty_s_per_byte", "memory_budget_mib", "tie_margin", "explore_every")
+    FIELDS = ("k_set", "beta", "memory_penalty_s_per_byte", "memory_budget_mib", "tie_margin", "explore_every",
+              "match_rate")
 
     def __post_init__(self):
         object.__setattr__(self, "k_set", parse_k_set(self.k_set))
@@ -64,7 +66,7 @@ class Decision:
     decision_s: float  # store peek + decision (rakv.strategies adds it to the request's latency)
     explored: bool = False  # an exploration probe: the best k > 0 action run instead of the chosen k = 0
     alpha_after: float | None = None  # set once the chosen action's rounds have been observed
-    tracker_after: tuple[float, float] | None = None  # the EWMA state then (accepted, rejected): exact resume
+    tracker_after: tuple[float, ...] | None = None  # the EWMA state then (accepted, rejected, matched): exact resume
 
 
 @dataclass
@@ -77,28 +79,44 @@ class AcceptanceTracker:
 
     alpha0: float
     beta: float
+    match0: float = 1.0
     accepted: float = field(init=False)
     rejected: float = field(init=False)
+    matched: float = field(init=False)  # EWMA of "this round had candidates"
 
     def __post_init__(self):
-        self.accepted, self.rejected = self.alpha0, 1.0 - self.alpha0
+        self.accepted, self.rejected, self.matched = self.alpha0, 1.0 - self.alpha0, self.match0
 
     @property
     def alpha(self) -> float:
         total = self.accepted + self.rejected
         return self.accepted / total if total > 0 else self.alpha0
 
-    def observe(self, round_log: list[tuple[int, int]]) -> None:
+    def observe(self, round_log: list[tuple[int, int]], empty_rounds: int = 0) -> None:
         for proposed, accepted in round_log:
             self.observe_mean(accepted, float(accepted < proposed), 1)
+        self.observe_matches(len(round_log), empty_rounds)
+
+    def observe_matches(self, matched_rounds: int, empty_rounds: int) -> None:
+        """The rounds' match indicator, in an order-free summary: its mean applied once per round."""
+        total = matched_rounds + empty_rounds
+        for _ in range(total):
+            self.matched = self.beta * self.matched + (1 - self.beta) * matched_rounds / total
 
     @property
-    def state(self) -> tuple[float, float]:
-        return self.accepted, self.rejected
+    def match_rate(self) -> float:
+        return self.matched
 
-    def restore(self, state: tuple[float, float]) -> None:
+    @property
+    def state(self) -> tuple[float, float, float]:
+        return self.accepted, self.rejected, self.matched
+
+    def restore(self, state) -> None:
         """Continue from a recorded `state` (a resumed study makes the decisions an uninterrupted one makes)."""
-        self.accepted, self.rejected = (float(x) for x in state)
+        values = [float(x) for x in state if x is not None]
+        self.accepted, self.rejected = values[:2]
+        if len(values) > 2:
+            self.matched = values[2]
 
     def observe_mean(self, accepted: float, rejected: float, rounds: int) -> None:
         """`rounds` updates with the given per-round averages (replaying runs summarised by their totals)."""
@@ -122,7 +140,7 @@ class Controller:
     config: ControllerConfig = field(default_factory=ControllerConfig.default)
 
     def __post_init__(self):
-        self.tracker = AcceptanceTracker(self.table.acceptance, self.config.beta)
+        self.tracker = AcceptanceTracker(self.table.acceptance, self.config.beta, self.table.match_rate)
         self.decisions = 0  # counts decisions for the exploration schedule (journaled with the tracker state)
 
     @property
@@ -131,7 +149,8 @@ class Controller:
 
     def predict(self, features: RequestFeatures, action: Action) -> float:
         return estimate_latency(self.table, features, action.reuse, action.k, self.alpha,
-                                self.config.memory_penalty_s_per_byte)
+                                self.config.memory_penalty_s_per_byte,
+                                self.tracker.match_rate if self.config.match_rate else 1.0)
 
     def feasible_actions(self, features: RequestFeatures, hit: Hit) -> list[Action]:
         """r = 1 only with a hit; actions whose K/V exceeds the memory budget are dropped."""
@@ -161,6 +180,6 @@ class Controller:
                         predictions={a.label: v for a, v in predictions.items()}, alpha_before=self.alpha,
                         decision_s=time.perf_counter() - start, explored=explored)
 
-    def observe(self, round_log: list[tuple[int, int]]) -> None:
-        """Update alpha only from speculative rounds that actually ran."""
-        self.tracker.observe(round_log)
+    def observe(self, round_log: list[tuple[int, int]], empty_rounds: int = 0) -> None:
+        """Update alpha (and the match rate) only from speculative rounds that actually ran."""
+        self.tracker.observe(round_log, empty_rounds)

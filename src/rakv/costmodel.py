@@ -84,6 +84,7 @@ class CostTable:
     acceptance_rounds: int
     measured_s: float = 0.0
     load_average: list[float] = field(default_factory=list)  # the machine's 1-minute load before and after
+    match_rate: float = 1.0  # share of speculative rounds with candidates on the calibration prompts
 
     def to_json(self) -> dict:
         row = asdict(self)
@@ -131,10 +132,14 @@ def action_kv_bytes(table: CostTable, features: RequestFeatures, k: int) -> floa
 
 
 def estimate_latency(table: CostTable, features: RequestFeatures, reuse: bool, k: int, alpha: float,
-                     memory_penalty_s_per_byte: float = 0.0) -> float:
+                     memory_penalty_s_per_byte: float = 0.0, match_rate: float = 1.0) -> float:
     """C(r, k): prefill of the non-reused part (+ proposer prefill when k > 0) + copy cost when r = 1
-    + decode (N - 1 target steps for k = 0; (N - 1) / E_k(alpha) rounds of propose + verify for k > 0)
-    + lambda * bytes. The first token comes from the prefill logits, hence N - 1."""
+    + decode (N - 1 target steps for k = 0; for k > 0, rounds of propose + verify until N - 1 tokens)
+    + lambda * bytes. The first token comes from the prefill logits, hence N - 1.
+
+    `match_rate` m: the share of rounds in which the proposer offers candidates (prompt lookup finds no
+    match in the others, which then cost a propose attempt and a one-token verify and confirm one token).
+    A round then confirms m * E_k(alpha) + (1 - m) tokens on average; m = 1 is the plain model."""
     hit = features.hit_tokens if reuse else 0
     exact = reuse and features.exact_hit
     computed = 0 if exact else features.prompt_tokens - hit
@@ -147,8 +152,11 @@ def estimate_latency(table: CostTable, features: RequestFeatures, reuse: bool, k
         cost += steps * table.target_step(mid_context)
     else:
         cost += table.proposer_prefill(features.prompt_tokens + 1)
-        rounds = steps / expected_tokens_per_round(alpha, k)
-        cost += rounds * (table.propose[k](mid_context) + table.verify[k](mid_context))
+        m = min(max(match_rate, 0.0), 1.0)
+        tokens = m * expected_tokens_per_round(alpha, k) + (1 - m)
+        per_round = (table.propose[k](mid_context) + m * table.verify[k](mid_context)
+                     + (1 - m) * table.target_step(mid_context))
+        cost += steps / tokens * per_round
     return cost + memory_penalty_s_per_byte * action_kv_bytes(table, features, k)
 
 

@@ -141,6 +141,7 @@ class DecodeState:
     tokens: list[int] = field(default_factory=list)
     round_log: list[tuple[int, int]] = field(default_factory=list)  # (proposed, accepted) per speculative round
     finished: bool = False
+    empty_rounds: int = 0  # rounds whose proposer offered no candidate (prompt lookup without a match, or the budget)
     peak_kv_bytes: int = 0  # most K/V held at once: the target's cache plus the proposer's (rejected positions too)
 
     def note_memory(self, cache, proposer=None) -> None:
@@ -213,4 +214,6 @@ def decode_speculative(target, cache, proposer, k: int, prompt: list[int], state
             proposer.rollback(len(context) + accepted)
         if candidates:
             state.round_log.append((len(candidates), accepted))
+        else:
+            state.empty_rounds += 1
         state.emit(new_tokens)

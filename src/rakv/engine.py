@@ -53,6 +53,7 @@ class RequestResult:
     proposed: int
     accepted: int
     rejections: int  # rounds that ended at a rejected candidate
+    empty_rounds: int  # speculative rounds without a candidate (one target token each)
     ttft_s: float
     latency_s: float
     tokens_per_s: float
@@ -90,7 +91,8 @@ class RequestResult:
                    alpha_after=decision.alpha_after if decision else None,
                    decision_s=decision.decision_s if decision else None,
                    ewma_accepted=decision.tracker_after[0] if decision and decision.tracker_after else None,
-                   ewma_rejected=decision.tracker_after[1] if decision and decision.tracker_after else None)
+                   ewma_rejected=decision.tracker_after[1] if decision and decision.tracker_after else None,
+                   ewma_matched=decision.tracker_after[2] if decision and decision.tracker_after else None)
         return row
 
     def to_json(self) -> dict:
@@ -189,6 +191,7 @@ class Engine:
             text=self.pair.tokenizer.decode(state.tokens, skip_special_tokens=True),
             reuse=action.reuse, k=action.k, proposer=getattr(proposer, "name", "none"),
             rounds=state.rounds, proposed=state.proposed, accepted=state.accepted, rejections=state.rejections,
+            empty_rounds=state.empty_rounds,
             ttft_s=ttft, latency_s=latency, tokens_per_s=len(state.tokens) / latency,
             prefill_s=s["prefill"], kv_copy_s=s["kv_copy"], draft_prefill_s=s["draft_prefill"],
             propose_s=s["propose"], verify_s=s["verify"], rollback_s=s["rollback"], decode_s=s["decode"],

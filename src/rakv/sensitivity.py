@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from rakv.actions import Action
+from rakv.analysis import measurements
 from rakv.cache import Hit
 from rakv.config import configurations, controller_config, cost_table_for, engine_for, prompts_for, results_dir
 from rakv.controller import Controller
@@ -182,7 +183,7 @@ def replay_rows(cfg, tables: dict) -> list[dict]:
     if not path.exists():
         raise RakvError(f"{path} is missing: run the study stage first")
     runs = pd.read_parquet(path)
-    sweep = runs[runs.kind == "sweep"]
+    sweep = measurements(runs)  # an r = 0 action measured once per prompt stands in every scenario
     measured = sweep.groupby(["configuration", "dataset", "prompt_id", "scenario", "action"]).agg(
         latency_s=("latency_s", "mean"), accepted=("accepted", "sum"), rejections=("rejections", "sum"),
         rounds=("rounds", "sum"), prompt_tokens=("prompt_tokens", "first"),

@@ -40,7 +40,7 @@ def run_strategy(engine: Engine, strategy: str, token_ids: list[int], new_tokens
         result.ttft_s += decision.decision_s
         result.latency_s += decision.decision_s
         result.tokens_per_s = result.new_tokens / result.latency_s
-        controller.observe(result.round_log)
+        controller.observe(result.round_log, result.empty_rounds)
         decision.alpha_after, decision.tracker_after = controller.alpha, controller.tracker.state
         result.decision, result.predicted_latency_s = decision, decision.predicted_latency_s
     else:

@@ -254,12 +254,8 @@ def _run_locked(cfg: DictConfig, out_dir: Path, shard: int, shards: int) -> Path
                         "use another results_dir or remove the old results")
     todo = {p.configuration.name: [s for s in p.mine if s.run_id not in journal.done] for p in prepared}
     if not cfg.study.merge_only:
-        expected = sum(predicted_seconds(p.controller, p.engine, planned, *scenario_of(p, planned),
-                                         cfg.profile.study.new_tokens)
-                       for p in prepared for planned in todo[p.configuration.name])
-        expected += sum(predicted_setup_seconds(p.controller, {(s.dataset, s.prompt_id, s.scenario):
-                                                               scenario_of(p, s)[1] for s in todo[name]}.values())
-                        for p in prepared for name in [p.configuration.name])
+        expected = sum(predicted_wall_seconds(p, todo[p.configuration.name], cfg.profile.study.new_tokens)
+                       for p in prepared)
         plan += (f"\n  this shard: {sum(map(len, todo.values()))} runs to do; expected wall time "
                  f"{format_duration(expected)} (predicted from the cost tables)")
     print(plan, flush=True)
@@ -279,12 +275,23 @@ def scenario_of(p: PreparedConfiguration, planned: PlannedRun):
     return prompt, build_scenario(planned.scenario, prompt.token_ids, donor)
 
 
+def predicted_wall_seconds(p: PreparedConfiguration, runs: list[PlannedRun], new_tokens: int) -> float:
+    """The runs' requests plus the one-time warm-ups that build their store snapshots, from the cost tables."""
+    total, scenarios = 0.0, {}
+    for planned in runs:
+        prompt, scenario = scenario_of(p, planned)
+        scenarios[planned.dataset, planned.prompt_id, planned.scenario] = scenario
+        total += predicted_seconds(p.controller, p.engine, planned, prompt, scenario, new_tokens)
+    return total + predicted_setup_seconds(p.controller, scenarios.values())
+
+
 def _execute(cfg, p: PreparedConfiguration, todo: list[PlannedRun], journal: Journal) -> None:
     grid, engine, controller = cfg.profile.study, p.engine, p.controller
     first = next(iter(p.prompts.values()))[0]
     for _ in range(grid.model_warmup_requests):  # warm kernels and allocator before timing
         engine.run(list(first.token_ids), Action(True, max(cfg.controller.k_set)), grid.new_tokens, ignore_eos=True)
-    states = [(r["ewma_accepted"], r["ewma_rejected"]) for r in sorted(journal.rows, key=lambda r: r["order"])
+    states = [(r["ewma_accepted"], r["ewma_rejected"], r.get("ewma_matched"))
+              for r in sorted(journal.rows, key=lambda r: r["order"])
               if r["configuration"] == p.configuration.name and r.get("ewma_accepted") is not None]
     if states:  # resume the controller exactly where the interrupted run left it
         controller.tracker.restore(states[-1])
