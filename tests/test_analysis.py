@@ -210,3 +210,12 @@ def test_cost_side_feasibility_is_labelled_and_never_claims_a_verdict(runs, tmp_
     summary = analysis.summarize(tmp_path, resamples=50)
     assert summary["feasibility_verdict"] == sentence
     assert not any("feasibility" in r["claim"] for r in summary["claims"])  # no verdict without the weights
+
+
+def test_generated_sentences_follow_the_sign_of_the_interval():
+    from rakv.report import comparison
+
+    assert comparison([0.2, 0.1, 0.3], "kv-only").startswith("20.0\\% lower latency than KV-only (95\\% CI [10.0\\%")
+    assert comparison([-0.2, -0.3, -0.1], "kv-only") == \
+        "20.0\\% higher latency than KV-only (95\\% CI [10.0\\%, 30.0\\%])"
+    assert comparison([0.01, -0.02, 0.04], "kv-only").startswith("a latency not distinguishable from KV-only's")

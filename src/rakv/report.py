@@ -54,8 +54,8 @@ def comparison(triple, baseline: str) -> str:
     interval = "" if missing(low) else f" (95\\% CI [{pct(low)}, {pct(high)}])"
     if not missing(low) and low > 0:
         return f"{pct(value)} lower latency than {name}{interval}"
-    if not missing(high) and high < 0:
-        return f"{pct(-value)} higher latency than {name}{interval}"
+    if not missing(high) and high < 0:  # the interval of the increase, so the words and the numbers agree
+        return f"{pct(-value)} higher latency than {name} (95\\% CI [{pct(-high)}, {pct(-low)}])"
     return f"a latency not distinguishable from {name}'s (reduction {pct(value)}{interval}, which includes zero)"
 
 
@@ -95,7 +95,8 @@ def claims_discussion(summary: dict) -> str:
         parts.append(
             f"On \\texttt{{{tex_escape(name)}}}, of {int(direction.sum())} signed claims the direction is reproduced "
             f"for {direction.get('yes', 0)}, reversed for {direction.get('no', 0)} and inconclusive for "
-            f"{direction.get('inconclusive', 0)}; of {len(part)} magnitudes, {magnitude.get('yes', 0)} lie within "
+            f"{direction.get('inconclusive', 0)}; of {len(part)} magnitudes, {magnitude.get('yes', 0)} "
+            f"{'lies' if magnitude.get('yes', 0) == 1 else 'lie'} within "
             f"their tolerance band, {magnitude.get('no', 0)} outside it and {magnitude.get('inconclusive', 0)} "
             "straddle its edge.")
         reversed_ = part[part.direction == "no"].claim.tolist()
