@@ -388,8 +388,7 @@ def configuration_statistics(runs: pd.DataFrame, meas: pd.DataFrame, lat: pd.Dat
         "mape": cluster_ci(prompt_keys(errors), errors.error, **ci),
         "mape_null": float(errors.null_error.mean()),
         "spearman": cluster_ci(prompt_keys(rhos), rhos.rho, **ci),
-        "spearman_pooled": float(stats.spearmanr(action_stats(meas).predicted_s,
-                                                 action_stats(meas).measured_s).statistic),
+        "spearman_pooled": float(stats.spearmanr(errors.predicted_s, errors.measured_s).statistic),
         "spec_slowdown": spec_slowdown(meas),
         "scenarios": int(len(worst)), "controller_runs": int(len(choices)),
     }
