@@ -7,14 +7,10 @@ Writes <results>/ablation.csv and prints the table as Markdown. Exit status 2 on
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-import pandas as pd
-
-from rakv import ablation, analysis
-from rakv.controller import ControllerConfig
+from rakv import ablation
 from rakv.errors import RakvError
 from rakv.records import write_atomic
 
@@ -27,12 +23,8 @@ def main(argv=None) -> int:
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples per CI")
     args = parser.parse_args(argv)
     try:
-        runs = pd.read_parquet(args.results / "study" / "runs.parquet")
-        meta = json.loads((args.results / "study" / "metadata.json").read_text())
-        study = ControllerConfig.from_conf(meta["config"]["controller"])
         changes = {" ".join(args.options): ablation.parse_overrides(args.options)} if args.options else None
-        table = ablation.ablation_table(runs, analysis.tables_by_configuration(runs, args.results),
-                                        ablation.standard_variants(study, changes), args.resamples)
+        table = ablation.study_ablations(args.results, changes, args.resamples)
     except (OSError, ValueError, KeyError, RakvError) as exc:
         print(f"ablate_controller: error: {exc}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from rakv.controller import AcceptanceTracker, Controller, ControllerConfig, choose
 from rakv.costmodel import (CostTable, Curve, RequestFeatures, acceptance_estimate, break_even_alpha,
                             estimate_latency, expected_tokens_per_round, non_decreasing)
+from rakv.depth import RoundDepth
 from rakv.engine import Engine
 from rakv.strategies import run_strategy
 from rakv.errors import RakvError
@@ -239,3 +240,48 @@ def test_noisy_calibration_points_are_measured_again_then_refused(monkeypatch):
     with pytest.raises(RakvError, match=r"too noisy to use: bad/64 \(spread"):
         calibration.refuse_if_noisy(points, plan, "tiny", "draft")
     calibration.refuse_if_noisy({k: v for k, v in points.items() if k[0] != "bad"}, plan, "tiny", "draft")
+
+
+def depth_for(alpha_unigram, alpha_ngram, verify=None, prior_rounds=4.0):
+    t = table(verify=0.024)
+    if verify is not None:
+        t.verify = {k: flat(verify(k)) for k in (1, 2, 4, 6, 8)}
+    return RoundDepth(t, (0, 1, 2, 4, 6, 8), {"unigram": alpha_unigram, "ngram": alpha_ngram}, prior_rounds)
+
+
+def test_round_depth_speculates_as_deep_as_the_match_class_pays():
+    depth = depth_for(0.05, 0.95)  # step 20 ms, verify 24 ms whatever k
+    assert depth.choose(100, 8, "unigram") == 0  # 24 / 1.05 > 20: a plain step
+    assert depth.choose(100, 8, "ngram") == 8  # flat verify: the deepest pays most
+    assert depth.choose(100, 3, "ngram") == 2  # never more than the candidates offered (k in the calibrated set)
+    assert depth.choose(100, 0, "ngram") == 0
+    rising = depth_for(0.5, 0.5, verify=lambda k: 0.020 + 0.003 * k)  # deeper verification costs more
+    per_token = {k: (0.020 + 0.003 * k) / expected_tokens_per_round(0.5, k) for k in (1, 2, 4, 6, 8)}
+    assert rising.choose(100, 8, "ngram") == min(per_token, key=per_token.get) == 2
+
+
+def test_round_depth_learns_from_the_requests_own_rounds_and_shadows():
+    depth = depth_for(0.9, 0.9, prior_rounds=2.0)
+    assert depth.choose(100, 8, "unigram") == 8
+    for _ in range(20):  # twenty first candidates fail: this request's unigram matches are not to be trusted
+        depth.observe("unigram", 1, 0)
+    assert depth.alpha("unigram") == pytest.approx(1.8 / 22.0) and depth.choose(100, 8, "unigram") == 0
+    assert depth.alpha("ngram") == 0.9  # the other class keeps its prior
+
+
+def test_controller_round_depth_only_when_enabled_and_for_prompt_lookup():
+    off = Controller(table(), configured(depth_per_round=False))
+    on = Controller(table(), configured(depth_per_round=True))
+    assert off.round_depth("prompt-lookup") is None and on.round_depth("draft") is None
+    depth = on.round_depth("prompt-lookup")
+    assert depth.prior == {"unigram": 0.6, "ngram": 0.6} and depth.max_k == 8
+    depth.observe("unigram", 1, 0)
+    depth.observe("ngram", 4, 4)
+    on.observe([(4, 4)], 0, depth)
+    assert on.by_match["unigram"].alpha < 0.6 < on.by_match["ngram"].alpha
+    resumed = Controller(table(), configured(depth_per_round=True))
+    resumed.restore(on.tracker.state, json.loads(json.dumps(on.by_match_state)), 7)
+    assert resumed.by_match_state == on.by_match_state and resumed.tracker.state == on.tracker.state
+    assert resumed.decisions == 7
+    with pytest.raises(RakvError, match="depth_prior_rounds"):
+        configured(depth_prior_rounds=0)

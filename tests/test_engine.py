@@ -170,3 +170,25 @@ def test_peak_kv_bytes_counts_the_drafts_cache_and_rejected_positions(engine):
     assert ar.peak_kv_bytes == per_token * (len(BASE) + N - 1)  # the last token's K/V is never computed
     assert spec.peak_kv_bytes > ar.peak_kv_bytes + per_token * len(BASE) / 4  # + the draft's cache
     assert lookup.peak_kv_bytes >= ar.peak_kv_bytes  # no draft cache, but candidates beyond the output
+
+
+@pytest.mark.parametrize("prior", [0.0, 0.5, 1.0])
+def test_per_round_depth_keeps_greedy_output_and_accounts_every_round(tiny_pair, prior):
+    from types import SimpleNamespace
+
+    from rakv.depth import RoundDepth
+
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30), proposer="prompt-lookup")
+    prompt = BASE[:20] * 2 + BASE[:7]
+    reference = engine.run(prompt, Action(False, 0), N, ignore_eos=True)
+    costs = SimpleNamespace(target_step=lambda c: 0.020, verify={k: (lambda c: 0.024) for k in (1, 2, 4, 8)})
+    depth = RoundDepth(costs, (0, 1, 2, 4, 8), {"unigram": prior, "ngram": prior}, 4.0)
+    result = engine.run(prompt, Action(False, 4), N, ignore_eos=True, depth=depth)
+    assert result.token_ids == reference.token_ids
+    assert len(depth.log) == result.rounds + result.plain_rounds  # every round with candidates, logged once
+    assert sum(p for _, p, _ in depth.log) == result.proposed + result.plain_rounds  # a shadow round: its first
+    assert 1 + result.rounds + result.accepted + result.plain_rounds + result.empty_rounds == N
+    if prior == 0.0:
+        assert result.rounds == 0 and result.plain_rounds > 0  # nothing is worth verifying at alpha 0
+    if prior == 1.0:
+        assert result.plain_rounds == 0 and max(p for _, p, _ in depth.log) > 4  # deeper than the request's k

@@ -87,7 +87,7 @@ def test_study_killed_with_sigkill_resumes_without_loss_duplicates_or_other_deci
     # the controller resumed exactly: every rakv-asd decision equals the uninterrupted study's
     assert subprocess.run(study_command(uninterrupted), capture_output=True, timeout=600).returncode == 0
     reference = pd.read_parquet(uninterrupted / "study" / "runs.parquet")
-    columns = ["run_id", "action", "predictions", "alpha_before", "alpha_after", "ewma_accepted"]
+    columns = ["run_id", "action", "predictions", "alpha_before", "alpha_after", "ewma_accepted", "ewma_by_match"]
     mine, theirs = (r[r.strategy == "rakv-asd"][columns].sort_values("run_id").reset_index(drop=True)
                     for r in (runs, reference))
     resumed_after = runs.set_index("run_id").order[mine.run_id].ge(done_before).sum()

@@ -11,12 +11,17 @@ the variant's own decision time, and its acceptance tracker learns from the roun
     .venv/bin/python scripts/ablate_controller.py results/offline tie_margin=0.1 explore_every=4
 
 Replay is an approximation of a live rerun (`./reproduce.sh controller.<option>=...`): a live run would
-also draw fresh timing noise and learn from its own rounds rather than the sweep's.
+also draw fresh timing noise and learn from its own rounds rather than the sweep's. A per-round depth
+(`depth_per_round`, rakv.depth) cannot be replayed at all: the sweep measured fixed k only. Replayed
+variants therefore decide k per request (depth_per_round off), and the table's first row per
+configuration is the study's own live rakv-asd runs, judged by the same statistics.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import pandas as pd
 
@@ -48,7 +53,7 @@ def parse_overrides(items: list[str]) -> dict:
             raise RakvError(f"'{item}' is not name=value of a controller option ({', '.join(ControllerConfig.FIELDS)})")
         if name == "k_set":
             out[name] = tuple(int(v) for v in value.strip("[]").split(","))
-        elif name == "match_rate":
+        elif name in ("match_rate", "depth_per_round"):
             out[name] = value.lower() in ("1", "true", "yes", "on")
         else:
             out[name] = float(value)
@@ -106,22 +111,30 @@ def variant_statistics(runs: pd.DataFrame, replayed: pd.DataFrame, configuration
     return analysis.configuration_statistics(part, meas, analysis.strategy_latencies(part, meas), seed, resamples)
 
 
-def standard_variants(study: ControllerConfig, changes: dict | None = None) -> dict[str, ControllerConfig]:
-    """The configured default, the controller the study ran (when it differs), and each of `changes` (default:
-    VARIANTS) applied to the configured default."""
-    default = ControllerConfig.default()
-    variants = {"default (conf/controller)": default}
-    if study != default:
-        variants["as the study ran it"] = study
+LIVE = "live: the study's rakv-asd runs"
+
+
+def replayable(config: ControllerConfig) -> ControllerConfig:
+    """What replay can evaluate of a controller: its request-level decisions (rakv.depth is live only)."""
+    return replace(config, depth_per_round=False)
+
+
+def standard_variants(study: ControllerConfig, changes: dict | None = None) -> dict[str, ControllerConfig | None]:
+    """The study's live runs (None: not replayed), the configured default and the controller the study ran (when
+    it differs), each replayed, and each of `changes` (default: VARIANTS) applied to the configured default."""
+    default = replayable(ControllerConfig.default())
+    variants = {LIVE: None, "default (conf/controller), replayed": default}
+    if replayable(study) != default:
+        variants["as the study ran it, replayed"] = replayable(study)
     for name, change in (VARIANTS if changes is None else changes).items():
         variants[name] = replace(default, **change)
     return variants
 
 
-def ablation_table(runs: pd.DataFrame, tables: dict, variants: dict[str, ControllerConfig],
-                   resamples: int = 1000) -> pd.DataFrame:
+def ablation_table(runs: pd.DataFrame, tables: dict, variants: dict[str, ControllerConfig | None],
+                   resamples: int = 1000, study: ControllerConfig | None = None) -> pd.DataFrame:
     """One row per (configuration, variant): regret, accuracy, ranking, error, and latency against the best
-    fixed action, with CIs."""
+    fixed action, with CIs. A variant None is the study's live runs (`study`: the controller they ran)."""
     meas = analysis.measurements(runs)
     default = ControllerConfig.default()
     rows = []
@@ -130,7 +143,12 @@ def ablation_table(runs: pd.DataFrame, tables: dict, variants: dict[str, Control
         if table is None:
             raise RakvError(f"no calibration kept for configuration {configuration}")
         for name, config in variants.items():
-            replayed = replay(runs, meas, table, config, configuration)
+            if config is None:
+                config = study or default
+                replayed = runs[(runs.kind == "strategy") & (runs.strategy == ADAPTIVE)
+                                & (runs.configuration == configuration)]
+            else:
+                replayed = replay(runs, meas, table, config, configuration)
             s = variant_statistics(runs, replayed, configuration, resamples=resamples)
             changed = {k: v for k, v in asdict(config).items() if v != getattr(default, k)}
             rows.append({"configuration": configuration, "variant": name,
@@ -142,6 +160,15 @@ def ablation_table(runs: pd.DataFrame, tables: dict, variants: dict[str, Control
                          "best_fixed_action": s["best_fixed_action"],
                          "speculative_share": float((replayed.k > 0).mean())})
     return pd.DataFrame(rows)
+
+
+def study_ablations(results: Path, changes: dict | None = None, resamples: int = 1000) -> pd.DataFrame:
+    """The ablation table of a finished study folder: its live runs, then the standard variants (or `changes`)."""
+    runs = pd.read_parquet(Path(results) / "study" / "runs.parquet")
+    meta = json.loads((Path(results) / "study" / "metadata.json").read_text())
+    study = ControllerConfig.from_conf(meta["config"]["controller"])
+    return ablation_table(runs, analysis.tables_by_configuration(runs, results), standard_variants(study, changes),
+                          resamples, study)
 
 
 def format_table(frame: pd.DataFrame) -> str:

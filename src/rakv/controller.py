@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from rakv.actions import Action, parse_k_set
 from rakv.cache import Hit
 from rakv.costmodel import CostTable, RequestFeatures, action_kv_bytes, estimate_latency
+from rakv.depth import MATCH_CLASSES, RoundDepth
 from rakv.errors import RakvError
 from rakv.paths import conf_file
 
@@ -30,9 +31,11 @@ class ControllerConfig:
     tie_margin: float = 0.0  # estimates within this share of the best are ties, broken toward less speculation
     explore_every: int = 0  # every n-th decision that picks k = 0 runs the best k > 0 action instead (0: never)
     match_rate: bool = False  # model the share of rounds in which the proposer offers candidates (EWMA)
+    depth_per_round: bool = False  # revise k every round from prompt lookup's match (rakv.depth)
+    depth_prior_rounds: float = 4.0  # weight, in rounds, of the acceptance across requests against the request's own
 
     FIELDS = ("k_set", "beta", "memory_penalty_s_per_byte", "memory_budget_mib", "tie_margin", "explore_every",
-              "match_rate")
+              "match_rate", "depth_per_round", "depth_prior_rounds")
 
     def __post_init__(self):
         object.__setattr__(self, "k_set", parse_k_set(self.k_set))
@@ -46,6 +49,8 @@ class ControllerConfig:
             raise RakvError(f"controller memory_penalty_s_per_byte must be >= 0, got {self.memory_penalty_s_per_byte}")
         if self.memory_budget_mib <= 0:
             raise RakvError(f"controller memory_budget_mib must be positive, got {self.memory_budget_mib}")
+        if not self.depth_prior_rounds > 0:
+            raise RakvError(f"controller depth_prior_rounds must be positive, got {self.depth_prior_rounds}")
 
     @classmethod
     def from_conf(cls, conf) -> "ControllerConfig":
@@ -67,6 +72,7 @@ class Decision:
     explored: bool = False  # an exploration probe: the best k > 0 action run instead of the chosen k = 0
     alpha_after: float | None = None  # set once the chosen action's rounds have been observed
     tracker_after: tuple[float, ...] | None = None  # the EWMA state then (accepted, rejected, matched): exact resume
+    by_match_after: dict[str, tuple[float, ...]] | None = None  # the per-match-class EWMAs then (rakv.depth)
 
 
 @dataclass
@@ -141,6 +147,8 @@ class Controller:
 
     def __post_init__(self):
         self.tracker = AcceptanceTracker(self.table.acceptance, self.config.beta, self.table.match_rate)
+        # acceptance per prompt-lookup match class, learnt from the rounds of earlier requests (rakv.depth)
+        self.by_match = {c: AcceptanceTracker(self.table.acceptance, self.config.beta) for c in MATCH_CLASSES}
         self.decisions = 0  # counts decisions for the exploration schedule (journaled with the tracker state)
 
     @property
@@ -180,6 +188,27 @@ class Controller:
                         predictions={a.label: v for a, v in predictions.items()}, alpha_before=self.alpha,
                         decision_s=time.perf_counter() - start, explored=explored)
 
-    def observe(self, round_log: list[tuple[int, int]], empty_rounds: int = 0) -> None:
-        """Update alpha (and the match rate) only from speculative rounds that actually ran."""
+    def round_depth(self, proposer: str) -> RoundDepth | None:
+        """A per-round depth for one request (None: the option is off, or the proposer pays per candidate)."""
+        if not self.config.depth_per_round or proposer != "prompt-lookup":
+            return None
+        return RoundDepth(self.table, self.config.k_set, {c: t.alpha for c, t in self.by_match.items()},
+                          self.config.depth_prior_rounds)
+
+    def observe(self, round_log: list[tuple[int, int]], empty_rounds: int = 0, depth: RoundDepth | None = None) -> None:
+        """Update alpha (and the match rate) only from speculative rounds that actually ran; a per-round depth's
+        rounds (its shadow rounds included) update their match class's acceptance."""
         self.tracker.observe(round_log, empty_rounds)
+        for match, proposed, accepted in depth.log if depth is not None else ():
+            self.by_match[match].observe_mean(accepted, float(accepted < proposed), 1)
+
+    @property
+    def by_match_state(self) -> dict[str, tuple[float, ...]]:
+        return {c: t.state for c, t in self.by_match.items()}
+
+    def restore(self, tracker_state, by_match_state: dict | None, decisions: int) -> None:
+        """Continue from a journaled state (a resumed study makes the decisions an uninterrupted one makes)."""
+        self.tracker.restore(tracker_state)
+        for c, state in (by_match_state or {}).items():
+            self.by_match[c].restore(state)
+        self.decisions = decisions

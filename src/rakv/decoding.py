@@ -11,10 +11,13 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from transformers import DynamicCache
+
+if TYPE_CHECKING:
+    from rakv.depth import RoundDepth
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,7 @@ class DecodeState:
     round_log: list[tuple[int, int]] = field(default_factory=list)  # (proposed, accepted) per speculative round
     finished: bool = False
     empty_rounds: int = 0  # rounds whose proposer offered no candidate (prompt lookup without a match, or the budget)
+    plain_rounds: int = 0  # rounds whose candidates a per-round depth (rakv.depth) chose not to verify
     peak_kv_bytes: int = 0  # most K/V held at once: the target's cache plus the proposer's (rejected positions too)
 
     def note_memory(self, cache, proposer=None) -> None:
@@ -191,15 +195,21 @@ def decode_autoregressive(target, cache, state: DecodeState, sampling, generator
 
 
 def decode_speculative(target, cache, proposer, k: int, prompt: list[int], state: DecodeState, sampling,
-                       generator, timer: PhaseTimer, device) -> None:
-    """Speculative rounds until done. Invariant: `cache` holds prompt + all confirmed tokens but the last."""
+                       generator, timer: PhaseTimer, device, depth: RoundDepth | None = None) -> None:
+    """Speculative rounds until done. Invariant: `cache` holds prompt + all confirmed tokens but the last.
+
+    `depth` (rakv.depth): propose up to its largest k, keep the k it chooses for this round's match."""
     with timer.phase("draft_prefill"):
         proposer.start(prompt + state.tokens)
     while not state.finished:
         context = prompt + state.tokens
-        k_round = min(k, state.max_new_tokens - len(state.tokens) - 1)  # never draft past the budget
+        k_round = min(depth.max_k if depth else k, state.max_new_tokens - len(state.tokens) - 1)  # not past the budget
         with timer.phase("propose"):
             candidates, proposal = proposer.propose(context, k_round, sampling, generator) if k_round else ([], None)
+            offered, match = candidates, getattr(proposer, "match_class", None)
+            if depth is not None and candidates:
+                kept = depth.choose(len(context), len(candidates), match)
+                candidates, proposal = candidates[:kept], (proposal[:kept] if proposal is not None else None)
         ids = torch.tensor([[context[-1], *candidates]], dtype=torch.long, device=device)
         with timer.phase("verify"):
             logits = forward(target, ids, cache)
@@ -214,6 +224,11 @@ def decode_speculative(target, cache, proposer, k: int, prompt: list[int], state
             proposer.rollback(len(context) + accepted)
         if candidates:
             state.round_log.append((len(candidates), accepted))
+            if depth is not None:
+                depth.observe(match, len(candidates), accepted)
+        elif offered:  # the depth kept none: the target's token still says whether the first would have passed
+            state.plain_rounds += 1
+            depth.observe(match, 1, int(new_tokens[0] == offered[0]))
         else:
             state.empty_rounds += 1
         state.emit(new_tokens)

@@ -25,6 +25,7 @@ from rakv.proposers import DraftModelProposer, PromptLookupProposer
 
 if TYPE_CHECKING:
     from rakv.controller import Decision
+    from rakv.depth import RoundDepth
 
 PROPOSERS = ("draft", "prompt-lookup")
 
@@ -54,6 +55,7 @@ class RequestResult:
     accepted: int
     rejections: int  # rounds that ended at a rejected candidate
     empty_rounds: int  # speculative rounds without a candidate (one target token each)
+    plain_rounds: int  # rounds whose candidates a per-round depth chose not to verify (one target token each)
     ttft_s: float
     latency_s: float
     tokens_per_s: float
@@ -92,7 +94,8 @@ class RequestResult:
                    decision_s=decision.decision_s if decision else None,
                    ewma_accepted=decision.tracker_after[0] if decision and decision.tracker_after else None,
                    ewma_rejected=decision.tracker_after[1] if decision and decision.tracker_after else None,
-                   ewma_matched=decision.tracker_after[2] if decision and decision.tracker_after else None)
+                   ewma_matched=decision.tracker_after[2] if decision and decision.tracker_after else None,
+                   ewma_by_match=json.dumps(decision.by_match_after) if decision and decision.by_match_after else None)
         return row
 
     def to_json(self) -> dict:
@@ -147,8 +150,9 @@ class Engine:
     @torch.inference_mode()
     def run(self, token_ids: list[int], action: Action, max_new_tokens: int, *, sampling: Sampling = Sampling(),
             salt: str | None = None, ignore_eos: bool = False, on_token: Callable[[int], None] | None = None,
-            proposer=None, request_id: str = "0") -> RequestResult:
-        """Generate for one prompt under one action; the store is read only when `action.reuse`."""
+            proposer=None, request_id: str = "0", depth: RoundDepth | None = None) -> RequestResult:
+        """Generate for one prompt under one action; the store is read only when `action.reuse`; `depth`: revise
+        k every round (rakv.depth; only with k > 0)."""
         self.check_lengths(len(token_ids), max_new_tokens)
         device, target = self.pair.device, self.pair.target.module
         ns = self.namespace(salt)
@@ -176,7 +180,8 @@ class Engine:
         if action.k == 0:
             decode_autoregressive(target, cache, state, sampling, generator, timer, device)
         else:
-            decode_speculative(target, cache, proposer, action.k, prompt, state, sampling, generator, timer, device)
+            decode_speculative(target, cache, proposer, action.k, prompt, state, sampling, generator, timer, device,
+                               depth)
         latency = timer.now() - start
 
         with timer.phase("store_insert"):
@@ -191,7 +196,7 @@ class Engine:
             text=self.pair.tokenizer.decode(state.tokens, skip_special_tokens=True),
             reuse=action.reuse, k=action.k, proposer=getattr(proposer, "name", "none"),
             rounds=state.rounds, proposed=state.proposed, accepted=state.accepted, rejections=state.rejections,
-            empty_rounds=state.empty_rounds,
+            empty_rounds=state.empty_rounds, plain_rounds=state.plain_rounds,
             ttft_s=ttft, latency_s=latency, tokens_per_s=len(state.tokens) / latency,
             prefill_s=s["prefill"], kv_copy_s=s["kv_copy"], draft_prefill_s=s["draft_prefill"],
             propose_s=s["propose"], verify_s=s["verify"], rollback_s=s["rollback"], decode_s=s["decode"],

@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from rakv.decoding import Sampling, crop_cache, forward, probabilities
+from rakv.depth import match_class
 from rakv.kernels import new_kv_cache
 
 
@@ -100,18 +101,26 @@ class PromptLookupProposer:
     max_ngram: int = 3
     min_ngram: int = 1
     name: str = "prompt-lookup"
+    matched_ngram: int = 0  # length of the n-gram the last proposal continues (0: none found)
 
     def start(self, context):
         pass
 
+    @property
+    def match_class(self) -> str:
+        """The last proposal's match class (rakv.depth: how far its acceptance can be trusted)."""
+        return match_class(self.matched_ngram)
+
     def propose(self, context, k, sampling, generator):
         seq = np.asarray(context, dtype=np.int64)
+        self.matched_ngram = 0
         for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
             tail = seq[-n:]
             windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)
             starts = np.flatnonzero((windows == tail).all(axis=1))
             if starts.size:
                 follow = int(starts[-1]) + n
+                self.matched_ngram = n
                 return seq[follow:follow + k].tolist(), None
         return [], None
 

@@ -35,13 +35,15 @@ def run_strategy(engine: Engine, strategy: str, token_ids: list[int], new_tokens
         hit = engine.peek(token_ids, run_kwargs.get("salt"))
         decision = controller.decide(len(token_ids), hit, new_tokens)
         decision.decision_s = time.perf_counter() - start
-        result = engine.run(token_ids, decision.action, new_tokens, **run_kwargs)
+        depth = controller.round_depth(engine.proposer) if decision.action.k else None
+        result = engine.run(token_ids, decision.action, new_tokens, depth=depth, **run_kwargs)
         # peek and decision are part of serving this request: in its time to first token and latency
         result.ttft_s += decision.decision_s
         result.latency_s += decision.decision_s
         result.tokens_per_s = result.new_tokens / result.latency_s
-        controller.observe(result.round_log, result.empty_rounds)
+        controller.observe(result.round_log, result.empty_rounds, depth)
         decision.alpha_after, decision.tracker_after = controller.alpha, controller.tracker.state
+        decision.by_match_after = controller.by_match_state
         result.decision, result.predicted_latency_s = decision, decision.predicted_latency_s
     else:
         hit = engine.peek(token_ids, run_kwargs.get("salt"))  # for the prediction and the record; not timed

@@ -290,12 +290,13 @@ def _execute(cfg, p: PreparedConfiguration, todo: list[PlannedRun], journal: Jou
     first = next(iter(p.prompts.values()))[0]
     for _ in range(grid.model_warmup_requests):  # warm kernels and allocator before timing
         engine.run(list(first.token_ids), Action(True, max(cfg.controller.k_set)), grid.new_tokens, ignore_eos=True)
-    states = [(r["ewma_accepted"], r["ewma_rejected"], r.get("ewma_matched"))
-              for r in sorted(journal.rows, key=lambda r: r["order"])
+    states = [r for r in sorted(journal.rows, key=lambda r: r["order"])
               if r["configuration"] == p.configuration.name and r.get("ewma_accepted") is not None]
     if states:  # resume the controller exactly where the interrupted run left it
-        controller.tracker.restore(states[-1])
-        controller.decisions = len(states)  # the exploration schedule counts decisions
+        last = states[-1]
+        by_match = last.get("ewma_by_match")
+        controller.restore((last["ewma_accepted"], last["ewma_rejected"], last.get("ewma_matched")),
+                           json.loads(by_match) if by_match else None, len(states))
     position = {s.run_id: i for i, s in enumerate(p.mine)}
     for planned in tqdm(todo, desc=f"study {p.configuration.name}", unit="run", dynamic_ncols=True, mininterval=2):
         prompt, scenario = scenario_of(p, planned)
