@@ -219,3 +219,29 @@ def test_generated_sentences_follow_the_sign_of_the_interval():
     assert comparison([-0.2, -0.3, -0.1], "kv-only") == \
         "20.0\\% higher latency than KV-only (95\\% CI [10.0\\%, 30.0\\%])"
     assert comparison([0.01, -0.02, 0.04], "kv-only").startswith("a latency not distinguishable from KV-only's")
+
+
+def test_acceptance_mape_separates_the_requests_acceptance_from_the_costs():
+    """Latencies made exactly by the cost model at each prompt's own acceptance: with that acceptance the
+    re-evaluated model is exact; with the one calibrated acceptance it is not."""
+    from rakv.costmodel import CostTable, Curve, RequestFeatures, estimate_latency
+
+    flat = lambda v: Curve([v], 1.0, 0.0)  # noqa: E731
+    table = CostTable(key={}, target_prefill=Curve([0.002, 0.0], 1.0, 0.0), target_step=flat(0.02),
+                      verify={k: flat(0.024) for k in (1, 4)}, propose={k: flat(0.0) for k in (1, 4)},
+                      proposer_prefill=flat(0.0), kv_copy=flat(0.0), target_kv_bytes_per_token=0.0,
+                      proposer_kv_bytes_per_token=0.0, acceptance=0.5, acceptance_rounds=10)
+    rows = []
+    for prompt, alpha in (("p1", 0.2), ("p2", 0.5), ("p3", 0.9)):
+        for k in (0, 1, 4):
+            latency = estimate_latency(table, RequestFeatures(100, 0, 32), False, k, alpha)
+            for repeat in range(2):
+                rows.append({"run_id": f"{prompt}-{k}-{repeat}", "configuration": "c", "dataset": "d",
+                             "prompt_id": prompt, "scenario": "cold", "action": f"r0k{k}", "k": k, "reuse": False,
+                             "repeat": repeat, "latency_s": latency, "predicted_latency_s": latency,
+                             "accepted": 90 * alpha * (k > 0), "rejections": 90 * (1 - alpha) * (k > 0),
+                             "prompt_tokens": 100, "available_hit_tokens": 0, "exact_hit": False, "new_tokens": 32,
+                             "peak_kv_bytes": 0})
+    result = analysis.acceptance_mape(pd.DataFrame(rows), {"c": table}, resamples=200)["c"]
+    assert result["prompt"][0] == pytest.approx(0.0, abs=1e-12)
+    assert result["calibrated"][0] > 0.05  # p1 and p3 are mispredicted at alpha 0.5 (p2 is exact)

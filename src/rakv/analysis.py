@@ -297,6 +297,47 @@ def mape_errors(meas: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def prompt_acceptance(meas: pd.DataFrame) -> pd.Series:
+    """Per (configuration, dataset, prompt): the per-token acceptance of all its speculative measurements."""
+    spec = meas[meas.k > 0].drop_duplicates(["configuration", "run_id"])
+    totals = spec.groupby(["configuration"] + PROMPT)[["accepted", "rejections"]].sum()
+    return (totals.accepted / (totals.accepted + totals.rejections)).rename("alpha")
+
+
+def acceptance_mape(meas: pd.DataFrame, tables: dict, seed=0, resamples=2000) -> dict:
+    """How much of the cost model's error is the acceptance it cannot know before a request: per configuration,
+    the MAPE (as `mape_errors`) of C(r, k) re-evaluated with the calibrated acceptance for every prompt, and with
+    each prompt's own acceptance measured in the study (an oracle no controller has)."""
+    from rakv.costmodel import RequestFeatures, estimate_latency
+
+    alphas = prompt_acceptance(meas)
+    out = {}
+    for name, part in meas.groupby("configuration"):
+        table = tables.get(name)
+        if table is None:
+            continue
+        rows = part.drop_duplicates(SCENARIO + ["action"])
+
+        def predicted(alpha_of):
+            values = {}
+            for r in rows.itertuples(index=False):
+                features = RequestFeatures(int(r.prompt_tokens), int(r.available_hit_tokens) if r.reuse else 0,
+                                           int(r.new_tokens), bool(r.exact_hit))
+                values[tuple(getattr(r, c) for c in SCENARIO) + (r.action,)] = estimate_latency(
+                    table, features, bool(r.reuse), int(r.k), alpha_of(r))
+            return values
+
+        variants = {"calibrated": predicted(lambda r: table.acceptance),
+                    "prompt": predicted(lambda r: alphas.get((name, r.dataset, r.prompt_id), table.acceptance))}
+        stats_ = action_stats(part)
+        keys = [tuple(getattr(r, c) for c in SCENARIO) + (r.action,) for r in stats_.itertuples(index=False)]
+        out[name] = {}
+        for variant, values in variants.items():
+            error = (np.array([values[key] for key in keys]) - stats_.measured_s).abs() / stats_.measured_s
+            out[name][variant] = cluster_ci(prompt_keys(stats_), error, seed=seed, resamples=resamples)
+    return out
+
+
 def spearman_table(meas: pd.DataFrame) -> pd.DataFrame:
     """Per scenario: Spearman's rho between predicted and mean measured latency over its actions."""
     table = action_stats(meas)
@@ -603,6 +644,7 @@ def summarize(results: Path, seed: int = 0, resamples: int = 2000) -> dict:
     tables = tables_by_configuration(runs, results)
     summary["acceptance"] = acceptance_table(runs, tables, **ci).to_dict("records")
     summary["peak_kv"] = peak_memory_table(meas, runs).to_dict("records")
+    summary["acceptance_mape"] = acceptance_mape(meas, tables, **ci)
     sens = results / "sensitivity"
     if (sens / "crossover.parquet").exists():
         crossover = pd.read_parquet(sens / "crossover.parquet")

@@ -126,6 +126,18 @@ def limitations(summary: dict, meta: dict) -> str:
     if mapes:
         worst = max(mapes, key=mapes.get)
         text.append(f"The cost model's largest MAPE is {pct(mapes[worst])} (\\texttt{{{tex_escape(worst)}}}).")
+    known = {n: v for n, v in summary.get("acceptance_mape", {}).items()
+             if not missing(v["calibrated"][0]) and not missing(v["prompt"][0])}
+    if known:
+        text.append("Re-evaluated with one calibrated acceptance for every prompt, its MAPE is "
+                    + ", ".join(f"{pct(v['calibrated'][0])} (\\texttt{{{tex_escape(n)}}})" for n, v in known.items())
+                    + "; with each prompt's own acceptance measured in the study, which no controller knows before "
+                    "the request, it is " + ", ".join(f"{ci_text(v['prompt'])}" for v in known.values()) + ".")
+        lower = [n for n, v in known.items() if v["prompt"][2] < v["calibrated"][0]]
+        if lower:
+            text.append("For " + ", ".join(f"\\texttt{{{tex_escape(n)}}}" for n in lower) + " the upper end of that "
+                        "interval lies below the calibrated-acceptance error: that part of the error is the request's "
+                        "acceptance, not the measured costs.")
     feas = summary["feasibility"]
     if feas.get("status") != "ran":
         text.append("The feasibility pair's weights were unavailable: "
