@@ -222,7 +222,7 @@ def test_generated_sentences_follow_the_sign_of_the_interval():
 
 
 def test_acceptance_mape_separates_the_requests_acceptance_from_the_costs():
-    """Latencies made exactly by the cost model at each prompt's own acceptance: with that acceptance the
+    """Latencies made exactly by the cost model at each prompt's own acceptance and match rate: with those the
     re-evaluated model is exact; with the one calibrated acceptance it is not."""
     from rakv.costmodel import CostTable, Curve, RequestFeatures, estimate_latency
 
@@ -232,14 +232,15 @@ def test_acceptance_mape_separates_the_requests_acceptance_from_the_costs():
                       proposer_prefill=flat(0.0), kv_copy=flat(0.0), target_kv_bytes_per_token=0.0,
                       proposer_kv_bytes_per_token=0.0, acceptance=0.5, acceptance_rounds=10)
     rows = []
-    for prompt, alpha in (("p1", 0.2), ("p2", 0.5), ("p3", 0.9)):
+    for prompt, alpha, match in (("p1", 0.2, 1.0), ("p2", 0.5, 1.0), ("p3", 0.9, 0.5)):
         for k in (0, 1, 4):
-            latency = estimate_latency(table, RequestFeatures(100, 0, 32), False, k, alpha)
+            latency = estimate_latency(table, RequestFeatures(100, 0, 32), False, k, alpha, 0.0, match)
             for repeat in range(2):
                 rows.append({"run_id": f"{prompt}-{k}-{repeat}", "configuration": "c", "dataset": "d",
                              "prompt_id": prompt, "scenario": "cold", "action": f"r0k{k}", "k": k, "reuse": False,
                              "repeat": repeat, "latency_s": latency, "predicted_latency_s": latency,
                              "accepted": 90 * alpha * (k > 0), "rejections": 90 * (1 - alpha) * (k > 0),
+                             "rounds": 90 * (k > 0), "empty_rounds": 90 * (1 / match - 1) * (k > 0),
                              "prompt_tokens": 100, "available_hit_tokens": 0, "exact_hit": False, "new_tokens": 32,
                              "peak_kv_bytes": 0})
     result = analysis.acceptance_mape(pd.DataFrame(rows), {"c": table}, resamples=200)["c"]

@@ -297,20 +297,23 @@ def mape_errors(meas: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def prompt_acceptance(meas: pd.DataFrame) -> pd.Series:
-    """Per (configuration, dataset, prompt): the per-token acceptance of all its speculative measurements."""
+def prompt_acceptance(meas: pd.DataFrame) -> pd.DataFrame:
+    """Per (configuration, dataset, prompt), over all its speculative measurements: the per-token acceptance
+    `alpha`, and the share of rounds with candidates `match_rate` (1 where empty rounds were not recorded)."""
     spec = meas[meas.k > 0].drop_duplicates(["configuration", "run_id"])
-    totals = spec.groupby(["configuration"] + PROMPT)[["accepted", "rejections"]].sum()
-    return (totals.accepted / (totals.accepted + totals.rejections)).rename("alpha")
+    spec = spec.assign(no_match=spec["empty_rounds"].fillna(0) if "empty_rounds" in spec else 0)
+    totals = spec.groupby(["configuration"] + PROMPT)[["accepted", "rejections", "rounds", "no_match"]].sum()
+    return pd.DataFrame({"alpha": totals["accepted"] / (totals["accepted"] + totals["rejections"]),
+                         "match_rate": totals["rounds"] / (totals["rounds"] + totals["no_match"])})
 
 
 def acceptance_mape(meas: pd.DataFrame, tables: dict, seed=0, resamples=2000) -> dict:
     """How much of the cost model's error is the acceptance it cannot know before a request: per configuration,
     the MAPE (as `mape_errors`) of C(r, k) re-evaluated with the calibrated acceptance for every prompt, and with
-    each prompt's own acceptance measured in the study (an oracle no controller has)."""
+    each prompt's own acceptance and match rate measured in the study (an oracle no controller has)."""
     from rakv.costmodel import RequestFeatures, estimate_latency
 
-    alphas = prompt_acceptance(meas)
+    own = prompt_acceptance(meas)
     out = {}
     for name, part in meas.groupby("configuration"):
         table = tables.get(name)
@@ -318,17 +321,18 @@ def acceptance_mape(meas: pd.DataFrame, tables: dict, seed=0, resamples=2000) ->
             continue
         rows = part.drop_duplicates(SCENARIO + ["action"])
 
-        def predicted(alpha_of):
+        def predicted(known: bool):
             values = {}
             for r in rows.itertuples(index=False):
                 features = RequestFeatures(int(r.prompt_tokens), int(r.available_hit_tokens) if r.reuse else 0,
                                            int(r.new_tokens), bool(r.exact_hit))
+                key = (name, r.dataset, r.prompt_id)
+                alpha, match = own.loc[key] if known and key in own.index else (table.acceptance, 1.0)
                 values[tuple(getattr(r, c) for c in SCENARIO) + (r.action,)] = estimate_latency(
-                    table, features, bool(r.reuse), int(r.k), alpha_of(r))
+                    table, features, bool(r.reuse), int(r.k), float(alpha), 0.0, float(match))
             return values
 
-        variants = {"calibrated": predicted(lambda r: table.acceptance),
-                    "prompt": predicted(lambda r: alphas.get((name, r.dataset, r.prompt_id), table.acceptance))}
+        variants = {"calibrated": predicted(False), "prompt": predicted(True)}
         stats_ = action_stats(part)
         keys = [tuple(getattr(r, c) for c in SCENARIO) + (r.action,) for r in stats_.itertuples(index=False)]
         out[name] = {}

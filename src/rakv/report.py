@@ -131,7 +131,8 @@ def limitations(summary: dict, meta: dict) -> str:
     if known:
         text.append("Re-evaluated with one calibrated acceptance for every prompt, its MAPE is "
                     + ", ".join(f"{pct(v['calibrated'][0])} (\\texttt{{{tex_escape(n)}}})" for n, v in known.items())
-                    + "; with each prompt's own acceptance measured in the study, which no controller knows before "
+                    + "; with each prompt's own acceptance and share of rounds with candidates measured in the study, "
+                    "which no controller knows before "
                     "the request, it is " + ", ".join(f"{ci_text(v['prompt'])}" for v in known.values()) + ".")
         lower = [n for n, v in known.items() if v["prompt"][2] < v["calibrated"][0]]
         if lower:
