@@ -192,3 +192,14 @@ def test_per_round_depth_keeps_greedy_output_and_accounts_every_round(tiny_pair,
         assert result.rounds == 0 and result.plain_rounds > 0  # nothing is worth verifying at alpha 0
     if prior == 1.0:
         assert result.plain_rounds == 0 and max(p for _, p, _ in depth.log) > 4  # deeper than the request's k
+
+
+def test_per_round_depth_refuses_a_proposer_without_match_classes(engine):
+    from types import SimpleNamespace
+
+    from rakv.depth import RoundDepth
+    from rakv.errors import RakvError
+
+    costs = SimpleNamespace(target_step=lambda c: 0.020, verify={4: lambda c: 0.024})
+    with pytest.raises(RakvError, match="needs a proposer with match classes"):
+        engine.run(BASE, Action(False, 4), N, depth=RoundDepth(costs, (0, 4), {"unigram": 0.5, "ngram": 0.5}, 4.0))

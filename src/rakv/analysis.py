@@ -313,8 +313,10 @@ def acceptance_mape(meas: pd.DataFrame, tables: dict, seed=0, resamples=2000) ->
     each prompt's own acceptance and match rate measured in the study (an oracle no controller has)."""
     from rakv.costmodel import RequestFeatures, estimate_latency
 
-    own = prompt_acceptance(meas)
     out = {}
+    if not any(t is not None for t in tables.values()):
+        return out  # nothing calibrated to re-evaluate
+    own = prompt_acceptance(meas)
     for name, part in meas.groupby("configuration"):
         table = tables.get(name)
         if table is None:

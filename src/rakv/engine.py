@@ -160,6 +160,9 @@ class Engine:
         prompt_array = np.asarray(prompt, dtype=np.int64)
         generator = None if sampling.greedy else torch.Generator(device=device).manual_seed(sampling.seed)
         proposer = proposer if proposer is not None else (self.make_proposer() if action.k else None)
+        if depth is not None and not hasattr(proposer, "match_class"):
+            raise RakvError(f"a per-round depth needs a proposer with match classes (prompt lookup), not "
+                            f"{getattr(proposer, 'name', 'none')}")
         timer = PhaseTimer(device)
         state = DecodeState(max_new_tokens, self.pair.eos_token_id, ignore_eos, on_token)
 
