@@ -252,7 +252,7 @@ def memory_table(rows: list[dict]) -> str:
 
 def ablation_table(frame: pd.DataFrame) -> str:
     """The controller ablations (rakv.ablation.ablation_table) as a LaTeX table."""
-    lines = [r"\begin{tabular}{p{4.4cm}lllllll}", r"\toprule",
+    lines = [r"\begin{tabular}{>{\raggedright\arraybackslash}p{4.4cm}lllllll}", r"\toprule",
              r"Variant & Mean regret & Worst & Acc.\ strict & Acc.\ within noise & Spearman & vs best fixed & Spec.\ share \\",
              r"\midrule"]
     for name, part in frame.groupby("configuration", sort=False):
