@@ -26,7 +26,6 @@ from pathlib import Path
 import pandas as pd
 
 from rakv import analysis
-from rakv.actions import ADAPTIVE
 from rakv.cache import Hit
 from rakv.controller import Controller, ControllerConfig
 from rakv.errors import RakvError
@@ -73,7 +72,7 @@ def empty_rounds(run) -> int:
 
 def replay(runs: pd.DataFrame, meas: pd.DataFrame, table, config: ControllerConfig, configuration: str) -> pd.DataFrame:
     """The configuration's rakv-asd runs as a controller with `config` would have made them."""
-    live = runs[(runs.kind == "strategy") & (runs.strategy == ADAPTIVE) & (runs.configuration == configuration)]
+    live = runs[analysis.adaptive_mask(runs, configuration)]
     part = meas[meas.configuration == configuration]
     repeats = part.repeat.nunique()
     lookup = part.set_index(["dataset", "prompt_id", "scenario", "action", "repeat"]).sort_index()
@@ -103,7 +102,7 @@ def replay(runs: pd.DataFrame, meas: pd.DataFrame, table, config: ControllerConf
 def variant_statistics(runs: pd.DataFrame, replayed: pd.DataFrame, configuration: str, seed: int = 0,
                        resamples: int = 1000) -> dict:
     """rakv.analysis's statistics of one configuration with its rakv-asd runs replaced by `replayed`."""
-    live = (runs.kind == "strategy") & (runs.strategy == ADAPTIVE) & (runs.configuration == configuration)
+    live = analysis.adaptive_mask(runs, configuration)
     full = pd.concat([runs[~live], replayed], ignore_index=True)
     meas = analysis.measurements(full)
     meas = meas[meas.configuration == configuration]
@@ -145,8 +144,7 @@ def ablation_table(runs: pd.DataFrame, tables: dict, variants: dict[str, Control
         for name, config in variants.items():
             if config is None:
                 config = study or default
-                replayed = runs[(runs.kind == "strategy") & (runs.strategy == ADAPTIVE)
-                                & (runs.configuration == configuration)]
+                replayed = runs[analysis.adaptive_mask(runs, configuration)]
             else:
                 replayed = replay(runs, meas, table, config, configuration)
             s = variant_statistics(runs, replayed, configuration, resamples=resamples)

@@ -178,10 +178,16 @@ def held_out_oracle(meas: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=INSTANCE + ["oracle_action", "oracle_s", "oracle_tokens_per_s"])
 
 
+def adaptive_mask(runs: pd.DataFrame, configuration: str | None = None) -> pd.Series:
+    """Which rows are the controller's own (rakv-asd) runs, optionally of one configuration."""
+    mask = (runs.kind == "strategy") & (runs.strategy == ADAPTIVE)
+    return mask if configuration is None else mask & (runs.configuration == configuration)
+
+
 def controller_choices(runs: pd.DataFrame, meas: pd.DataFrame | None = None) -> pd.DataFrame:
     """Each rakv-asd run with its scenario's oracle, its cross-fitted regret, and whether it is a tie."""
     meas = measurements(runs) if meas is None else meas
-    chosen = runs[(runs.kind == "strategy") & (runs.strategy == ADAPTIVE)][INSTANCE + ["action", "k"]]
+    chosen = runs[adaptive_mask(runs)][INSTANCE + ["action", "k"]]
     oracle = oracle_table(meas)[SCENARIO + ["oracle_action", "oracle_k"]]
     samples = {key: group.groupby("action").latency_s.apply(np.asarray) for key, group in meas.groupby(SCENARIO)}
     matrices = {key: group.pivot_table(index="action", columns="repeat", values="latency_s")
@@ -317,30 +323,25 @@ def acceptance_mape(meas: pd.DataFrame, tables: dict, seed=0, resamples=2000) ->
     if not any(t is not None for t in tables.values()):
         return out  # nothing calibrated to re-evaluate
     own = prompt_acceptance(meas)
+    features = ["prompt_tokens", "available_hit_tokens", "new_tokens", "exact_hit"]
     for name, part in meas.groupby("configuration"):
         table = tables.get(name)
         if table is None:
             continue
-        rows = part.drop_duplicates(SCENARIO + ["action"])
-
-        def predicted(known: bool):
-            values = {}
-            for r in rows.itertuples(index=False):
-                features = RequestFeatures(int(r.prompt_tokens), int(r.available_hit_tokens) if r.reuse else 0,
-                                           int(r.new_tokens), bool(r.exact_hit))
-                key = (name, r.dataset, r.prompt_id)
-                alpha, match = own.loc[key] if known and key in own.index else (table.acceptance, 1.0)
-                values[tuple(getattr(r, c) for c in SCENARIO) + (r.action,)] = estimate_latency(
-                    table, features, bool(r.reuse), int(r.k), float(alpha), 0.0, float(match))
-            return values
-
-        variants = {"calibrated": predicted(False), "prompt": predicted(True)}
-        stats_ = action_stats(part)
-        keys = [tuple(getattr(r, c) for c in SCENARIO) + (r.action,) for r in stats_.itertuples(index=False)]
-        out[name] = {}
-        for variant, values in variants.items():
-            error = (np.array([values[key] for key in keys]) - stats_.measured_s).abs() / stats_.measured_s
-            out[name][variant] = cluster_ci(prompt_keys(stats_), error, seed=seed, resamples=resamples)
+        rows = action_stats(part).merge(part.drop_duplicates(SCENARIO + ["action"])[SCENARIO + ["action"] + features],
+                                        on=SCENARIO + ["action"])
+        predicted = {"calibrated": [], "prompt": []}
+        for r in rows.itertuples(index=False):
+            request = RequestFeatures(int(r.prompt_tokens), int(r.available_hit_tokens) if r.reuse else 0,
+                                      int(r.new_tokens), bool(r.exact_hit))
+            key = (name, r.dataset, r.prompt_id)
+            alpha, match = own.loc[key] if key in own.index else (table.acceptance, 1.0)
+            for variant, (a, m) in (("calibrated", (table.acceptance, 1.0)), ("prompt", (alpha, match))):
+                predicted[variant].append(estimate_latency(table, request, bool(r.reuse), int(r.k), float(a), 0.0,
+                                                           float(m)))
+        out[name] = {variant: cluster_ci(prompt_keys(rows), (np.array(values) - rows.measured_s).abs() / rows.measured_s,
+                                         seed=seed, resamples=resamples)
+                     for variant, values in predicted.items()}
     return out
 
 
@@ -406,7 +407,7 @@ def peak_memory_table(meas: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """Peak K/V held during a request (the proposer's cache and rejected positions included), per configuration
     and k over the action measurements, and for the controller's own runs (`k` = rakv-asd)."""
     rows = meas.drop_duplicates(["configuration", "run_id"]).assign(k=lambda f: f.k.map(str))
-    adaptive = runs[(runs.kind == "strategy") & (runs.strategy == ADAPTIVE)].assign(k=ADAPTIVE)
+    adaptive = runs[adaptive_mask(runs)].assign(k=ADAPTIVE)
     return (pd.concat([rows, adaptive]).groupby(["configuration", "k"], sort=False)
             .agg(peak_kv_mib=("peak_kv_bytes", lambda b: b.mean() / 2**20),
                  peak_kv_mib_max=("peak_kv_bytes", lambda b: b.max() / 2**20), runs=("peak_kv_bytes", "size"))

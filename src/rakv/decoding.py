@@ -206,8 +206,9 @@ def decode_speculative(target, cache, proposer, k: int, prompt: list[int], state
         k_round = min(depth.max_k if depth else k, state.max_new_tokens - len(state.tokens) - 1)  # not past the budget
         with timer.phase("propose"):
             candidates, proposal = proposer.propose(context, k_round, sampling, generator) if k_round else ([], None)
-            offered, match = candidates, getattr(proposer, "match_class", None)
+            offered = candidates
             if depth is not None and candidates:
+                match = proposer.match_class  # Engine.run checks the proposer has one
                 kept = depth.choose(len(context), len(candidates), match)
                 candidates, proposal = candidates[:kept], (proposal[:kept] if proposal is not None else None)
         ids = torch.tensor([[context[-1], *candidates]], dtype=torch.long, device=device)
