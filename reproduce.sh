@@ -18,9 +18,14 @@ for arg in "$@"; do
     esac
 done
 profile=offline
+results_dir=
 for arg in "${overrides[@]+"${overrides[@]}"}"; do
-    case "$arg" in profile=*) profile=${arg#profile=} ;; esac
+    case "$arg" in
+        profile=*) profile=${arg#profile=} ;;
+        results_dir=*) results_dir=${arg#results_dir=} ;;
+    esac
 done
+results_dir=${results_dir:-results/$profile}
 
 # Each stage's wall time is kept in results/<profile>/stage_times.tsv: printed as the estimate before the
 # stage runs again, and as a table at the end.
@@ -50,10 +55,25 @@ done
 echo "reproduce: time per stage"
 printf '%s\n' "${summary[@]}"
 echo "reproduce: done in $(( $(date +%s) - start )) s. Outputs:"
-echo "  results/$profile/calibration/   cost tables used (one per configuration)"
-echo "  results/$profile/study/         runs.parquet (one row per timed run), metadata.json, plan.txt"
-echo "  results/$profile/sensitivity/   alpha_model, crossover, controlled, cache_budget, output_length, prompt_length, reuse_rate, beta_lambda (.parquet)"
-echo "  results/$profile/feasibility/   summary.json; gap.parquet with the weights, else break_even.parquet and controlled.parquet (twins)"
-if [ -f scripts/run_analysis.py ]; then
-    echo "  results/$profile/summary.json   every statistic;  figures/$profile/ (PNG + PDF);  paper/generated/$profile/ (macros, tables);  paper/build/$profile/main.pdf (with LaTeX)"
+echo "  $results_dir/calibration/   cost tables used (one per configuration)"
+echo "  $results_dir/study/         runs.parquet (one row per timed run), metadata.json, plan.txt"
+echo "  $results_dir/sensitivity/   alpha_model, crossover, controlled, cache_budget, output_length, prompt_length, reuse_rate, beta_lambda (.parquet)"
+echo "  $results_dir/feasibility/   summary.json; gap.parquet with the weights, else break_even.parquet and controlled.parquet (twins)"
+echo "  $results_dir/summary.json   every statistic;  figures/$(basename "$results_dir")/ (PNG + PDF);  paper/generated/$(basename "$results_dir")/ (macros, tables);  paper/build/$(basename "$results_dir")/main.pdf (with LaTeX)"
+
+# A fresh run against the shipped reference run of its profile (data/reference/<profile>/): how many headline
+# statistics fall outside the reference's 95 % CIs, which, and both machines. Reported, never a failure: another
+# machine is expected to differ, and even the same one moves a little between runs.
+reference="data/reference/$profile"
+case "$results_dir" in *'$'*) exit 0 ;; esac   # an interpolated results_dir: compare by hand (README)
+if [ -f "$reference/summary.json" ] && [ -f "$results_dir/summary.json" ] \
+        && [ "$(realpath "$results_dir")" != "$(realpath "$reference")" ]; then
+    report="$results_dir/compare_reference.txt"
+    set +e
+    .venv/bin/python scripts/compare_runs.py "$reference" "$results_dir" > "$report"
+    rc=$?
+    set -e
+    echo "reproduce: this run against the shipped reference run ($reference); the full table is in $report"
+    grep '^compare_runs:' "$report" | sed 's/^compare_runs:/ /'
+    [ "$rc" -le 1 ] || echo "reproduce: the comparison could not read a summary (see $report)" >&2
 fi

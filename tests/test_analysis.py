@@ -190,6 +190,8 @@ def test_every_figure_and_summary_key_listed_in_readme_is_produced(smoke_outputs
 def test_notebook_setup_names_the_command_when_results_are_missing(tmp_path):
     with pytest.raises(SystemExit, match=r"\./reproduce\.sh profile=nothing-here"):
         setup("nothing-here", str(tmp_path / "nothing-here"))
+    with pytest.raises(SystemExit, match=r"no reference run ships for it.*\./reproduce\.sh profile=nothing-here"):
+        setup("nothing-here")
 
 
 def test_cost_side_feasibility_is_labelled_and_never_claims_a_verdict(runs, tmp_path):

@@ -33,6 +33,26 @@ def test_inside_and_outside_the_interval(tmp_path, capsys):
     assert "per_configuration.c.latency_reduction.joint-k4" in capsys.readouterr().out
 
 
+def with_hardware(folder: Path, processor: str) -> Path:
+    (folder / "study").mkdir()
+    (folder / "study" / "metadata.json").write_text(json.dumps(
+        {"hardware": {"processor": processor, "device": "cpu", "threads": 2, "dtype": "float32"}}))
+    return folder
+
+
+def test_outside_on_the_same_hardware_fails_and_on_other_hardware_is_reported(tmp_path, capsys):
+    a = with_hardware(write(tmp_path / "a", summary([0.10, 0.04, 0.17])), "CPU X")
+    same = with_hardware(write(tmp_path / "same", summary([0.01, -0.06, 0.08])), "CPU X")
+    other = with_hardware(write(tmp_path / "other", summary([0.01, -0.06, 0.08])), "CPU Y")
+    assert compare_runs.main([str(a), str(same)]) == 1
+    out = capsys.readouterr().out
+    assert "1 of 4 statistic(s) of B outside A's 95% confidence interval: per_configuration.c.latency_reduction.joint-k4" in out
+    assert "CPU X (cpu, 2 threads, float32)" in out and "different hardware" not in out
+    assert compare_runs.main([str(a), str(other)]) == 0
+    out = capsys.readouterr().out
+    assert "CPU Y" in out and "different hardware" in out
+
+
 def test_unreadable_input_is_a_one_line_error(tmp_path, capsys):
     assert compare_runs.main([str(tmp_path / "nowhere"), str(tmp_path)]) == 2
     assert capsys.readouterr().err.count("\n") == 1

@@ -47,6 +47,28 @@ def test_controller_defaults_come_from_conf():
     assert list(config.k_set) == list(cfg.controller.k_set) and config.beta == cfg.controller.beta
 
 
+LAUNCHERS = ("joblib", "local", "slurm")
+
+
+def launcher_config(name: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"hydra/launcher={name}"], return_hydra_config=True)
+    return cfg.hydra.launcher
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_every_launcher_composes(launcher):
+    assert launcher_config(launcher)._target_.startswith("hydra_plugins.")
+
+
+def test_the_local_submitit_launcher_is_the_slurm_one_but_for_the_executor():
+    """CI exercises slurm.yaml's path through local.yaml: every key they have in common holds the same value."""
+    local, slurm = launcher_config("local"), launcher_config("slurm")
+    assert local._target_.endswith("LocalLauncher") and slurm._target_.endswith("SlurmLauncher")
+    differing = {key for key in set(local) & set(slurm) - {"_target_"} if local[key] != slurm[key]}
+    assert not differing, f"local.yaml and slurm.yaml differ in {sorted(differing)}"
+
+
 @pytest.mark.parametrize("override, message", [
     ("controller.k_set=[0,3]", "k_set values must be 0 or one of"),
     ("controller.beta=1.5", "beta must be in"),

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from hydra import compose, initialize_config_dir
 
 from rakv.config import CONF_DIR
@@ -95,13 +96,22 @@ def test_study_killed_with_sigkill_resumes_without_loss_duplicates_or_other_deci
     pd.testing.assert_frame_equal(mine, theirs)
 
 
-def test_sharded_study_through_the_joblib_launcher_merges_to_the_unsharded_plan(tmp_path):
-    """Two shards as a Hydra multirun (joblib launcher, one job at a time), then the merge step: the merged
-    runs.parquet holds exactly the run ids of an unsharded study of the same grid."""
+LAUNCHERS = {
+    "joblib": ["hydra/launcher=joblib", "hydra.launcher.n_jobs=1"],  # one job at a time, in this machine's processes
+    # hydra-submitit-launcher's local executor: the plugin and keys of conf/hydra/launcher/slurm.yaml, each shard
+    # submitted as a pickled job and collected as on a cluster
+    "submitit_local": ["hydra/launcher=local"],
+}
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_sharded_study_through_a_launcher_merges_to_the_unsharded_plan(tmp_path, launcher):
+    """Two shards as a Hydra multirun, then the merge step: the merged runs.parquet holds exactly the run ids of
+    an unsharded study of the same grid."""
     sharded, unsharded = tmp_path / "sharded", tmp_path / "unsharded"
     grid = ["profile=smoke", "configurations=[tiny]", "datasets=[humaneval]"]
     script = str(ROOT / "scripts" / "run_study.py")
-    shards = subprocess.run([sys.executable, script, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=1",
+    shards = subprocess.run([sys.executable, script, "-m", *LAUNCHERS[launcher],
                              f"hydra.sweep.dir={tmp_path / 'multirun'}", *grid, f"results_dir={sharded}",
                              "study.num_shards=2", "study.shard_index=0,1"], capture_output=True, text=True,
                             timeout=600)

@@ -42,6 +42,7 @@ import pandas as pd
 from scipy import stats
 
 from rakv.actions import ADAPTIVE, Action
+from rakv.paths import shown
 
 INSTANCE = ["configuration", "dataset", "prompt_id", "scenario", "repeat"]
 SCENARIO = ["configuration", "dataset", "prompt_id", "scenario"]
@@ -635,7 +636,8 @@ def summarize(results: Path, seed: int = 0, resamples: int = 2000) -> dict:
     runs = pd.read_parquet(results / "study" / "runs.parquet")
     meas = measurements(runs)
     lat = strategy_latencies(runs, meas)
-    summary: dict = {"results": str(results), "runs": len(runs),
+    # the folder as typed from the repository root, so that a summary does not depend on where the checkout is
+    summary: dict = {"results": shown(results), "runs": len(runs),
                      "strategy_runs": int((runs.kind == "strategy").sum()),
                      "sweep_runs": int((runs.kind == "sweep").sum()),
                      "configurations": sorted(runs.configuration.unique().tolist()), "grid": grid_of(runs)}
@@ -671,23 +673,25 @@ def summarize(results: Path, seed: int = 0, resamples: int = 2000) -> dict:
     return summary
 
 
+def json_ready(value):
+    """`value` with numpy scalars as Python numbers and NaN / infinity as None, as summary.json holds it."""
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return None if not np.isfinite(value) else float(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value
+
+
 def write_summary(summary: dict, results: Path) -> Path:
     """results/<name>/summary.json, written atomically (NaN written as null)."""
     from rakv.records import write_atomic
 
-    def clean(value):
-        if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [clean(v) for v in value]
-        if isinstance(value, (float, np.floating)):
-            return None if not np.isfinite(value) else float(value)
-        if isinstance(value, np.integer):
-            return int(value)
-        if isinstance(value, np.bool_):
-            return bool(value)
-        return value
-
     path = Path(results) / "summary.json"
-    write_atomic(path, json.dumps(clean(summary), indent=1))
+    write_atomic(path, json.dumps(json_ready(summary), indent=1))
     return path

@@ -8,11 +8,14 @@ resolves where a profile's results, figures and LaTeX fragments live:
     paper/generated/<name>/    macros.tex and tables for the paper (written)
 
 where <name> is the results folder's name: the profile's name unless `results_dir` was overridden.
-So one profile's outputs are never overwritten by another's.
+So one profile's outputs are never overwritten by another's. Opened without results of one's own, a notebook
+reads the shipped reference run, data/reference/<profile>/, laid out as a results folder (its figures and LaTeX
+are the ones committed under figures/<profile>/ and paper/generated/<profile>/), and says so in its first output.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -25,7 +28,7 @@ from jupyter_client import KernelManager
 from nbclient.exceptions import CellExecutionError
 
 from rakv.errors import RakvError
-from rakv.paths import ROOT
+from rakv.paths import REFERENCE_DIR, ROOT, shown
 
 NOTEBOOK_DIR = ROOT / "notebooks"
 
@@ -64,20 +67,54 @@ class NotebookContext:
         return self.paths.generated
 
 
+def study_of(results: Path) -> Path:
+    return Path(results) / "study" / "runs.parquet"
+
+
+def results_to_read(profile: str, results: str | Path | None = None) -> tuple[Path, str]:
+    """Which results folder a notebook reads, and the sentence that says which: the one given; else this
+    checkout's own results/<profile>/; else the shipped reference run of the profile."""
+    own, reference = ROOT / "results" / profile, REFERENCE_DIR / profile
+    if results is not None:
+        if not study_of(results).exists():
+            raise SystemExit(f"No results in {shown(results)} ({study_of(results)} is missing). Produce them with "
+                             f"`./reproduce.sh profile={profile}` (results_dir={shown(results)}).")
+        return Path(results), f"Reading {shown(results)}."
+    if study_of(own).exists():
+        return own, (f"Reading your own run, {shown(own)}/ (the shipped reference run is {shown(reference)}/; "
+                     f"`scripts/compare_runs.py {shown(reference)} {shown(own)}` compares them).")
+    if study_of(reference).exists():
+        return reference, (f"Reading the shipped reference run, {shown(reference)}/: there is no {shown(own)}/ of "
+                           f"your own yet. `./reproduce.sh profile={profile}` measures one, and the notebooks then "
+                           "read it instead.")
+    present = sorted(p.parents[1].name for p in (ROOT / "results").glob("*/study/runs.parquet"))
+    hint = f" Results present for: {', '.join(present)} (set PROFILE to one of them)." if present else ""
+    raise SystemExit(f"No results for profile '{profile}' ({study_of(own)} is missing, and no reference run ships "
+                     f"for it). Produce them with `./reproduce.sh profile={profile}`.{hint}")
+
+
+def provenance(results: Path) -> str:
+    """Where and from which commit a results folder's study was measured (its metadata.json)."""
+    try:
+        meta = json.loads((Path(results) / "study" / "metadata.json").read_text())
+    except (OSError, ValueError):
+        return "no metadata.json beside its runs"
+    hardware = meta.get("hardware", {})
+    return (f"measured on {hardware.get('processor', '?')} ({hardware.get('device', '?')}, "
+            f"{hardware.get('threads') or 'GPU'} threads), commit {(meta.get('git_commit') or 'unknown')[:12]}")
+
+
 def setup(profile: str = "offline", results: str | None = None, figures: str | None = None,
-          generated: str | None = None) -> NotebookContext:
-    """Paths of one profile's outputs, its study runs and the figure style; a clear message when absent."""
+          generated: str | None = None, quiet: bool = False) -> NotebookContext:
+    """Paths of one profile's outputs, its study runs and the figure style; says which run it reads."""
     from rakv import figures as figure_module
 
-    paths = OutputPaths.of(results or ROOT / "results" / profile, figures, generated)
-    study = paths.results / "study" / "runs.parquet"
-    if not study.exists():
-        present = sorted(p.parents[1].name for p in (ROOT / "results").glob("*/study/runs.parquet"))
-        hint = (f" Results present for: {', '.join(present)} (set PROFILE to one of them)." if present else "")
-        raise SystemExit(f"No results for profile '{profile}' ({study} is missing). Produce them with "
-                         f"`./reproduce.sh profile={profile}`.{hint}")
+    folder, sentence = results_to_read(profile, results)
+    paths = OutputPaths.of(folder, figures, generated)
+    if not quiet:
+        print(f"{sentence} Its study was {provenance(paths.results)}.", flush=True)
     figure_module.style()
-    return NotebookContext(profile, paths, pd.read_parquet(study))
+    return NotebookContext(profile, paths, pd.read_parquet(study_of(paths.results)))
 
 
 def show(paths: list[Path]) -> None:

@@ -10,6 +10,15 @@ ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = ROOT / "conf"
 DATA_DIR = ROOT / "data"
 PAPER_DIR = ROOT / "paper"
+# The shipped reference run: raw tables of one full run per profile (data/reference/<profile>/), laid out as a
+# results folder; ./reproduce.sh writes results/<profile>/ and never this folder (README, "The reference run").
+REFERENCE_DIR = DATA_DIR / "reference"
+
+
+def shown(path: Path) -> str:
+    """A path as a reader of this checkout would type it: relative to the repository when inside it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 @lru_cache(maxsize=None)

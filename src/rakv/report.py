@@ -105,6 +105,75 @@ def claims_discussion(summary: dict) -> str:
     return " ".join(parts) + "\n"
 
 
+def introduction_findings(summary: dict) -> str:
+    """The introduction's paragraph on what this reproduction finds, worded by the signs of its CIs."""
+    rows = pd.DataFrame(summary["claims"])
+    text = [f"This reproduction ran {summary['runs']} timed requests on "
+            f"{len(summary['configurations'])} configuration{'s' if len(summary['configurations']) != 1 else ''}."]
+    text += [configuration_sentence(name, s) for name, s in summary["per_configuration"].items()]
+    if not rows.empty:
+        signed = rows[~rows.direction.isin(["n/a", "missing"])]
+        counts = signed.direction.value_counts()
+        text.append(f"Of the reference's {len(signed)} signed claims (counted per configuration), the direction is "
+                    f"reproduced for {counts.get('yes', 0)}, reversed for {counts.get('no', 0)} and inconclusive for "
+                    f"{counts.get('inconclusive', 0)} (Section~\\ref{{sec:claims}}).")
+    feas = summary["feasibility"]
+    if feas.get("status") != "missing":
+        text.append(f"On the larger pair: {tex_escape(summary.get('feasibility_verdict', 'missing'))}.")
+    exact = summary["exact"]
+    text.append(f"Every output is checked against autoregressive greedy decoding: {exact['equal']} of "
+                f"{exact['total']} are identical.")
+    return " ".join(text) + "\n"
+
+
+def stage_times(results: Path) -> dict[str, int]:
+    """Seconds of each pipeline stage's last run on this results folder (reproduce.sh's stage_times.tsv)."""
+    path = Path(results) / "stage_times.tsv"
+    if not path.exists():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        fields = line.split("\t")
+        if len(fields) >= 2 and fields[1].isdigit():
+            out[fields[0]] = int(fields[1])
+    return out
+
+
+def reproducibility(summary: dict, meta: dict, times: dict[str, int]) -> str:
+    """The reproducibility appendix: machine, versions, commit, the commands, the stages' wall times."""
+    hardware, packages, config = meta["hardware"], meta["packages"], meta["config"]
+    profile = tex_escape(config["profile"]["name"])
+    versions = ", ".join(f"{tex_escape(name)} {tex_escape(version)}" for name, version in packages.items()
+                         if version is not None)
+    commit = tex_escape((meta.get("git_commit") or "unknown")[:12])
+    shipped = summary["results"].startswith("data/reference/")
+    paragraphs = [
+        ("\\paragraph{Raw data.} The run this paper reports ships with the artifact: " if shipped else
+         "\\paragraph{Raw data.} The run this paper reports is a results folder of its own: ")
+        + f"\\texttt{{{tex_escape(summary['results'])}/}} holds the study's \\texttt{{runs.parquet}} and "
+        "\\texttt{metadata.json}, the calibrations, the sensitivity and feasibility tables and \\texttt{summary.json}. "
+        "The analysis stage recomputes every statistic, table, figure and generated sentence here from them"
+        + (", and a test fails when the shipped numbers and today's analysis disagree." if shipped else "."),
+        f"\\paragraph{{Machine and software.}} {tex_escape(hardware['processor'])} ({tex_escape(hardware['device'])}, "
+        f"{hardware['threads'] or 'GPU'} threads, {tex_escape(hardware['dtype'])}); {versions}. Model forwards use "
+        f"the \\texttt{{{tex_escape(config.get('kernels', 'stock'))}}} kernels.",
+        "\\paragraph{Provenance.} The study was measured "
+        f"at commit \\texttt{{{commit}}} with profile \\texttt{{{profile}}} and seed {config.get('seed')}: "
+        f"{summary['runs']} timed runs ({summary['strategy_runs']} RAKV-ASD, {summary['sweep_runs']} action "
+        "measurements). Its \\texttt{study/metadata.json} holds the composed configuration, the package versions, "
+        "the calibration keys and the machine's load before and after the runs.",
+    ]
+    if times:
+        listed = ", ".join(f"{tex_escape(stage)} {seconds:,}\\,s" for stage, seconds in times.items())
+        paragraphs.append(f"\\paragraph{{Wall time.}} {listed}; {sum(times.values()) / 60:.1f} minutes in all.")
+    paragraphs.append(
+        "\\paragraph{Commands.} Set-up and tests: \\texttt{./scripts/test.sh}. The whole pipeline: "
+        f"\\texttt{{./reproduce.sh profile={profile}}}, which ends by comparing the fresh run with the shipped one "
+        "(\\texttt{scripts/compare\\_runs.py}). Statistics, figures and this paper from the shipped raw tables alone: "
+        f"\\texttt{{./reproduce.sh stages=analysis,paper results\\_dir=data/reference/{profile}}}.")
+    return "\n\n".join(paragraphs) + "\n"
+
+
 def limitations(summary: dict, meta: dict) -> str:
     grid, config = summary["grid"], meta["config"]
     hardware = meta["hardware"]
@@ -212,6 +281,43 @@ def claims_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def markdown_value(value, unit: str) -> str:
+    if missing(value):
+        return "n/a"
+    return f"{100 * value:.1f} %" if unit == "%" else f"{value:.3f}"
+
+
+def claims_markdown(rows: list[dict]) -> str:
+    """The claims table (as claims_table) in Markdown, for the README."""
+    lines = ["| claim | configuration | reference | reproduced [95 % CI] | band | direction | magnitude |",
+             "|---|---|---:|---:|---:|:---:|:---:|"]
+    for row in rows:
+        value = lambda v: markdown_value(v, row["unit"])  # noqa: E731
+        interval = "" if missing(row["ci_low"]) else f" [{value(row['ci_low'])}, {value(row['ci_high'])}]"
+        lines.append(f"| {row['claim']} | `{row['configuration']}` | {value(row['reference'])} | "
+                     f"{value(row['reproduced'])}{interval} | [{value(row['band_low'])}, {value(row['band_high'])}] | "
+                     f"{row['direction']} | {row['magnitude']} |")
+    return "\n".join(lines) + "\n"
+
+
+def between_markers(text: str, name: str, body: str) -> str:
+    """`text` with what stands between <!-- name --> and <!-- /name --> replaced by `body`."""
+    start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise ValueError(f"expected one {start} ... {end} pair")
+    head, rest = text.split(start)
+    return head + start + "\n" + body + end + rest.split(end, 1)[1]
+
+
+def refresh_readme(summary: dict, readme: Path) -> bool:
+    """Write the claims table of `summary` into the README between its claims markers; True when it changed."""
+    text = Path(readme).read_text()
+    updated = between_markers(text, "claims", claims_markdown(summary["claims"]))
+    if updated != text:
+        Path(readme).write_text(updated)
+    return updated != text
+
+
 def acceptance_table(rows: list[dict]) -> str:
     lines = [r"\begin{tabular}{llrrrc}", r"\toprule",
              r"Configuration & Dataset & Measured $\alpha$ [95\% CI] & Break-even $\alpha$ (least $k$) & "
@@ -285,6 +391,8 @@ def write_generated(summary: dict, results: Path, out_dir: Path) -> list[Path]:
         "abstract.tex": abstract(summary, meta),
         "claims_discussion.tex": claims_discussion(summary),
         "limitations.tex": limitations(summary, meta),
+        "introduction.tex": introduction_findings(summary),
+        "reproducibility.tex": reproducibility(summary, meta, stage_times(results)),
         "claims_table.tex": claims_table(summary["claims"]),
         "statistics_table.tex": statistics_table(summary),
         "acceptance_table.tex": acceptance_table(summary["acceptance"]),

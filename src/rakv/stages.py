@@ -6,6 +6,7 @@ Each scripts/run_<stage>.py is a Hydra entry point that calls `run_stage("<stage
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,9 @@ from omegaconf import DictConfig
 from rakv.config import configurations, cost_table_for, engine_for, results_dir, validate
 from rakv.errors import RakvError
 from rakv.paths import PAPER_DIR as PAPER
+from rakv.paths import REFERENCE_DIR, ROOT, shown
+
+README_REFERENCE = REFERENCE_DIR / "offline"  # the shipped run whose claims table the README shows
 
 
 def calibrate(cfg: DictConfig) -> None:
@@ -47,6 +51,7 @@ def feasibility(cfg: DictConfig) -> None:
 def analysis(cfg: DictConfig) -> None:
     """Every notebook, headless, on results/<name>/: summary.json, figures/<name>/, paper/generated/<name>/."""
     from rakv.notebooks import OutputPaths, run_all
+    from rakv.report import refresh_readme
 
     results = results_dir(cfg)
     if not (results / "study" / "runs.parquet").exists():
@@ -54,29 +59,36 @@ def analysis(cfg: DictConfig) -> None:
     paths = run_all(cfg.profile.name, OutputPaths.of(results))
     print(f"analysis: summary {paths.results / 'summary.json'}, figures {paths.figures}, LaTeX {paths.generated}",
           flush=True)
+    if paths.results == README_REFERENCE.resolve():
+        summary = json.loads((paths.results / "summary.json").read_text())
+        changed = refresh_readme(summary, ROOT / "README.md")
+        print(f"analysis: README's claims table {'refreshed' if changed else 'unchanged'} from {shown(paths.results)}",
+              flush=True)
 
 
 def paper(cfg: DictConfig) -> None:
-    """paper/build/<name>/main.pdf from paper/main.tex with one results folder's numbers and figures (needs LaTeX)."""
+    """paper/build/<name>/main.pdf from paper/main.tex and refs.bib with one results folder's numbers and figures
+    (latexmk + bibtex: Debian's texlive-latex-extra, texlive-bibtex-extra and latexmk)."""
     from rakv.notebooks import OutputPaths
 
     paths = OutputPaths.of(results_dir(cfg))
     name = paths.results.name
     if not (paths.generated / "macros.tex").exists():
         raise RakvError(f"{paths.generated} is empty: run the analysis stage of profile {cfg.profile.name} first")
-    if not shutil.which("pdflatex"):
+    if not shutil.which("latexmk") or not shutil.which("pdflatex"):
         print(f"paper: LaTeX is not installed, so no PDF was built; paper/main.tex and {paths.generated} are "
-              "complete. To build: apt-get install texlive-latex-extra, then rerun ./reproduce.sh stages=paper",
-              flush=True)
+              "complete. To build: apt-get install texlive-latex-extra texlive-bibtex-extra latexmk, then rerun "
+              "./reproduce.sh stages=paper", flush=True)
         return
     build = PAPER / "build" / name
     build.mkdir(parents=True, exist_ok=True)
-    # main.tex reads generated/\RakvOutputs/ and ../figures/\RakvOutputs/; two passes settle the references
-    command = ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", f"-output-directory={build}",
-               f"\\def\\RakvOutputs{{{name}}}\\input{{main.tex}}"]
-    for _ in range(2):
-        if subprocess.run(command, cwd=PAPER, capture_output=True, text=True).returncode != 0:
-            raise RakvError(f"LaTeX failed; see {build / 'main.log'}")
+    # main.tex reads generated/\RakvOutputs/ and ../figures/\RakvOutputs/; latexmk runs pdflatex and bibtex until
+    # the references settle. -g: rebuild even when latexmk thinks nothing changed (the figures may have)
+    command = ["latexmk", "-pdf", "-g", "-interaction=nonstopmode", "-halt-on-error", f"-outdir={build}",
+               f"-usepretex=\\def\\RakvOutputs{{{name}}}", "main.tex"]
+    done = subprocess.run(command, cwd=PAPER, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RakvError(f"LaTeX failed; see {build / 'main.log'} (and {build / 'main.blg'} for the bibliography)")
     print(f"paper: built {build / 'main.pdf'}", flush=True)
 
 

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Make a finished offline run the shipped reference run: copy its raw tables into data/reference/<profile>/
+# (journals, locks, executed notebooks and derived files stay out), then regenerate everything derived from
+# them in place: summary.json, ablation.csv, figures/<profile>/, paper/generated/<profile>/, the PDF and the
+# README's claims table. Run it whenever the measurements change (a faster engine, a new stage), in the same
+# change, from a run of committed code on a clean clone with nothing else running:
+#   git clone . /tmp/run && (cd /tmp/run && ./reproduce.sh) && ./scripts/ship_reference.sh /tmp/run/results/offline
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source_dir=${1:?usage: scripts/ship_reference.sh RESULTS_DIR [PROFILE]}
+profile=${2:-offline}
+[ -f "$source_dir/study/runs.parquet" ] || { echo "ship_reference: $source_dir/study/runs.parquet is missing" >&2; exit 2; }
+if grep -q -- '-dirty"' "$source_dir/study/metadata.json"; then
+    echo "ship_reference: $source_dir was measured from uncommitted code; measure committed code" >&2
+    exit 2
+fi
+target="data/reference/$profile"
+rm -rf "$target"
+mkdir -p "$target"
+(cd "$source_dir" && find . -type f ! -name '*.jsonl' ! -name '.lock*' ! -path './notebooks/*' \
+    ! -name summary.json ! -name ablation.csv ! -name compare_reference.txt ! -name '.*.tmp*' -print0) |
+    while IFS= read -r -d '' file; do
+        mkdir -p "$target/$(dirname "$file")"
+        cp "$source_dir/$file" "$target/$file"
+    done
+# the feasibility stage's own summary is a raw table (the analysis reads it), unlike the study's summary.json
+[ ! -f "$source_dir/feasibility/summary.json" ] || cp "$source_dir/feasibility/summary.json" "$target/feasibility/"
+./reproduce.sh stages=analysis,paper "profile=$profile" "results_dir=$target"
+echo "ship_reference: $target holds $(du -sh "$target" | cut -f1) ($(find "$target" -type f | wc -l) files)"

@@ -1,0 +1,98 @@
+"""The shipped reference run cannot drift from the code: today's analysis, run on the raw tables in
+data/reference/offline/, gives exactly the shipped summary.json, the generated LaTeX under paper/generated/offline/
+and the README's claims table. A change to the analysis or the report therefore regenerates them in the same
+commit:
+
+    ./reproduce.sh stages=analysis,paper results_dir=data/reference/offline
+"""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from rakv import ablation, analysis, report
+from rakv.figures import FIGURES
+from rakv.paths import REFERENCE_DIR, ROOT
+
+REFERENCE = REFERENCE_DIR / "offline"
+GENERATED = ROOT / "paper" / "generated" / "offline"
+REGENERATE = "regenerate with ./reproduce.sh stages=analysis,paper results_dir=data/reference/offline"
+
+
+def differences(shipped, recomputed, where: str = "") -> list[str]:
+    """Where two JSON values differ: floats within 1e-9 relative (summation order), everything else exactly."""
+    if isinstance(shipped, dict) and isinstance(recomputed, dict):
+        out = [f"{where}.{key}: only in {'summary.json' if key in shipped else 'the recomputed summary'}"
+               for key in sorted(set(shipped) ^ set(recomputed))]
+        for key in sorted(set(shipped) & set(recomputed)):
+            out += differences(shipped[key], recomputed[key], f"{where}.{key}" if where else key)
+        return out
+    if isinstance(shipped, list) and isinstance(recomputed, list):
+        if len(shipped) != len(recomputed):
+            return [f"{where}: {len(shipped)} items shipped, {len(recomputed)} recomputed"]
+        return [d for i, (a, b) in enumerate(zip(shipped, recomputed)) for d in differences(a, b, f"{where}[{i}]")]
+    numbers = (int, float)
+    if (isinstance(shipped, numbers) and isinstance(recomputed, numbers) and not isinstance(shipped, bool)
+            and not isinstance(recomputed, bool)):
+        return [] if math.isclose(shipped, recomputed, rel_tol=1e-9, abs_tol=1e-12) else [
+            f"{where}: shipped {shipped!r}, recomputed {recomputed!r}"]
+    return [] if shipped == recomputed else [f"{where}: shipped {shipped!r}, recomputed {recomputed!r}"]
+
+
+@pytest.fixture(scope="module")
+def recomputed() -> dict:
+    assert (REFERENCE / "study" / "runs.parquet").exists(), f"the reference run is missing from {REFERENCE}"
+    return analysis.summarize(REFERENCE)
+
+
+@pytest.fixture(scope="module")
+def shipped() -> dict:
+    return json.loads((REFERENCE / "summary.json").read_text())
+
+
+def test_the_shipped_summary_is_what_todays_analysis_computes_from_the_shipped_tables(shipped, recomputed):
+    found = differences(shipped, analysis.json_ready(recomputed))
+    assert not found, f"{len(found)} difference(s), first: {found[:5]}; {REGENERATE}"
+
+
+@pytest.fixture(scope="module")
+def ablations() -> pd.DataFrame:
+    return ablation.study_ablations(REFERENCE)
+
+
+def test_the_shipped_latex_is_what_todays_report_writes(recomputed, ablations, tmp_path):
+    written = report.write_generated(recomputed, REFERENCE, tmp_path)
+    written.append(report.write_ablation(ablations, tmp_path))
+    stale = [path.name for path in written if not (GENERATED / path.name).exists()
+             or (GENERATED / path.name).read_text() != path.read_text()]
+    assert not stale, f"paper/generated/offline/ differs from today's report in {stale}; {REGENERATE}"
+
+
+def test_the_shipped_ablation_csv_is_todays_replay(ablations):
+    assert (REFERENCE / "ablation.csv").read_text() == ablations.to_csv(index=False), REGENERATE
+
+
+def test_the_readme_claims_table_is_the_reference_runs(shipped):
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("<!-- claims -->\n")[1].split("<!-- /claims -->")[0]
+    assert table == report.claims_markdown(shipped["claims"]), f"README's claims table is stale; {REGENERATE}"
+    assert len(table.splitlines()) == 2 + len(shipped["claims"]) > 2
+
+
+def test_the_reference_run_ships_its_raw_tables_and_outputs_and_nothing_else():
+    for name in ("study/runs.parquet", "study/metadata.json", "study/plan.txt", "summary.json", "stage_times.tsv",
+                 "feasibility/summary.json", "sensitivity/crossover.parquet", "sensitivity/controlled.parquet"):
+        assert (REFERENCE / name).exists(), name
+    assert list((REFERENCE / "calibration").glob("*.json")), "no calibration shipped"
+    runs = pd.read_parquet(REFERENCE / "study" / "runs.parquet")
+    meta = json.loads((REFERENCE / "study" / "metadata.json").read_text())
+    assert len(runs) == meta["runs"] and runs.equal_to_ar.all()
+    assert not meta["git_commit"].endswith("-dirty"), "the reference run was measured from uncommitted code"
+    for name in FIGURES:
+        for suffix in ("png", "pdf"):
+            assert (ROOT / "figures" / "offline" / f"{name}.{suffix}").exists(), f"{name}.{suffix}"
+    assert (ROOT / "paper" / "build" / "offline" / "main.pdf").exists()
+    size = sum(p.stat().st_size for p in REFERENCE.rglob("*") if p.is_file())
+    assert size < 8 * 2**20, f"the reference run has grown to {size / 2**20:.1f} MiB"
