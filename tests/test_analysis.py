@@ -223,6 +223,15 @@ def test_generated_sentences_follow_the_sign_of_the_interval():
     assert comparison([0.01, -0.02, 0.04], "kv-only").startswith("a latency not distinguishable from KV-only's")
 
 
+def test_the_introductions_verdicts_follow_the_sign_of_the_interval():
+    from rakv.report import verdict
+
+    assert verdict([0.2, 0.1, 0.3]) == "faster than"
+    assert verdict([-0.2, -0.3, -0.1]) == "slower than"
+    assert verdict([0.01, -0.02, 0.04]) == "not distinguishable from"
+    assert verdict([float("nan")] * 3) == "not compared with"
+
+
 def test_acceptance_mape_separates_the_requests_acceptance_from_the_costs():
     """Latencies made exactly by the cost model at each prompt's own acceptance and match rate: with those the
     re-evaluated model is exact; with the one calibrated acceptance it is not."""
