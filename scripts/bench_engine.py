@@ -1,15 +1,22 @@
-"""Engine benchmark on one pair, side by side with transformers in one process; prints ratios.
+"""Engine benchmark on one pair, side by side with transformers (and llama.cpp when installed) in one run; prints ratios.
 
-    .venv/bin/python scripts/bench_engine.py [--pair smollm2] [--kernels fast] [--new-tokens 64] [--repeats 3] [--json]
+    .venv/bin/python scripts/bench_engine.py [--pair smollm2] [--kernels compact] [--new-tokens 64] [--repeats 3] [--json]
+    pip install -e '.[peers]'   # optional: llama.cpp beside us (llama-cpp-python builds from source, 10-15 min)
 
-Our engine runs the pair with `--kernels` (rakv.kernels; default fast); transformers' `generate` and
+Our engine runs the pair with `--kernels` (rakv.kernels; default compact); transformers' `generate` and
 assisted generation run a second copy of the pair loaded with stock kernels, i.e. transformers as
-shipped. Goals: our AR ms/token / `generate` <= 0.55; our spec-k4 / assisted generation (same draft,
-4 assistant tokens, constant schedule) <= 0.70, both with identical output; our AR ms/token / floor
-<= 1.6, where floor = the target's weight bytes / measured streaming bandwidth (one pass over the
-weights per token); verify(k+1) / one step printed for k in 1, 2, 4, 6, 8, which should be monotone
-in k; exact-repeat TTFT / cold TTFT <= 0.05 and 50 % partial-hit TTFT / cold <= 0.6 on a ~512-token
-prompt. Timings are medians of interleaved repeats; memory is the peak increase while a call runs.
+shipped. With `llama-cpp-python` installed, llama.cpp decodes the same prompt greedily on the shipped Q4_1
+GGUF and on that file converted to F32 (the same dequantised fp32 weights as our target), and prefills a
+~512-token prompt. Printed, each a median of interleaved repeats:
+- AR and spec-k4 ms/token, ours / transformers (identical outputs required); ours / llama.cpp F32 (goal
+  <= 1.15) and prefill tokens/s, ours / llama.cpp F32 (goal >= 1);
+- the floor: the target's weight bytes / measured streaming bandwidth, and the draft's step against its
+  own floor (goal <= 1.5) and against the target step (goal <= 0.30);
+- verify(k + 1) / one step for k in 1, 2, 4, 6, 8 (goal <= 1.25 for k <= 4, monotone in k);
+- a batched step of 1, 2, 4, 8, 16 requests (each its own 256-token context) / one request (goal: 8 <= 1.6);
+- TTFT with the prefix store (exact repeat / cold <= 0.05, 50 % partial hit / cold <= 0.6, ~512 tokens);
+- memory: the peak increase while each generation runs (fresh processes), and a fresh process's peak
+  resident set against the bytes of the weights it holds plus its K/V (goal <= 1.3).
 """
 
 from __future__ import annotations
@@ -27,9 +34,11 @@ import torch
 from rakv.actions import SPEC_K, Action
 from rakv.cache import PrefixKVStore
 from rakv.costmodel import acceptance_estimate
-from rakv.decoding import synchronize
+from rakv.compact import Segment
+from rakv.decoding import crop_cache, forward, forward_rows, synchronize
 from rakv.engine import Engine
 from rakv.errors import RakvError
+from rakv.kernels import KERNEL_MODES, compact_of, new_kv_cache
 from rakv.models import load_pair
 from rakv.workloads import load_humaneval
 
@@ -99,14 +108,26 @@ def probe_memory(args) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def weight_bytes(module: torch.nn.Module) -> int:
+def distinct_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (a tied or shared tensor counted once)."""
+    seen = {}
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
+            storage = tensor.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def model_tensors(module) -> list:
+    compact = compact_of(module)
+    if compact is not None and compact is module:  # a compact-only model (the int8 draft)
+        return compact.tensors()
+    return list(module.state_dict().values()) + (compact.tensors() if compact is not None else [])
+
+
+def weight_bytes(module) -> int:
     """Bytes of the distinct parameter storages (a tied embedding counted once): what one token streams."""
-    seen, total = set(), 0
-    for tensor in module.state_dict().values():
-        if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() not in seen:
-            seen.add(tensor.untyped_storage().data_ptr())
-            total += tensor.untyped_storage().nbytes()
-    return total
+    return distinct_bytes(model_tensors(module))
 
 
 def streaming_bandwidth(device, repeats: int = 7) -> float:
@@ -118,8 +139,6 @@ def streaming_bandwidth(device, repeats: int = 7) -> float:
 
 def verify_ratios(engine, context: list[int], repeats: int) -> dict[int, float]:
     """Median target forward over k + 1 new tokens / median one-token step, on a cache holding `context`."""
-    from rakv.decoding import crop_cache, forward
-    from rakv.kernels import new_kv_cache
 
     target, device = engine.pair.target.module, engine.pair.device
     ids = torch.tensor([context], device=device)
@@ -141,6 +160,105 @@ def verify_ratios(engine, context: list[int], repeats: int) -> dict[int, float]:
     return {width - 1: statistics.median(t) / step for width, t in times.items() if width > 1} | {0: step}
 
 
+def step_ms(model, device, context: list[int], widths, repeats: int) -> dict[int, float]:
+    """Median ms of one forward over `width` new tokens on a cache holding `context`, interleaved over widths."""
+    ids = torch.tensor([context], device=device)
+    cache = new_kv_cache(model)
+    times = {w: [] for w in widths}
+    with torch.inference_mode():
+        forward(model, ids[:, :-max(widths)], cache, keep=1)
+        base = cache.get_seq_length()
+        for repeat in range(repeats + 1):
+            for width in widths:
+                t = seconds(lambda: forward(model, ids[:, base:base + width], cache, keep=1 if width == 1 else 0),
+                            device)
+                crop_cache(cache, base)
+                if repeat:
+                    times[width].append(t)
+    return {w: statistics.median(t) * 1e3 for w, t in times.items()}
+
+
+def batched_steps_ms(model, device, contexts: list[list[int]], sizes, repeats: int) -> dict[int, float]:
+    """Median ms of one batched decode step of b requests (each one new token on its own context)."""
+    caches = [new_kv_cache(model) for _ in contexts]
+    with torch.inference_mode():
+        for cache, context in zip(caches, contexts):
+            forward(model, torch.tensor([context[:-1]], device=device), cache, keep=1)
+        lengths = [c.get_seq_length() for c in caches]
+        times = {b: [] for b in sizes}
+        for repeat in range(repeats + 1):
+            for b in sizes:
+                segments = [Segment(torch.tensor(contexts[i][-1:], device=device), caches[i], 1) for i in range(b)]
+                t = seconds(lambda: forward_rows(model, segments), device)
+                for cache, length in zip(caches, lengths):
+                    crop_cache(cache, length)
+                if repeat:
+                    times[b].append(t)
+    return {b: statistics.median(t) * 1e3 for b, t in times.items()}
+
+
+def llama_cpp_peer(prompt: str, long_prompt: str, n: int, repeats: int, threads: int) -> dict | None:
+    """llama.cpp (llama-cpp-python) on the shipped Q4_1 GGUF and on its F32 conversion: decode ms/token (greedy,
+    `n` tokens) and prefill tokens/s on `long_prompt`; None when llama-cpp-python is not installed."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    from rakv.models import derived_files_dir, file_hash, smollm2_gguf_path
+
+    q4 = smollm2_gguf_path()
+    f32 = derived_files_dir() / "gguf" / f"{file_hash(q4)}-f32.gguf"
+    if not f32.exists():  # the same dequantised fp32 weights as our target
+        f32.parent.mkdir(parents=True, exist_ok=True)
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.allow_requantize, params.nthread = 0, True, threads  # 0 = LLAMA_FTYPE_ALL_F32
+        tmp = f32.with_suffix(".tmp")
+        if llama_cpp.llama_model_quantize(str(q4).encode(), str(tmp).encode(), params) != 0:
+            raise RuntimeError("llama.cpp could not convert the GGUF to F32")
+        tmp.replace(f32)
+    out = {"version": getattr(llama_cpp, "__version__", "?")}
+    for label, path in (("f32", f32), ("q4_1", q4)):
+        llm = llama_cpp.Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads, n_ctx=2048,
+                              verbose=False)
+        tokens = llm.tokenize(prompt.encode(), add_bos=False)
+        long_tokens = llm.tokenize(long_prompt.encode(), add_bos=False)
+        decode, prefill, text = [], [], []
+        for repeat in range(repeats + 1):
+            llm.reset()
+            first, produced = None, []
+            for token in llm.generate(tokens, temp=0.0, top_k=1, reset=True):
+                first = first or time.perf_counter()
+                produced.append(token)
+                if len(produced) >= n:
+                    break
+            end = time.perf_counter()
+            llm.reset()
+            start = time.perf_counter()
+            llm.eval(long_tokens)
+            long_s = time.perf_counter() - start
+            if repeat:  # the first is a warm-up
+                decode.append((end - first) / (n - 1) * 1e3)
+                prefill.append(len(long_tokens) / long_s)
+            text = produced
+        out[label] = {"ms_per_token": statistics.median(decode), "prefill_tokens_per_s": statistics.median(prefill),
+                      "prefill_tokens": len(long_tokens), "tokens": text}
+        del llm
+    return out
+
+
+def rss_probe(args) -> dict:
+    """In a fresh process: load only our pair, generate (AR, spec-k4, a batched step of 8), and compare the peak
+    resident set with the bytes of the weights held plus the most K/V held."""
+    pair = load_pair(args.pair, device=args.device, threads=args.threads, kernels=args.kernels)
+    engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30))
+    ids = engine.encode(load_humaneval()[2]["prompt"])
+    runs = [engine.run(ids, Action.of_strategy(s), args.new_tokens, ignore_eos=True) for s in ("ar", "spec-k4")]
+    held = distinct_bytes(model_tensors(pair.target.module) + model_tensors(pair.draft.module))
+    kv = max(r.peak_kv_bytes for r in runs)
+    return {"peak_rss_bytes": rss_kib("VmHWM") * 1024, "weight_bytes": held, "kv_bytes": kv,
+            "store_bytes": engine.store.stats.bytes}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="smollm2")
@@ -149,11 +267,15 @@ def main() -> int:
     parser.add_argument("--long-prompt-tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--kernels", default="fast", choices=("stock", "fast"), help="our side's kernels")
+    parser.add_argument("--kernels", default="compact", choices=KERNEL_MODES, help="our side's kernels")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.add_argument("--probe", choices=("ours-ar", "hf-ar", "ours-spec-k4", "hf-spec-k4"),
+    parser.add_argument("--no-peer", action="store_true", help="skip llama.cpp even when it is installed")
+    parser.add_argument("--probe", choices=("ours-ar", "hf-ar", "ours-spec-k4", "hf-spec-k4", "rss"),
                         help=argparse.SUPPRESS)  # internal: one memory measurement in a fresh process
     args = parser.parse_args()
+    if args.probe == "rss":
+        print(json.dumps(rss_probe(args)))
+        return 0
     try:
         pair = load_pair(args.pair, device=args.device, threads=args.threads, kernels=args.kernels)
         stock = load_pair(args.pair, device=args.device, threads=args.threads, kernels="stock")
@@ -209,6 +331,33 @@ def main() -> int:
     target_bytes = weight_bytes(stock.target.module)
     floor_ms = target_bytes / bandwidth * 1e3
     steps = [ratios[k] for k in SPEC_K]
+
+    # the draft's one-token step against the target's, interleaved, and against its own floor
+    context = long_ids[:257]
+    draft_model, target_model = pair.draft.module, pair.target.module
+    both = {"target": [], "draft": []}
+    for _ in range(args.repeats * 4):
+        both["target"].append(step_ms(target_model, device, context, (1,), 1)[1])
+        both["draft"].append(step_ms(draft_model, device, context, (1,), 1)[1])
+    target_step, draft_step = (statistics.median(both[k]) for k in ("target", "draft"))
+    compact_draft = compact_of(draft_model)
+    draft_bytes = (distinct_bytes(compact_draft.projection_tensors()) if compact_draft is not None
+                   else weight_bytes(draft_model) - draft_model.get_input_embeddings().weight.nbytes)
+    draft_floor = draft_bytes / bandwidth * 1e3
+
+    # a batched decode step of b requests, each with its own 256-token context, against one request
+    contexts = [engine.encode("\n".join(prompts[i::16]))[:257] for i in range(16)]
+    batch = batched_steps_ms(target_model, device, contexts, (1, 2, 4, 8, 16), args.repeats * 2)
+
+    # llama.cpp beside us (optional extra), and this process's own prefill speed on the same long prompt
+    long_text = pair.tokenizer.decode(long_ids)
+    peer = None if args.no_peer else llama_cpp_peer(problems[2]["prompt"], long_text, n, args.repeats,
+                                                    torch.get_num_threads())
+    prefill_tps = len(long_ids) / cold
+    rss = json.loads(subprocess.run([sys.executable, __file__, "--pair", args.pair, "--new-tokens", str(n),
+                                     "--device", args.device, "--kernels", args.kernels, "--probe", "rss"] +
+                                    (["--threads", str(args.threads)] if args.threads else []),
+                                    capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
     report = {
         "pair": pair.name, "device": str(device), "threads": torch.get_num_threads(), "kernels": args.kernels,
         "new_tokens": n, "prompt_tokens": len(ids), "repeats": args.repeats,
@@ -226,6 +375,24 @@ def main() -> int:
         "ttft": {"prompt_tokens": len(long_ids), "cold_ms": cold * 1e3, "exact_ms": exact * 1e3,
                  "partial_ms": partial * 1e3, "exact_over_cold": exact / cold, "partial_over_cold": partial / cold},
         "spec_k4_acceptance": {"accepted_over_proposed": accepted_share, "alpha": alpha, "rounds": spec.rounds},
+        "draft": {"context_tokens": 256, "target_step_ms": target_step, "draft_step_ms": draft_step,
+                  "draft_over_target": draft_step / target_step, "goal_over_target": 0.30,
+                  "weight_bytes": draft_bytes, "floor_ms": draft_floor, "over_floor": draft_step / draft_floor,
+                  "goal_over_floor": 1.5},
+        "batch": {"context_tokens": 256, "step_ms": {str(b): t for b, t in batch.items()},
+                  "over_one": {str(b): t / batch[1] for b, t in batch.items()}, "goal_8": 1.6},
+        "prefill": {"prompt_tokens": len(long_ids), "ours_tokens_per_s": prefill_tps},
+        "memory": {**rss, "over_weights_and_kv": rss["peak_rss_bytes"] / (rss["weight_bytes"] + rss["kv_bytes"]),
+                   "goal": 1.3},
+        "llama_cpp": None if peer is None else {
+            "version": peer["version"],
+            **{label: {"ms_per_token": peer[label]["ms_per_token"],
+                       "prefill_tokens_per_s": peer[label]["prefill_tokens_per_s"],
+                       "prefill_tokens": peer[label]["prefill_tokens"],
+                       "same_first_tokens_as_ours": peer[label]["tokens"][:16] == outputs["ours-ar"].token_ids[:16]}
+               for label in ("f32", "q4_1")},
+            "ar_over_f32": ms["ours-ar"] / peer["f32"]["ms_per_token"], "goal": 1.15,
+            "prefill_over_f32": prefill_tps / peer["f32"]["prefill_tokens_per_s"], "prefill_goal": 1.0},
     }
     if args.json:
         print(json.dumps(report))
@@ -249,6 +416,27 @@ def main() -> int:
           f"(ratio {partial / cold:.3f}, goal <=0.6)")
     print(f"spec-k4 on this prompt: accepted/proposed {accepted_share:.3f}, per-token acceptance alpha "
           f"{alpha:.3f} (accepted / (accepted + rejecting rounds)) over {spec.rounds} rounds")
+    d = report["draft"]
+    print(f"draft step at 256 tokens of context {draft_step:.2f} ms vs target step {target_step:.2f} ms: ratio "
+          f"{d['draft_over_target']:.3f} (goal <=0.30); its floor {draft_bytes / 1e6:.0f} MB / "
+          f"{bandwidth / 1e9:.1f} GB/s = {draft_floor:.2f} ms, step / floor {d['over_floor']:.2f} (goal <=1.5)")
+    print("batched step, b requests each with its own 256-token context (ms; / one request): "
+          + ", ".join(f"b={b} {t:.1f} ({t / batch[1]:.2f})" for b, t in batch.items()) + " (goal b=8 <=1.6)")
+    m = report["memory"]
+    print(f"memory (fresh process, our pair only): peak RSS {m['peak_rss_bytes'] / 1e6:.0f} MB vs weights "
+          f"{m['weight_bytes'] / 1e6:.0f} MB + K/V {m['kv_bytes'] / 1e6:.1f} MB: ratio {m['over_weights_and_kv']:.2f} "
+          "(goal <=1.3)")
+    peer_row = report["llama_cpp"]
+    if peer_row is None:
+        print("llama.cpp: not installed (pip install -e '.[peers]', builds from source in 10-15 min) or --no-peer")
+    else:
+        for label in ("f32", "q4_1"):
+            row = peer_row[label]
+            print(f"llama.cpp {peer_row['version']} {label}: decode {row['ms_per_token']:.2f} ms/token, prefill "
+                  f"{row['prefill_tokens_per_s']:.0f} tokens/s ({row['prefill_tokens']} tokens); first 16 tokens "
+                  f"equal ours: {row['same_first_tokens_as_ours']}")
+        print(f"ours / llama.cpp F32: AR decode {peer_row['ar_over_f32']:.3f} (goal <=1.15), prefill "
+              f"{prefill_tps:.0f} tokens/s = {peer_row['prefill_over_f32']:.2f}x (goal >=1)")
     return 0
 
 

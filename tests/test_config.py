@@ -90,7 +90,7 @@ def test_each_rule_fails_the_composed_config_with_one_line(override, message):
         validate(composed("config", override))
 
 
-RUNTIME = {"actions", "cache", "calibration", "cli", "controller", "costmodel", "decoding", "depth", "engine", "errors",
+RUNTIME = {"actions", "cache", "calibration", "cli", "compact", "controller", "costmodel", "decoding", "depth", "engine", "errors",
            "kernels", "models", "paths", "proposers", "strategies", "workloads"}
 EXPERIMENT = {"ablation", "analysis", "config", "feasibility", "figures", "notebooks", "records", "report", "sensitivity",
               "stages", "study"}

@@ -1,4 +1,6 @@
-"""The CPU fast path (rakv.kernels): same numbers as stock within float tolerance, same K/V semantics, own identity."""
+"""Kernel modes (rakv.kernels, rakv.compact): compact computes what stock computes, keeps the K/V semantics,
+runs several requests' rows in one pass exactly as one at a time, holds one copy of the weights, and has its
+own identity."""
 
 import pytest
 import torch
@@ -6,21 +8,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.cache_utils import DynamicLayer
 
+from rakv.actions import Action
+from rakv.cache import PrefixKVStore
+from rakv.compact import Segment
+from rakv.decoding import crop_cache, forward, forward_rows
+from rakv.engine import Engine
 from rakv.errors import RakvError
-from rakv.kernels import FastLinear, GrowingLayer, apply_kernels, effective_mode, kernels_of, new_kv_cache
+from rakv.kernels import GrowingLayer, compact_of, effective_mode, kernels_of, linear, new_kv_cache
 from rakv.models import load_pair
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 9, 70])
+@pytest.fixture(scope="module")
+def stock_tiny():
+    return load_pair("tiny", threads=2, kernels="stock")
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 9, 17, 70])
 @pytest.mark.parametrize("bias", [False, True])
-def test_fast_linear_matches_linear(rows, bias):
+def test_linear_matches_f_linear_for_every_row_count(rows, bias):
     torch.manual_seed(rows)
-    linear = torch.nn.Linear(96, 200, bias=bias)
-    x = torch.randn(1, rows, 96)
-    fast = FastLinear(linear.weight, linear.bias)
+    layer = torch.nn.Linear(96, 200, bias=bias)
+    x = torch.randn(rows, 96)
     with torch.inference_mode():
-        assert torch.allclose(fast(x), linear(x), atol=1e-5, rtol=1e-5)
-        assert fast(x).shape == (1, rows, 200)
+        assert torch.allclose(linear(x, layer.weight, layer.bias), layer(x), atol=1e-5, rtol=1e-5)
 
 
 @settings(max_examples=40, deadline=None)
@@ -43,24 +53,152 @@ def test_growing_layer_holds_what_a_dynamic_layer_holds(operations):
             assert torch.equal(growing.keys, reference.keys) and torch.equal(growing.values, reference.values)
 
 
-def test_modes_have_their_own_identity_and_the_fast_path_only_runs_on_cpu(tiny_pair):
-    assert tiny_pair.target.fingerprint.kernels == "fast" and kernels_of(tiny_pair.target.module) == "fast"
-    stock = load_pair("tiny", threads=2, kernels="stock")
-    assert stock.target.fingerprint.key() != tiny_pair.target.fingerprint.key()  # no shared store entries
-    assert effective_mode("fast", torch.device("cuda")) == "stock"
-    module = torch.nn.Sequential(torch.nn.Linear(4, 4))
-    assert apply_kernels(module, "fast", torch.device("cuda")) == "stock" and type(module[0]) is torch.nn.Linear
+def test_modes_have_their_own_identity(tiny_pair, stock_tiny):
+    assert tiny_pair.target.fingerprint.kernels == "compact" and kernels_of(tiny_pair.target.module) == "compact"
+    assert stock_tiny.target.fingerprint.kernels == "stock" and compact_of(stock_tiny.target.module) is None
+    assert stock_tiny.target.fingerprint.key() != tiny_pair.target.fingerprint.key()  # no shared store entries
+    assert effective_mode("compact", torch.device("cuda")) == "compact"  # plain torch: the same code on CUDA
     with pytest.raises(RakvError, match="unknown kernels mode"):
         effective_mode("turbo", torch.device("cpu"))
 
 
-def test_fast_and_stock_tiny_pairs_give_the_same_logits(tiny_pair):
-    stock = load_pair("tiny", threads=2, kernels="stock")
-    ids = torch.arange(100, 140).unsqueeze(0)
+def _same_steps(compact, stock, ids, atol):
+    """Prefill, one step, a verify of 5, a crop of 3 (rollback), a step: compact's logits equal stock's."""
     with torch.inference_mode():
-        fast_cache, stock_cache = new_kv_cache(tiny_pair.target.module), new_kv_cache(stock.target.module)
-        assert type(fast_cache.layers[0]) is GrowingLayer and type(stock_cache.layers[0]) is DynamicLayer
-        for start, end in ((0, 30), (30, 31), (31, 36), (36, 37)):  # prefill, step, verify k=4, step
-            a = tiny_pair.target.module(input_ids=ids[:, start:end], cache=fast_cache, use_cache=True).logits
-            b = stock.target.module(input_ids=ids[:, start:end], cache=stock_cache, use_cache=True).logits
-            assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+        a_cache, b_cache = new_kv_cache(compact), new_kv_cache(stock)
+        assert type(a_cache.layers[0]) is GrowingLayer and type(b_cache.layers[0]) is DynamicLayer
+        for start, end, crop in ((0, 30, None), (30, 31, None), (31, 36, 33), (33, 34, None)):
+            a = forward(compact, ids[:, start:end], a_cache)
+            b = forward(stock, ids[:, start:end], b_cache)
+            assert a.shape == b.shape == (end - start, b.shape[-1])
+            assert torch.allclose(a, b, atol=atol, rtol=1e-4), f"tokens {start}:{end}: {(a - b).abs().max()}"
+            if crop is not None:
+                crop_cache(a_cache, crop)
+                crop_cache(b_cache, crop)
+                assert a_cache.get_seq_length() == b_cache.get_seq_length() == crop
+
+
+def test_compact_gives_stock_logits_on_gpt2_through_steps_verifies_and_rollback(tiny_pair, stock_tiny):
+    ids = torch.arange(100, 140).unsqueeze(0)
+    for which in ("target", "draft"):
+        _same_steps(getattr(tiny_pair, which).module, getattr(stock_tiny, which).module, ids, atol=1e-4)
+
+
+def test_compact_holds_one_copy_of_the_weights():
+    """The fused projections are the model's parameters: the transformers module's tensors are views of them."""
+    def storage_bytes(module):
+        seen = {}
+        for tensor in module.state_dict().values():
+            seen[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return sum(seen.values())
+
+    stock = load_pair("tiny", threads=2, kernels="stock").target.module
+    compact = load_pair("tiny", threads=2, kernels="compact").target.module
+    assert storage_bytes(compact) == storage_bytes(stock)
+    fused = compact_of(compact).blocks[0].qkv.weight
+    assert compact.transformer.h[0].attn.c_attn.weight.untyped_storage().data_ptr() == \
+        fused.untyped_storage().data_ptr()
+
+
+def test_stock_forward_of_a_compact_module_is_unchanged(tiny_pair, stock_tiny):
+    """The rebound parameters keep the transformers module itself computing the same function."""
+    ids = torch.arange(50, 70).unsqueeze(0)
+    with torch.inference_mode():
+        a = tiny_pair.target.module(input_ids=ids).logits
+        b = stock_tiny.target.module(input_ids=ids).logits
+    assert torch.equal(a, b)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(1, 9), st.sampled_from([0, 1])), min_size=1, max_size=6),
+       st.integers(0, 10_000))
+def test_batched_rows_equal_single_rows(tiny_pair, segments, seed):
+    """Requests with their own contexts (lengths, new tokens, logits kept) in one pass equal each run alone."""
+    model = tiny_pair.target.module
+    generator = torch.Generator().manual_seed(seed)
+    with torch.inference_mode():
+        batch, alone = [], []
+        for context, new, keep in segments:
+            ids = torch.randint(0, 49_000, (context + new,), generator=generator)
+            caches = [new_kv_cache(model), new_kv_cache(model)]
+            if context:
+                for cache in caches:
+                    forward(model, ids[None, :context], cache, keep=1)
+            batch.append(Segment(ids[context:], caches[0], keep))
+            alone.append(forward(model, ids[None, context:], caches[1], keep))
+        together = forward_rows(model, batch)
+    for got, expected, segment, (context, new, _) in zip(together, alone, batch, segments):
+        assert got.shape == expected.shape
+        assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4)
+        assert segment.cache.get_seq_length() == context + new  # each request's K/V grew by its own rows only
+
+
+def test_stock_models_run_batched_rows_one_request_at_a_time(stock_tiny):
+    model = stock_tiny.target.module
+    ids = torch.arange(200, 230)
+    with torch.inference_mode():
+        rows = forward_rows(model, [Segment(ids[:12], new_kv_cache(model), 1), Segment(ids, new_kv_cache(model), 0)])
+    assert rows[0].shape[0] == 1 and rows[1].shape[0] == 30
+
+
+def test_compact_refuses_positions_beyond_the_context(tiny_pair):
+    model = tiny_pair.target.module
+    with torch.inference_mode(), pytest.raises(AssertionError, match="beyond the model's context"):
+        forward(model, torch.zeros(1, 1025, dtype=torch.long), new_kv_cache(model), keep=1)
+
+
+def test_compact_greedy_output_is_transformers_generate(tiny_pair, stock_tiny):
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 26))
+    ids = engine.encode("def fibonacci(n):\n    ")
+    hf = stock_tiny.target.module.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                           max_new_tokens=24, min_new_tokens=24, do_sample=False,
+                                           pad_token_id=0)[0, len(ids):].tolist()
+    for strategy in ("ar", "spec-k4", "joint-k2"):
+        assert engine.run(ids, Action.of_strategy(strategy), 24, ignore_eos=True).token_ids == hf, strategy
+
+
+def _dequantised_stock(stock_module, draft):
+    """A transformers module whose projections hold the compact int8 draft's weights, dequantised (weight * scale):
+    what the draft computes, by the reference code."""
+    def set_rows(modules, projection):
+        weight = projection.weight.float() * projection.scale[:, None]
+        start = 0
+        for module in modules:
+            rows = module.weight.shape[0]
+            module.weight = torch.nn.Parameter(weight[start:start + rows].clone(), requires_grad=False)
+            start += rows
+
+    for layer, block in zip(stock_module.model.layers, draft.blocks):
+        attn, mlp = layer.self_attn, layer.mlp
+        set_rows([attn.q_proj, attn.k_proj, attn.v_proj], block.qkv)
+        set_rows([attn.o_proj], block.out)
+        set_rows([mlp.gate_proj, mlp.up_proj], block.up)
+        set_rows([mlp.down_proj], block.down)
+    head = torch.nn.Linear(*reversed(stock_module.lm_head.weight.shape), bias=False)  # untied: the embedding stays fp32
+    set_rows([head], draft.lm_head)
+    stock_module.lm_head = head
+    return stock_module
+
+
+@pytest.mark.slow
+def test_compact_smollm2_target_and_int8_draft_give_reference_logits(smollm2_pair):
+    from rakv.workloads import load_humaneval
+
+    stock = load_pair("smollm2", threads=2, kernels="stock")
+    ids = torch.tensor([smollm2_pair.tokenizer(load_humaneval()[0]["prompt"], add_special_tokens=False)["input_ids"]])
+    assert ids.shape[1] >= 36
+    draft = compact_of(smollm2_pair.draft.module)
+    assert compact_of(smollm2_pair.target.module) is not None and draft is smollm2_pair.draft.module
+    assert smollm2_pair.draft.fingerprint.quantisation == "int8-weight-per-row"
+    assert draft.embed is compact_of(smollm2_pair.target.module).embed  # shared, not copied
+    _same_steps(smollm2_pair.target.module, stock.target.module, ids, atol=1e-3)
+    _same_steps(smollm2_pair.draft.module, _dequantised_stock(stock.target.module, draft), ids, atol=1e-3)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compact_on_cuda_gives_stock_logits():
+    compact = load_pair("tiny", device="cuda", kernels="compact")
+    stock = load_pair("tiny", device="cuda", kernels="stock")
+    _same_steps(compact.target.module, stock.target.module, torch.arange(100, 140, device="cuda").unsqueeze(0),
+                atol=1e-3)

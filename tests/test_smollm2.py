@@ -23,5 +23,5 @@ def test_joint_k4_equals_transformers_greedy_generate(smollm2_pair):
     repeat = engine.run(ids, Action.of_strategy("joint-k4"), n)  # exact repeat: K/V and logits from the store
     assert cold.token_ids == expected and repeat.token_ids == expected
     assert repeat.hit_tokens == len(ids) and cold.accepted > 0
-    assert smollm2_pair.draft.fingerprint.quantisation == "int8-dynamic"
+    assert smollm2_pair.draft.fingerprint.quantisation == "int8-weight-per-row"
     assert smollm2_pair.draft.fingerprint.key() != smollm2_pair.target.fingerprint.key()

@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from transformers import DynamicCache
 
+from rakv.compact import Segment
+from rakv.kernels import compact_of
+
 if TYPE_CHECKING:
     from rakv.depth import RoundDepth
 
@@ -58,8 +61,20 @@ class PhaseTimer:
 
 def forward(model: torch.nn.Module, ids: torch.Tensor, cache: DynamicCache, keep: int = 0) -> torch.Tensor:
     """Run `model` over `ids` [1, n] appending to `cache`; returns fp32 logits [n or keep, vocab]."""
+    compact = compact_of(model)
+    if compact is not None:
+        return compact(ids[0], cache, keep)
     out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep)
     return out.logits[0].float()
+
+
+def forward_rows(model: torch.nn.Module, segments: list[Segment]) -> list[torch.Tensor]:
+    """Several requests' new tokens, each appended to its own cache: one pass over the weights under `compact`
+    kernels (rakv.compact), one forward per request under `stock`. Each segment's fp32 logits [keep or n, vocab]."""
+    compact = compact_of(model)
+    if compact is not None:
+        return compact.forward_rows(segments)
+    return [forward(model, s.ids.unsqueeze(0), s.cache, s.keep) for s in segments]
 
 
 def cache_nbytes(cache) -> int:

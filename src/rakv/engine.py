@@ -31,7 +31,7 @@ PROPOSERS = ("draft", "prompt-lookup")
 
 
 def open_engine(pair: str, proposer: str, *, cache_budget_mib: float, salt: str | None = None, device: str = "cpu",
-                dtype: str = "float32", threads: int | None = None, kernels: str = "fast") -> "Engine":
+                dtype: str = "float32", threads: int | None = None, kernels: str = "compact") -> "Engine":
     """Load a pair and give it an empty prefix store of the given budget (conf/cache/default.yaml)."""
     if cache_budget_mib <= 0:
         raise RakvError(f"the cache budget must be positive, got {cache_budget_mib} MiB")

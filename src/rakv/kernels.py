@@ -1,99 +1,104 @@
-"""How a model's forward runs on the CPU: `stock` (transformers as shipped) or `fast`.
+"""How a model's forward runs: `stock` (transformers as shipped) or `compact` (rakv.compact).
 
 Decoding one token, or verifying k + 1, is a pass over all the weights with a handful of rows, so
-its floor is weight bytes / memory bandwidth. Measured on the 2-core AVX-512 machine this artifact
-was built on (`scripts/bench_engine.py` prints the current numbers), stock transformers is 3-6x
-above that floor for two reasons, and the `fast` mode removes both:
+its floor is weight bytes / memory bandwidth. `compact` replaces transformers' per-forward machinery by
+a few tensor operations per layer (rakv.compact: why and how) and keeps each request's K/V in a
+buffer with spare room (`GrowingLayer`): `DynamicCache` appends with `torch.cat`, reallocating every
+layer's whole sequence per token. `linear` picks, per row count, the GEMM path measured fastest on the
+CPU (`scripts/bench_engine.py` prints the step costs this gives; the numbers behind each choice are in
+its docstring).
 
-- `nn.Linear` (and GPT-2's `Conv1D`) on 1-9 rows. `F.linear` goes to an MKL path that streams the weights at a third of
-  the bandwidth for one row and is slower still for 2-3 rows than for 5. `FastLinear` computes
-  `W @ x.T` (one row duplicated to two, which MKL's GEMM threads well) for 1-2 rows, and uses a
-  oneDNN-packed copy of the weight for 3-64 rows (flat cost from 3 to 9 rows). Prefill (more rows)
-  keeps `F.linear`. The packed copy costs one more copy of the Linear weights in memory.
-- `DynamicCache` appends each step's K/V with `torch.cat`, reallocating every layer's whole sequence
-  per token. `GrowingLayer` writes into a buffer with spare room and crops by shortening its view.
-
-Both are exact in the sense that matters here: the same math in fp32 with other summation orders,
-so logits differ in the last bits; greedy outputs are checked against `generate` by the tests and
-against AR by every study run. Only CPU modules are changed: on CUDA `fast` is `stock`, so the mode
-recorded in a model's fingerprint says what actually ran (K/V computed by different kernels never
-share prefix-store entries).
+Both modes compute the same math in fp32 with other summation orders, so logits differ in the last
+bits; greedy outputs are checked against `generate` by the tests and against AR by every study run. The
+mode is recorded in each model's fingerprint, so K/V computed by different kernels never share
+prefix-store entries. `compact` is plain torch and runs unchanged on CUDA, where `linear` is `F.linear`.
 """
 
 from __future__ import annotations
+
+import subprocess
+from functools import lru_cache
+from pathlib import Path
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-KERNEL_MODES = ("stock", "fast")
-_FAST_ATTR = "_rakv_kernels"  # set on a module whose forward runs the fast path
-_PACKED_MAX_ROWS = 64  # above this (prefill) F.linear's GEMM is efficient
+KERNEL_MODES = ("stock", "compact")
+_COMPACT_ATTR = "_rakv_compact"  # the rakv.compact.CompactLM that runs a compact module's forward
 
 
 def effective_mode(mode: str, device: torch.device) -> str:
-    """The mode that will run: `fast` only on CPU."""
+    """The mode that will run (both run on every device); an unknown mode is refused."""
     if mode not in KERNEL_MODES:
         from rakv.errors import RakvError
 
         raise RakvError(f"unknown kernels mode '{mode}'; choose one of: {', '.join(KERNEL_MODES)}")
-    return mode if device.type == "cpu" else "stock"
+    return mode
 
 
-def kernels_of(module: torch.nn.Module) -> str:
-    return getattr(module, _FAST_ATTR, "stock")
+def kernels_of(module) -> str:
+    return "compact" if compact_of(module) is not None else "stock"
 
 
-class FastLinear(torch.nn.Module):
-    """A Linear whose few-row products take the CPU's fast paths (see the module docstring)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        """weight [out, in] (nn.Linear's layout), contiguous."""
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        self.weight, self.bias = weight, bias
-        # packed for a small batch; measured flat from 3 to 9 rows whatever batch size it is packed for
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        m = rows.shape[0]
-        if m <= 2:
-            both = torch.cat([rows, rows]) if m == 1 else rows.contiguous()
-            y = torch.mm(self.weight, both.t()).t()[:m]
-            if self.bias is not None:
-                y = y + self.bias
-        elif m <= _PACKED_MAX_ROWS:
-            y = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.packed, self.bias, "none", [], "")
-        else:
-            y = torch.nn.functional.linear(rows, self.weight, self.bias)
-        return y.reshape(*x.shape[:-1], self.out_features)
+def compact_of(module):
+    """The CompactLM that runs `module`'s forward (a compact-only model, such as the int8 draft, is its own),
+    or None (stock)."""
+    return getattr(module, _COMPACT_ATTR, None)
 
 
-def _swap_linears(module: torch.nn.Module) -> int:
-    """Replace fp32 nn.Linear and GPT-2's Conv1D (weight stored [in, out]) by FastLinear; returns how many."""
-    from transformers.pytorch_utils import Conv1D
+SKINNY_MAX_ROWS = 16  # rows up to which the skinny kernel beats MKL here (scripts/bench_engine.py --gemv)
 
-    swapped = 0
-    for name, child in module.named_children():
-        if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32:
-            setattr(module, name, FastLinear(child.weight, child.bias))  # shares the (possibly tied) weight
-        elif type(child) is Conv1D and child.weight.dtype == torch.float32:
-            setattr(module, name, FastLinear(child.weight.t().contiguous(), child.bias))
-        else:
-            swapped += _swap_linears(child)
-            continue
-        swapped += 1
-    return swapped
+
+@lru_cache(maxsize=None)
+def skinny():
+    """The C++ kernels of `skinny.cpp` (y = x W^T for 1-16 rows, fp32 or int8 weights), compiled on first use
+    for this machine's instruction set (about a minute, then cached under $TORCH_EXTENSIONS_DIR)."""
+    from torch.utils.cpp_extension import load
+
+    source = Path(__file__).with_name("skinny.cpp")
+    try:
+        return load(name="rakv_skinny", sources=[str(source)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                    verbose=False)
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        from rakv.errors import RakvError
+
+        raise RakvError(f"kernels=compact needs its C++ GEMV kernels compiled (a C++ compiler and ninja), which "
+                        f"failed: {str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__}; "
+                        "run with kernels=stock instead") from None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [m, in] @ weight [out, in]^T (+ bias) by the path measured fastest for m rows.
+
+    Measured on the 2-core machine (one stack of SmolLM2's 30 layers of fused projections, 425 MB, 2
+    threads, `scripts/bench_engine.py --gemv` prints it again): MKL reaches 9-11 GB/s for 1-4 rows and 5-7
+    for 8-16 (`torch.mm(W, x.T)`; `F.linear` is slower still for 2-16 rows) against 16-19 GB/s of
+    streaming bandwidth; the skinny kernel 14-15 GB/s for one row and stays ahead of MKL up to 16 rows.
+    Prefill (more rows) is compute-bound and goes to MKL's GEMM.
+    """
+    if x.device.type == "cpu" and x.shape[0] <= SKINNY_MAX_ROWS and weight.dtype == torch.float32:
+        return skinny().skinny_linear(x, weight, bias)
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+def linear_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [m, in] @ (weight [out, in] int8 * scale [out])^T (+ bias): weight-only int8, fp32 activations."""
+    if x.shape[0] <= SKINNY_MAX_ROWS:
+        return skinny().skinny_linear_int8(x, weight, scale, bias)
+    # many rows (a draft's prefill): dequantise one projection at a time and use the GEMM
+    return torch.nn.functional.linear(x, weight.float() * scale[:, None], bias)
 
 
 def apply_kernels(module: torch.nn.Module, mode: str, device: torch.device) -> str:
     """Prepare `module` (already on `device`, in eval mode) for `mode`; returns the mode that runs."""
     mode = effective_mode(mode, device)
-    if mode == "fast" and kernels_of(module) != "fast":
+    if mode == "compact" and kernels_of(module) != "compact":
+        from rakv.compact import CompactLM
+
         with torch.no_grad():
-            _swap_linears(module)  # fp32 Linears only: quantised or bf16 layers keep their own kernels
-        setattr(module, _FAST_ATTR, "fast")
+            setattr(module, _COMPACT_ATTR, CompactLM(module))
     return kernels_of(module)
 
 
@@ -157,12 +162,12 @@ class GrowingLayer(DynamicLayer):
 
 
 def new_kv_cache(model: torch.nn.Module, kv=None) -> DynamicCache:
-    """An empty (or `kv`-filled) DynamicCache for `model`; with growing layers when the model runs `fast`.
+    """An empty (or `kv`-filled) DynamicCache for `model`; with growing layers when the model runs `compact`.
 
     kv: per layer (keys, values) [1, heads, length, head_dim], copied in.
     """
     cache = DynamicCache(config=model.config)
-    if kernels_of(model) == "fast":
+    if kernels_of(model) == "compact":
         cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     for layer, (keys, values) in zip(cache.layers, kv or ()):
         layer.update(keys, values)

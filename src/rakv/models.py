@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from rakv.errors import RakvError, WeightsUnavailable
-from rakv.kernels import apply_kernels, effective_mode
+from rakv.kernels import apply_kernels, compact_of, effective_mode
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -224,12 +224,12 @@ def quantise_int8_dynamic(module: torch.nn.Module) -> torch.nn.Module:
         return quantize_dynamic(copy.deepcopy(module), {torch.nn.Linear}, dtype=torch.qint8)
 
 
-def _smollm2_pair(device, dtype):
+def _smollm2_pair(device, dtype, kernels):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     if device.type != "cpu":
-        raise RakvError("pair smollm2 uses an int8 dynamic-quantised draft whose kernels are CPU-only; "
+        raise RakvError("pair smollm2 uses an int8 draft whose kernels are CPU-only; "
                         "use device=cpu, or a GPT-2 reference pair on CUDA")
     gguf = smollm2_gguf_path()
     tokenizer = smollm2_tokenizer()
@@ -244,8 +244,16 @@ def _smollm2_pair(device, dtype):
         hf_logging.enable_progress_bar()
     weights = f"gguf:{file_hash(gguf)}"
     target = _finish(module, "SmolLM2-135M-Instruct", weights, dtype, "none", tok_hash, device)
-    draft = _finish(quantise_int8_dynamic(module), "SmolLM2-135M-Instruct", weights, dtype,
-                    "int8-dynamic", tok_hash, device)
+    if effective_mode(kernels, device) == "compact":
+        # the compact draft: the target's projections in weight-only int8 (rakv.compact.CompactLM.int8_draft)
+        apply_kernels(module, "compact", device)
+        draft = LoadedModel(module=compact_of(module).int8_draft(), max_context=target.max_context,
+                            fingerprint=replace(target.fingerprint, quantisation="int8-weight-per-row"))
+        return target, draft, tokenizer
+    quantised = quantise_int8_dynamic(module)
+    # only Linears are quantised: the draft's fp32 embedding and norms are the target's, shared, not copied
+    quantised.model.embed_tokens = module.model.embed_tokens
+    draft = _finish(quantised, "SmolLM2-135M-Instruct", weights, dtype, "int8-dynamic", tok_hash, device)
     return target, draft, tokenizer
 
 
@@ -303,7 +311,7 @@ def configure_threads(device: torch.device, threads: int | None) -> None:
 
 
 def load_pair(name: str, device: str = "cpu", dtype: str = "float32", threads: int | None = None,
-              kernels: str = "fast") -> ModelPair:
+              kernels: str = "compact") -> ModelPair:
     """Load a pair on `device`; `kernels` (rakv.kernels) says how its forwards run, and is part of its identity."""
     if name not in PAIR_NAMES:
         raise RakvError(f"unknown pair '{name}'; choose one of: {', '.join(PAIR_NAMES)}")
@@ -321,7 +329,7 @@ def load_pair(name: str, device: str = "cpu", dtype: str = "float32", threads: i
     if name == "tiny":
         target, draft, tokenizer = _tiny_pair(torch_device, torch_dtype)
     elif name == "smollm2":
-        target, draft, tokenizer = _smollm2_pair(torch_device, torch_dtype)
+        target, draft, tokenizer = _smollm2_pair(torch_device, torch_dtype, kernels)
     elif name in TWIN_PAIRS:
         target, draft, tokenizer = _twin_pair(name, torch_device, torch_dtype)
     else:

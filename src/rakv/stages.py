@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -96,10 +97,25 @@ STAGES = {"calibrate": calibrate, "study": study, "sensitivity": sensitivity, "f
           "analysis": analysis, "paper": paper}
 
 
+def peak_rss_bytes() -> int:
+    """The largest resident set of this process or of any worker it waited for (Linux reports KiB)."""
+    import resource
+
+    return 1024 * max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                      resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+
+
 def run_stage(name: str, cfg: DictConfig) -> None:
     try:
         validate(cfg)
         STAGES[name](cfg)
+        peak = peak_rss_bytes()
+        print(f"{name}: peak resident memory {peak / 1e9:.2f} GB (the largest process: the stage or a worker)",
+              flush=True)
+        results = results_dir(cfg)
+        results.mkdir(parents=True, exist_ok=True)
+        with open(results / "stage_rss.tsv", "a") as fh:
+            fh.write(f"{name}\t{peak}\n")
     except RakvError as exc:
         print(f"{name}: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
