@@ -92,7 +92,7 @@ def test_each_rule_fails_the_composed_config_with_one_line(override, message):
 
 RUNTIME = {"actions", "cache", "calibration", "cli", "compact", "controller", "costmodel", "decoding", "depth", "engine", "errors",
            "kernels", "models", "paths", "proposers", "strategies", "workloads"}
-EXPERIMENT = {"ablation", "analysis", "config", "feasibility", "figures", "notebooks", "records", "report", "sensitivity",
+EXPERIMENT = {"ablation", "analysis", "config", "enginecompare", "feasibility", "figures", "notebooks", "records", "report", "sensitivity",
               "stages", "study"}
 
 

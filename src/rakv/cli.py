@@ -248,8 +248,8 @@ def add_model_options(parser) -> None:
     parser.add_argument("--dtype", default=pipeline.dtype)
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     parser.add_argument("--kernels", default=pipeline.kernels, choices=KERNEL_MODES,
-                        help="fast: the CPU fast path of rakv.kernels; stock: transformers as shipped "
-                             "(default %(default)s)")
+                        help="compact: rakv.compact's forward (few ops per layer, C++ kernels for few rows, "
+                             "batched rows); stock: transformers as shipped (default %(default)s)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -253,7 +253,7 @@ class CompactLM:
     def _norm(self, x: torch.Tensor, weights: tuple) -> torch.Tensor:
         weight, bias = weights
         if self.kind == "llama":
-            if x.device.type == "cpu":
+            if x.device.type == "cpu" and x.shape[0] <= SKINNY_MAX_ROWS:  # decode; prefill: torch's vector ops
                 return skinny().rms_norm(x, weight, self.eps)
             return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))  # LlamaRMSNorm's order
         return F.layer_norm(x, (x.shape[-1],), weight, bias, self.eps)
@@ -261,7 +261,7 @@ class CompactLM:
     def _mlp(self, block: Block, x: torch.Tensor) -> torch.Tensor:
         up = _apply(block.up, x)
         if self.kind == "llama":
-            if up.device.type == "cpu":
+            if up.device.type == "cpu" and up.shape[0] <= SKINNY_MAX_ROWS:
                 return _apply(block.down, skinny().silu_mul(up))
             gate, up = up.chunk(2, dim=-1)
             return _apply(block.down, F.silu(gate) * up)
@@ -283,9 +283,11 @@ class CompactLM:
         assert int(position[-1]) < limit and max(p + n for p, n in zip(starts, lengths)) <= limit, \
             f"position beyond the model's context of {limit} tokens"
         x = F.embedding(ids, self.embed)
+        # few rows on the CPU (decode, verify, a batch of decodes): the C++ kernels; more: torch's vector ops
+        small = device.type == "cpu" and len(ids) <= SKINNY_MAX_ROWS
         if self.kind == "llama":
             cos, sin = self.cos[position], self.sin_signed[position]
-            if device.type != "cpu":
+            if not small:
                 cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         else:
             x = x + F.embedding(position, self.positions)
@@ -298,7 +300,7 @@ class CompactLM:
             qkv = _apply(block.qkv, self._norm(x, block.norm_in))  # [T, (H + 2 KV) hd]
             total = qkv.shape[0]
             qk = qkv[:, :q_width + kv_width].view(total, self.heads + self.kv_heads, self.head_dim)
-            if self.kind == "llama" and device.type == "cpu":
+            if self.kind == "llama" and small:
                 skinny().rope_(qk, cos, sin)  # in place, inside qkv
             elif self.kind == "llama":
                 qk = qk * cos + qk.roll(half, dims=-1) * sin

@@ -60,6 +60,12 @@ def analysis(cfg: DictConfig) -> None:
     paths = run_all(cfg.profile.name, OutputPaths.of(results))
     print(f"analysis: summary {paths.results / 'summary.json'}, figures {paths.figures}, LaTeX {paths.generated}",
           flush=True)
+    before = cfg.profile.get("before_engine")
+    if before and (ROOT / before / "summary.json").exists():  # the same profile run with the previous engine
+        from rakv.enginecompare import write_engine_comparison
+
+        written = write_engine_comparison(ROOT / before, paths.results, paths.generated)
+        print(f"analysis: engine before/after ({before} vs {shown(paths.results)}): {written[0].name}", flush=True)
     if paths.results == README_REFERENCE.resolve():
         summary = json.loads((paths.results / "summary.json").read_text())
         changed = refresh_readme(summary, ROOT / "README.md")
