@@ -138,26 +138,10 @@ def streaming_bandwidth(device, repeats: int = 7) -> float:
 
 
 def verify_ratios(engine, context: list[int], repeats: int) -> dict[int, float]:
-    """Median target forward over k + 1 new tokens / median one-token step, on a cache holding `context`."""
-
-    target, device = engine.pair.target.module, engine.pair.device
-    ids = torch.tensor([context], device=device)
-    cache = new_kv_cache(target)
-    with torch.inference_mode():
-        forward(target, ids[:, :-9], cache, keep=1)
-        base = cache.get_seq_length()
-        times = {}
-        for width in (1, *(k + 1 for k in SPEC_K)):  # interleaved repeats, the first a warm-up
-            times[width] = []
-        for repeat in range(repeats + 1):
-            for width in times:
-                t = seconds(lambda: forward(target, ids[:, base:base + width], cache, keep=1 if width == 1 else 0),
-                            device)
-                crop_cache(cache, base)
-                if repeat:
-                    times[width].append(t)
-    step = statistics.median(times[1])
-    return {width - 1: statistics.median(t) / step for width, t in times.items() if width > 1} | {0: step}
+    """Median target forward over k + 1 new tokens / median one-token step, on a cache holding `context`;
+    key 0: the step in seconds."""
+    ms = step_ms(engine.pair.target.module, engine.pair.device, context, (1, *(k + 1 for k in SPEC_K)), repeats)
+    return {width - 1: t / ms[1] for width, t in ms.items() if width > 1} | {0: ms[1] / 1e3}
 
 
 def step_ms(model, device, context: list[int], widths, repeats: int) -> dict[int, float]:

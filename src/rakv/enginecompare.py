@@ -121,7 +121,14 @@ def comparison_sentences(before: list[dict], after: list[dict]) -> str:
                          f"({b['draft_step_ms'] / b['target_step_ms']:.2f} to "
                          f"{a['draft_step_ms'] / a['target_step_ms']:.2f} of a target step)")
         sentence += "."
-        if a["break_even_alpha"] is not None and b["break_even_alpha"] is not None:
+        if a["break_even_alpha"] is None and a["break_even_settings"]:
+            sentence += (f" The cost model now finds no k that pays in any of its {a['break_even_settings']} settings"
+                         + (f" (before: a median break-even acceptance of {b['break_even_alpha']:.3f} over the "
+                            f"{b['break_even_settings'] - b['break_even_never']} settings where one paid)"
+                            if b["break_even_alpha"] is not None and b["break_even_settings"] else "")
+                         + (f", although the study measured an acceptance of {a['acceptance']:.2f}"
+                            if a["acceptance"] is not None else "") + ".")
+        elif a["break_even_alpha"] is not None and b["break_even_alpha"] is not None:
             sentence += (f" Its break-even acceptance moved from {b['break_even_alpha']:.3f} to "
                          f"{a['break_even_alpha']:.3f}")
             if a["acceptance"] is not None:

@@ -118,9 +118,11 @@ def run_stage(name: str, cfg: DictConfig) -> None:
         peak = peak_rss_bytes()
         print(f"{name}: peak resident memory {peak / 1e9:.2f} GB (the largest process: the stage or a worker)",
               flush=True)
-        results = results_dir(cfg)
-        results.mkdir(parents=True, exist_ok=True)
-        with open(results / "stage_rss.tsv", "a") as fh:
+        # beside reproduce.sh's stage_times.tsv (results/<profile>/, whatever results_dir is), so that
+        # regenerating a shipped run's outputs never appends to its tables
+        record = ROOT / "results" / cfg.profile.name
+        record.mkdir(parents=True, exist_ok=True)
+        with open(record / "stage_rss.tsv", "a") as fh:
             fh.write(f"{name}\t{peak}\n")
     except RakvError as exc:
         print(f"{name}: error: {exc}", file=sys.stderr, flush=True)
