@@ -243,6 +243,34 @@ def rss_probe(args) -> dict:
             "store_bytes": engine.store.stats.bytes}
 
 
+def gemv_table(device, repeats: int) -> list[dict]:
+    """The row-count dispatch of rakv.kernels.linear, measured: 30 layers of SmolLM2's fused projections (random
+    fp32 weights, 425 MB) through MKL (`F.linear`, `torch.mm(W, x.T)`) and the skinny kernel, fp32 and int8."""
+    from rakv.compact import Dense, Int8Weight
+    from rakv.kernels import skinny
+
+    layers = [[torch.randn(out, k, device=device) for out, k in ((960, 576), (576, 576), (3072, 576), (576, 1536))]
+              for _ in range(30)]
+    int8 = [[Int8Weight.of(Dense(w)) for w in layer] for layer in layers]
+    nbytes = sum(w.numel() * 4 for layer in layers for w in layer)
+    rows = []
+    for m in (1, 2, 4, 8, 16):
+        x = {576: torch.randn(m, 576, device=device), 1536: torch.randn(m, 1536, device=device)}
+        paths = {"F.linear": lambda: [torch.nn.functional.linear(x[w.shape[1]], w) for ws in layers for w in ws],
+                 "mm(W,xT)": lambda: [torch.mm(w, x[w.shape[1]].t()) for ws in layers for w in ws],
+                 "skinny": lambda: [skinny().skinny_linear(x[w.shape[1]], w, None) for ws in layers for w in ws],
+                 "skinny-int8": lambda: [q(x[q.weight.shape[1]]) for qs in int8 for q in qs]}
+        times = {name: [] for name in paths}
+        for repeat in range(repeats + 1):
+            for name, fn in paths.items():
+                t = seconds(fn, device)
+                if repeat:
+                    times[name].append(t)
+        rows.append({"rows": m, **{name: statistics.median(t) * 1e3 for name, t in times.items()},
+                     "fp32_bytes": nbytes})
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="smollm2")
@@ -254,11 +282,26 @@ def main() -> int:
     parser.add_argument("--kernels", default="compact", choices=KERNEL_MODES, help="our side's kernels")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--no-peer", action="store_true", help="skip llama.cpp even when it is installed")
+    parser.add_argument("--gemv", action="store_true",
+                        help="only the GEMV table behind rakv.kernels.linear's row-count dispatch")
     parser.add_argument("--probe", choices=("ours-ar", "hf-ar", "ours-spec-k4", "hf-spec-k4", "rss"),
                         help=argparse.SUPPRESS)  # internal: one memory measurement in a fresh process
     args = parser.parse_args()
     if args.probe == "rss":
         print(json.dumps(rss_probe(args)))
+        return 0
+    if args.gemv:
+        from rakv.models import configure_threads
+
+        device = torch.device(args.device)
+        configure_threads(device, args.threads)
+        bandwidth = streaming_bandwidth(device)
+        print(f"GEMV over 30 layers of SmolLM2's fused projections (425 MB fp32, 106 MB int8), {torch.get_num_threads()} "
+              f"threads; streaming bandwidth {bandwidth / 1e9:.1f} GB/s; ms (GB/s of weights read)")
+        for row in gemv_table(device, args.repeats * 2):
+            print(f"rows={row['rows']:2d} " + "  ".join(
+                f"{name} {row[name]:6.2f} ({row['fp32_bytes'] / (4 if name.endswith('int8') else 1) / row[name] / 1e6:4.1f})"
+                for name in ("F.linear", "mm(W,xT)", "skinny", "skinny-int8")))
         return 0
     try:
         pair = load_pair(args.pair, device=args.device, threads=args.threads, kernels=args.kernels)

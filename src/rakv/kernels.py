@@ -71,10 +71,10 @@ def skinny():
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [m, in] @ weight [out, in]^T (+ bias) by the path measured fastest for m rows.
 
-    Measured on the 2-core machine (one stack of SmolLM2's 30 layers of fused projections, 425 MB, 2
-    threads, `scripts/bench_engine.py --gemv` prints it again): MKL reaches 9-11 GB/s for 1-4 rows and 5-7
-    for 8-16 (`torch.mm(W, x.T)`; `F.linear` is slower still for 2-16 rows) against 16-19 GB/s of
-    streaming bandwidth; the skinny kernel 14-15 GB/s for one row and stays ahead of MKL up to 16 rows.
+    Measured on the 2-core machine by `scripts/bench_engine.py --gemv` (30 layers of SmolLM2's fused projections,
+    425 MB, 2 threads, 20.6 GB/s streaming): MKL reads the weights at 4-7 GB/s for one row (`F.linear`,
+    `torch.mm(W, x.T)`), 11 GB/s at best for 2-4 rows (`mm`) and 7 for 8-16; the skinny kernel at 15-16 GB/s for
+    1-2 rows, 15 for 4, 10 for 8, and on par with MKL at 16.
     Prefill (more rows) is compute-bound and goes to MKL's GEMM.
     """
     if x.device.type == "cpu" and x.shape[0] <= SKINNY_MAX_ROWS and weight.dtype == torch.float32:
