@@ -159,6 +159,57 @@ def cmd_calibrate(args) -> None:
                   + f" {costs[0]:>9.3f} {best:>20}")
 
 
+def cmd_serve(args) -> None:
+    from rakv.actions import ADAPTIVE
+    from rakv.calibration import calibration_for
+    from rakv.controller import Controller
+    from rakv.decoding import Sampling
+    from rakv.serving.metrics import parse_goodput
+    from rakv.serving.server import ServeOptions, serve
+    from rakv.serving.trace import read_trace
+    from rakv.strategies import action_of
+
+    if args.strategy != ADAPTIVE:
+        action_of(args.strategy)  # an unknown strategy fails before any model work
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        raise RakvError("--temperature must be >= 0 and --top-p in (0, 1]")
+    options = ServeOptions(strategy=args.strategy, token_budget=args.token_budget, chunking=not args.no_chunking,
+                           max_batch=args.max_batch, kv_budget_mib=args.kv_budget_mib,
+                           slos_ms=parse_goodput(args.goodput),
+                           sampling=Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed),
+                           ignore_eos=args.ignore_eos)
+    if options.token_budget <= 0 or options.max_batch <= 0 or options.kv_budget_mib <= 0:
+        raise RakvError("--token-budget, --max-batch and --kv-budget-mib must be positive")
+    trace = read_trace(args.trace)  # the whole trace is checked before the models load
+    engine = make_engine(args)
+    controller = None
+    if args.strategy == ADAPTIVE:
+        controller = Controller(calibration_for(engine, "never" if args.no_calibrate else "auto"),
+                                controller_config(args))
+    summary = serve(engine, trace, args.out, options, controller=controller, progress=not args.quiet)
+    print(json.dumps({k: summary[k] for k in SHOWN_SUMMARY if k in summary}))
+
+
+SHOWN_SUMMARY = ("completed", "failed", "duration_s", "request_throughput", "output_throughput",
+                 "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_itl_ms", "goodput", "mean_batch_tokens",
+                 "max_concurrency", "prefix_hit_rate", "preemptions", "peak_rss_mib")
+
+
+def cmd_trace(args) -> None:
+    from rakv.serving.trace import generate_trace, write_trace
+    from rakv.workloads import dataset_texts
+
+    settings = {name: getattr(args, name) for name in TRACE_SETTINGS}
+    trace = generate_trace(dataset_texts(args.dataset), **{k: v for k, v in settings.items() if k != "dataset"})
+    write_trace(args.out, trace, {"generator": "rakv trace", **settings})
+    print(f"{args.out}: {len(trace)} requests ({args.kind}, {args.arrivals} at {args.rate:g}/s, seed {args.seed}); "
+          f"settings in {args.out}.meta.json")
+
+
+TRACE_SETTINGS = ("dataset", "kind", "arrivals", "burstiness", "rate", "requests", "max_new_tokens", "prompt_words",
+                  "groups", "system_words", "turns", "think_s", "seed")
+
+
 def _text_streamer(tokenizer, request_id):
     """Print confirmed tokens as they arrive (decoding the whole output each time keeps multi-byte text intact)."""
     tokens, shown = [], [0]
@@ -236,6 +287,60 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--salt", default=store.salt, help=argparse.SUPPRESS)
     add_model_options(cal)
     cal.set_defaults(func=cmd_calibrate)
+
+    serving = conf_file("serving/default.yaml")
+    srv = sub.add_parser("serve", help="serve a trace of requests arriving over time: continuous batching, chunked "
+                                       "prefill, prefix reuse, speculation (README: Serving)",
+                         description="Serve a JSONL trace (rakv trace writes one). Writes OUT/requests.jsonl (a line "
+                                     "per request as it finishes) and OUT/summary.json (vLLM benchmark_serving's "
+                                     "names). Defaults: conf/serving/default.yaml.")
+    srv.add_argument("--pair", required=True, help=f"model pair: {', '.join(PAIR_NAMES)}")
+    srv.add_argument("--trace", required=True, metavar="FILE.jsonl")
+    srv.add_argument("--out", required=True, metavar="DIR")
+    srv.add_argument("--strategy", default=serving.strategy,
+                     help=f"per request: {', '.join(FIXED_STRATEGIES)}, rakv-asd (default %(default)s)")
+    srv.add_argument("--proposer", default=serving.proposer, choices=PROPOSERS)
+    chunk = srv.add_mutually_exclusive_group()
+    chunk.add_argument("--token-budget", type=int, default=serving.token_budget, metavar="N",
+                       help="rows of an iteration's forward: decodes first, then prefill chunks (default %(default)s)")
+    chunk.add_argument("--no-chunking", action="store_true", default=not serving.chunking,
+                       help="each prompt's whole prefill in an iteration of its own (the baseline)")
+    srv.add_argument("--max-batch", type=int, default=serving.max_batch, metavar="B",
+                     help="running requests at most (default %(default)s)")
+    srv.add_argument("--kv-budget-mib", type=float, default=serving.kv_budget_mib, metavar="M",
+                     help="K/V of the running requests; over it the newest is preempted (default %(default)s)")
+    srv.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
+                     help="SLOs for summary.json's goodput: ttft:MS tpot:MS e2el:MS")
+    srv.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    srv.add_argument("--top-p", type=float, default=1.0)
+    srv.add_argument("--seed", type=int, default=0)
+    srv.add_argument("--ignore-eos", action="store_true", help="generate exactly max_new_tokens per request")
+    srv.add_argument("--salt", default=store.salt, help="isolation salt of requests that name none")
+    srv.add_argument("--cache-budget-mib", type=float, default=store.budget_mib,
+                     help=f"byte budget of the prefix KV store (default {store.budget_mib})")
+    srv.add_argument("--k-set", default=",".join(map(str, defaults.k_set)), help="rakv-asd: depths it may choose")
+    srv.add_argument("--beta", type=float, default=defaults.beta, help=argparse.SUPPRESS)
+    srv.add_argument("--memory-penalty", type=float, default=defaults.memory_penalty_s_per_byte,
+                     help=argparse.SUPPRESS)
+    srv.add_argument("--memory-budget-mib", type=float, default=defaults.memory_budget_mib, help=argparse.SUPPRESS)
+    srv.add_argument("--no-calibrate", action="store_true", help="rakv-asd: fail rather than calibrate here")
+    srv.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_model_options(srv)
+    srv.set_defaults(func=cmd_serve)
+
+    tr = sub.add_parser("trace", help="write a seeded serving trace from HumanEval or WikiText-2 text",
+                        description="Write a trace for rakv serve: Poisson or gamma arrivals at a rate; plain requests, "
+                                    "shared-prefix groups, or multi-turn conversations. Defaults: "
+                                    "conf/serving/default.yaml (trace:); the settings go to OUT.meta.json.")
+    tr.add_argument("--out", required=True, metavar="FILE.jsonl")
+    gen_defaults = serving.trace
+    for name in TRACE_SETTINGS:
+        value = gen_defaults[name]
+        choices = {"dataset": ("humaneval", "wikitext2"), "kind": ("plain", "shared-prefix", "multi-turn"),
+                   "arrivals": ("poisson", "gamma")}.get(name)
+        tr.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value, choices=choices,
+                        help=f"(default %(default)s)")
+    tr.set_defaults(func=cmd_trace)
     return parser
 
 

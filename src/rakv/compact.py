@@ -53,8 +53,8 @@ class Dense:
     weight: torch.Tensor
     bias: torch.Tensor | None = None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+    def __call__(self, x: torch.Tensor, small: bool) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, small)
 
 
 @dataclass
@@ -72,8 +72,8 @@ class Int8Weight:
         return cls(torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous(), scale.float(),
                    dense.bias)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return linear_int8(x, self.weight, self.scale, self.bias)
+    def __call__(self, x: torch.Tensor, small: bool) -> torch.Tensor:
+        return linear_int8(x, self.weight, self.scale, self.bias, small)
 
 
 @dataclass
@@ -82,7 +82,7 @@ class Int8Dynamic:
 
     packed: object
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, small: bool) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic(x, self.packed, True)
 
 
@@ -124,10 +124,10 @@ def _owned_contiguous(module) -> torch.Tensor:
     return weight
 
 
-def _apply(projection, x: torch.Tensor) -> torch.Tensor:
+def _apply(projection, x: torch.Tensor, small: bool) -> torch.Tensor:
     if isinstance(projection, list):
-        return torch.cat([p(x) for p in projection], dim=-1)
-    return projection(x)
+        return torch.cat([p(x, small) for p in projection], dim=-1)
+    return projection(x, small)
 
 
 @dataclass
@@ -149,6 +149,14 @@ class Segment:
     ids: torch.Tensor  # [n] token ids
     cache: object  # DynamicCache with GrowingLayer layers (rakv.kernels.new_kv_cache)
     keep: int = 1  # logits of the last `keep` new tokens; 0 = all
+    # the kernels its rows run through on the CPU: True = the 1-16-row C++ kernels, False = MKL and torch's vector
+    # ops; None = by its row count. A chunk of a long prefill says False: its rows then run as they would in one
+    # whole prefill, so chunking changes no projection (rakv.decoding.forward_rows groups segments by this)
+    small: bool | None = None
+
+    @property
+    def runs_small(self) -> bool:
+        return self.small if self.small is not None else int(self.ids.shape[0]) <= SKINNY_MAX_ROWS
 
 
 class CompactLM:
@@ -250,29 +258,32 @@ class CompactLM:
         self.norm_out = (model.ln_f.weight, model.ln_f.bias)
         self.scale = self.head_dim ** -0.5
 
-    def _norm(self, x: torch.Tensor, weights: tuple) -> torch.Tensor:
+    def _norm(self, x: torch.Tensor, weights: tuple, small: bool) -> torch.Tensor:
         weight, bias = weights
         if self.kind == "llama":
-            if x.device.type == "cpu" and x.shape[0] <= SKINNY_MAX_ROWS:  # decode; prefill: torch's vector ops
+            if small:  # decode; prefill: torch's vector ops
                 return skinny().rms_norm(x, weight, self.eps)
             return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))  # LlamaRMSNorm's order
         return F.layer_norm(x, (x.shape[-1],), weight, bias, self.eps)
 
-    def _mlp(self, block: Block, x: torch.Tensor) -> torch.Tensor:
-        up = _apply(block.up, x)
+    def _mlp(self, block: Block, x: torch.Tensor, small: bool) -> torch.Tensor:
+        up = _apply(block.up, x, small)
         if self.kind == "llama":
-            if up.device.type == "cpu" and up.shape[0] <= SKINNY_MAX_ROWS:
-                return _apply(block.down, skinny().silu_mul(up))
+            if small:
+                return _apply(block.down, skinny().silu_mul(up), small)
             gate, up = up.chunk(2, dim=-1)
-            return _apply(block.down, F.silu(gate) * up)
-        return _apply(block.down, F.gelu(up, approximate="tanh"))
+            return _apply(block.down, F.silu(gate) * up, small)
+        return _apply(block.down, F.gelu(up, approximate="tanh"), small)
 
     def __call__(self, ids: torch.Tensor, cache, keep: int = 0) -> torch.Tensor:
         """One request: ids [n] new tokens appended to `cache`; fp32 logits [keep or n, vocab]."""
         return self.forward_rows([Segment(ids, cache, keep)])[0]
 
-    def forward_rows(self, segments: list[Segment]) -> list[torch.Tensor]:
-        """Several requests' new tokens in one pass over the weights; each segment's logits [keep or n, vocab]."""
+    def forward_rows(self, segments: list[Segment], small: bool | None = None) -> list[torch.Tensor]:
+        """Several requests' new tokens in one pass over the weights; each segment's logits [keep or n, vocab].
+
+        `small`: run every row through the 1-16-row C++ kernels (True; at most 16 rows) or through MKL and
+        torch's vector ops (False); None: by the total row count. Off the CPU, plain torch either way."""
         lengths = [int(s.ids.shape[0]) for s in segments]
         starts = [s.cache.get_seq_length() for s in segments]
         assert all(n > 0 for n in lengths), "every segment of a batched forward needs at least one new token"
@@ -284,20 +295,23 @@ class CompactLM:
             f"position beyond the model's context of {limit} tokens"
         x = F.embedding(ids, self.embed)
         # few rows on the CPU (decode, verify, a batch of decodes): the C++ kernels; more: torch's vector ops
-        small = device.type == "cpu" and len(ids) <= SKINNY_MAX_ROWS
+        if small is None:
+            small = len(ids) <= SKINNY_MAX_ROWS
+        assert not small or len(ids) <= SKINNY_MAX_ROWS, f"the C++ kernels take at most {SKINNY_MAX_ROWS} rows"
+        small = small and device.type == "cpu"
         if self.kind == "llama":
             cos, sin = self.cos[position], self.sin_signed[position]
             if not small:
                 cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         else:
             x = x + F.embedding(position, self.positions)
-        masks = [None if n == 1 or (device.type == "cpu" and n <= SKINNY_MAX_ROWS) else
+        masks = [None if n == 1 or small else
                  (torch.arange(p + n, device=device)[None, :] <= torch.arange(p, p + n, device=device)[:, None])
                  for p, n in zip(starts, lengths)]
         q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
         half = self.head_dim // 2
         for index, block in enumerate(self.blocks):
-            qkv = _apply(block.qkv, self._norm(x, block.norm_in))  # [T, (H + 2 KV) hd]
+            qkv = _apply(block.qkv, self._norm(x, block.norm_in, small), small)  # [T, (H + 2 KV) hd]
             total = qkv.shape[0]
             qk = qkv[:, :q_width + kv_width].view(total, self.heads + self.kv_heads, self.head_dim)
             if self.kind == "llama" and small:
@@ -311,7 +325,7 @@ class CompactLM:
                 # [1, heads, n, hd] views, as transformers' caches hold K/V
                 keys, values = segment.cache.layers[index].update(k[row:row + n].transpose(0, 1).unsqueeze(0),
                                                                   v[row:row + n].transpose(0, 1).unsqueeze(0))
-                if device.type == "cpu" and n <= SKINNY_MAX_ROWS:
+                if small:
                     outputs.append(skinny().attend(q[row:row + n], keys, values, self.scale))
                 else:
                     attended = F.scaled_dot_product_attention(
@@ -320,8 +334,8 @@ class CompactLM:
                     outputs.append(attended[0].transpose(0, 1).reshape(n, q_width))
                 row += n
             attended = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
-            x = x + _apply(block.out, attended)
-            x = x + self._mlp(block, self._norm(x, block.norm_mlp))
+            x = x + _apply(block.out, attended, small)
+            x = x + self._mlp(block, self._norm(x, block.norm_mlp, small), small)
         logits, row = [], 0
         kept = []
         for segment, n in zip(segments, lengths):
@@ -329,7 +343,9 @@ class CompactLM:
             kept.append((row + n - keep, row + n))
             row += n
         rows = torch.cat([x[a:b] for a, b in kept]) if len(kept) > 1 else x[kept[0][0]:kept[0][1]]
-        out = _apply(self.lm_head, self._norm(rows, self.norm_out)).float()
+        # the head's path goes by its own row count (a prefill keeps one row): as a request alone computes it
+        head_small = device.type == "cpu" and rows.shape[0] <= SKINNY_MAX_ROWS
+        out = _apply(self.lm_head, self._norm(rows, self.norm_out, head_small), head_small).float()
         row = 0
         for a, b in kept:
             logits.append(out[row:row + b - a])

@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from rakv.compact import Segment
-from rakv.kernels import compact_of
+from rakv.kernels import SKINNY_MAX_ROWS, compact_of
 
 if TYPE_CHECKING:
     from rakv.depth import RoundDepth
@@ -69,12 +69,42 @@ def forward(model: torch.nn.Module, ids: torch.Tensor, cache: DynamicCache, keep
 
 
 def forward_rows(model: torch.nn.Module, segments: list[Segment]) -> list[torch.Tensor]:
-    """Several requests' new tokens, each appended to its own cache: one pass over the weights under `compact`
-    kernels (rakv.compact), one forward per request under `stock`. Each segment's fp32 logits [keep or n, vocab]."""
+    """Several requests' new tokens, each appended to its own cache; each segment's fp32 logits [keep or n, vocab].
+
+    Under `compact` kernels (rakv.compact) the segments run in as few passes over the weights as keep every row
+    on the kernels it would run on alone (`Segment.runs_small`): the small segments (decode, verify, a draft's
+    catch-up) packed into passes of at most 16 rows through the C++ kernels, whose rows are summed independently
+    of each other; the large ones (prefill chunks) in one pass through MKL, whose GEMM rows are likewise
+    independent of the rows beside them. So a request's projections are the same bits alone or in any batch;
+    under `stock`, one forward per request.
+    """
     compact = compact_of(model)
-    if compact is not None:
-        return compact.forward_rows(segments)
-    return [forward(model, s.ids.unsqueeze(0), s.cache, s.keep) for s in segments]
+    if compact is None:
+        return [forward(model, s.ids.unsqueeze(0), s.cache, s.keep) for s in segments]
+    if segments[0].ids.device.type != "cpu":  # plain torch off the CPU: one pass
+        return compact.forward_rows(segments, small=False)
+    logits: list[torch.Tensor | None] = [None] * len(segments)
+    for indices, small in row_passes(segments):
+        for i, out in zip(indices, compact.forward_rows([segments[i] for i in indices], small=small)):
+            logits[i] = out
+    return logits
+
+
+def row_passes(segments: list[Segment]) -> list[tuple[list[int], bool]]:
+    """Which segments share a pass over the weights: (indices, small) per pass, small ones first fit in order."""
+    passes: list[tuple[list[int], bool]] = []
+    large = [i for i, s in enumerate(segments) if not s.runs_small]
+    rows = SKINNY_MAX_ROWS + 1
+    for i, segment in enumerate(segments):
+        if not segment.runs_small:
+            continue
+        n = int(segment.ids.shape[0])
+        if rows + n > SKINNY_MAX_ROWS:
+            passes.append(([], True))
+            rows = 0
+        passes[-1][0].append(i)
+        rows += n
+    return passes + ([(large, False)] if large else [])
 
 
 def cache_nbytes(cache) -> int:
@@ -213,38 +243,62 @@ def decode_speculative(target, cache, proposer, k: int, prompt: list[int], state
                        generator, timer: PhaseTimer, device, depth: RoundDepth | None = None) -> None:
     """Speculative rounds until done. Invariant: `cache` holds prompt + all confirmed tokens but the last.
 
-    `depth` (rakv.depth): propose up to its largest k, keep the k it chooses for this round's match."""
+    `depth` (rakv.depth): propose up to its largest k, keep the k it chooses for this round's match.
+    A round is `round_depth`, the proposer, `kept_candidates`, one verify forward, `accept_round`, `close_round`;
+    the serving runner (rakv.serving.runner) runs the same pieces with the forwards batched across requests."""
     with timer.phase("draft_prefill"):
         proposer.start(prompt + state.tokens)
     while not state.finished:
         context = prompt + state.tokens
-        k_round = min(depth.max_k if depth else k, state.max_new_tokens - len(state.tokens) - 1)  # not past the budget
+        k_round = round_depth(state, depth.max_k if depth else k)
         with timer.phase("propose"):
-            candidates, proposal = proposer.propose(context, k_round, sampling, generator) if k_round else ([], None)
-            offered = candidates
-            if depth is not None and candidates:
-                match = proposer.match_class  # Engine.run checks the proposer has one
-                kept = depth.choose(len(context), len(candidates), match)
-                candidates, proposal = candidates[:kept], (proposal[:kept] if proposal is not None else None)
+            offered, proposal = proposer.propose(context, k_round, sampling, generator) if k_round else ([], None)
+            candidates, proposal, match = kept_candidates(proposer, depth, len(context), offered, proposal)
         ids = torch.tensor([[context[-1], *candidates]], dtype=torch.long, device=device)
         with timer.phase("verify"):
             logits = forward(target, ids, cache)
-            if sampling.greedy:
-                new_tokens = accept_greedy(candidates, logits)
-            else:
-                new_tokens = accept_sampled(candidates, proposal, logits, sampling, generator)
-        state.note_memory(cache, proposer)  # before rollback: the rejected candidates' K/V are still held
-        accepted = len(new_tokens) - 1
+            new_tokens = accept_round(candidates, proposal, logits, sampling, generator)
         with timer.phase("rollback"):
-            crop_cache(cache, len(context) + accepted)
-            proposer.rollback(len(context) + accepted)
-        if candidates:
-            state.round_log.append((len(candidates), accepted))
-            if depth is not None:
-                depth.observe(match, len(candidates), accepted)
-        elif offered:  # the depth kept none: the target's token still says whether the first would have passed
-            state.plain_rounds += 1
-            depth.observe(match, 1, int(new_tokens[0] == offered[0]))
-        else:
-            state.empty_rounds += 1
-        state.emit(new_tokens)
+            close_round(state, cache, proposer, len(context), new_tokens, candidates, offered, depth, match)
+
+
+def round_depth(state: DecodeState, k: int) -> int:
+    """The candidates a round may propose: k, but none past the request's token budget."""
+    return min(k, state.max_new_tokens - len(state.tokens) - 1)
+
+
+def kept_candidates(proposer, depth: RoundDepth | None, context_length: int, candidates: list[int],
+                    proposal: torch.Tensor | None) -> tuple[list[int], torch.Tensor | None, str | None]:
+    """The candidates a per-round depth keeps for this round's match class (all of them without a depth)."""
+    if depth is None or not candidates:
+        return candidates, proposal, None
+    match = proposer.match_class  # Engine.run checks the proposer has one
+    kept = depth.choose(context_length, len(candidates), match)
+    return candidates[:kept], (proposal[:kept] if proposal is not None else None), match
+
+
+def accept_round(candidates: list[int], proposal: torch.Tensor | None, logits: torch.Tensor, sampling: Sampling,
+                 generator: torch.Generator | None) -> list[int]:
+    """The tokens a verify confirms: the accepted candidates and the target's own next token."""
+    if sampling.greedy:
+        return accept_greedy(candidates, logits)
+    return accept_sampled(candidates, proposal, logits, sampling, generator)
+
+
+def close_round(state: DecodeState, cache, proposer, context_length: int, new_tokens: list[int],
+                candidates: list[int], offered: list[int], depth: RoundDepth | None, match: str | None) -> None:
+    """Roll the target and the proposer back to the confirmed tokens, log the round, confirm its tokens."""
+    state.note_memory(cache, proposer)  # before rollback: the rejected candidates' K/V are still held
+    accepted = len(new_tokens) - 1
+    crop_cache(cache, context_length + accepted)
+    proposer.rollback(context_length + accepted)
+    if candidates:
+        state.round_log.append((len(candidates), accepted))
+        if depth is not None:
+            depth.observe(match, len(candidates), accepted)
+    elif offered:  # the depth kept none: the target's token still says whether the first would have passed
+        state.plain_rounds += 1
+        depth.observe(match, 1, int(new_tokens[0] == offered[0]))
+    else:
+        state.empty_rounds += 1
+    state.emit(new_tokens)

@@ -68,24 +68,27 @@ def skinny():
                         "run with kernels=stock instead") from None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           small: bool | None = None) -> torch.Tensor:
     """x [m, in] @ weight [out, in]^T (+ bias) by the path measured fastest for m rows.
 
     Measured on the 2-core machine by `scripts/bench_engine.py --gemv` (30 layers of SmolLM2's fused projections,
     425 MB, 2 threads, 20.6 GB/s streaming): MKL reads the weights at 4-7 GB/s for one row (`F.linear`,
     `torch.mm(W, x.T)`), 11 GB/s at best for 2-4 rows (`mm`) and 7 for 8-16; the skinny kernel at 15-16 GB/s for
     1-2 rows, 15 for 4, 10 for 8, and on par with MKL at 16.
-    Prefill (more rows) is compute-bound and goes to MKL's GEMM.
+    Prefill (more rows) is compute-bound and goes to MKL's GEMM. `small` forces the choice (None: by row count).
     """
-    if x.device.type == "cpu" and x.shape[0] <= SKINNY_MAX_ROWS and weight.dtype == torch.float32:
+    if small is None:
+        small = x.shape[0] <= SKINNY_MAX_ROWS
+    if x.device.type == "cpu" and small and weight.dtype == torch.float32:
         return skinny().skinny_linear(x, weight, bias)
     return torch.nn.functional.linear(x, weight, bias)
 
 
 def linear_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
+                bias: torch.Tensor | None = None, small: bool | None = None) -> torch.Tensor:
     """x [m, in] @ (weight [out, in] int8 * scale [out])^T (+ bias): weight-only int8, fp32 activations."""
-    if x.shape[0] <= SKINNY_MAX_ROWS:
+    if small if small is not None else x.shape[0] <= SKINNY_MAX_ROWS:
         return skinny().skinny_linear_int8(x, weight, scale, bias)
     # many rows (a draft's prefill): dequantise one projection at a time and use the GEMM
     return torch.nn.functional.linear(x, weight.float() * scale[:, None], bias)

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from rakv.decoding import Sampling, crop_cache, forward, probabilities
+from rakv.compact import Segment
+from rakv.decoding import Sampling, crop_cache, forward_rows, probabilities
 from rakv.depth import match_class
 from rakv.kernels import new_kv_cache
 
@@ -47,13 +48,17 @@ class DraftModelProposer:
     pending_logits: torch.Tensor | None = None  # draft logits after the last fed token
 
     def start(self, context: list[int]) -> None:
+        self.reset()
+        catch_up([self], [context])
+
+    def reset(self) -> None:
+        """An empty cache: the next proposal feeds the whole context first."""
         self.cache = new_kv_cache(self.model)
         self.fed = []
         self.pending_logits = None
-        self._catch_up(context)
 
-    def _catch_up(self, context: list[int]) -> None:
-        """Feed the context tokens the cache lacks, after cropping away anything that diverged."""
+    def missing(self, context: list[int]) -> list[int]:
+        """The context tokens the cache lacks, after cropping away anything that diverged (none: up to date)."""
         n = 0
         limit = min(len(self.fed), len(context))
         while n < limit and self.fed[n] == context[n]:
@@ -61,37 +66,77 @@ class DraftModelProposer:
         if n < len(self.fed):
             self.rollback(n)
         if n == len(context) and self.pending_logits is not None:
-            return
+            return []
         if n == len(context):  # logits of the last token were dropped by a rollback: recompute it
             self.rollback(n - 1)
             n -= 1
-        new = context[n:]
-        ids = torch.tensor([new], dtype=torch.long, device=self.device)
-        self.pending_logits = forward(self.model, ids, self.cache, keep=1)[-1]
-        self.fed.extend(new)
+        return context[n:]
+
+    def fed_tokens(self, tokens: list[int], logits: torch.Tensor) -> None:
+        """`tokens` went through the draft (their K/V is in the cache); `logits` are those after the last one."""
+        self.fed.extend(tokens)
+        self.pending_logits = logits
 
     def propose(self, context, k, sampling, generator):
-        self._catch_up(context)
-        tokens, dists = [], []
-        for i in range(k):
-            if sampling.greedy:
-                token = int(self.pending_logits.argmax())
-            else:
-                dist = probabilities(self.pending_logits, sampling)
-                token = int(torch.multinomial(dist, 1, generator=generator))
-                dists.append(dist)
-            tokens.append(token)
-            if i < k - 1:  # the last candidate's K/V is only needed if it is accepted
-                ids = torch.tensor([[token]], dtype=torch.long, device=self.device)
-                self.pending_logits = forward(self.model, ids, self.cache, keep=1)[-1]
-                self.fed.append(token)
-        return tokens, (torch.stack(dists) if dists else None)
+        tokens, proposals = propose_batch([self], [context], [k], sampling, [generator])
+        return tokens[0], proposals[0]
 
     def rollback(self, confirmed_length: int) -> None:
         if confirmed_length < len(self.fed):
             crop_cache(self.cache, confirmed_length)
             del self.fed[confirmed_length:]
             self.pending_logits = None
+
+
+def catch_up(drafts: list[DraftModelProposer], contexts: list[list[int]]) -> None:
+    """Feed each draft the context tokens it lacks, all in one batched forward (rakv.decoding.forward_rows)."""
+    feeds = [(d, d.missing(c)) for d, c in zip(drafts, contexts)]
+    feeds = [(d, tokens) for d, tokens in feeds if tokens]
+    if not feeds:
+        return
+    segments = [Segment(torch.tensor(tokens, dtype=torch.long, device=d.device), d.cache, 1) for d, tokens in feeds]
+    for (draft, tokens), logits in zip(feeds, forward_rows(feeds[0][0].model, segments)):
+        draft.fed_tokens(tokens, logits[-1])
+
+
+def propose_batch(proposers: list, contexts: list[list[int]], ks: list[int], sampling: Sampling,
+                  generators: list) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+    """Each proposer's up-to-k candidates for its context; the draft models' steps batched across requests.
+
+    The drafts of one batch share a model: every draft step is one forward over one row per request still
+    drafting, and each request draws from its own generator in the order it would alone, so each request's
+    candidates are those its proposer gives alone."""
+    tokens: list[list[int]] = [[] for _ in proposers]
+    proposals: list[torch.Tensor | None] = [None] * len(proposers)
+    drafts = [i for i, p in enumerate(proposers) if isinstance(p, DraftModelProposer) and ks[i] > 0]
+    for i, p in enumerate(proposers):
+        if i not in drafts:
+            tokens[i], proposals[i] = p.propose(contexts[i], ks[i], sampling, generators[i]) if ks[i] else ([], None)
+    if not drafts:
+        return tokens, proposals
+    catch_up([proposers[i] for i in drafts], [contexts[i] for i in drafts])
+    dists: dict[int, list[torch.Tensor]] = {i: [] for i in drafts}
+    for step in range(max(ks[i] for i in drafts)):
+        for i in drafts:
+            if step < ks[i]:
+                logits = proposers[i].pending_logits
+                if sampling.greedy:
+                    tokens[i].append(int(logits.argmax()))
+                else:
+                    dist = probabilities(logits, sampling)
+                    tokens[i].append(int(torch.multinomial(dist, 1, generator=generators[i])))
+                    dists[i].append(dist)
+        # the last candidate's K/V is only needed if it is accepted
+        stepping = [i for i in drafts if step < ks[i] - 1]
+        if stepping:
+            model, device = proposers[stepping[0]].model, proposers[stepping[0]].device
+            segments = [Segment(torch.tensor(tokens[i][-1:], dtype=torch.long, device=device), proposers[i].cache, 1)
+                        for i in stepping]
+            for i, logits in zip(stepping, forward_rows(model, segments)):
+                proposers[i].fed_tokens(tokens[i][-1:], logits[-1])
+    for i in drafts:
+        proposals[i] = torch.stack(dists[i]) if dists[i] else None
+    return tokens, proposals
 
 
 @dataclass
