@@ -90,7 +90,7 @@ def test_each_rule_fails_the_composed_config_with_one_line(override, message):
         validate(composed("config", override))
 
 
-RUNTIME = {"actions", "cache", "calibration", "cli", "compact", "controller", "costmodel", "decoding", "depth", "engine", "errors",
+RUNTIME = {"actions", "cache", "calibration", "compact", "controller", "costmodel", "decoding", "depth", "engine", "errors",
            "kernels", "models", "paths", "proposers", "strategies", "workloads"}
 EXPERIMENT = {"ablation", "analysis", "config", "enginecompare", "feasibility", "figures", "notebooks", "records", "report", "sensitivity",
               "stages", "study"}
@@ -106,11 +106,26 @@ def imported_modules(path: Path) -> set[str]:
     return {name.split(".")[0] for name in names}
 
 
+ENTRY = {"cli"}  # the `rakv` command: above the runtime and serving, beside the experiments' stages
+SERVING = sorted(p.stem for p in (SRC / "serving").glob("*.py"))  # the rakv.serving subpackage: its own layer
+
+
 def test_every_module_is_classified():
     modules = {p.stem for p in SRC.glob("*.py")} - {"__init__"}
-    assert modules == RUNTIME | EXPERIMENT and not RUNTIME & EXPERIMENT
+    assert modules == RUNTIME | EXPERIMENT | ENTRY and not RUNTIME & EXPERIMENT
+    assert {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == {"serving"}
 
 
 @pytest.mark.parametrize("module", sorted(RUNTIME))
-def test_runtime_modules_never_import_experiment_modules(module):
-    assert not imported_modules(SRC / f"{module}.py") & EXPERIMENT
+def test_runtime_modules_never_import_experiment_or_serving_modules(module):
+    assert not imported_modules(SRC / f"{module}.py") & (EXPERIMENT | {"serving"})
+
+
+@pytest.mark.parametrize("module", SERVING)
+def test_serving_modules_import_the_runtime_never_the_experiments(module):
+    imported = imported_modules(SRC / "serving" / f"{module}.py")
+    assert not imported & EXPERIMENT and imported <= RUNTIME | {"serving"}
+
+
+def test_the_command_line_never_imports_the_experiments():
+    assert not imported_modules(SRC / "cli.py") & EXPERIMENT

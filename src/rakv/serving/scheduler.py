@@ -79,7 +79,7 @@ class Scheduler:
 
     def schedule(self) -> Step:
         step = Step()
-        budget = self.token_budget if self.chunking else float("inf")
+        budget = self.token_budget if self.chunking else 1 << 30  # the baseline: no cap on rows
         if not self.chunking and self.waiting and len(self.running) < self.max_batch:
             if self._admit_whole(step):
                 return step  # the baseline: one whole prefill, alone

@@ -184,7 +184,8 @@ def generate_trace(texts: list[tuple[str, str]], *, requests: int, rate: float, 
         for c in range(conversations):
             for t in range(turns):
                 index = c * turns + t
-                out.append(TraceRequest(id=f"c{c}-t{t}", arrival_s=float(starts[c]), prompt=text(index),
+                message = ("\n" if t else "") + f"User: {text(index)}\nAssistant:"
+                out.append(TraceRequest(id=f"c{c}-t{t}", arrival_s=0.0 if t else float(starts[c]), prompt=message,
                                         max_new_tokens=max_new_tokens, conversation=f"c{c}", turn=t,
                                         after_s=round(float(rng.exponential(think_s)), 6) if t else 0.0))
         return out

@@ -1,0 +1,335 @@
+"""Serving (rakv.serving): traces validated whole with one-line errors; the scheduler's budget order and K/V
+budget without a model; every greedy output identical to the request served alone, whatever the arrivals, token
+budget, batch cap, K/V budget (preemption), strategy and proposer; bad requests refused alone; complete lines
+after a kill -9."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rakv.actions import Action
+from rakv.cache import PrefixKVStore
+from rakv.decoding import DecodeState
+from rakv.engine import Engine
+from rakv.errors import RakvError
+from rakv.serving.metrics import parse_goodput
+from rakv.serving.request import ServedRequest, Status
+from rakv.serving.scheduler import Scheduler
+from rakv.serving.server import ServeOptions, serve
+from rakv.serving.trace import TraceRequest, generate_trace, read_trace, write_trace
+from rakv.strategies import action_of
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = [(f"t{i}", " ".join(f"word{(i * 7 + j) % 50} and" for j in range(30 + i % 9))) for i in range(40)]
+
+
+# --- traces ---
+
+def write_lines(tmp_path, lines) -> Path:
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+GOOD = '{"id": "a", "arrival_s": 0, "prompt": "hello there", "max_new_tokens": 4}'
+
+
+@pytest.mark.parametrize("line, message", [
+    ("{not json", r"trace.jsonl:2: not valid JSON"),
+    ('{"arrival_s": 0, "prompt": "x", "max_new_tokens": 4}', r':2: field "id" must be a non-empty string'),
+    ('{"id": "b", "arrival_s": -1, "prompt": "x", "max_new_tokens": 4}', r':2: field "arrival_s" must be a number >= 0'),
+    ('{"id": "b", "prompt": "x", "max_new_tokens": 4}', r':2: missing field "arrival_s"'),
+    ('{"id": "b", "arrival_s": 0, "prompt": 3, "max_new_tokens": 4}', r':2: field "prompt" must be a string'),
+    ('{"id": "b", "arrival_s": 0, "prompt": "x", "max_new_tokens": 0}', r':2: field "max_new_tokens" must be an integer > 0'),
+    ('{"id": "b", "arrival_s": 0, "prompt": "x", "max_new_tokens": 4, "salt": 1}', r':2: field "salt" must be a string'),
+    ('{"id": "b", "arrival_s": 0, "prompt": "x", "max_new_tokens": 4, "turn": 1}', r':2: field "turn" needs a "conversation"'),
+    ('{"id": "a", "arrival_s": 0, "prompt": "x", "max_new_tokens": 4}', r":2: field \"id\": 'a' appears twice"),
+    ('{"id": "b", "prompt": "x", "max_new_tokens": 4, "conversation": "c", "turn": 1, "after_s": 1}',
+     r':2: field "turn": conversation \'c\' expects turn 0 here, got 1'),
+    ('[1, 2]', r":2: expected a JSON object"),
+])
+def test_a_malformed_line_is_refused_naming_the_line_and_the_field(tmp_path, line, message):
+    with pytest.raises(RakvError, match=message):
+        read_trace(write_lines(tmp_path, [GOOD, line]))
+
+
+def test_a_later_turn_needs_its_think_time(tmp_path):
+    lines = ['{"id": "c0", "arrival_s": 0, "prompt": "x", "max_new_tokens": 4, "conversation": "c", "turn": 0}',
+             '{"id": "c1", "prompt": "x", "max_new_tokens": 4, "conversation": "c", "turn": 1}']
+    with pytest.raises(RakvError, match=r':2: missing field "after_s"'):
+        read_trace(write_lines(tmp_path, lines))
+
+
+@pytest.mark.parametrize("kind", ["plain", "shared-prefix", "multi-turn"])
+def test_generated_traces_are_seeded_and_read_back_as_written(tmp_path, kind):
+    a = generate_trace(TEXTS, requests=12, rate=4.0, kind=kind, seed=3, groups=3, turns=3, system_words=40)
+    b = generate_trace(TEXTS, requests=12, rate=4.0, kind=kind, seed=3, groups=3, turns=3, system_words=40)
+    c = generate_trace(TEXTS, requests=12, rate=4.0, kind=kind, seed=4, groups=3, turns=3, system_words=40)
+    assert a == b and a != c
+    write_trace(tmp_path / "t.jsonl", a, {"seed": 3})
+    assert read_trace(tmp_path / "t.jsonl") == a
+    assert json.loads((tmp_path / "t.jsonl.meta.json").read_text()) == {"seed": 3}
+    if kind == "shared-prefix":
+        heads = {r.prompt.split("Question: ")[0] for r in a}
+        assert len(heads) == 3 and all(len(h.split()) > 40 for h in heads)
+    if kind == "multi-turn":
+        assert [r.turn for r in a[:3]] == [0, 1, 2] and a[1].follows and a[1].after_s >= 0
+
+
+@pytest.mark.parametrize("arrivals, burstiness", [("poisson", 1.0), ("gamma", 0.25)])
+def test_arrivals_keep_the_rate_and_gamma_is_burstier(arrivals, burstiness):
+    trace = generate_trace(TEXTS, requests=4000, rate=5.0, arrivals=arrivals, burstiness=burstiness, seed=0)
+    gaps = [b.arrival_s - a.arrival_s for a, b in zip(trace, trace[1:])]
+    mean = sum(gaps) / len(gaps)
+    cv = (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
+    assert mean == pytest.approx(0.2, rel=0.08)
+    assert cv == pytest.approx(burstiness ** -0.5, rel=0.1)  # gamma of shape s: coefficient of variation 1/sqrt(s)
+
+
+def test_goodput_slos_are_parsed_and_bad_ones_refused():
+    assert parse_goodput(["ttft:500", "tpot:50"]) == {"ttft": 500.0, "tpot": 50.0}
+    for bad in (["latency:3"], ["ttft:x"], ["ttft:-1"]):
+        with pytest.raises(RakvError):
+            parse_goodput(bad)
+
+
+# --- the scheduler, with a fake K/V side ---
+
+class FakeKV:
+    def __init__(self, bpt=10, hits=None):
+        self.bpt, self.hits = bpt, hits or {}
+
+    def bytes_per_token(self, request):
+        return self.bpt
+
+    def reusable(self, request):
+        request.decided = True
+        return self.hits.get(request.id, 0)
+
+
+def fake_request(i, prompt, new, k=0):
+    r = ServedRequest(id=str(i), arrival_s=0.0, prompt=list(range(prompt)), state=DecodeState(new, None, True))
+    r.action, r.max_k = Action(False, k), k
+    return r
+
+
+def advance(step):
+    """What the runner does to the scheduler's side of the requests: rows become computed, tokens come out."""
+    for work in step.decodes:
+        work.request.state.emit([1] * (1 + work.k // 2))
+        work.request.computed = len(work.request.tokens) - 1
+    for work in step.prefills:
+        r = work.request
+        r.computed += work.rows
+        if r.computed == len(r.tokens):
+            r.state.emit([1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 90), st.integers(1, 12), st.sampled_from([0, 2, 4])), min_size=1, max_size=10),
+       st.integers(1, 64), st.integers(1, 6), st.integers(150, 3000), st.booleans())
+def test_every_iteration_keeps_the_budgets_and_the_order_and_every_request_finishes(reqs, budget, batch, kv, chunking):
+    scheduler = Scheduler(FakeKV(), budget, batch, kv, chunking)
+    requests = [fake_request(i, p, n, k) for i, (p, n, k) in enumerate(reqs)]
+    scheduler.waiting = deque(requests)
+    for _ in range(5000):
+        if not scheduler.waiting and not scheduler.running:
+            break
+        step = scheduler.schedule()  # asserts its own invariants (budget, batch cap, K/V budget)
+        for r in step.refused:
+            assert (len(r.prompt) + r.state.max_new_tokens + r.max_k) * 10 > kv
+            r.refuse("too big", 0.0)
+        if not chunking and any(w.request in step.admitted for w in step.prefills):
+            assert not step.decodes and len(step.prefills) == 1  # the baseline: a whole prefill alone
+            assert step.prefills[0].rows == len(step.prefills[0].request.tokens) - step.prefills[0].request.computed
+        decoding = [w.request for w in step.decodes]
+        if chunking and step.prefills:  # decodes first: no decode left out while a prefill got rows
+            assert all(r in decoding for r in scheduler.running if r.decoding and r not in step.preempted) \
+                or step.rows == budget
+        assert all(w.request.preempted >= 0 for w in step.decodes)
+        advance(step)
+        for r in list(scheduler.running):
+            if r.state.finished:
+                scheduler.finished(r)
+                r.finish(0.0)
+    assert all(r.status in (Status.FINISHED, Status.REFUSED) for r in requests)
+
+
+def test_the_newest_request_is_preempted_and_later_recomputed_with_its_output():
+    scheduler = Scheduler(FakeKV(bpt=1), token_budget=64, max_batch=4, kv_budget_bytes=70)
+    old, new = fake_request(0, 30, 20), fake_request(1, 30, 20)
+    scheduler.waiting = deque([old, new])
+    preempted = []
+    for _ in range(200):
+        if not scheduler.waiting and not scheduler.running:
+            break
+        step = scheduler.schedule()
+        preempted += step.preempted
+        advance(step)
+        for r in list(scheduler.running):
+            if r.state.finished:
+                scheduler.finished(r)
+                r.finish(0.0)
+    assert preempted and all(r is new for r in preempted) and new.preempted >= 1
+    assert old.status == new.status == Status.FINISHED and len(new.state.tokens) == 20
+
+
+# --- exactness on the tiny pair ---
+
+@pytest.fixture(scope="module")
+def tiny_texts():
+    from rakv.workloads import dataset_texts
+
+    return dataset_texts("wikitext2")
+
+
+def alone(pair, proposer, trace, outputs, strategy):
+    """Each request through a fresh batch-one engine (empty store): the reference outputs."""
+    engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30), proposer=proposer)
+    contexts, reference = {}, {}
+    for request in trace:
+        ids = (contexts.get(request.conversation, []) if request.follows else []) + engine.encode(request.prompt)
+        result = engine.run(ids, action_of(strategy), request.max_new_tokens, ignore_eos=True)
+        if request.conversation is not None:
+            contexts[request.conversation] = ids + outputs.get(request.id, result.token_ids)
+        reference[request.id] = result.token_ids
+    return reference
+
+
+def served(pair, proposer, trace, tmp_path, **options):
+    engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30), proposer=proposer)
+    summary = serve(engine, trace, tmp_path, ServeOptions(ignore_eos=True, **options), progress=False)
+    records = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    return summary, {r["id"]: r for r in records}
+
+
+@settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(["plain", "shared-prefix", "multi-turn"]), rate=st.sampled_from([5.0, 40.0, 400.0]),
+       budget=st.integers(3, 80), batch=st.integers(1, 6), strategy=st.sampled_from(["ar", "kv-only", "spec-k2",
+                                                                                     "joint-k4", "spec-k1"]),
+       proposer=st.sampled_from(["draft", "prompt-lookup"]), kv_mib=st.sampled_from([0.6, 2.0, 64.0]),
+       chunking=st.booleans(), seed=st.integers(0, 50))
+def test_every_greedy_output_equals_the_request_served_alone(tiny_pair, tiny_texts, tmp_path_factory, kind, rate,
+                                                             budget, batch, strategy, proposer, kv_mib, chunking, seed):
+    trace = generate_trace(tiny_texts, requests=6, rate=rate, kind=kind, max_new_tokens=9, prompt_words=25,
+                           groups=2, system_words=30, turns=2, think_s=0.01, seed=seed)
+    summary, records = served(tiny_pair, proposer, trace, tmp_path_factory.mktemp("serve"), strategy=strategy,
+                              token_budget=budget, max_batch=batch, kv_budget_mib=kv_mib, chunking=chunking)
+    ok = {i: r["token_ids"] for i, r in records.items() if r["status"] == "ok"}
+    reference = alone(tiny_pair, proposer, [r for r in trace if r.id in ok], ok, strategy)
+    assert ok == reference
+    assert summary["completed"] == len(ok) and summary["completed"] + summary["failed"] == len(trace)
+    refused = [r for r in records.values() if r["status"] == "refused"]
+    assert all("K/V" in r["error"] or "refused" in r["error"] for r in refused)
+
+
+def test_a_conversation_turn_hits_the_store_and_reuse_changes_no_output(tiny_pair, tiny_texts, tmp_path):
+    trace = generate_trace(tiny_texts, requests=6, rate=50.0, kind="multi-turn", max_new_tokens=8, prompt_words=30,
+                           turns=3, think_s=0.01, seed=2)
+    summary, records = served(tiny_pair, "draft", trace, tmp_path, strategy="joint-k2", token_budget=24)
+    later = [r for r in records.values() if r["turn"] > 0]
+    assert later and all(r["hit_tokens"] >= r["prompt_tokens"] // 2 for r in later)
+    assert summary["prefix_hit_rate"] > 0.3
+    ok = {i: r["token_ids"] for i, r in records.items()}
+    assert ok == alone(tiny_pair, "draft", trace, ok, "joint-k2")
+
+
+def test_summary_uses_vllm_names_and_counts_every_request(tiny_pair, tiny_texts, tmp_path):
+    trace = generate_trace(tiny_texts, requests=5, rate=100.0, max_new_tokens=6, prompt_words=20, seed=1)
+    summary, records = served(tiny_pair, "draft", trace, tmp_path, strategy="spec-k2", slos_ms={"ttft": 1e6})
+    for name in ("completed", "failed", "duration_s", "request_throughput", "output_throughput",
+                 "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+                 "median_itl_ms", "p99_e2el_ms", "goodput", "mean_batch_tokens", "max_concurrency", "prefix_hit_rate"):
+        assert name in summary, name
+    assert summary["goodput"] == pytest.approx(summary["request_throughput"])  # an SLO every request meets
+    record = next(iter(records.values()))
+    assert set(record) >= {"id", "status", "error", "prompt_tokens", "hit_tokens", "new_tokens", "token_ids", "text",
+                           "arrival_s", "ttft_s", "tpot_s", "itl_s", "e2el_s", "reuse", "k", "rounds", "accepted",
+                           "preempted"}
+    assert record["ttft_s"] > 0 and len(record["itl_s"]) <= record["new_tokens"] - 1
+
+
+def test_bad_requests_are_refused_alone_and_the_others_served(tiny_pair, tmp_path):
+    trace = [TraceRequest("ok1", 0.0, "The quick brown fox", 5), TraceRequest("empty", 0.0, "   ", 5),
+             TraceRequest("long", 0.0, "The quick brown fox", 5000), TraceRequest("ok2", 0.01, "Jumps over it", 5),
+             TraceRequest("c0", 0.0, "", 4, conversation="c", turn=0),
+             TraceRequest("c1", 0.0, "Then what?", 4, conversation="c", turn=1, after_s=0.0)]
+    summary, records = served(tiny_pair, "draft", trace, tmp_path, strategy="ar")
+    assert {i for i, r in records.items() if r["status"] == "ok"} == {"ok1", "ok2"}
+    assert records["empty"]["error"] == "empty prompt"
+    assert "exceeds the model context" in records["long"]["error"]
+    assert "was refused" in records["c1"]["error"]
+    assert summary["completed"] == 2 and summary["failed"] == 4
+
+
+# --- the command line ---
+
+def rakv(*args, **kwargs):
+    return subprocess.run([sys.executable, "-m", "rakv.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                          **kwargs)
+
+
+def test_a_malformed_trace_stops_serve_with_one_line_before_any_model_work(tmp_path):
+    trace = write_lines(tmp_path, [GOOD, '{"id": "b", "arrival_s": 0, "prompt": "x", "max_new_tokens": -3}'])
+    done = rakv("serve", "--pair", "tiny", "--trace", str(trace), "--out", str(tmp_path / "out"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [f'rakv: error: {trace}:2: field "max_new_tokens" must be an '
+                                                f'integer > 0, got -3']
+    assert not (tmp_path / "out").exists()
+
+
+def test_kill_9_leaves_complete_lines_only(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    write_trace(trace, [TraceRequest(f"r{i}", i * 0.15, f"Request number {i} says", 6) for i in range(200)], {})
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "rakv.cli", "serve", "--pair", "tiny", "--trace", str(trace),
+                             "--out", str(out), "--quiet", "--ignore-eos"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    lines = out / "requests.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not lines.exists() or lines.read_text().count("\n") < 3):
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    text = lines.read_text()
+    assert text.endswith("\n") and text.count("\n") >= 3
+    assert all(json.loads(line)["status"] == "ok" for line in text.splitlines())
+    assert not (out / "summary.json").exists()
+
+
+def test_rakv_trace_then_serve(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    made = rakv("trace", "--out", str(trace), "--requests", "4", "--rate", "50", "--max-new-tokens", "4",
+                "--prompt-words", "12", "--kind", "shared-prefix", "--groups", "2", "--system-words", "30")
+    assert made.returncode == 0, made.stderr
+    done = rakv("serve", "--pair", "tiny", "--trace", str(trace), "--out", str(tmp_path / "o"), "--quiet",
+                "--strategy", "joint-k2", "--token-budget", "16", "--goodput", "ttft:100000")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["completed"] == 4 and summary["token_budget"] == 16 and json.loads(done.stdout)["completed"] == 4
+
+
+# --- SmolLM2 ---
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, proposer, budget", [("spec-k4", "draft", 32), ("joint-k4", "prompt-lookup", 48),
+                                                        ("ar", "draft", 20)])
+def test_smollm2_served_outputs_equal_alone(smollm2_pair, tmp_path, strategy, proposer, budget):
+    from rakv.workloads import dataset_texts
+
+    trace = generate_trace(dataset_texts("humaneval"), requests=5, rate=20.0, kind="plain", max_new_tokens=12,
+                           prompt_words=45, seed=5)
+    summary, records = served(smollm2_pair, proposer, trace, tmp_path, strategy=strategy, token_budget=budget,
+                              max_batch=4)
+    ok = {i: r["token_ids"] for i, r in records.items()}
+    assert summary["completed"] == 5 and summary["max_concurrency"] > 1
+    assert ok == alone(smollm2_pair, proposer, trace, ok, strategy)
