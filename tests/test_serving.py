@@ -193,7 +193,7 @@ def tiny_texts():
 
 
 def alone(pair, proposer, trace, outputs, strategy):
-    """Each request through a fresh batch-one engine (empty store): the reference outputs."""
+    """Each request through a fresh batch-one engine (empty store), with `strategy`'s action: the reference."""
     engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30), proposer=proposer)
     contexts, reference = {}, {}
     for request in trace:
@@ -235,7 +235,9 @@ def test_every_greedy_output_equals_the_request_served_alone(tiny_pair, tiny_tex
 def test_a_conversation_turn_hits_the_store_and_reuse_changes_no_output(tiny_pair, tiny_texts, tmp_path):
     trace = generate_trace(tiny_texts, requests=6, rate=50.0, kind="multi-turn", max_new_tokens=8, prompt_words=30,
                            turns=3, think_s=0.01, seed=2)
-    summary, records = served(tiny_pair, "draft", trace, tmp_path, strategy="joint-k2", token_budget=24)
+    summary, records = served(tiny_pair, "draft", trace, tmp_path, strategy="joint-k2", token_budget=24,
+                              check_alone=True)
+    assert summary["outputs_equal_alone"] == summary["completed"] == 6  # rakv.serving.replay agrees
     later = [r for r in records.values() if r["turn"] > 0]
     assert later and all(r["hit_tokens"] >= r["prompt_tokens"] // 2 for r in later)
     assert summary["prefix_hit_rate"] > 0.3
@@ -333,3 +335,23 @@ def test_smollm2_served_outputs_equal_alone(smollm2_pair, tmp_path, strategy, pr
     ok = {i: r["token_ids"] for i, r in records.items()}
     assert summary["completed"] == 5 and summary["max_concurrency"] > 1
     assert ok == alone(smollm2_pair, proposer, trace, ok, strategy)
+
+
+@pytest.mark.parametrize("proposer, alpha", [("draft", 0.95), ("prompt-lookup", 0.9), ("draft", 0.05)])
+def test_rakv_asd_decides_per_request_at_admission_and_changes_no_output(tiny_pair, tiny_texts, tmp_path, proposer,
+                                                                         alpha):
+    from rakv.controller import Controller
+    from test_costmodel import table
+
+    controller = Controller(table(alpha=alpha, step=0.02, verify=0.021, propose_per_token=0.0005))
+    trace = generate_trace(tiny_texts, requests=6, rate=60.0, kind="shared-prefix", max_new_tokens=10,
+                           prompt_words=20, groups=2, system_words=30, seed=4)
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30), proposer=proposer)
+    serve(engine, trace, tmp_path, ServeOptions(strategy="rakv-asd", token_budget=40, ignore_eos=True),
+          controller=controller, progress=False)
+    records = {r["id"]: r for r in map(json.loads, (tmp_path / "requests.jsonl").read_text().splitlines())}
+    assert controller.decisions == len(trace)
+    ks = {r["k"] for r in records.values()}
+    assert (ks != {0}) if alpha > 0.5 else (ks == {0})  # cheap verifies and high acceptance: it speculates
+    ok = {i: r["token_ids"] for i, r in records.items()}
+    assert ok == alone(tiny_pair, proposer, trace, ok, "ar")

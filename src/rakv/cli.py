@@ -177,7 +177,9 @@ def cmd_serve(args) -> None:
                            max_batch=args.max_batch, kv_budget_mib=args.kv_budget_mib,
                            slos_ms=parse_goodput(args.goodput),
                            sampling=Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed),
-                           ignore_eos=args.ignore_eos)
+                           ignore_eos=args.ignore_eos, check_alone=args.check_alone)
+    if args.check_alone and not options.sampling.greedy:
+        raise RakvError("--check-alone compares greedy outputs; it needs --temperature 0")
     if options.token_budget <= 0 or options.max_batch <= 0 or options.kv_budget_mib <= 0:
         raise RakvError("--token-budget, --max-batch and --kv-budget-mib must be positive")
     trace = read_trace(args.trace)  # the whole trace is checked before the models load
@@ -190,7 +192,7 @@ def cmd_serve(args) -> None:
     print(json.dumps({k: summary[k] for k in SHOWN_SUMMARY if k in summary}))
 
 
-SHOWN_SUMMARY = ("completed", "failed", "duration_s", "request_throughput", "output_throughput",
+SHOWN_SUMMARY = ("completed", "failed", "outputs_equal_alone", "duration_s", "request_throughput", "output_throughput",
                  "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_itl_ms", "goodput", "mean_batch_tokens",
                  "max_concurrency", "prefix_hit_rate", "preemptions", "peak_rss_mib")
 
@@ -324,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help=argparse.SUPPRESS)
     srv.add_argument("--memory-budget-mib", type=float, default=defaults.memory_budget_mib, help=argparse.SUPPRESS)
     srv.add_argument("--no-calibrate", action="store_true", help="rakv-asd: fail rather than calibrate here")
+    srv.add_argument("--check-alone", action="store_true",
+                     help="then generate each finished request alone (greedy AR, empty store) and count in "
+                          "summary.json how many outputs are identical (outputs_equal_alone)")
     srv.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_options(srv)
     srv.set_defaults(func=cmd_serve)

@@ -50,8 +50,7 @@ class Runner:
     engine: Engine
     strategy: str = "ar"
     sampling: Sampling = Sampling()
-    controller: object | None = None  # rakv.controller.Controller, for rakv-asd (and predictions)
-    ignore_eos: bool = False
+    controller: object | None = None  # rakv.controller.Controller, for rakv-asd
     live: dict = field(default_factory=dict)
     prompt_logits: dict = field(default_factory=dict)  # id -> logits after the prompt (for the store insert)
     last_logits: dict = field(default_factory=dict)  # id -> logits that produced its latest token
@@ -101,34 +100,35 @@ class Runner:
 
     @torch.inference_mode()
     def run(self, step: Step) -> StepOutcome:
-        before = {id(r): len(r.state.tokens) for r in [w.request for w in step.decodes + step.prefills]
-                  + step.admitted}
+        """Preemptions, admissions (store hits copied in), proposals, one batched target forward, then each
+        request's acceptance, rollback and confirmed tokens; `computed` follows each request's cache."""
+        touched = [w.request for w in step.decodes + step.prefills] + step.admitted
+        before = {id(r): len(r.state.tokens) for r in touched}
         for request in step.preempted:
-            self.live.pop(request.id)  # its K/V and its draft's are dropped; output and logits kept
+            self.live.pop(request.id)  # its K/V and its draft's are dropped; its output and logits are kept
         for request in step.admitted:
             self._start(request)
-        outcome = StepOutcome(rows=step.rows)
-        candidates = self._propose([w for w in step.decodes if w.k > 0])
-        segments, finish = [], []
-        for work in step.decodes:
-            request, live = work.request, self.live[work.request.id]
-            offered, kept, proposal, match = candidates.get(request.id, ([], [], None, None))
+        proposals = self._propose([w for w in step.decodes if w.k > 0])
+        segments = []
+        for work in step.decodes:  # the last confirmed token and the candidates: 1 + k rows, all of them kept
+            request = work.request
+            kept = proposals[request.id][1] if work.k else []
             ids = torch.tensor([request.tokens[-1], *kept], dtype=torch.long, device=self.device)
-            segments.append(Segment(ids, live.cache, 0 if work.k else 1))
-            finish.append(lambda logits, r=request, lv=live, o=offered, c=kept, p=proposal, m=match, k=work.k:
-                          self._close_decode(r, lv, logits, o, c, p, m, k))
-        for work in step.prefills:
-            request, live = work.request, self.live[work.request.id]
-            start = request.computed
-            ids = torch.tensor(request.tokens[start:start + work.rows], dtype=torch.long, device=self.device)
-            segments.append(Segment(ids, live.cache, 1, small=request.prefill_small))
-            finish.append(lambda logits, r=request, lv=live: self._close_prefill(r, lv, logits))
-        if segments:
-            for close, logits in zip(finish, forward_rows(self.target, segments)):
-                close(logits)
-        for request in [w.request for w in step.decodes + step.prefills] + step.admitted:
-            request.computed = self.live[request.id].cache.get_seq_length() if request.id in self.live else 0
-            request.computed = min(request.computed, len(request.tokens))
+            segments.append(Segment(ids, self.live[request.id].cache, 0 if work.k else 1))
+        for work in step.prefills:  # a chunk of the uncomputed tokens, on the kernels of its whole prefill
+            request = work.request
+            ids = torch.tensor(request.tokens[request.computed:request.computed + work.rows], dtype=torch.long,
+                               device=self.device)
+            segments.append(Segment(ids, self.live[request.id].cache, 1, small=request.prefill_small))
+        logits = forward_rows(self.target, segments) if segments else []
+        for work, rows in zip(step.decodes, logits):
+            self._close_decode(work, rows, proposals.get(work.request.id))
+        for work, rows in zip(step.prefills, logits[len(step.decodes):]):
+            self._close_prefill(work.request, rows)
+        outcome = StepOutcome(rows=sum(int(s.ids.shape[0]) for s in segments))
+        for request in touched:
+            live = self.live.get(request.id)
+            request.computed = min(live.cache.get_seq_length(), len(request.tokens)) if live else 0
             emitted = len(request.state.tokens) - before[id(request)]
             if emitted:
                 outcome.emitted[request.id] = emitted
@@ -152,7 +152,7 @@ class Runner:
         request.prefill_small = len(request.tokens) - reused <= SKINNY_MAX_ROWS
         if stored_logits is not None and not request.state.tokens:  # exact repeat: the first token needs no forward
             self.prompt_logits[request.id] = stored_logits
-            self._emit_first(request, self.live[request.id], stored_logits)
+            self._emit(request, self.live[request.id], stored_logits)
 
     def _propose(self, works) -> dict:
         """Each speculating decode's candidates: (offered, kept, proposal, match), proposers batched."""
@@ -172,36 +172,31 @@ class Runner:
             out[work.request.id] = (o, kept, proposal, match)
         return out
 
-    def _close_decode(self, request, live, logits, offered, kept, proposal, match, k) -> None:
+    def _close_decode(self, work, logits, proposal) -> None:
+        request, live = work.request, self.live[work.request.id]
         before = len(request.state.tokens)
-        if k:
-            context = len(request.tokens)
-            new_tokens = accept_round(kept, proposal, logits, self.sampling, live.generator)
-            close_round(request.state, live.cache, live.proposer, context, new_tokens, kept, offered, live.depth,
-                        match)
+        if work.k:
+            offered, kept, dists, match = proposal
+            new_tokens = accept_round(kept, dists, logits, self.sampling, live.generator)
+            close_round(request.state, live.cache, live.proposer, len(request.tokens), new_tokens, kept, offered,
+                        live.depth, match)
+            self.last_logits[request.id] = logits[len(request.state.tokens) - before - 1]
         else:
-            request.state.emit([select_token(logits[-1], self.sampling, live.generator)])
-            request.state.note_memory(live.cache)
-        emitted = len(request.state.tokens) - before
-        self.last_logits[request.id] = logits[emitted - 1] if k else logits[-1]
+            self._emit(request, live, logits[-1])
 
-    def _close_prefill(self, request, live, logits) -> None:
+    def _close_prefill(self, request, logits) -> None:
+        live = self.live[request.id]
         if live.cache.get_seq_length() < len(request.tokens):
             return  # a chunk short of the end: no token yet
         if not request.state.tokens:
             self.prompt_logits[request.id] = logits[-1]
-        self._emit_first(request, live, logits[-1]) if not request.state.tokens else \
-            self._emit_next(request, live, logits[-1])
+        # the prompt's first token, or (a recomputed request) what its next decode step would give
+        self._emit(request, live, logits[-1])
 
-    def _emit_first(self, request, live, logits) -> None:
+    def _emit(self, request, live, logits) -> None:
         request.state.emit([select_token(logits, self.sampling, live.generator)])
-        self.last_logits[request.id] = logits
-
-    def _emit_next(self, request, live, logits) -> None:
-        """The token after a recomputed (preempted) request's last one: what its decode step would give."""
-        request.state.emit([select_token(logits, self.sampling, live.generator)])
-        self.last_logits[request.id] = logits
         request.state.note_memory(live.cache)
+        self.last_logits[request.id] = logits
 
     # --- completion ---
 

@@ -172,7 +172,7 @@ class Scheduler:
         assert self._bytes(step) <= self.kv_budget_bytes, "K/V over its budget"
         worked = [id(w.request) for w in step.decodes + step.prefills]
         assert len(worked) == len(set(worked)), "a request got two pieces of work in one iteration"
-        assert all(r.status == Status.RUNNING for r in map(lambda w: w.request, step.decodes + step.prefills)), \
+        assert all(w.request.status == Status.RUNNING for w in step.decodes + step.prefills), \
             "work for a request that is not running"
 
     def finished(self, request: ServedRequest) -> None:

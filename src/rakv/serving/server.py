@@ -3,7 +3,9 @@
     summary = serve(engine, read_trace("trace.jsonl"), "out/", ServeOptions(strategy="spec-k4"))
 
 `requests.jsonl` gets one line per request as soon as it is finished or refused (written with one system call,
-flushed and fsynced: a kill -9 leaves complete lines only); `summary.json` at the end (rakv.serving.metrics).
+flushed and fsynced: a kill -9 leaves complete lines only); `iterations.jsonl` (per iteration: rows, running
+requests, decodes and their k, prefill rows, admissions, preemptions, K/V held, scheduler and iteration time)
+and `summary.json` (rakv.serving.metrics) at the end.
 A bad request (an empty prompt, longer than the context or than the K/V budget alone) is refused alone.
 """
 
@@ -23,6 +25,7 @@ from rakv.decoding import DecodeState, Sampling
 from rakv.engine import Engine
 from rakv.errors import RakvError
 from rakv.serving.metrics import summarize
+from rakv.serving.replay import outputs_alone
 from rakv.serving.request import ServedRequest, Status
 from rakv.serving.runner import Runner
 from rakv.serving.scheduler import Scheduler
@@ -41,6 +44,7 @@ class ServeOptions:
     slos_ms: dict = field(default_factory=dict)  # rakv.serving.metrics.parse_goodput
     sampling: Sampling = Sampling()
     ignore_eos: bool = False
+    check_alone: bool = False  # after serving, generate each finished request alone (greedy AR) and count equal ones
 
 
 class RecordWriter:
@@ -82,7 +86,7 @@ def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, option
     out.mkdir(parents=True, exist_ok=True)
     if options.token_budget <= 0 or options.max_batch <= 0 or options.kv_budget_mib <= 0:
         raise RakvError("--token-budget, --max-batch and --kv-budget-mib must be positive")
-    runner = Runner(engine, options.strategy, options.sampling, controller, options.ignore_eos)
+    runner = Runner(engine, options.strategy, options.sampling, controller)
     scheduler = Scheduler(runner, options.token_budget, options.max_batch, int(options.kv_budget_mib * (1 << 20)),
                           options.chunking)
     tokenizer, max_context = engine.pair.tokenizer, engine.pair.max_context
@@ -145,7 +149,7 @@ def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, option
                                f"{options.kv_budget_mib:g} on their own", now)
                 runner.release(request)
                 close(request)
-            if step.empty or not (step.decodes or step.prefills or step.admitted or step.preempted):
+            if not (step.decodes or step.prefills or step.admitted or step.preempted):  # nothing to run yet
                 upcoming = [a.arrival_s for a in list(arrivals)[:1]] + [f[0] for f in followers]
                 if not scheduler.waiting and not scheduler.running and upcoming:
                     time.sleep(max(0.0, min(upcoming) - (time.perf_counter() - start)))
@@ -153,7 +157,10 @@ def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, option
             outcome = runner.run(step)
             ended = time.perf_counter()
             at = ended - start
-            iterations.append({"rows": outcome.rows, "running": len(scheduler.running),
+            iterations.append({"at_s": at, "rows": outcome.rows, "running": len(scheduler.running),
+                               "decodes": len(step.decodes), "prefill_rows": sum(w.rows for w in step.prefills),
+                               "k": [w.k for w in step.decodes], "admitted": len(step.admitted),
+                               "preempted": len(step.preempted),
                                "kv_bytes": sum(scheduler.held_bytes(r) for r in scheduler.running),
                                "schedule_s": scheduled - began, "iteration_s": ended - began})
             for request in list(scheduler.running):
@@ -169,9 +176,15 @@ def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, option
         bar.close()
     duration = time.perf_counter() - start
     summary = summarize(records, duration, options.slos_ms, iterations)
+    if options.check_alone:
+        served = {r["id"]: r["token_ids"] for r in records if r["status"] == "ok"}
+        reference = outputs_alone(engine, trace, served, ignore_eos=options.ignore_eos)
+        summary["outputs_equal_alone"] = sum(reference[i] == tokens for i, tokens in served.items())
     summary.update(strategy=options.strategy, proposer=engine.proposer, pair=engine.pair.name,
                    token_budget=options.token_budget if options.chunking else None, chunking=options.chunking,
                    max_batch=options.max_batch, kv_budget_mib=options.kv_budget_mib,
                    peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    with (out / "iterations.jsonl").open("w") as fh:  # one line per iteration: what ran and how long it took
+        fh.writelines(json.dumps(i) + "\n" for i in iterations)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
