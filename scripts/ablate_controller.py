@@ -1,4 +1,4 @@
-"""Controller ablations replayed on a finished study (rakv.ablation): one row per configuration and variant.
+"""Controller ablations replayed on a finished study (rakv.experiments.ablation): one row per configuration and variant.
 
     .venv/bin/python scripts/ablate_controller.py results/offline                      # the standard variants
     .venv/bin/python scripts/ablate_controller.py results/offline tie_margin=0.1 explore_every=4
@@ -10,16 +10,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from rakv import ablation
-from rakv.errors import RakvError
-from rakv.records import write_atomic
+from rakv.experiments import ablation
+from rakv.runtime.errors import RakvError
+from rakv.experiments.records import write_atomic
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path, help="a results folder with study/runs.parquet")
     parser.add_argument("options", nargs="*", help="one variant as controller options name=value (default: the "
-                                                   "standard variants of rakv.ablation.VARIANTS)")
+                                                   "standard variants of rakv.experiments.ablation.VARIANTS)")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples per CI")
     args = parser.parse_args(argv)
     try:

@@ -17,10 +17,10 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from rakv.calibration import calibration_for
-from rakv.controller import Controller
-from rakv.engine import open_engine
-from rakv.errors import RakvError
+from rakv.runtime.calibration import calibration_for
+from rakv.runtime.controller import Controller
+from rakv.runtime.engine import open_engine
+from rakv.runtime.errors import RakvError
 
 
 def main() -> int:
@@ -65,7 +65,7 @@ def main() -> int:
             print(f"  {name:<7} median {statistics.median(samples) * 1e6:8.1f} us   p99 "
                   f"{np.percentile(samples, 99) * 1e6:8.1f} us")
         print(f"  goal < 1000 us per decision (median): {'met' if statistics.median(total) < 1e-3 else 'NOT met'}")
-    # the per-round depth (rakv.depth) chooses k once per speculative round, inside the request's decode time
+    # the per-round depth (rakv.runtime.depth) chooses k once per speculative round, inside the request's decode time
     depth = Controller(controller.table, replace(controller.config, depth_per_round=True)).round_depth("prompt-lookup")
     rng = np.random.default_rng(1)
     rounds = []

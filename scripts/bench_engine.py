@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench_engine.py [--pair smollm2] [--kernels compact] [--new-tokens 64] [--repeats 3] [--json]
     pip install -e '.[peers]'   # optional: llama.cpp beside us (llama-cpp-python builds from source, 10-15 min)
 
-Our engine runs the pair with `--kernels` (rakv.kernels; default compact); transformers' `generate` and
+Our engine runs the pair with `--kernels` (rakv.runtime.kernels; default compact); transformers' `generate` and
 assisted generation run a second copy of the pair loaded with stock kernels, i.e. transformers as
 shipped. With `llama-cpp-python` installed, llama.cpp decodes the same prompt greedily on the shipped Q4_1
 GGUF and on that file converted to F32 (the same dequantised fp32 weights as our target), and prefills a
@@ -31,16 +31,16 @@ import time
 
 import torch
 
-from rakv.actions import SPEC_K, Action
-from rakv.cache import PrefixKVStore
-from rakv.costmodel import acceptance_estimate
-from rakv.compact import Segment
-from rakv.decoding import crop_cache, forward, forward_rows, synchronize
-from rakv.engine import Engine
-from rakv.errors import RakvError
-from rakv.kernels import KERNEL_MODES, compact_of, new_kv_cache
-from rakv.models import load_pair
-from rakv.workloads import load_humaneval
+from rakv.runtime.actions import SPEC_K, Action
+from rakv.runtime.cache import PrefixKVStore
+from rakv.runtime.costmodel import acceptance_estimate
+from rakv.runtime.compact import Segment
+from rakv.runtime.decoding import crop_cache, forward, forward_rows, synchronize
+from rakv.runtime.engine import Engine
+from rakv.runtime.errors import RakvError
+from rakv.runtime.kernels import KERNEL_MODES, compact_of, new_kv_cache
+from rakv.runtime.models import load_pair
+from rakv.runtime.workloads import load_humaneval
 
 
 def rss_kib(field: str) -> int:
@@ -188,7 +188,7 @@ def llama_cpp_peer(prompt: str, long_prompt: str, n: int, repeats: int, threads:
         import llama_cpp
     except ImportError:
         return None
-    from rakv.models import derived_files_dir, file_hash, smollm2_gguf_path
+    from rakv.runtime.models import derived_files_dir, file_hash, smollm2_gguf_path
 
     q4 = smollm2_gguf_path()
     f32 = derived_files_dir() / "gguf" / f"{file_hash(q4)}-f32.gguf"
@@ -244,10 +244,10 @@ def rss_probe(args) -> dict:
 
 
 def gemv_table(device, repeats: int) -> list[dict]:
-    """The row-count dispatch of rakv.kernels.linear, measured: 30 layers of SmolLM2's fused projections (random
+    """The row-count dispatch of rakv.runtime.kernels.linear, measured: 30 layers of SmolLM2's fused projections (random
     fp32 weights, 425 MB) through MKL (`F.linear`, `torch.mm(W, x.T)`) and the skinny kernel, fp32 and int8."""
-    from rakv.compact import Dense, Int8Weight
-    from rakv.kernels import skinny
+    from rakv.runtime.compact import Dense, Int8Weight
+    from rakv.runtime.kernels import skinny
 
     layers = [[torch.randn(out, k, device=device) for out, k in ((960, 576), (576, 576), (3072, 576), (576, 1536))]
               for _ in range(30)]
@@ -283,7 +283,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--no-peer", action="store_true", help="skip llama.cpp even when it is installed")
     parser.add_argument("--gemv", action="store_true",
-                        help="only the GEMV table behind rakv.kernels.linear's row-count dispatch")
+                        help="only the GEMV table behind rakv.runtime.kernels.linear's row-count dispatch")
     parser.add_argument("--probe", choices=("ours-ar", "hf-ar", "ours-spec-k4", "hf-spec-k4", "rss"),
                         help=argparse.SUPPRESS)  # internal: one memory measurement in a fresh process
     args = parser.parse_args()
@@ -291,7 +291,7 @@ def main() -> int:
         print(json.dumps(rss_probe(args)))
         return 0
     if args.gemv:
-        from rakv.models import configure_threads
+        from rakv.runtime.models import configure_threads
 
         device = torch.device(args.device)
         configure_threads(device, args.threads)

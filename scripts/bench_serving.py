@@ -27,16 +27,16 @@ import time
 
 import torch
 
-from rakv.cache import PrefixKVStore
-from rakv.decoding import synchronize
-from rakv.engine import Engine
-from rakv.errors import RakvError
-from rakv.models import load_pair
-from rakv.paths import conf_file
+from rakv.runtime.cache import PrefixKVStore
+from rakv.runtime.decoding import synchronize
+from rakv.runtime.engine import Engine
+from rakv.runtime.errors import RakvError
+from rakv.runtime.models import load_pair
+from rakv.runtime.paths import conf_file
 from rakv.serving.server import ServeOptions, serve
 from rakv.serving.trace import TraceRequest, generate_trace
-from rakv.strategies import action_of
-from rakv.workloads import dataset_texts
+from rakv.runtime.strategies import action_of
+from rakv.runtime.workloads import dataset_texts
 
 
 def requests_of(texts, n: int, new_tokens: int, words: int, seed: int) -> list[TraceRequest]:

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from rakv.costmodel import CostTable
+from rakv.runtime.costmodel import CostTable
 
 
 def curves(table: CostTable) -> dict:

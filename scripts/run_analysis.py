@@ -1,9 +1,9 @@
-"""Stage 'analysis' of ./reproduce.sh (rakv.stages.analysis); directly:
+"""Stage 'analysis' of ./reproduce.sh (rakv.experiments.stages.analysis); directly:
     .venv/bin/python scripts/run_analysis.py profile=smoke [Hydra overrides]"""
 
 import hydra
 
-from rakv.stages import run_stage
+from rakv.experiments.stages import run_stage
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

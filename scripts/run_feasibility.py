@@ -1,9 +1,9 @@
-"""Stage 'feasibility' of ./reproduce.sh (rakv.stages.feasibility); directly:
+"""Stage 'feasibility' of ./reproduce.sh (rakv.experiments.stages.feasibility); directly:
     .venv/bin/python scripts/run_feasibility.py profile=smoke [Hydra overrides]"""
 
 import hydra
 
-from rakv.stages import run_stage
+from rakv.experiments.stages import run_stage
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="feasibility")

@@ -1,9 +1,9 @@
-"""Stage 'paper' of ./reproduce.sh (rakv.stages.paper); directly:
+"""Stage 'paper' of ./reproduce.sh (rakv.experiments.stages.paper); directly:
     .venv/bin/python scripts/run_paper.py profile=smoke [Hydra overrides]"""
 
 import hydra
 
-from rakv.stages import run_stage
+from rakv.experiments.stages import run_stage
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rakv import analysis
-from rakv.notebooks import OutputPaths, run_all, setup
+from rakv.experiments import analysis
+from rakv.experiments.notebooks import OutputPaths, run_all, setup
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -215,7 +215,7 @@ def test_cost_side_feasibility_is_labelled_and_never_claims_a_verdict(runs, tmp_
 
 
 def test_generated_sentences_follow_the_sign_of_the_interval():
-    from rakv.report import comparison
+    from rakv.experiments.report import comparison
 
     assert comparison([0.2, 0.1, 0.3], "kv-only").startswith("20.0\\% lower latency than KV-only (95\\% CI [10.0\\%")
     assert comparison([-0.2, -0.3, -0.1], "kv-only") == \
@@ -224,7 +224,7 @@ def test_generated_sentences_follow_the_sign_of_the_interval():
 
 
 def test_the_introductions_verdicts_follow_the_sign_of_the_interval():
-    from rakv.report import verdict
+    from rakv.experiments.report import verdict
 
     assert verdict([0.2, 0.1, 0.3]) == "faster than"
     assert verdict([-0.2, -0.3, -0.1]) == "slower than"
@@ -235,7 +235,7 @@ def test_the_introductions_verdicts_follow_the_sign_of_the_interval():
 def test_acceptance_mape_separates_the_requests_acceptance_from_the_costs():
     """Latencies made exactly by the cost model at each prompt's own acceptance and match rate: with those the
     re-evaluated model is exact; with the one calibrated acceptance it is not."""
-    from rakv.costmodel import CostTable, Curve, RequestFeatures, estimate_latency
+    from rakv.runtime.costmodel import CostTable, Curve, RequestFeatures, estimate_latency
 
     flat = lambda v: Curve([v], 1.0, 0.0)  # noqa: E731
     table = CostTable(key={}, target_prefill=Curve([0.002, 0.0], 1.0, 0.0), target_step=flat(0.02),

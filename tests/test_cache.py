@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rakv.cache import BUCKET_TOKENS, PrefixKVStore, namespace
+from rakv.runtime.cache import BUCKET_TOKENS, PrefixKVStore, namespace
 
 
 def fake_kv(length, layers=2, heads=2, dim=4, seed=0):

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from rakv.cli import main
-from rakv.errors import RakvError, WeightsUnavailable
-from rakv.models import Fingerprint, LoadedModel, check_shared_tokenizer
+from rakv.runtime.errors import RakvError, WeightsUnavailable
+from rakv.runtime.models import Fingerprint, LoadedModel, check_shared_tokenizer
 
 PROMPT = "The quick brown fox jumps over the lazy dog and then runs far away into the dark forest"
 
@@ -68,9 +68,9 @@ def test_bad_input_is_one_line_error(capsys, argv, message):
     ("\n\n", "no prompts"),
 ])
 def test_malformed_jsonl_stops_before_any_work(capsys, tmp_path, content, message, monkeypatch):
-    import rakv.models
+    import rakv.runtime.models
 
-    monkeypatch.setattr(rakv.models, "load_pair", lambda *a, **k: pytest.fail("models loaded before validation"))
+    monkeypatch.setattr(rakv.runtime.models, "load_pair", lambda *a, **k: pytest.fail("models loaded before validation"))
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
     code, out, err = generate(capsys, "--prompts", str(path), "--strategy", "ar")
@@ -91,7 +91,7 @@ def test_mismatched_tokenizers_refused():
 
 
 def test_unreachable_hub_model_is_a_clear_error(monkeypatch, tmp_path):
-    from rakv.models import load_pair
+    from rakv.runtime.models import load_pair
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path))

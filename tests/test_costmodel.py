@@ -6,19 +6,19 @@ from dataclasses import replace
 
 import pytest
 
-from rakv.actions import Action
-from rakv.cache import Hit, PrefixKVStore
-from rakv.calibration import CalibrationPlan, calibration_key, load_or_calibrate, load_table
+from rakv.runtime.actions import Action
+from rakv.runtime.cache import Hit, PrefixKVStore
+from rakv.runtime.calibration import CalibrationPlan, calibration_key, load_or_calibrate, load_table
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rakv.controller import AcceptanceTracker, Controller, ControllerConfig, choose
-from rakv.costmodel import (CostTable, Curve, RequestFeatures, acceptance_estimate, break_even_alpha,
+from rakv.runtime.controller import AcceptanceTracker, Controller, ControllerConfig, choose
+from rakv.runtime.costmodel import (CostTable, Curve, RequestFeatures, acceptance_estimate, break_even_alpha,
                             estimate_latency, expected_tokens_per_round, non_decreasing)
-from rakv.depth import RoundDepth
-from rakv.engine import Engine
-from rakv.strategies import run_strategy
-from rakv.errors import RakvError
+from rakv.runtime.depth import RoundDepth
+from rakv.runtime.engine import Engine
+from rakv.runtime.strategies import run_strategy
+from rakv.runtime.errors import RakvError
 
 
 def configured(**changes) -> ControllerConfig:
@@ -226,7 +226,7 @@ def test_exploration_probes_speculation_on_schedule_and_only_then():
 
 
 def test_noisy_calibration_points_are_measured_again_then_refused(monkeypatch):
-    from rakv import calibration
+    from rakv.runtime import calibration
 
     plan = CalibrationPlan(repeats=4, remeasure_passes=1)
     # per point: a warm-up, a pass of 4, and (if noisy) a second pass of 4

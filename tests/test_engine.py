@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from rakv.cache import PrefixKVStore
-from rakv.decoding import Sampling
-from rakv.actions import FIXED_STRATEGIES, Action
-from rakv.engine import Engine
-from rakv.proposers import ControlledAcceptanceProposer, DraftModelProposer, PromptLookupProposer
+from rakv.runtime.cache import PrefixKVStore
+from rakv.runtime.decoding import Sampling
+from rakv.runtime.actions import FIXED_STRATEGIES, Action
+from rakv.runtime.engine import Engine
+from rakv.runtime.proposers import ControlledAcceptanceProposer, DraftModelProposer, PromptLookupProposer
 
 N = 24
 rng = np.random.default_rng(0)
@@ -87,7 +87,7 @@ class CheckingProposer(DraftModelProposer):
 
 
 def test_rollback_leaves_caches_at_confirmed_length(tiny_pair, engine, monkeypatch):
-    import rakv.decoding as decoding
+    import rakv.runtime.decoding as decoding
 
     lengths = []
     real_crop = decoding.crop_cache
@@ -176,7 +176,7 @@ def test_peak_kv_bytes_counts_the_drafts_cache_and_rejected_positions(engine):
 def test_per_round_depth_keeps_greedy_output_and_accounts_every_round(tiny_pair, prior):
     from types import SimpleNamespace
 
-    from rakv.depth import RoundDepth
+    from rakv.runtime.depth import RoundDepth
 
     engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30), proposer="prompt-lookup")
     prompt = BASE[:20] * 2 + BASE[:7]
@@ -197,8 +197,8 @@ def test_per_round_depth_keeps_greedy_output_and_accounts_every_round(tiny_pair,
 def test_per_round_depth_refuses_a_proposer_without_match_classes(engine):
     from types import SimpleNamespace
 
-    from rakv.depth import RoundDepth
-    from rakv.errors import RakvError
+    from rakv.runtime.depth import RoundDepth
+    from rakv.runtime.errors import RakvError
 
     costs = SimpleNamespace(target_step=lambda c: 0.020, verify={4: lambda c: 0.024})
     with pytest.raises(RakvError, match="needs a proposer with match classes"):

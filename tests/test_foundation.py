@@ -24,7 +24,7 @@ def test_console_script_help_lists_subcommands():
 
 
 def test_smollm2_gguf_found_without_importing_the_module():
-    from rakv.models import SMOLLM2_GGUF, smollm2_gguf_path
+    from rakv.runtime.models import SMOLLM2_GGUF, smollm2_gguf_path
 
     path = smollm2_gguf_path()
     assert path.name == SMOLLM2_GGUF and path.stat().st_size > 50_000_000
@@ -33,7 +33,7 @@ def test_smollm2_gguf_found_without_importing_the_module():
 
 
 def test_humaneval_loads_164_problems_through_datasets():
-    from rakv.workloads import load_humaneval
+    from rakv.runtime.workloads import load_humaneval
 
     problems = load_humaneval()
     assert len(problems) == 164

@@ -1,4 +1,4 @@
-"""Kernel modes (rakv.kernels, rakv.compact): compact computes what stock computes, keeps the K/V semantics,
+"""Kernel modes (rakv.runtime.kernels, rakv.runtime.compact): compact computes what stock computes, keeps the K/V semantics,
 runs several requests' rows in one pass exactly as one at a time, holds one copy of the weights, and has its
 own identity."""
 
@@ -8,14 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.cache_utils import DynamicLayer
 
-from rakv.actions import Action
-from rakv.cache import PrefixKVStore
-from rakv.compact import Segment
-from rakv.decoding import crop_cache, forward, forward_rows
-from rakv.engine import Engine
-from rakv.errors import RakvError
-from rakv.kernels import GrowingLayer, compact_of, effective_mode, kernels_of, linear, new_kv_cache
-from rakv.models import load_pair
+from rakv.runtime.actions import Action
+from rakv.runtime.cache import PrefixKVStore
+from rakv.runtime.compact import Segment
+from rakv.runtime.decoding import crop_cache, forward, forward_rows
+from rakv.runtime.engine import Engine
+from rakv.runtime.errors import RakvError
+from rakv.runtime.kernels import GrowingLayer, compact_of, effective_mode, kernels_of, linear, new_kv_cache
+from rakv.runtime.models import load_pair
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +182,7 @@ def _dequantised_stock(stock_module, draft):
 
 @pytest.mark.slow
 def test_compact_smollm2_target_and_int8_draft_give_reference_logits(smollm2_pair):
-    from rakv.workloads import load_humaneval
+    from rakv.runtime.workloads import load_humaneval
 
     stock = load_pair("smollm2", threads=2, kernels="stock")
     ids = torch.tensor([smollm2_pair.tokenizer(load_humaneval()[0]["prompt"], add_special_tokens=False)["input_ids"]])

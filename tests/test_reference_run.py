@@ -12,9 +12,9 @@ import math
 import pandas as pd
 import pytest
 
-from rakv import ablation, analysis, enginecompare, report
-from rakv.figures import FIGURES
-from rakv.paths import REFERENCE_DIR, ROOT
+from rakv.experiments import ablation, analysis, enginecompare, report
+from rakv.experiments.figures import FIGURES
+from rakv.runtime.paths import REFERENCE_DIR, ROOT
 
 REFERENCE = REFERENCE_DIR / "offline"
 GENERATED = ROOT / "paper" / "generated" / "offline"

@@ -3,7 +3,7 @@
 import torch
 from scipy.stats import chisquare
 
-from rakv.decoding import Sampling, accept_sampled, probabilities
+from rakv.runtime.decoding import Sampling, accept_sampled, probabilities
 
 SAMPLING = Sampling(temperature=1.0, top_p=1.0, seed=0)
 TARGET_LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])

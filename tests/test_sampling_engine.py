@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from scipy.stats import chi2_contingency
 
-from rakv.decoding import Sampling
-from rakv.actions import Action
-from rakv.cache import PrefixKVStore
-from rakv.engine import Engine
+from rakv.runtime.decoding import Sampling
+from rakv.runtime.actions import Action
+from rakv.runtime.cache import PrefixKVStore
+from rakv.runtime.engine import Engine
 
 RUNS = 300
 NEW_TOKENS = 5

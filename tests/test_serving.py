@@ -16,17 +16,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rakv.actions import Action
-from rakv.cache import PrefixKVStore
-from rakv.decoding import DecodeState
-from rakv.engine import Engine
-from rakv.errors import RakvError
+from rakv.runtime.actions import Action
+from rakv.runtime.cache import PrefixKVStore
+from rakv.runtime.decoding import DecodeState
+from rakv.runtime.engine import Engine
+from rakv.runtime.errors import RakvError
 from rakv.serving.metrics import parse_goodput
 from rakv.serving.request import ServedRequest, Status
 from rakv.serving.scheduler import Scheduler
 from rakv.serving.server import ServeOptions, serve
 from rakv.serving.trace import TraceRequest, generate_trace, read_trace, write_trace
-from rakv.strategies import action_of
+from rakv.runtime.strategies import action_of
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = [(f"t{i}", " ".join(f"word{(i * 7 + j) % 50} and" for j in range(30 + i % 9))) for i in range(40)]
@@ -187,7 +187,7 @@ def test_the_newest_request_is_preempted_and_later_recomputed_with_its_output():
 
 @pytest.fixture(scope="module")
 def tiny_texts():
-    from rakv.workloads import dataset_texts
+    from rakv.runtime.workloads import dataset_texts
 
     return dataset_texts("wikitext2")
 
@@ -326,7 +326,7 @@ def test_rakv_trace_then_serve(tmp_path):
 @pytest.mark.parametrize("strategy, proposer, budget", [("spec-k4", "draft", 32), ("joint-k4", "prompt-lookup", 48),
                                                         ("ar", "draft", 20)])
 def test_smollm2_served_outputs_equal_alone(smollm2_pair, tmp_path, strategy, proposer, budget):
-    from rakv.workloads import dataset_texts
+    from rakv.runtime.workloads import dataset_texts
 
     trace = generate_trace(dataset_texts("humaneval"), requests=5, rate=20.0, kind="plain", max_new_tokens=12,
                            prompt_words=45, seed=5)
@@ -340,7 +340,7 @@ def test_smollm2_served_outputs_equal_alone(smollm2_pair, tmp_path, strategy, pr
 @pytest.mark.parametrize("proposer, alpha", [("draft", 0.95), ("prompt-lookup", 0.9), ("draft", 0.05)])
 def test_rakv_asd_decides_per_request_at_admission_and_changes_no_output(tiny_pair, tiny_texts, tmp_path, proposer,
                                                                          alpha):
-    from rakv.controller import Controller
+    from rakv.runtime.controller import Controller
     from test_costmodel import table
 
     controller = Controller(table(alpha=alpha, step=0.02, verify=0.021, propose_per_token=0.0005))

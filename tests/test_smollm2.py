@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from rakv.cache import PrefixKVStore
-from rakv.actions import Action
-from rakv.engine import Engine
-from rakv.workloads import load_humaneval
+from rakv.runtime.cache import PrefixKVStore
+from rakv.runtime.actions import Action
+from rakv.runtime.engine import Engine
+from rakv.runtime.workloads import load_humaneval
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from rakv.config import CONF_DIR
-from rakv.records import Journal
-from rakv.study import PlannedRun
+from rakv.experiments.config import CONF_DIR
+from rakv.experiments.records import Journal
+from rakv.experiments.study import PlannedRun
 
 ROOT = Path(__file__).resolve().parents[1]
 

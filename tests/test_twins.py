@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from rakv.errors import RakvError
-from rakv.models import ARCHITECTURES, GPT2_CONTEXT, GPT2_VOCAB, TWIN_PAIRS, load_pair, twin_of
+from rakv.runtime.errors import RakvError
+from rakv.runtime.models import ARCHITECTURES, GPT2_CONTEXT, GPT2_VOCAB, TWIN_PAIRS, load_pair, twin_of
 
 PUBLISHED = {"gpt2": (12, 768, 12), "distilgpt2": (6, 768, 12), "gpt2-medium": (24, 1024, 16),
              "gpt2-large": (36, 1280, 20)}  # layers, width, heads of the hub models' configs
@@ -36,9 +36,9 @@ def test_a_twin_pair_has_the_shapes_a_twin_fingerprint_and_seeded_weights(twins)
 
 
 def test_a_twin_generates_and_speculates_exactly(twins):
-    from rakv.actions import Action
-    from rakv.cache import PrefixKVStore
-    from rakv.engine import Engine
+    from rakv.runtime.actions import Action
+    from rakv.runtime.cache import PrefixKVStore
+    from rakv.runtime.engine import Engine
 
     engine = Engine(twins, PrefixKVStore(budget_bytes=1 << 30))
     ids = engine.encode("def add(a, b):\n    return a + b\n")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rakv.errors import RakvError
-from rakv.workloads import BUNDLED_WIKITEXT2, load_wikitext2
+from rakv.runtime.errors import RakvError
+from rakv.runtime.workloads import BUNDLED_WIKITEXT2, load_wikitext2
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,8 +42,8 @@ def test_unknown_wikitext2_source_is_a_one_line_error(tmp_path):
 
 SELECT_EVERY_OFFLINE_PROFILE = """
 from hydra import compose, initialize_config_dir
-from rakv.models import smollm2_tokenizer
-from rakv.config import CONF_DIR, prompts_for
+from rakv.runtime.models import smollm2_tokenizer
+from rakv.experiments.config import CONF_DIR, prompts_for
 
 tokenizer = smollm2_tokenizer()
 encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from rakv.errors import RakvError
+from rakv.runtime.errors import RakvError
 
 
 def read_prompts(path: str) -> list[dict]:
@@ -37,7 +37,7 @@ def read_prompts(path: str) -> list[dict]:
 
 
 def make_engine(args):
-    from rakv.engine import open_engine
+    from rakv.runtime.engine import open_engine
 
     return open_engine(args.pair, args.proposer, cache_budget_mib=args.cache_budget_mib, salt=args.salt,
                        device=args.device, dtype=args.dtype, threads=args.threads, kernels=args.kernels)
@@ -47,7 +47,7 @@ def controller_config(args):
     """The same ControllerConfig (and checks) as a Hydra run's, from the flags."""
     from dataclasses import replace
 
-    from rakv.controller import ControllerConfig
+    from rakv.runtime.controller import ControllerConfig
 
     try:
         k_set = [int(v) for v in args.k_set.split(",") if v.strip()]
@@ -59,11 +59,11 @@ def controller_config(args):
 
 
 def cmd_generate(args) -> None:
-    from rakv.actions import ADAPTIVE
-    from rakv.calibration import calibration_for
-    from rakv.controller import Controller
-    from rakv.decoding import Sampling
-    from rakv.strategies import action_of, run_strategy
+    from rakv.runtime.actions import ADAPTIVE
+    from rakv.runtime.calibration import calibration_for
+    from rakv.runtime.controller import Controller
+    from rakv.runtime.decoding import Sampling
+    from rakv.runtime.strategies import action_of, run_strategy
 
     if args.max_new_tokens <= 0:
         raise RakvError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
@@ -112,10 +112,10 @@ def cmd_generate(args) -> None:
 
 
 def cmd_calibrate(args) -> None:
-    from rakv.actions import SPEC_K
-    from rakv.calibration import calibration_for
-    from rakv.costmodel import break_even_alpha, estimate_latency
-    from rakv.workloads import scenario_features, scenario_for_rate
+    from rakv.runtime.actions import SPEC_K
+    from rakv.runtime.calibration import calibration_for
+    from rakv.runtime.costmodel import break_even_alpha, estimate_latency
+    from rakv.runtime.workloads import scenario_features, scenario_for_rate
 
     engine = make_engine(args)
     table = calibration_for(engine, "always" if args.force else "auto")
@@ -160,14 +160,14 @@ def cmd_calibrate(args) -> None:
 
 
 def cmd_serve(args) -> None:
-    from rakv.actions import ADAPTIVE
-    from rakv.calibration import calibration_for
-    from rakv.controller import Controller
-    from rakv.decoding import Sampling
+    from rakv.runtime.actions import ADAPTIVE
+    from rakv.runtime.calibration import calibration_for
+    from rakv.runtime.controller import Controller
+    from rakv.runtime.decoding import Sampling
     from rakv.serving.metrics import parse_goodput
     from rakv.serving.server import ServeOptions, serve
     from rakv.serving.trace import read_trace
-    from rakv.strategies import action_of
+    from rakv.runtime.strategies import action_of
 
     if args.strategy != ADAPTIVE:
         action_of(args.strategy)  # an unknown strategy fails before any model work
@@ -199,7 +199,7 @@ SHOWN_SUMMARY = ("completed", "failed", "outputs_equal_alone", "duration_s", "re
 
 def cmd_trace(args) -> None:
     from rakv.serving.trace import generate_trace, write_trace
-    from rakv.workloads import dataset_texts
+    from rakv.runtime.workloads import dataset_texts
 
     settings = {name: getattr(args, name) for name in TRACE_SETTINGS}
     trace = generate_trace(dataset_texts(args.dataset), **{k: v for k, v in settings.items() if k != "dataset"})
@@ -227,11 +227,11 @@ def _text_streamer(tokenizer, request_id):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rakv.actions import FIXED_STRATEGIES
-    from rakv.controller import ControllerConfig
-    from rakv.engine import PROPOSERS
-    from rakv.models import PAIR_NAMES
-    from rakv.paths import conf_file
+    from rakv.runtime.actions import FIXED_STRATEGIES
+    from rakv.runtime.controller import ControllerConfig
+    from rakv.runtime.engine import PROPOSERS
+    from rakv.runtime.models import PAIR_NAMES
+    from rakv.runtime.paths import conf_file
 
     defaults, store = ControllerConfig.default(), conf_file("cache/default.yaml")  # conf/: the one source of defaults
 
@@ -350,15 +350,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_model_options(parser) -> None:
-    from rakv.kernels import KERNEL_MODES
-    from rakv.paths import conf_file
+    from rakv.runtime.kernels import KERNEL_MODES
+    from rakv.runtime.paths import conf_file
 
     pipeline = conf_file("config.yaml")  # the stages' defaults, so the CLI and the stages agree
     parser.add_argument("--device", default=pipeline.device)
     parser.add_argument("--dtype", default=pipeline.dtype)
     parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     parser.add_argument("--kernels", default=pipeline.kernels, choices=KERNEL_MODES,
-                        help="compact: rakv.compact's forward (few ops per layer, C++ kernels for few rows, "
+                        help="compact: rakv.runtime.compact's forward (few ops per layer, C++ kernels for few rows, "
                              "batched rows); stock: transformers as shipped (default %(default)s)")
 
 

@@ -7,6 +7,6 @@
     server.py     the loop (arrivals, schedule, run, apply), requests.jsonl and summary.json
     metrics.py    summary.json's statistics, under vLLM benchmark_serving's names
 
-The import rule of the layers: serving imports the runtime (rakv.engine, rakv.decoding, rakv.proposers,
-rakv.cache, ...), never the experiment layer; the runtime never imports serving.
+The import rule of the layers: serving imports the runtime (rakv.runtime.engine, rakv.runtime.decoding, rakv.runtime.proposers,
+rakv.runtime.cache, ...), never the experiment layer; the runtime never imports serving.
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rakv.errors import RakvError
+from rakv.runtime.errors import RakvError
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
 

@@ -6,9 +6,9 @@ new message (so a difference in one turn is counted once, not carried into the n
 
 from __future__ import annotations
 
-from rakv.actions import Action
-from rakv.cache import PrefixKVStore
-from rakv.engine import Engine
+from rakv.runtime.actions import Action
+from rakv.runtime.cache import PrefixKVStore
+from rakv.runtime.engine import Engine
 from rakv.serving.trace import TraceRequest
 
 

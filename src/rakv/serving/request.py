@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from rakv.actions import Action
-from rakv.decoding import DecodeState
+from rakv.runtime.actions import Action
+from rakv.runtime.decoding import DecodeState
 
 
 class Status(IntEnum):
@@ -27,14 +27,14 @@ class ServedRequest:
     id: str
     arrival_s: float  # seconds from the start of serving (a later turn: when the previous one finished + think)
     prompt: list[int]  # token ids; a later turn: previous prompt + its output + the new message
-    state: DecodeState  # confirmed output, stopping rule, round log (rakv.decoding)
+    state: DecodeState  # confirmed output, stopping rule, round log (rakv.runtime.decoding)
     salt: str | None = None
     action: Action = Action(False, 0)  # (reuse, k): fixed by the strategy, or the controller's at admission
     decided: bool = False  # the action is chosen (at the first admission attempt, against the store then)
     max_k: int = 0  # candidates a round may propose: k, or a per-round depth's largest
     status: Status = Status.WAITING
     computed: int = 0  # positions of `tokens` whose K/V is in the request's cache
-    prefill_small: bool = True  # its prefill rows' kernels, as a request alone would run them (rakv.compact)
+    prefill_small: bool = True  # its prefill rows' kernels, as a request alone would run them (rakv.runtime.compact)
     hit_tokens: int = 0  # positions copied from the prefix store at (first) admission
     preempted: int = 0  # times its K/V was dropped to stay under the K/V budget
     error: str | None = None

@@ -1,10 +1,10 @@
 """Runs one iteration's plan (rakv.serving.scheduler.Step): batched proposals, one batched target forward,
 acceptance and per-request rollback; and the K/V side of the scheduler (store lookups, byte accounting).
 
-Every piece is the batch-one engine's (rakv.engine, rakv.decoding, rakv.proposers): the store lookup and
+Every piece is the batch-one engine's (rakv.runtime.engine, rakv.runtime.decoding, rakv.runtime.proposers): the store lookup and
 namespace, `new_kv_cache`, the proposers (`propose_batch` batches the draft model's steps), `kept_candidates`,
 `accept_round`, `close_round` (crop, rollback, round log, emit), `select_token`. What is new is only that the
-forwards of several requests run together (`rakv.decoding.forward_rows`), each row on the kernels it would run
+forwards of several requests run together (`rakv.runtime.decoding.forward_rows`), each row on the kernels it would run
 on alone, so a greedy request's output is the one `rakv generate` gives it alone.
 """
 
@@ -15,27 +15,27 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from rakv.actions import ADAPTIVE
-from rakv.cache import Hit
-from rakv.compact import Segment
-from rakv.decoding import (Sampling, accept_round, cache_nbytes, close_round, forward, forward_rows,
+from rakv.runtime.actions import ADAPTIVE
+from rakv.runtime.cache import Hit
+from rakv.runtime.compact import Segment
+from rakv.runtime.decoding import (Sampling, accept_round, cache_nbytes, close_round, forward, forward_rows,
                            kept_candidates, select_token)
-from rakv.engine import Engine
-from rakv.kernels import SKINNY_MAX_ROWS, new_kv_cache
-from rakv.proposers import DraftModelProposer, propose_batch
+from rakv.runtime.engine import Engine
+from rakv.runtime.kernels import SKINNY_MAX_ROWS, new_kv_cache
+from rakv.runtime.proposers import DraftModelProposer, propose_batch
 from rakv.serving.request import ServedRequest
 from rakv.serving.scheduler import Step
-from rakv.strategies import action_of
+from rakv.runtime.strategies import action_of
 
 
 @dataclass
 class Live:
     """The tensor side of a running request."""
 
-    cache: object  # the target's K/V (rakv.kernels.new_kv_cache)
+    cache: object  # the target's K/V (rakv.runtime.kernels.new_kv_cache)
     proposer: object | None  # its own proposer (a draft model's cache, or prompt lookup)
     generator: torch.Generator | None
-    depth: object | None = None  # rakv.depth.RoundDepth when the controller revises k per round
+    depth: object | None = None  # rakv.runtime.depth.RoundDepth when the controller revises k per round
     drafting: bool = False  # the draft has been reset for this run of the request
 
 
@@ -50,12 +50,12 @@ class Runner:
     engine: Engine
     strategy: str = "ar"
     sampling: Sampling = Sampling()
-    controller: object | None = None  # rakv.controller.Controller, for rakv-asd
+    controller: object | None = None  # rakv.runtime.controller.Controller, for rakv-asd
     live: dict = field(default_factory=dict)
     prompt_logits: dict = field(default_factory=dict)  # id -> logits after the prompt (for the store insert)
     last_logits: dict = field(default_factory=dict)  # id -> logits that produced its latest token
-    decisions: dict = field(default_factory=dict)  # id -> rakv.controller.Decision (rakv-asd)
-    depths: dict = field(default_factory=dict)  # id -> its per-round depth (rakv.depth), or None
+    decisions: dict = field(default_factory=dict)  # id -> rakv.runtime.controller.Decision (rakv-asd)
+    depths: dict = field(default_factory=dict)  # id -> its per-round depth (rakv.runtime.depth), or None
 
     def __post_init__(self):
         pair = self.engine.pair

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from rakv.decoding import DecodeState, Sampling
-from rakv.engine import Engine
-from rakv.errors import RakvError
+from rakv.runtime.decoding import DecodeState, Sampling
+from rakv.runtime.engine import Engine
+from rakv.runtime.errors import RakvError
 from rakv.serving.metrics import summarize
 from rakv.serving.replay import outputs_alone
 from rakv.serving.request import ServedRequest, Status

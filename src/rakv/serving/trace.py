@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rakv.errors import RakvError
+from rakv.runtime.errors import RakvError
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ def generate_trace(texts: list[tuple[str, str]], *, requests: int, rate: float, 
                    arrivals: str = "poisson", burstiness: float = 1.0, max_new_tokens: int = 32,
                    prompt_words: int = 64, groups: int = 2, system_words: int = 200, turns: int = 3,
                    think_s: float = 1.0, seed: int = 0) -> list[TraceRequest]:
-    """A seeded trace from real text; `texts` are (id, text) pairs (rakv.workloads.dataset_texts).
+    """A seeded trace from real text; `texts` are (id, text) pairs (rakv.runtime.workloads.dataset_texts).
 
     plain: each request one text, its first `prompt_words` words. shared-prefix: `groups` system prompts of
     `system_words` words (each a run of texts), requests assigned round-robin, each its system prompt then a

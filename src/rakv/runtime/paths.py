@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]  # src/rakv/runtime/paths.py -> the repository
 CONF_DIR = ROOT / "conf"
 DATA_DIR = ROOT / "data"
 PAPER_DIR = ROOT / "paper"

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from rakv.cache import BUCKET_TOKENS, Hit
-from rakv.costmodel import RequestFeatures
-from rakv.errors import RakvError
-from rakv.paths import DATA_DIR
+from rakv.runtime.cache import BUCKET_TOKENS, Hit
+from rakv.runtime.costmodel import RequestFeatures
+from rakv.runtime.errors import RakvError
+from rakv.runtime.paths import DATA_DIR
 
 
 def humaneval_path() -> Path:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from rakv.errors import RakvError, WeightsUnavailable
-from rakv.kernels import apply_kernels, compact_of, effective_mode
+from rakv.runtime.errors import RakvError, WeightsUnavailable
+from rakv.runtime.kernels import apply_kernels, compact_of, effective_mode
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -58,7 +58,7 @@ class Fingerprint:
     dtype: str
     quantisation: str
     tokenizer: str  # hash of the serialised tokenizer (vocabulary, merges, specials)
-    kernels: str = "stock"  # rakv.kernels mode that computes its K/V
+    kernels: str = "stock"  # rakv.runtime.kernels mode that computes its K/V
 
     def key(self) -> str:
         blob = json.dumps(asdict(self), sort_keys=True).encode()
@@ -99,7 +99,7 @@ class ModelPair:
 
 def derived_files_dir() -> Path:
     """The on-disk folder of derived files (tokenizer exports, file hashes, calibrations): $RAKV_CACHE_DIR or
-    ~/.cache/rakv. Not to be confused with the prefix KV store (rakv.cache) or a model's DynamicCache."""
+    ~/.cache/rakv. Not to be confused with the prefix KV store (rakv.runtime.cache) or a model's DynamicCache."""
     root = os.environ.get("RAKV_CACHE_DIR") or Path.home() / ".cache" / "rakv"
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True)
@@ -245,7 +245,7 @@ def _smollm2_pair(device, dtype, kernels):
     weights = f"gguf:{file_hash(gguf)}"
     target = _finish(module, "SmolLM2-135M-Instruct", weights, dtype, "none", tok_hash, device)
     if effective_mode(kernels, device) == "compact":
-        # the compact draft: the target's projections in weight-only int8 (rakv.compact.CompactLM.int8_draft)
+        # the compact draft: the target's projections in weight-only int8 (rakv.runtime.compact.CompactLM.int8_draft)
         apply_kernels(module, "compact", device)
         draft = LoadedModel(module=compact_of(module).int8_draft(), max_context=target.max_context,
                             fingerprint=replace(target.fingerprint, quantisation="int8-weight-per-row"))
@@ -312,7 +312,7 @@ def configure_threads(device: torch.device, threads: int | None) -> None:
 
 def load_pair(name: str, device: str = "cpu", dtype: str = "float32", threads: int | None = None,
               kernels: str = "compact") -> ModelPair:
-    """Load a pair on `device`; `kernels` (rakv.kernels) says how its forwards run, and is part of its identity."""
+    """Load a pair on `device`; `kernels` (rakv.runtime.kernels) says how its forwards run, and is part of its identity."""
     if name not in PAIR_NAMES:
         raise RakvError(f"unknown pair '{name}'; choose one of: {', '.join(PAIR_NAMES)}")
     try:

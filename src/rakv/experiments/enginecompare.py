@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rakv.costmodel import Curve
+from rakv.runtime.costmodel import Curve
 
 CONTEXT = 256  # tokens of context at which steps are read off the calibration tables
 

@@ -2,7 +2,7 @@
 reporting how far the best k != 0 action is from the best k = 0 one per scenario.
 
 When the pair's weights cannot be had, the *cost side* is still answered on architecture twins (same shapes,
-seeded random weights; rakv.models.ARCHITECTURES): each twin pair is calibrated on this machine, and the cost
+seeded random weights; rakv.runtime.models.ARCHITECTURES): each twin pair is calibrated on this machine, and the cost
 model gives, per k, the break-even acceptance alpha above which speculation would pay ("never" when not even
 alpha = 1 does). The feasibility pair's twin is validated with the controlled-acceptance proposer: measured
 speedup over AR at chosen alphas against the model's. Acceptance itself needs the real weights.
@@ -15,16 +15,16 @@ import json
 import pandas as pd
 from omegaconf import DictConfig
 
-from rakv.actions import Action
-from rakv.analysis import measurements
-from rakv.calibration import CalibrationPlan, load_or_calibrate
-from rakv.config import Configuration, configuration, engine_for, keep_calibration, prompts_for, results_dir
-from rakv.costmodel import break_even_rows
-from rakv.errors import RakvError, WeightsUnavailable
-from rakv.models import twin_of
-from rakv.records import write_atomic, write_parquet
-from rakv.sensitivity import controlled_rows
-from rakv.study import run_main_study
+from rakv.runtime.actions import Action
+from rakv.experiments.analysis import measurements
+from rakv.runtime.calibration import CalibrationPlan, load_or_calibrate
+from rakv.experiments.config import Configuration, configuration, engine_for, keep_calibration, prompts_for, results_dir
+from rakv.runtime.costmodel import break_even_rows
+from rakv.runtime.errors import RakvError, WeightsUnavailable
+from rakv.runtime.models import twin_of
+from rakv.experiments.records import write_atomic, write_parquet
+from rakv.experiments.sensitivity import controlled_rows
+from rakv.experiments.study import run_main_study
 
 
 def run_feasibility(cfg: DictConfig) -> None:

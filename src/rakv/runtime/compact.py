@@ -10,15 +10,15 @@ same function with few tensor operations per layer:
 - one fused QKV and, for Llama, one fused gate/up projection (the weights are concatenated once and the
   transformers module's own parameters are rebound to views of the fused tensors: one copy in memory);
 - rotary embeddings from a table built once, applied to queries and keys together;
-- K/V written in place into the request's growing buffer (`rakv.kernels.GrowingLayer`), attention by
+- K/V written in place into the request's growing buffer (`rakv.runtime.kernels.GrowingLayer`), attention by
   `scaled_dot_product_attention` over the buffer's view, a causal mask only when several new tokens;
 - logits only for the rows asked for;
 - several requests' new tokens in one pass (`forward_rows`): every projection runs once over all rows
   (one pass over the weights for the whole batch), attention runs per request over its own K/V.
 
-Which GEMM runs for a handful of rows on the CPU is `rakv.kernels.linear`'s choice (measured there). The int8
+Which GEMM runs for a handful of rows on the CPU is `rakv.runtime.kernels.linear`'s choice (measured there). The int8
 draft (`int8_draft`) is the target with weight-only int8 projections, one scale per output row, fp32
-activations (rakv.kernels.linear_int8): a quarter of the target's bytes per step. A dynamic-quantised
+activations (rakv.runtime.kernels.linear_int8): a quarter of the target's bytes per step. A dynamic-quantised
 transformers module (`torch.ao` int8, as `kernels=stock` loads it) also runs here, with its own kernels. transformers stays the loader and the reference (`kernels=stock`); the
 tests hold the two within fp32 tolerance and to the same greedy output.
 """
@@ -31,8 +31,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from rakv.errors import RakvError
-from rakv.kernels import SKINNY_MAX_ROWS, linear, linear_int8, skinny
+from rakv.runtime.errors import RakvError
+from rakv.runtime.kernels import SKINNY_MAX_ROWS, linear, linear_int8, skinny
 
 
 def _dense_weight(module) -> torch.Tensor | None:
@@ -147,11 +147,11 @@ class Segment:
     """One request's part of a batched forward: its new tokens, its K/V cache, how many logits rows it needs."""
 
     ids: torch.Tensor  # [n] token ids
-    cache: object  # DynamicCache with GrowingLayer layers (rakv.kernels.new_kv_cache)
+    cache: object  # DynamicCache with GrowingLayer layers (rakv.runtime.kernels.new_kv_cache)
     keep: int = 1  # logits of the last `keep` new tokens; 0 = all
     # the kernels its rows run through on the CPU: True = the 1-16-row C++ kernels, False = MKL and torch's vector
     # ops; None = by its row count. A chunk of a long prefill says False: its rows then run as they would in one
-    # whole prefill, so chunking changes no projection (rakv.decoding.forward_rows groups segments by this)
+    # whole prefill, so chunking changes no projection (rakv.runtime.decoding.forward_rows groups segments by this)
     small: bool | None = None
 
     @property
@@ -175,7 +175,7 @@ class CompactLM:
         self.kind = kind
         lm_head = module.get_output_embeddings()
         self.lm_head = _projection(lm_head)
-        self._rakv_compact = self  # rakv.kernels.compact_of: a compact-only model runs itself
+        self._rakv_compact = self  # rakv.runtime.kernels.compact_of: a compact-only model runs itself
 
     def projection_tensors(self) -> list[torch.Tensor]:
         """Every tensor a one-token step reads whole: projections, output head, norms (not the embedding table,

@@ -5,7 +5,7 @@ from round to round with the quality of the match it copies from: a candidate th
 one-token match is accepted far less often than one that continues a longer n-gram. With this option
 on, a request whose controller chose to speculate proposes up to max(k_set) candidates each round (a
 lookup costs the same whatever k) and keeps the first k of them, the k of least expected seconds per
-confirmed token under the cost model (rakv.costmodel) at the acceptance of this round's match class:
+confirmed token under the cost model (rakv.runtime.costmodel) at the acceptance of this round's match class:
 
     k* = argmin_k  verify_k(context) / E_k(alpha_class)          k = 0: one plain target step
 
@@ -13,7 +13,7 @@ alpha_class blends the class's EWMA across requests (the controller's, learnt fr
 with this request's own rounds of that class, weighted `prior_rounds` rounds to the prior's side.
 A round that keeps no candidate still learns: the target's token says whether the first candidate
 would have passed (free for a model-free proposer). Greedy or sampled, the output is the target's
-own (rakv.decoding's acceptance rules do not depend on k).
+own (rakv.runtime.decoding's acceptance rules do not depend on k).
 
 Only proposers that offer candidates before the choice at no cost (prompt lookup: `match_class`)
 take part; a draft model pays for every candidate it drafts, so it keeps the request-level k.
@@ -24,9 +24,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from rakv.costmodel import CostTable, expected_tokens_per_round
+from rakv.runtime.costmodel import CostTable, expected_tokens_per_round
 
-# Prompt lookup's match classes, by the length of the n-gram its candidates continue (rakv.proposers)
+# Prompt lookup's match classes, by the length of the n-gram its candidates continue (rakv.runtime.proposers)
 MATCH_CLASSES = ("unigram", "ngram")
 
 

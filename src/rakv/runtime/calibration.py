@@ -10,7 +10,7 @@ interleaved passes in a shuffled order (a burst of noise lands on many points on
 five times); each point's cost is the median of its repeats, its noise the median absolute deviation over
 the median; points noisier than `remeasure_spread` are measured again; a calibration with a point still
 noisier than `refuse_spread` is refused with the points named. Each cost is then a per-point table
-(rakv.costmodel.Curve, kind "table") interpolated between the measured points and made non-decreasing
+(rakv.runtime.costmodel.Curve, kind "table") interpolated between the measured points and made non-decreasing
 in context or length; the cost of each k is its own measured table, not a smooth curve in k.
 """
 
@@ -31,14 +31,14 @@ import torch
 import transformers
 from tqdm import tqdm
 
-from rakv.actions import SPEC_K, Action
-from rakv.cache import PrefixKVStore, kv_nbytes
-from rakv.costmodel import CostTable, Curve, acceptance_estimate
-from rakv.decoding import Sampling, crop_cache, forward, synchronize
-from rakv.errors import RakvError
-from rakv.kernels import new_kv_cache
-from rakv.models import derived_files_dir
-from rakv.workloads import calibration_prompts
+from rakv.runtime.actions import SPEC_K, Action
+from rakv.runtime.cache import PrefixKVStore, kv_nbytes
+from rakv.runtime.costmodel import CostTable, Curve, acceptance_estimate
+from rakv.runtime.decoding import Sampling, crop_cache, forward, synchronize
+from rakv.runtime.errors import RakvError
+from rakv.runtime.kernels import new_kv_cache
+from rakv.runtime.models import derived_files_dir
+from rakv.runtime.workloads import calibration_prompts
 
 
 def hardware_fingerprint(device: torch.device, dtype: str) -> dict:

@@ -20,18 +20,18 @@ import pandas as pd
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from rakv.actions import Action
-from rakv.analysis import measurements
-from rakv.cache import Hit
-from rakv.config import configurations, controller_config, cost_table_for, engine_for, prompts_for, results_dir
-from rakv.controller import Controller
-from rakv.costmodel import RequestFeatures, break_even_alpha, estimate_latency
-from rakv.errors import RakvError
-from rakv.proposers import ControlledAcceptanceProposer, DraftModelProposer
-from rakv.records import write_atomic, write_parquet
-from rakv.strategies import run_strategy
-from rakv.study import format_duration, reset_store
-from rakv.workloads import build_scenario, scenario_features, scenario_for_rate
+from rakv.runtime.actions import Action
+from rakv.experiments.analysis import measurements
+from rakv.runtime.cache import Hit
+from rakv.experiments.config import configurations, controller_config, cost_table_for, engine_for, prompts_for, results_dir
+from rakv.runtime.controller import Controller
+from rakv.runtime.costmodel import RequestFeatures, break_even_alpha, estimate_latency
+from rakv.runtime.errors import RakvError
+from rakv.runtime.proposers import ControlledAcceptanceProposer, DraftModelProposer
+from rakv.experiments.records import write_atomic, write_parquet
+from rakv.runtime.strategies import run_strategy
+from rakv.experiments.study import format_duration, reset_store
+from rakv.runtime.workloads import build_scenario, scenario_features, scenario_for_rate
 
 
 def alpha_model_tables(cfg, name, table) -> tuple[list[dict], list[dict]]:

@@ -11,12 +11,12 @@ import time
 from dataclasses import dataclass, field
 
 
-from rakv.actions import Action, parse_k_set
-from rakv.cache import Hit
-from rakv.costmodel import CostTable, RequestFeatures, action_kv_bytes, estimate_latency
-from rakv.depth import MATCH_CLASSES, RoundDepth
-from rakv.errors import RakvError
-from rakv.paths import conf_file
+from rakv.runtime.actions import Action, parse_k_set
+from rakv.runtime.cache import Hit
+from rakv.runtime.costmodel import CostTable, RequestFeatures, action_kv_bytes, estimate_latency
+from rakv.runtime.depth import MATCH_CLASSES, RoundDepth
+from rakv.runtime.errors import RakvError
+from rakv.runtime.paths import conf_file
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class ControllerConfig:
     tie_margin: float = 0.0  # estimates within this share of the best are ties, broken toward less speculation
     explore_every: int = 0  # every n-th decision that picks k = 0 runs the best k > 0 action instead (0: never)
     match_rate: bool = False  # model the share of rounds in which the proposer offers candidates (EWMA)
-    depth_per_round: bool = False  # revise k every round from prompt lookup's match (rakv.depth)
+    depth_per_round: bool = False  # revise k every round from prompt lookup's match (rakv.runtime.depth)
     depth_prior_rounds: float = 4.0  # weight, in rounds, of the acceptance across requests against the request's own
 
     FIELDS = ("k_set", "beta", "memory_penalty_s_per_byte", "memory_budget_mib", "tie_margin", "explore_every",
@@ -68,11 +68,11 @@ class Decision:
     predicted_latency_s: float
     predictions: dict[str, float]  # every feasible action's estimate, by label (r1k4, ...)
     alpha_before: float
-    decision_s: float  # store peek + decision (rakv.strategies adds it to the request's latency)
+    decision_s: float  # store peek + decision (rakv.runtime.strategies adds it to the request's latency)
     explored: bool = False  # an exploration probe: the best k > 0 action run instead of the chosen k = 0
     alpha_after: float | None = None  # set once the chosen action's rounds have been observed
     tracker_after: tuple[float, ...] | None = None  # the EWMA state then (accepted, rejected, matched): exact resume
-    by_match_after: dict[str, tuple[float, ...]] | None = None  # the per-match-class EWMAs then (rakv.depth)
+    by_match_after: dict[str, tuple[float, ...]] | None = None  # the per-match-class EWMAs then (rakv.runtime.depth)
 
 
 @dataclass
@@ -147,7 +147,7 @@ class Controller:
 
     def __post_init__(self):
         self.tracker = AcceptanceTracker(self.table.acceptance, self.config.beta, self.table.match_rate)
-        # acceptance per prompt-lookup match class, learnt from the rounds of earlier requests (rakv.depth)
+        # acceptance per prompt-lookup match class, learnt from the rounds of earlier requests (rakv.runtime.depth)
         self.by_match = {c: AcceptanceTracker(self.table.acceptance, self.config.beta) for c in MATCH_CLASSES}
         self.decisions = 0  # counts decisions for the exploration schedule (journaled with the tracker state)
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import time
 
-from rakv.actions import ADAPTIVE, Action
-from rakv.controller import Controller
-from rakv.costmodel import RequestFeatures
-from rakv.engine import Engine, RequestResult
-from rakv.errors import RakvError
+from rakv.runtime.actions import ADAPTIVE, Action
+from rakv.runtime.controller import Controller
+from rakv.runtime.costmodel import RequestFeatures
+from rakv.runtime.engine import Engine, RequestResult
+from rakv.runtime.errors import RakvError
 
 
 def action_of(strategy: str) -> Action:

@@ -27,8 +27,8 @@ from nbclient import NotebookClient
 from jupyter_client import KernelManager
 from nbclient.exceptions import CellExecutionError
 
-from rakv.errors import RakvError
-from rakv.paths import REFERENCE_DIR, ROOT, shown
+from rakv.runtime.errors import RakvError
+from rakv.runtime.paths import REFERENCE_DIR, ROOT, shown
 
 NOTEBOOK_DIR = ROOT / "notebooks"
 
@@ -107,7 +107,7 @@ def provenance(results: Path) -> str:
 def setup(profile: str = "offline", results: str | None = None, figures: str | None = None,
           generated: str | None = None, quiet: bool = False) -> NotebookContext:
     """Paths of one profile's outputs, its study runs and the figure style; says which run it reads."""
-    from rakv import figures as figure_module
+    from rakv.experiments import figures as figure_module
 
     folder, sentence = results_to_read(profile, results)
     paths = OutputPaths.of(folder, figures, generated)
@@ -118,7 +118,7 @@ def setup(profile: str = "offline", results: str | None = None, figures: str | N
 
 
 def show(paths: list[Path]) -> None:
-    """Display the PNG of a figure that `rakv.figures` wrote (it returns [png, pdf])."""
+    """Display the PNG of a figure that `rakv.experiments.figures` wrote (it returns [png, pdf])."""
     from IPython.display import Image, display
 
     display(Image(filename=str(paths[0])))

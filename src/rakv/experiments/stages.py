@@ -14,10 +14,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from rakv.config import configurations, cost_table_for, engine_for, results_dir, validate
-from rakv.errors import RakvError
-from rakv.paths import PAPER_DIR as PAPER
-from rakv.paths import REFERENCE_DIR, ROOT, shown
+from rakv.experiments.config import configurations, cost_table_for, engine_for, results_dir, validate
+from rakv.runtime.errors import RakvError
+from rakv.runtime.paths import PAPER_DIR as PAPER
+from rakv.runtime.paths import REFERENCE_DIR, ROOT, shown
 
 README_REFERENCE = REFERENCE_DIR / "offline"  # the shipped run whose claims table the README shows
 
@@ -32,27 +32,27 @@ def calibrate(cfg: DictConfig) -> None:
 
 
 def study(cfg: DictConfig) -> None:
-    from rakv.study import run_main_study
+    from rakv.experiments.study import run_main_study
 
     run_main_study(cfg)
 
 
 def sensitivity(cfg: DictConfig) -> None:
-    from rakv.sensitivity import run_sensitivity
+    from rakv.experiments.sensitivity import run_sensitivity
 
     run_sensitivity(cfg)
 
 
 def feasibility(cfg: DictConfig) -> None:
-    from rakv.feasibility import run_feasibility
+    from rakv.experiments.feasibility import run_feasibility
 
     run_feasibility(cfg)
 
 
 def analysis(cfg: DictConfig) -> None:
     """Every notebook, headless, on results/<name>/: summary.json, figures/<name>/, paper/generated/<name>/."""
-    from rakv.notebooks import OutputPaths, run_all
-    from rakv.report import refresh_readme
+    from rakv.experiments.notebooks import OutputPaths, run_all
+    from rakv.experiments.report import refresh_readme
 
     results = results_dir(cfg)
     if not (results / "study" / "runs.parquet").exists():
@@ -62,7 +62,7 @@ def analysis(cfg: DictConfig) -> None:
           flush=True)
     before = cfg.profile.get("before_engine")
     if before and (ROOT / before / "summary.json").exists():  # the same profile run with the previous engine
-        from rakv.enginecompare import write_engine_comparison
+        from rakv.experiments.enginecompare import write_engine_comparison
 
         written = write_engine_comparison(ROOT / before, paths.results, paths.generated)
         print(f"analysis: engine before/after ({before} vs {shown(paths.results)}): {written[0].name}", flush=True)
@@ -76,7 +76,7 @@ def analysis(cfg: DictConfig) -> None:
 def paper(cfg: DictConfig) -> None:
     """paper/build/<name>/main.pdf from paper/main.tex and refs.bib with one results folder's numbers and figures
     (latexmk + bibtex: Debian's texlive-latex-extra, texlive-bibtex-extra and latexmk)."""
-    from rakv.notebooks import OutputPaths
+    from rakv.experiments.notebooks import OutputPaths
 
     paths = OutputPaths.of(results_dir(cfg))
     name = paths.results.name

@@ -18,8 +18,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from rakv import analysis  # noqa: E402
-from rakv.actions import SPEC_K, Action  # noqa: E402
+from rakv.experiments import analysis# noqa: E402
+from rakv.runtime.actions import SPEC_K, Action  # noqa: E402
 
 FIGURES = ("strategy_latency_throughput", "chosen_actions", "predicted_vs_measured", "regret_distribution",
            "speedup_vs_alpha", "cache_budget", "feasibility_gap", "break_even_vs_cost_ratio",

@@ -7,14 +7,14 @@ order; a decision's latency is the measurement of the chosen action in the same 
 the decision time the live controller recorded for that request, and its acceptance tracker learns from the
 rounds of that measurement (per-round averages). A variant decides with the same work over the same actions, so
 its own time differs by microseconds in seconds of latency; timing it anew would make the table of a finished
-study change from one regeneration to the next, and the shipped reference run's must not. The variant is then judged by exactly the statistics of rakv.analysis.
+study change from one regeneration to the next, and the shipped reference run's must not. The variant is then judged by exactly the statistics of rakv.experiments.analysis.
 
     .venv/bin/python scripts/ablate_controller.py results/offline             # the standard variants
     .venv/bin/python scripts/ablate_controller.py results/offline tie_margin=0.1 explore_every=4
 
 Replay is an approximation of a live rerun (`./reproduce.sh controller.<option>=...`): a live run would
 also draw fresh timing noise and learn from its own rounds rather than the sweep's. A per-round depth
-(`depth_per_round`, rakv.depth) cannot be replayed at all: the sweep measured fixed k only. Replayed
+(`depth_per_round`, rakv.runtime.depth) cannot be replayed at all: the sweep measured fixed k only. Replayed
 variants therefore decide k per request (depth_per_round off), and the table's first row per
 configuration is the study's own live rakv-asd runs, judged by the same statistics.
 """
@@ -27,10 +27,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from rakv import analysis
-from rakv.cache import Hit
-from rakv.controller import Controller, ControllerConfig
-from rakv.errors import RakvError
+from rakv.experiments import analysis
+from rakv.runtime.cache import Hit
+from rakv.runtime.controller import Controller, ControllerConfig
+from rakv.runtime.errors import RakvError
 
 # The ideas of the controller, each on and off against the configured default (conf/controller/default.yaml)
 VARIANTS = {
@@ -103,7 +103,7 @@ def replay(runs: pd.DataFrame, meas: pd.DataFrame, table, config: ControllerConf
 
 def variant_statistics(runs: pd.DataFrame, replayed: pd.DataFrame, configuration: str, seed: int = 0,
                        resamples: int = 1000) -> dict:
-    """rakv.analysis's statistics of one configuration with its rakv-asd runs replaced by `replayed`."""
+    """rakv.experiments.analysis's statistics of one configuration with its rakv-asd runs replaced by `replayed`."""
     live = analysis.adaptive_mask(runs, configuration)
     full = pd.concat([runs[~live], replayed], ignore_index=True)
     meas = analysis.measurements(full)
@@ -116,7 +116,7 @@ LIVE = "live: the study's rakv-asd runs"
 
 
 def replayable(config: ControllerConfig) -> ControllerConfig:
-    """What replay can evaluate of a controller: its request-level decisions (rakv.depth is live only)."""
+    """What replay can evaluate of a controller: its request-level decisions (rakv.runtime.depth is live only)."""
     return replace(config, depth_per_round=False)
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from rakv.errors import RakvError
-from rakv.paths import ROOT
+from rakv.runtime.errors import RakvError
+from rakv.runtime.paths import ROOT
 
 
 @contextmanager

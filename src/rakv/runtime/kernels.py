@@ -1,8 +1,8 @@
-"""How a model's forward runs: `stock` (transformers as shipped) or `compact` (rakv.compact).
+"""How a model's forward runs: `stock` (transformers as shipped) or `compact` (rakv.runtime.compact).
 
 Decoding one token, or verifying k + 1, is a pass over all the weights with a handful of rows, so
 its floor is weight bytes / memory bandwidth. `compact` replaces transformers' per-forward machinery by
-a few tensor operations per layer (rakv.compact: why and how) and keeps each request's K/V in a
+a few tensor operations per layer (rakv.runtime.compact: why and how) and keeps each request's K/V in a
 buffer with spare room (`GrowingLayer`): `DynamicCache` appends with `torch.cat`, reallocating every
 layer's whole sequence per token. `linear` picks, per row count, the GEMM path measured fastest on the
 CPU (`scripts/bench_engine.py` prints the step costs this gives; the numbers behind each choice are in
@@ -25,13 +25,13 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 KERNEL_MODES = ("stock", "compact")
-_COMPACT_ATTR = "_rakv_compact"  # the rakv.compact.CompactLM that runs a compact module's forward
+_COMPACT_ATTR = "_rakv_compact"  # the rakv.runtime.compact.CompactLM that runs a compact module's forward
 
 
 def effective_mode(mode: str, device: torch.device) -> str:
     """The mode that will run (both run on every device); an unknown mode is refused."""
     if mode not in KERNEL_MODES:
-        from rakv.errors import RakvError
+        from rakv.runtime.errors import RakvError
 
         raise RakvError(f"unknown kernels mode '{mode}'; choose one of: {', '.join(KERNEL_MODES)}")
     return mode
@@ -61,7 +61,7 @@ def skinny():
         return load(name="rakv_skinny", sources=[str(source)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
                     verbose=False)
     except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
-        from rakv.errors import RakvError
+        from rakv.runtime.errors import RakvError
 
         raise RakvError(f"kernels=compact needs its C++ GEMV kernels compiled (a C++ compiler and ninja), which "
                         f"failed: {str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__}; "
@@ -98,7 +98,7 @@ def apply_kernels(module: torch.nn.Module, mode: str, device: torch.device) -> s
     """Prepare `module` (already on `device`, in eval mode) for `mode`; returns the mode that runs."""
     mode = effective_mode(mode, device)
     if mode == "compact" and kernels_of(module) != "compact":
-        from rakv.compact import CompactLM
+        from rakv.runtime.compact import CompactLM
 
         with torch.no_grad():
             setattr(module, _COMPACT_ATTR, CompactLM(module))

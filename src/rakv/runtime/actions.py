@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from rakv.errors import RakvError
+from rakv.runtime.errors import RakvError
 
 SPEC_K = (1, 2, 4, 6, 8)  # speculation depths calibrated and offered to the controller (k = 0 besides)
 ADAPTIVE = "rakv-asd"

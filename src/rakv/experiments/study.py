@@ -18,7 +18,7 @@ scenario's warm-up prompts are prefilled once, the store is snapshotted, and eve
 (prompt, scenario) restores the snapshot (no warm-up prefill is replayed per run). Each finished run
 is appended to a JSONL journal and fsynced, so a run killed at any moment loses at most the run in
 flight; rerunning skips what is done and resumes the controller's exact state. The Parquet table is
-written from the journal atomically (temp file + rename). rakv.analysis expands the measurements back
+written from the journal atomically (temp file + rename). rakv.experiments.analysis expands the measurements back
 to one row per (configuration, scenario, action, repeat).
 """
 
@@ -37,17 +37,17 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from rakv.actions import ADAPTIVE, Action
-from rakv.cache import PrefixKVStore
-from rakv.calibration import calibration_key
-from rakv.config import Configuration, configurations, controller_config, cost_table_for, engine_for, prompts_for, results_dir
-from rakv.controller import Controller
-from rakv.costmodel import RequestFeatures
-from rakv.engine import Engine, RequestResult
-from rakv.errors import RakvError
-from rakv.records import Journal, exclusive, metadata, write_atomic, write_parquet
-from rakv.strategies import action_of, run_strategy
-from rakv.workloads import Prompt, build_scenario
+from rakv.runtime.actions import ADAPTIVE, Action
+from rakv.runtime.cache import PrefixKVStore
+from rakv.runtime.calibration import calibration_key
+from rakv.experiments.config import Configuration, configurations, controller_config, cost_table_for, engine_for, prompts_for, results_dir
+from rakv.runtime.controller import Controller
+from rakv.runtime.costmodel import RequestFeatures
+from rakv.runtime.engine import Engine, RequestResult
+from rakv.runtime.errors import RakvError
+from rakv.experiments.records import Journal, exclusive, metadata, write_atomic, write_parquet
+from rakv.runtime.strategies import action_of, run_strategy
+from rakv.runtime.workloads import Prompt, build_scenario
 
 COLD = "cold"  # the scenario name under which actions that never read the store are measured
 

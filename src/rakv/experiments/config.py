@@ -1,6 +1,6 @@
 """The composed Hydra config (conf/) turned into the objects the stages use, and validated once.
 
-`validate(cfg)` runs before any stage body (rakv.stages.run_stage): every rule the CLI's flags are
+`validate(cfg)` runs before any stage body (rakv.experiments.stages.run_stage): every rule the CLI's flags are
 held to (k_set, beta, lambda, budgets, kernels) is checked here on the composed config too, through
 the same constructors, so `./reproduce.sh controller.beta=1.5` fails at once with one line.
 """
@@ -14,18 +14,18 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rakv.actions import ADAPTIVE
-from rakv.calibration import calibration_for
-from rakv.controller import ControllerConfig
-from rakv.costmodel import CostTable
-from rakv.engine import PROPOSERS, Engine, open_engine
-from rakv.errors import RakvError
-from rakv.kernels import effective_mode
-from rakv.models import PAIR_NAMES
-from rakv.paths import CONF_DIR
-from rakv.records import write_atomic
-from rakv.strategies import action_of
-from rakv.workloads import Prompt, dataset_texts, parse_scenario, select_prompts
+from rakv.runtime.actions import ADAPTIVE
+from rakv.runtime.calibration import calibration_for
+from rakv.runtime.controller import ControllerConfig
+from rakv.runtime.costmodel import CostTable
+from rakv.runtime.engine import PROPOSERS, Engine, open_engine
+from rakv.runtime.errors import RakvError
+from rakv.runtime.kernels import effective_mode
+from rakv.runtime.models import PAIR_NAMES
+from rakv.runtime.paths import CONF_DIR
+from rakv.experiments.records import write_atomic
+from rakv.runtime.strategies import action_of
+from rakv.runtime.workloads import Prompt, dataset_texts, parse_scenario, select_prompts
 
 
 @dataclass(frozen=True)

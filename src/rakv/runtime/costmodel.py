@@ -1,6 +1,6 @@
 """The cost model C(r, k) (paper/main.tex, Method: "Cost model and controller"), as pure functions.
 
-A `CostTable` holds the measured costs of the operations the decode loops perform (rakv.calibration
+A `CostTable` holds the measured costs of the operations the decode loops perform (rakv.runtime.calibration
 measures and stores them); `estimate_latency` is a pure function of (cost table, request features,
 alpha), so the controller, the sensitivity analysis and the notebooks all call the same code.
 """
@@ -111,7 +111,7 @@ class RequestFeatures:
 
     @classmethod
     def from_hit(cls, prompt_tokens: int, hit, new_tokens: int) -> "RequestFeatures":
-        """The features of a request that the store would offer `hit` (a rakv.cache.Hit)."""
+        """The features of a request that the store would offer `hit` (a rakv.runtime.cache.Hit)."""
         return cls(prompt_tokens, hit.reused_tokens, new_tokens, hit.exact)
 
 

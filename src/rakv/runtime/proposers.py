@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from rakv.compact import Segment
-from rakv.decoding import Sampling, crop_cache, forward_rows, probabilities
-from rakv.depth import match_class
-from rakv.kernels import new_kv_cache
+from rakv.runtime.compact import Segment
+from rakv.runtime.decoding import Sampling, crop_cache, forward_rows, probabilities
+from rakv.runtime.depth import match_class
+from rakv.runtime.kernels import new_kv_cache
 
 
 class Proposer(Protocol):
@@ -89,7 +89,7 @@ class DraftModelProposer:
 
 
 def catch_up(drafts: list[DraftModelProposer], contexts: list[list[int]]) -> None:
-    """Feed each draft the context tokens it lacks, all in one batched forward (rakv.decoding.forward_rows)."""
+    """Feed each draft the context tokens it lacks, all in one batched forward (rakv.runtime.decoding.forward_rows)."""
     feeds = [(d, d.missing(c)) for d, c in zip(drafts, contexts)]
     feeds = [(d, tokens) for d, tokens in feeds if tokens]
     if not feeds:
@@ -153,7 +153,7 @@ class PromptLookupProposer:
 
     @property
     def match_class(self) -> str:
-        """The last proposal's match class (rakv.depth: how far its acceptance can be trusted)."""
+        """The last proposal's match class (rakv.runtime.depth: how far its acceptance can be trusted)."""
         return match_class(self.matched_ngram)
 
     def propose(self, context, k, sampling, generator):

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from transformers import DynamicCache
 
-from rakv.compact import Segment
-from rakv.kernels import SKINNY_MAX_ROWS, compact_of
+from rakv.runtime.compact import Segment
+from rakv.runtime.kernels import SKINNY_MAX_ROWS, compact_of
 
 if TYPE_CHECKING:
-    from rakv.depth import RoundDepth
+    from rakv.runtime.depth import RoundDepth
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def forward(model: torch.nn.Module, ids: torch.Tensor, cache: DynamicCache, keep
 def forward_rows(model: torch.nn.Module, segments: list[Segment]) -> list[torch.Tensor]:
     """Several requests' new tokens, each appended to its own cache; each segment's fp32 logits [keep or n, vocab].
 
-    Under `compact` kernels (rakv.compact) the segments run in as few passes over the weights as keep every row
+    Under `compact` kernels (rakv.runtime.compact) the segments run in as few passes over the weights as keep every row
     on the kernels it would run on alone (`Segment.runs_small`): the small segments (decode, verify, a draft's
     catch-up) packed into passes of at most 16 rows through the C++ kernels, whose rows are summed independently
     of each other; the large ones (prefill chunks) in one pass through MKL, whose GEMM rows are likewise
@@ -190,7 +190,7 @@ class DecodeState:
     round_log: list[tuple[int, int]] = field(default_factory=list)  # (proposed, accepted) per speculative round
     finished: bool = False
     empty_rounds: int = 0  # rounds whose proposer offered no candidate (prompt lookup without a match, or the budget)
-    plain_rounds: int = 0  # rounds whose candidates a per-round depth (rakv.depth) chose not to verify
+    plain_rounds: int = 0  # rounds whose candidates a per-round depth (rakv.runtime.depth) chose not to verify
     peak_kv_bytes: int = 0  # most K/V held at once: the target's cache plus the proposer's (rejected positions too)
 
     def note_memory(self, cache, proposer=None) -> None:
@@ -243,7 +243,7 @@ def decode_speculative(target, cache, proposer, k: int, prompt: list[int], state
                        generator, timer: PhaseTimer, device, depth: RoundDepth | None = None) -> None:
     """Speculative rounds until done. Invariant: `cache` holds prompt + all confirmed tokens but the last.
 
-    `depth` (rakv.depth): propose up to its largest k, keep the k it chooses for this round's match.
+    `depth` (rakv.runtime.depth): propose up to its largest k, keep the k it chooses for this round's match.
     A round is `round_depth`, the proposer, `kept_candidates`, one verify forward, `accept_round`, `close_round`;
     the serving runner (rakv.serving.runner) runs the same pieces with the forwards batched across requests."""
     with timer.phase("draft_prefill"):

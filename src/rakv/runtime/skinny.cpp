@@ -1,9 +1,9 @@
-// y = x W^T (+ b) for a few rows of x: the CPU GEMM path of rakv.kernels.linear for 1-16 rows, with fp32
+// y = x W^T (+ b) for a few rows of x: the CPU GEMM path of rakv.runtime.kernels.linear for 1-16 rows, with fp32
 // weights or int8 weights and one scale per output (the compact int8 draft).
 //
 // Why: a decode step or a verify of k + 1 is a pass over every weight with a handful of rows, so it
 // should run at the memory's streaming bandwidth. MKL's sgemv / sgemm for 1-16 rows reach about half of
-// it on the 2-core machine this artifact is measured on (rakv.kernels documents the numbers), llama.cpp
+// it on the 2-core machine this artifact is measured on (rakv.runtime.kernels documents the numbers), llama.cpp
 // close to all of it. Here each thread streams a contiguous block of W's rows exactly once and, while a
 // row is in L1, takes its dot product with every row of x (x itself stays in L1/L2).
 //

@@ -13,19 +13,19 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import torch
 
-from rakv.actions import Action
-from rakv.cache import Hit, PrefixKVStore, namespace
-from rakv.decoding import (DecodeState, PhaseTimer, Sampling, crop_cache, decode_autoregressive,
+from rakv.runtime.actions import Action
+from rakv.runtime.cache import Hit, PrefixKVStore, namespace
+from rakv.runtime.decoding import (DecodeState, PhaseTimer, Sampling, crop_cache, decode_autoregressive,
                            decode_speculative, forward, select_token)
-from rakv.costmodel import acceptance_estimate
-from rakv.errors import RakvError
-from rakv.kernels import new_kv_cache
-from rakv.models import ModelPair, load_pair
-from rakv.proposers import DraftModelProposer, PromptLookupProposer
+from rakv.runtime.costmodel import acceptance_estimate
+from rakv.runtime.errors import RakvError
+from rakv.runtime.kernels import new_kv_cache
+from rakv.runtime.models import ModelPair, load_pair
+from rakv.runtime.proposers import DraftModelProposer, PromptLookupProposer
 
 if TYPE_CHECKING:
-    from rakv.controller import Decision
-    from rakv.depth import RoundDepth
+    from rakv.runtime.controller import Decision
+    from rakv.runtime.depth import RoundDepth
 
 PROPOSERS = ("draft", "prompt-lookup")
 
@@ -70,7 +70,7 @@ class RequestResult:
     exact_hit: bool = False
     peak_kv_bytes: int = 0  # most K/V bytes held at once during the request, the proposer's included
     round_log: list[tuple[int, int]] = field(default_factory=list)
-    strategy: str = ""  # set by rakv.strategies.run_strategy: ar, spec-k4, rakv-asd, or a sweep's action label
+    strategy: str = ""  # set by rakv.runtime.strategies.run_strategy: ar, spec-k4, rakv-asd, or a sweep's action label
     available_hit_tokens: int = 0  # what the store offered, whether or not the action reused it
     predicted_latency_s: float | None = None  # the cost model's estimate for the action that ran
     decision: Decision | None = None  # rakv-asd only: the controller's choice and what it saw
@@ -152,7 +152,7 @@ class Engine:
             salt: str | None = None, ignore_eos: bool = False, on_token: Callable[[int], None] | None = None,
             proposer=None, request_id: str = "0", depth: RoundDepth | None = None) -> RequestResult:
         """Generate for one prompt under one action; the store is read only when `action.reuse`; `depth`: revise
-        k every round (rakv.depth; only with k > 0)."""
+        k every round (rakv.runtime.depth; only with k > 0)."""
         self.check_lengths(len(token_ids), max_new_tokens)
         device, target = self.pair.device, self.pair.target.module
         ns = self.namespace(salt)

@@ -2,7 +2,7 @@
 "Statistics" and "Results").
 
 Units and noise
-    The study (rakv.study) measures every feasible action (r, k) of every (configuration, prompt,
+    The study (rakv.experiments.study) measures every feasible action (r, k) of every (configuration, prompt,
     scenario) `sweep_repeats` times, and runs the controller (rakv-asd) `repeats` times per scenario.
     `measurements` expands the measurements to one row per (configuration, dataset, prompt, scenario,
     action, repeat); a fixed strategy is its action read from them (`kv-only` = r1k0, with r0k0 where
@@ -41,8 +41,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from rakv.actions import ADAPTIVE, Action
-from rakv.paths import shown
+from rakv.runtime.actions import ADAPTIVE, Action
+from rakv.runtime.paths import shown
 
 INSTANCE = ["configuration", "dataset", "prompt_id", "scenario", "repeat"]
 SCENARIO = ["configuration", "dataset", "prompt_id", "scenario"]
@@ -318,7 +318,7 @@ def acceptance_mape(meas: pd.DataFrame, tables: dict, seed=0, resamples=2000) ->
     """How much of the cost model's error is the acceptance it cannot know before a request: per configuration,
     the MAPE (as `mape_errors`) of C(r, k) re-evaluated with the calibrated acceptance for every prompt, and with
     each prompt's own acceptance and match rate measured in the study (an oracle no controller has)."""
-    from rakv.costmodel import RequestFeatures, estimate_latency
+    from rakv.runtime.costmodel import RequestFeatures, estimate_latency
 
     out = {}
     if not any(t is not None for t in tables.values()):
@@ -369,7 +369,7 @@ def acceptance_table(runs: pd.DataFrame, tables: dict, seed=0, resamples=2000) -
     """Measured per-token acceptance per configuration x dataset (every speculative run; CI over prompts),
     beside the cost model's break-even alpha for the same setting: a cold request of the dataset's mean
     prompt length, the study's new tokens, least over k (and at k = 4). `tables`: configuration -> CostTable."""
-    from rakv.costmodel import RequestFeatures, break_even_alpha
+    from rakv.runtime.costmodel import RequestFeatures, break_even_alpha
 
     spec = runs[runs.k > 0]
     rows = []
@@ -593,7 +593,7 @@ def feasibility_verdict(feas: dict) -> str:
 def break_even_table(results: Path) -> pd.DataFrame:
     """Break-even alpha per k for every calibration in results/<name>/calibration/ (a cold request of the
     feasibility cost side's prompt length and the study's new tokens), with the draft/target step-cost ratio."""
-    from rakv.costmodel import break_even_rows
+    from rakv.runtime.costmodel import break_even_rows
 
     meta = json.loads((results / "study" / "metadata.json").read_text())
     profile = meta["config"]["profile"]
@@ -606,7 +606,7 @@ def break_even_table(results: Path) -> pd.DataFrame:
 
 def calibration_tables(results: Path) -> dict:
     """<pair>-<proposer> -> CostTable for every calibration kept in results/<name>/calibration/."""
-    from rakv.costmodel import CostTable
+    from rakv.runtime.costmodel import CostTable
 
     return {path.stem: CostTable.from_json(json.loads(path.read_text()))
             for path in sorted((Path(results) / "calibration").glob("*.json"))}
@@ -690,7 +690,7 @@ def json_ready(value):
 
 def write_summary(summary: dict, results: Path) -> Path:
     """results/<name>/summary.json, written atomically (NaN written as null)."""
-    from rakv.records import write_atomic
+    from rakv.experiments.records import write_atomic
 
     path = Path(results) / "summary.json"
     write_atomic(path, json.dumps(json_ready(summary), indent=1))
