@@ -1,0 +1,383 @@
+"""`rakv` command line. Every user-facing failure is a one-line `rakv: error: ...` and exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rakv.runtime.errors import RakvError
+
+
+def read_prompts(path: str) -> list[dict]:
+    """Read and validate a whole JSONL file before any model work starts."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.readlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RakvError(f"cannot read prompts file {path}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
+    requests = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RakvError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise RakvError(f"{path}:{number}: expected an object with a string \"prompt\"")
+        if not row["prompt"].strip():
+            raise RakvError(f"{path}:{number}: empty prompt")
+        if row.get("salt") is not None and not isinstance(row["salt"], str):
+            raise RakvError(f"{path}:{number}: \"salt\" must be a string")
+        requests.append({"id": str(row.get("id", number)), "prompt": row["prompt"], "salt": row.get("salt")})
+    if not requests:
+        raise RakvError(f"{path}: no prompts")
+    return requests
+
+
+def make_engine(args):
+    from rakv.runtime.engine import open_engine
+
+    return open_engine(args.pair, args.proposer, cache_budget_mib=args.cache_budget_mib, salt=args.salt,
+                       device=args.device, dtype=args.dtype, threads=args.threads, kernels=args.kernels)
+
+
+def controller_config(args):
+    """The same ControllerConfig (and checks) as a Hydra run's, from the flags."""
+    from dataclasses import replace
+
+    from rakv.runtime.controller import ControllerConfig
+
+    try:
+        k_set = [int(v) for v in args.k_set.split(",") if v.strip()]
+    except ValueError:
+        raise RakvError(f"--k-set must be comma-separated integers, got '{args.k_set}'") from None
+    # conf/controller/default.yaml for every setting without a flag (tie_margin, explore_every, match_rate)
+    return replace(ControllerConfig.default(), k_set=k_set, beta=args.beta, memory_penalty_s_per_byte=args.memory_penalty,
+                   memory_budget_mib=args.memory_budget_mib)
+
+
+def cmd_generate(args) -> None:
+    from rakv.runtime.actions import ADAPTIVE
+    from rakv.runtime.calibration import calibration_for
+    from rakv.runtime.controller import Controller
+    from rakv.runtime.decoding import Sampling
+    from rakv.runtime.strategies import action_of, run_strategy
+
+    if args.max_new_tokens <= 0:
+        raise RakvError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        raise RakvError("--temperature must be >= 0 and --top-p in (0, 1]")
+    adaptive = args.strategy == ADAPTIVE
+    if not adaptive:
+        action_of(args.strategy)  # an unknown strategy fails before any model work
+    config = controller_config(args)
+    if args.prompt is not None:
+        if not args.prompt.strip():
+            raise RakvError("empty prompt")
+        requests = [{"id": "0", "prompt": args.prompt, "salt": None}]
+    else:
+        requests = read_prompts(args.prompts)
+
+    engine = make_engine(args)
+    encoded = [engine.encode(r["prompt"]) for r in requests]
+    for request, ids in zip(requests, encoded):  # every length error before any generation
+        try:
+            engine.check_lengths(len(ids), args.max_new_tokens)
+        except RakvError as exc:
+            raise RakvError(f"request {request['id']}: {exc}") from None
+    try:  # the controller needs a calibration; fixed strategies use one, when present, for their prediction
+        table = calibration_for(engine, "never" if args.no_calibrate or not adaptive else "auto")
+        controller = Controller(table, config)
+    except RakvError:
+        if adaptive:
+            raise
+        controller = None
+    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    for request, ids in zip(requests, encoded):
+        stream = None if args.json else _text_streamer(engine.pair.tokenizer, request["id"])
+        result = run_strategy(engine, args.strategy, ids, args.max_new_tokens, controller=controller,
+                              sampling=sampling, salt=request["salt"], ignore_eos=args.ignore_eos, on_token=stream,
+                              request_id=request["id"])
+        if args.json:
+            print(json.dumps(result.to_json()), flush=True)
+        else:
+            predicted = result.predicted_latency_s
+            print(f"\n  [{result.prompt_tokens} prompt tokens, {result.hit_tokens} reused, {result.new_tokens} new; "
+                  f"r={int(result.reuse)} k={result.k}; accepted {result.accepted}/{result.proposed}; "
+                  f"TTFT {result.ttft_s * 1e3:.1f} ms, {result.latency_s:.3f} s"
+                  + (f" (predicted {predicted:.3f} s)" if predicted is not None else "")
+                  + f", {result.tokens_per_s:.1f} tok/s]", flush=True)
+
+
+def cmd_calibrate(args) -> None:
+    from rakv.runtime.actions import SPEC_K
+    from rakv.runtime.calibration import calibration_for
+    from rakv.runtime.costmodel import break_even_alpha, estimate_latency
+    from rakv.runtime.workloads import scenario_features, scenario_for_rate
+
+    engine = make_engine(args)
+    table = calibration_for(engine, "always" if args.force else "auto")
+    if args.json:
+        print(json.dumps(table.to_json()))
+        return
+    print(f"calibration of {engine.pair.name} / proposer {engine.proposer} "
+          f"({table.key['hardware']['processor']}, {table.key['hardware']['device']}, "
+          f"{table.key['hardware']['threads']} threads; measured in {table.measured_s:.0f} s)")
+    if not args.show:
+        return
+    rows = [("target prefill (s vs tokens)", table.target_prefill), ("target step (s vs context)", table.target_step),
+            *((f"target verify k={k} (s vs context)", table.verify[k]) for k in sorted(table.verify)),
+            *((f"propose k={k} (s vs context)", table.propose[k]) for k in sorted(table.propose)),
+            ("proposer prefill (s vs tokens)", table.proposer_prefill), ("KV copy (s vs reused tokens)", table.kv_copy)]
+    print(f"{'cost':<36} {'measured at x: median (MAD / median)':<72} {'adjusted':>8}")
+    for name, curve in rows:
+        spread = curve.spread or [float("nan")] * len(curve.xs)
+        points = ", ".join(f"{int(x)}: {y * 1e3:.2f}ms ({s:.0%})" for x, y, s in zip(curve.xs, curve.ys, spread))
+        print(f"{name:<36} {points:<72} {curve.max_rel_error:>8.1%}")
+    if table.load_average:
+        print(f"machine load (1 min) before / after: {table.load_average[0]:.2f} / {table.load_average[1]:.2f}; "
+              "adjusted = the largest change a point needed to make its cost non-decreasing in x")
+    print(f"KV bytes per token: target {table.target_kv_bytes_per_token:.0f}, proposer "
+          f"{table.proposer_kv_bytes_per_token:.0f}; greedy acceptance alpha = {table.acceptance:.3f} "
+          f"over {table.acceptance_rounds} rounds")
+    lam = args.memory_penalty
+    lengths = [args.prompt_length] if args.prompt_length else [64, 256, 512]
+    print(f"\nbreak-even alpha per k (N = {args.new_tokens} new tokens, reuse {args.reuse_rate:.0%}; "
+          f"'-' = never, even at alpha = 1)")
+    print(f"{'prompt':>7} {'r':>2} " + " ".join(f"{'k=' + str(k):>7}" for k in SPEC_K)
+          + f" {'C(r,0) s':>9} {'best k at alpha=' + format(table.acceptance, '.2f'):>20}")
+    for length in lengths:
+        features = scenario_features(scenario_for_rate(args.reuse_rate), length, args.new_tokens)
+        for reuse in ((False, True) if features.hit_tokens else (False,)):
+            alphas = [break_even_alpha(table, features, reuse, k, lam) for k in SPEC_K]
+            costs = {k: estimate_latency(table, features, reuse, k, table.acceptance, lam) for k in (0, *SPEC_K)}
+            best = min(costs, key=costs.get)
+            print(f"{length:>7} {int(reuse):>2} " + " ".join(f"{a:>7.3f}" if a is not None else f"{'-':>7}"
+                                                              for a in alphas)
+                  + f" {costs[0]:>9.3f} {best:>20}")
+
+
+def cmd_serve(args) -> None:
+    from rakv.runtime.actions import ADAPTIVE
+    from rakv.runtime.calibration import calibration_for
+    from rakv.runtime.controller import Controller
+    from rakv.runtime.decoding import Sampling
+    from rakv.serving.metrics import parse_goodput
+    from rakv.serving.server import ServeOptions, serve
+    from rakv.serving.trace import read_trace
+    from rakv.runtime.strategies import action_of
+
+    if args.strategy != ADAPTIVE:
+        action_of(args.strategy)  # an unknown strategy fails before any model work
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        raise RakvError("--temperature must be >= 0 and --top-p in (0, 1]")
+    options = ServeOptions(strategy=args.strategy, token_budget=args.token_budget, chunking=not args.no_chunking,
+                           max_batch=args.max_batch, kv_budget_mib=args.kv_budget_mib,
+                           slos_ms=parse_goodput(args.goodput),
+                           sampling=Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed),
+                           ignore_eos=args.ignore_eos, check_alone=args.check_alone)
+    if args.check_alone and not options.sampling.greedy:
+        raise RakvError("--check-alone compares greedy outputs; it needs --temperature 0")
+    if options.token_budget <= 0 or options.max_batch <= 0 or options.kv_budget_mib <= 0:
+        raise RakvError("--token-budget, --max-batch and --kv-budget-mib must be positive")
+    trace = read_trace(args.trace)  # the whole trace is checked before the models load
+    engine = make_engine(args)
+    controller = None
+    if args.strategy == ADAPTIVE:
+        controller = Controller(calibration_for(engine, "never" if args.no_calibrate else "auto"),
+                                controller_config(args))
+    summary = serve(engine, trace, args.out, options, controller=controller, progress=not args.quiet)
+    print(json.dumps({k: summary[k] for k in SHOWN_SUMMARY if k in summary}))
+
+
+SHOWN_SUMMARY = ("completed", "failed", "outputs_equal_alone", "duration_s", "request_throughput", "output_throughput",
+                 "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_itl_ms", "goodput", "mean_batch_tokens",
+                 "max_concurrency", "prefix_hit_rate", "preemptions", "peak_rss_mib")
+
+
+def cmd_trace(args) -> None:
+    from rakv.serving.trace import generate_trace, write_trace
+    from rakv.runtime.workloads import dataset_texts
+
+    settings = {name: getattr(args, name) for name in TRACE_SETTINGS}
+    trace = generate_trace(dataset_texts(args.dataset), **{k: v for k, v in settings.items() if k != "dataset"})
+    write_trace(args.out, trace, {"generator": "rakv trace", **settings})
+    print(f"{args.out}: {len(trace)} requests ({args.kind}, {args.arrivals} at {args.rate:g}/s, seed {args.seed}); "
+          f"settings in {args.out}.meta.json")
+
+
+TRACE_SETTINGS = ("dataset", "kind", "arrivals", "burstiness", "rate", "requests", "max_new_tokens", "prompt_words",
+                  "groups", "system_words", "turns", "think_s", "seed")
+
+
+def _text_streamer(tokenizer, request_id):
+    """Print confirmed tokens as they arrive (decoding the whole output each time keeps multi-byte text intact)."""
+    tokens, shown = [], [0]
+    print(f"[{request_id}] ", end="", flush=True)
+
+    def on_token(token: int) -> None:
+        tokens.append(token)
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        print(text[shown[0]:], end="", flush=True)
+        shown[0] = len(text)
+
+    return on_token
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from rakv.runtime.actions import FIXED_STRATEGIES
+    from rakv.runtime.controller import ControllerConfig
+    from rakv.runtime.engine import PROPOSERS
+    from rakv.runtime.models import PAIR_NAMES
+    from rakv.runtime.paths import conf_file
+
+    defaults, store = ControllerConfig.default(), conf_file("cache/default.yaml")  # conf/: the one source of defaults
+
+    parser = argparse.ArgumentParser(prog="rakv", description="RAKV-ASD: prefix KV reuse + adaptive speculative decoding")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    gen = sub.add_parser("generate", help="generate for one prompt or a JSONL file of prompts through one KV store",
+                         description="Generate text. --prompts FILE.jsonl holds lines {\"id\": ..., \"prompt\": ..., "
+                                     "\"salt\": ... (optional)}; they run in order through one prefix KV store. The "
+                                     "whole file is validated first: a malformed line stops the run before any work.")
+    gen.add_argument("--pair", required=True, help=f"model pair: {', '.join(PAIR_NAMES)}")
+    src = gen.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompts", metavar="FILE.jsonl", help="JSONL file of prompts")
+    gen.add_argument("--max-new-tokens", type=int, required=True, metavar="N")
+    gen.add_argument("--strategy", required=True,
+                     help=f"{', '.join(FIXED_STRATEGIES)}, rakv-asd (the controller; calibrates the pair first "
+                          "if this machine has no calibration for it)")
+    gen.add_argument("--proposer", default="draft", choices=PROPOSERS, help="who drafts for k > 0 (default: draft)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--salt", default=store.salt, help="isolation salt (tenant) of the KV store namespace; a "
+                     "prompts file's \"salt\" overrides it per request")
+    gen.add_argument("--cache-budget-mib", type=float, default=store.budget_mib,
+                     help=f"byte budget of the prefix KV store (default {store.budget_mib})")
+    gen.add_argument("--ignore-eos", action="store_true", help="generate exactly N tokens")
+    gen.add_argument("--json", action="store_true", help="one JSON object per request on stdout")
+    gen.add_argument("--k-set", default=",".join(map(str, defaults.k_set)),
+                     help="rakv-asd: speculation depths it may choose (default %(default)s)")
+    gen.add_argument("--beta", type=float, default=defaults.beta,
+                     help="rakv-asd: EWMA weight of past acceptance (default %(default)s)")
+    gen.add_argument("--memory-penalty", type=float, default=defaults.memory_penalty_s_per_byte, metavar="LAMBDA",
+                     help="rakv-asd: seconds charged per byte of K/V an action holds (default %(default)s)")
+    gen.add_argument("--memory-budget-mib", type=float, default=defaults.memory_budget_mib,
+                     help="rakv-asd: actions above it are dropped (default %(default)s)")
+    gen.add_argument("--no-calibrate", action="store_true",
+                     help="never measure a calibration here; fail if rakv-asd needs one that is missing or stale")
+    add_model_options(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    cal = sub.add_parser("calibrate", help="measure the cost model of a pair on this machine (saved and reused)",
+                         description="Measure prefill, step, verify, propose and KV-copy costs and the greedy "
+                                     "acceptance of the pair's proposer; save them keyed by pair and machine.")
+    cal.add_argument("--pair", required=True, help=f"model pair: {', '.join(PAIR_NAMES)}")
+    cal.add_argument("--proposer", default="draft", choices=PROPOSERS)
+    cal.add_argument("--force", action="store_true", help="measure again even if a valid calibration exists")
+    cal.add_argument("--show", action="store_true", help="print the cost table and break-even alphas")
+    cal.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    cal.add_argument("--prompt-length", type=int, default=None, help="--show: one prompt length (default 64,256,512)")
+    cal.add_argument("--reuse-rate", type=float, default=0.0, help="--show: share of the prompt that hits the store")
+    cal.add_argument("--new-tokens", type=int, default=64, help="--show: new tokens per request")
+    cal.add_argument("--memory-penalty", type=float, default=defaults.memory_penalty_s_per_byte, metavar="LAMBDA")
+    cal.add_argument("--cache-budget-mib", type=float, default=store.budget_mib, help=argparse.SUPPRESS)
+    cal.add_argument("--salt", default=store.salt, help=argparse.SUPPRESS)
+    add_model_options(cal)
+    cal.set_defaults(func=cmd_calibrate)
+
+    serving = conf_file("serving/default.yaml")
+    srv = sub.add_parser("serve", help="serve a trace of requests arriving over time: continuous batching, chunked "
+                                       "prefill, prefix reuse, speculation (README: Serving)",
+                         description="Serve a JSONL trace (rakv trace writes one). Writes OUT/requests.jsonl (a line "
+                                     "per request as it finishes) and OUT/summary.json (vLLM benchmark_serving's "
+                                     "names). Defaults: conf/serving/default.yaml.")
+    srv.add_argument("--pair", required=True, help=f"model pair: {', '.join(PAIR_NAMES)}")
+    srv.add_argument("--trace", required=True, metavar="FILE.jsonl")
+    srv.add_argument("--out", required=True, metavar="DIR")
+    srv.add_argument("--strategy", default=serving.strategy,
+                     help=f"per request: {', '.join(FIXED_STRATEGIES)}, rakv-asd (default %(default)s)")
+    srv.add_argument("--proposer", default=serving.proposer, choices=PROPOSERS)
+    chunk = srv.add_mutually_exclusive_group()
+    chunk.add_argument("--token-budget", type=int, default=serving.token_budget, metavar="N",
+                       help="rows of an iteration's forward: decodes first, then prefill chunks (default %(default)s)")
+    chunk.add_argument("--no-chunking", action="store_true", default=not serving.chunking,
+                       help="each prompt's whole prefill in an iteration of its own (the baseline)")
+    srv.add_argument("--max-batch", type=int, default=serving.max_batch, metavar="B",
+                     help="running requests at most (default %(default)s)")
+    srv.add_argument("--kv-budget-mib", type=float, default=serving.kv_budget_mib, metavar="M",
+                     help="K/V of the running requests; over it the newest is preempted (default %(default)s)")
+    srv.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
+                     help="SLOs for summary.json's goodput: ttft:MS tpot:MS e2el:MS")
+    srv.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    srv.add_argument("--top-p", type=float, default=1.0)
+    srv.add_argument("--seed", type=int, default=0)
+    srv.add_argument("--ignore-eos", action="store_true", help="generate exactly max_new_tokens per request")
+    srv.add_argument("--salt", default=store.salt, help="isolation salt of requests that name none")
+    srv.add_argument("--cache-budget-mib", type=float, default=store.budget_mib,
+                     help=f"byte budget of the prefix KV store (default {store.budget_mib})")
+    srv.add_argument("--k-set", default=",".join(map(str, defaults.k_set)), help="rakv-asd: depths it may choose")
+    srv.add_argument("--beta", type=float, default=defaults.beta, help=argparse.SUPPRESS)
+    srv.add_argument("--memory-penalty", type=float, default=defaults.memory_penalty_s_per_byte,
+                     help=argparse.SUPPRESS)
+    srv.add_argument("--memory-budget-mib", type=float, default=defaults.memory_budget_mib, help=argparse.SUPPRESS)
+    srv.add_argument("--no-calibrate", action="store_true", help="rakv-asd: fail rather than calibrate here")
+    srv.add_argument("--check-alone", action="store_true",
+                     help="then generate each finished request alone (greedy AR, empty store) and count in "
+                          "summary.json how many outputs are identical (outputs_equal_alone)")
+    srv.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_model_options(srv)
+    srv.set_defaults(func=cmd_serve)
+
+    tr = sub.add_parser("trace", help="write a seeded serving trace from HumanEval or WikiText-2 text",
+                        description="Write a trace for rakv serve: Poisson or gamma arrivals at a rate; plain requests, "
+                                    "shared-prefix groups, or multi-turn conversations. Defaults: "
+                                    "conf/serving/default.yaml (trace:); the settings go to OUT.meta.json.")
+    tr.add_argument("--out", required=True, metavar="FILE.jsonl")
+    gen_defaults = serving.trace
+    for name in TRACE_SETTINGS:
+        value = gen_defaults[name]
+        choices = {"dataset": ("humaneval", "wikitext2"), "kind": ("plain", "shared-prefix", "multi-turn"),
+                   "arrivals": ("poisson", "gamma")}.get(name)
+        tr.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value, choices=choices,
+                        help=f"(default %(default)s)")
+    tr.set_defaults(func=cmd_trace)
+    return parser
+
+
+def add_model_options(parser) -> None:
+    from rakv.runtime.kernels import KERNEL_MODES
+    from rakv.runtime.paths import conf_file
+
+    pipeline = conf_file("config.yaml")  # the stages' defaults, so the CLI and the stages agree
+    parser.add_argument("--device", default=pipeline.device)
+    parser.add_argument("--dtype", default=pipeline.dtype)
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    parser.add_argument("--kernels", default=pipeline.kernels, choices=KERNEL_MODES,
+                        help="compact: rakv.runtime.compact's forward (few ops per layer, C++ kernels for few rows, "
+                             "batched rows); stock: transformers as shipped (default %(default)s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        args.func(args)
+    except RakvError as exc:
+        print(f"rakv: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("rakv: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

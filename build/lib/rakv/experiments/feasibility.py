@@ -1,0 +1,107 @@
+"""The feasibility study: the main study's machinery on a bigger pair (conf/feasibility.yaml), action sweep only,
+reporting how far the best k != 0 action is from the best k = 0 one per scenario.
+
+When the pair's weights cannot be had, the *cost side* is still answered on architecture twins (same shapes,
+seeded random weights; rakv.runtime.models.ARCHITECTURES): each twin pair is calibrated on this machine, and the cost
+model gives, per k, the break-even acceptance alpha above which speculation would pay ("never" when not even
+alpha = 1 does). The feasibility pair's twin is validated with the controlled-acceptance proposer: measured
+speedup over AR at chosen alphas against the model's. Acceptance itself needs the real weights.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+from omegaconf import DictConfig
+
+from rakv.runtime.actions import Action
+from rakv.experiments.analysis import measurements
+from rakv.runtime.calibration import CalibrationPlan, load_or_calibrate
+from rakv.experiments.config import Configuration, configuration, engine_for, keep_calibration, prompts_for, results_dir
+from rakv.runtime.costmodel import break_even_rows
+from rakv.runtime.errors import RakvError, WeightsUnavailable
+from rakv.runtime.models import twin_of
+from rakv.experiments.records import write_atomic, write_parquet
+from rakv.experiments.sensitivity import controlled_rows
+from rakv.experiments.study import run_main_study
+
+
+def run_feasibility(cfg: DictConfig) -> None:
+    """The main-study machinery on the feasibility pair (action sweep only); skipped when weights are missing."""
+    out_dir = results_dir(cfg) / "feasibility"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    feas = cfg.profile.feasibility
+    try:
+        path = run_main_study(cfg, out_dir / "study")
+    except WeightsUnavailable as exc:
+        run_cost_side(cfg, out_dir, str(exc))
+        return
+    runs = pd.read_parquet(path)
+    per_scenario = []  # over the measurements: an r = 0 action measured once per prompt stands in every scenario
+    for (dataset, prompt_id, scenario), group in measurements(runs).groupby(["dataset", "prompt_id", "scenario"]):
+        by_action = group.groupby("action").latency_s.mean()
+        speculative = [Action.parse(label).k > 0 for label in by_action.index]
+        k0 = by_action[[not s for s in speculative]].min()
+        spec = by_action[speculative]
+        per_scenario.append({"dataset": dataset, "prompt_id": prompt_id, "scenario": scenario,
+                             "best_k0_s": float(k0), "best_spec_s": float(spec.min()), "best_spec_action": spec.idxmin(),
+                             "gap": float(spec.min() / k0 - 1)})
+    table = pd.DataFrame(per_scenario)
+    write_parquet(per_scenario, out_dir / "gap.parquet")
+    pair = configuration(feas.configuration)
+    calibration = json.loads((results_dir(cfg) / "calibration" / f"{pair.pair}-{pair.proposer}.json").read_text())
+    summary = {"status": "ran", "configuration": feas.configuration, "scenarios": len(table),
+               "gap_min": float(table.gap.min()), "gap_max": float(table.gap.max()),
+               "gap_mean": float(table.gap.mean()), "crossed": bool((table.gap < 0).any()),
+               "calibrated_alpha": calibration["acceptance"]}
+    write_atomic(out_dir / "summary.json", json.dumps(summary, indent=1))
+    print(f"feasibility: best k != 0 vs k = 0 gap {summary['gap_min']:+.1%} to {summary['gap_max']:+.1%} "
+          f"over {len(table)} scenarios; crossed: {summary['crossed']}", flush=True)
+
+
+COST_SIDE = "cost side only: weights unavailable"
+
+
+def run_cost_side(cfg: DictConfig, out_dir, reason: str) -> None:
+    """Calibrate the twins of the configured reference pairs; break-even alpha per k; controlled validation."""
+    feas, side = cfg.profile.feasibility, cfg.profile.feasibility.cost_side
+    main_pair = configuration(feas.configuration).pair
+    if main_pair not in side.pairs:
+        raise RakvError(f"profile.feasibility.cost_side.pairs must include the feasibility pair {main_pair}")
+    print(f"feasibility: weights of {main_pair} unavailable ({reason}); measuring the cost side on architecture "
+          f"twins of {', '.join(side.pairs)}", flush=True)
+    plan = CalibrationPlan(prefill_lengths=tuple(side.calibration.prefill_lengths),
+                           contexts=tuple(side.calibration.contexts), repeats=side.calibration.repeats,
+                           acceptance_prompts=0)  # random weights: their acceptance means nothing
+    rows, controlled = [], []
+    for pair in side.pairs:
+        twin = Configuration(twin_of(pair), twin_of(pair), "draft")
+        engine = engine_for(cfg, twin)
+        table = keep_calibration(cfg, engine, load_or_calibrate(engine, [], plan=plan,
+                                                                recalibrate=cfg.calibration.recalibrate))
+        rows.extend(break_even_rows(twin.pair, table, side.prompt_tokens, feas.new_tokens))
+        if pair == main_pair:
+            prompts = prompts_for(cfg, engine.encode, cfg.datasets[0])[:1]
+            controlled = controlled_rows(twin.pair, engine, table, prompts, new_tokens=feas.new_tokens, repeats=1,
+                                         alphas=side.controlled_alphas, ks=side.controlled_k)
+        del engine  # the next twin pair may be large
+    write_parquet(rows, out_dir / "break_even.parquet")
+    if controlled:
+        write_parquet(controlled, out_dir / "controlled.parquet")
+    errors = [abs(r["measured_speedup"] / r["predicted_speedup_at_measured_alpha"] - 1) for r in controlled]
+    summary = {"status": COST_SIDE, "configuration": feas.configuration, "reason": reason,
+               "note": "cost side only; acceptance needs the real weights",
+               "twin": twin_of(main_pair), "twins": [twin_of(p) for p in side.pairs], "break_even": rows,
+               "controlled": controlled,
+               "controlled_speedup_error_mean": sum(errors) / len(errors) if errors else None,
+               "controlled_speedup_error_max": max(errors) if errors else None}
+    write_atomic(out_dir / "summary.json", json.dumps(summary, indent=1))
+    for pair in summary["twins"]:
+        values = ", ".join(f"k={r['k']}: " + (f"{r['break_even_alpha']:.3f}" if r["break_even_alpha"] is not None
+                                               else "never") for r in rows if r["pair"] == pair)
+        print(f"feasibility (cost side) {pair}: break-even alpha {values}", flush=True)
+    if errors:
+        print(f"feasibility (cost side): controlled-acceptance speedup vs the model's, mean |error| "
+              f"{summary['controlled_speedup_error_mean']:.1%}, max {summary['controlled_speedup_error_max']:.1%} "
+              f"over {len(errors)} runs", flush=True)

@@ -1,0 +1,294 @@
+"""Figures of the paper, each drawn from the results tables and saved as PNG and PDF.
+
+The notebooks call these; keeping the drawing here makes it testable and keeps notebooks short. One look for all:
+one panel per configuration where configurations differ, legends beside the axes (never over the data), plain
+tick labels on log axes, one colour per k in every figure.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from rakv.experiments import analysis# noqa: E402
+from rakv.runtime.actions import SPEC_K, Action  # noqa: E402
+
+FIGURES = ("strategy_latency_throughput", "chosen_actions", "predicted_vs_measured", "regret_distribution",
+           "speedup_vs_alpha", "cache_budget", "feasibility_gap", "break_even_vs_cost_ratio",
+           "acceptance_vs_break_even")
+STRATEGY_ORDER = ["ar", "kv-only", "spec-k4", "joint-k4", "best-fixed", "rakv-asd", "oracle"]
+SCENARIO_ORDER = ["cold", "partial-50", "partial-90", "prefix", "exact"]
+
+
+def k_colors() -> dict:
+    """One colour per speculation depth k (k = 0 included), the same in every figure."""
+    return dict(zip((0, *SPEC_K), sns.color_palette("colorblind", len(SPEC_K) + 1)))
+
+
+def in_order(values, order) -> list:
+    """The values present, in `order` first, then any others sorted."""
+    present = set(values)
+    return [v for v in order if v in present] + sorted(present - set(order))
+
+
+def panels(count: int, width: float = 5.0, height: float = 3.8, sharey: bool = False):
+    """One row of `count` panels (one per configuration)."""
+    fig, axes = plt.subplots(1, count, figsize=(width * count, height), squeeze=False, sharey=sharey)
+    return fig, list(axes[0])
+
+
+def legend_beside(ax, title: str | None = None, handles=None, labels=None) -> None:
+    """The axes' legend (or the one given) to the right of the axes, outside the data."""
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    if ax.get_legend() is not None:
+        ax.get_legend().remove()
+    if handles:
+        ax.legend(handles, labels, title=title, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+                  frameon=False, fontsize=8, title_fontsize=8)
+
+
+def plain_log(axis) -> None:
+    """A log axis labelled 0.5, 1, 2, 5 ... instead of 5 x 10^-1."""
+    axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_formatter(ticker.NullFormatter())
+
+
+def style() -> None:
+    sns.set_theme(context="paper", style="whitegrid", palette="colorblind", font_scale=1.1)
+
+
+def save(fig, out_dir: Path, name: str) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
+    fig.tight_layout()
+    # bbox "tight": legends placed beside the axes are inside the picture
+    fig.savefig(paths[0], dpi=150, bbox_inches="tight")
+    fig.savefig(paths[1], bbox_inches="tight", metadata={"CreationDate": None})  # no date: same data, same bytes
+    plt.close(fig)
+    return paths
+
+
+def strategy_latency_throughput(runs: pd.DataFrame, out_dir: Path, seed: int = 0):
+    s = analysis.strategy_latencies(runs)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for ax, metric, label in ((axes[0], "latency_s", "latency per request (s)"),
+                              (axes[1], "tokens_per_s", "throughput (tokens/s)")):
+        sns.barplot(data=s, x="strategy", y=metric, hue="configuration", order=STRATEGY_ORDER, ax=ax,
+                    errorbar=("ci", 95), seed=seed, n_boot=1000)
+        ax.set_xlabel("strategy")
+        ax.tick_params(axis="x", labelrotation=30)
+        ax.set_ylabel(label)
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[0].get_legend().remove()
+    legend_beside(axes[1], "configuration", handles, labels)
+    return save(fig, out_dir, "strategy_latency_throughput")
+
+
+def chosen_actions(runs: pd.DataFrame, out_dir: Path):
+    """What RAKV-ASD chose, per configuration (one panel each), by scenario."""
+    chosen = runs[analysis.adaptive_mask(runs)]
+    names = sorted(chosen.configuration.unique())
+    order = sorted(chosen.action.unique(), key=Action.parse)
+    scenarios = in_order(chosen.scenario.unique(), SCENARIO_ORDER)
+    fig, axes = panels(len(names), width=4.6, sharey=True)
+    for ax, name in zip(axes, names):
+        sns.countplot(data=chosen[chosen.configuration == name], x="action", hue="scenario", order=order,
+                      hue_order=scenarios, ax=ax)
+        ax.set_title(name)
+        ax.set_xlabel("action chosen (r = reuse, k = draft tokens)")
+        ax.set_ylabel("RAKV-ASD requests")
+        ax.tick_params(axis="x", labelrotation=30)
+        if ax is not axes[-1]:
+            ax.get_legend().remove()
+    legend_beside(axes[-1], "scenario")
+    return save(fig, out_dir, "chosen_actions")
+
+
+def predicted_vs_measured(runs: pd.DataFrame, out_dir: Path):
+    """The cost model's prediction against the mean measured latency of every (scenario, action), per
+    configuration, with its MAPE and Spearman rho (mean per scenario, and pooled) in the panel's title."""
+    meas = analysis.measurements(runs)
+    names = sorted(meas.configuration.unique())
+    sweep = analysis.action_stats(meas)
+    ks = sorted(sweep.k.unique())
+    palette = {k: k_colors()[k] for k in ks}
+    fig, axes = panels(len(names), width=4.6, height=4.4)
+    low = min(sweep.measured_s.min(), sweep.predicted_s.min()) * 0.9
+    high = max(sweep.measured_s.max(), sweep.predicted_s.max()) * 1.1
+    for ax, name in zip(axes, names):
+        part = meas[meas.configuration == name]
+        points = sweep[sweep.configuration == name]
+        per = analysis.spearman_table(part).rho.mean()
+        pooled = points[["predicted_s", "measured_s"]].corr(method="spearman").iloc[0, 1]
+        mape = analysis.mape_errors(part).error.mean()
+        sns.scatterplot(data=points, x="measured_s", y="predicted_s", hue="k", hue_order=ks, palette=palette,
+                        style="reuse", ax=ax)
+        ax.plot([low, high], [low, high], color="grey", linestyle="--", linewidth=1)
+        ax.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), xlabel="measured latency (s)",
+               ylabel="predicted latency (s)")
+        plain_log(ax.xaxis)
+        plain_log(ax.yaxis)
+        ax.set_title(f"{name}\nMAPE {mape:.1%}; Spearman rho {per:.2f} per scenario, {pooled:.2f} pooled",
+                     fontsize=9)
+        if ax is not axes[-1]:
+            ax.get_legend().remove()
+    legend_beside(axes[-1])
+    return save(fig, out_dir, "predicted_vs_measured")
+
+
+def regret_distribution(runs: pd.DataFrame, out_dir: Path):
+    """RAKV-ASD's cross-fitted regret per request, one panel per configuration, its mean marked."""
+    choices = analysis.controller_choices(runs)
+    names = sorted(choices.configuration.unique())
+    fig, axes = panels(len(names), width=4.6, height=3.6)
+    for ax, name in zip(axes, names):
+        regret = choices[choices.configuration == name].regret * 100
+        sns.histplot(x=regret, bins=20, ax=ax)
+        ax.axvline(regret.mean(), color="black", linestyle="--", linewidth=1)
+        ax.set_title(f"{name}: mean {regret.mean():.1f}% (dashed)", fontsize=9)
+        ax.set_xlabel("regret vs the cross-fitted oracle (% slower)")
+        ax.set_ylabel("RAKV-ASD requests")
+    return save(fig, out_dir, "regret_distribution")
+
+
+def speedup_vs_alpha(alpha_model: pd.DataFrame, controlled: pd.DataFrame | None, crossover: pd.DataFrame,
+                     out_dir: Path, scenario: str = "cold"):
+    """Speedup of each k over k = 0 against alpha, crossover marked.
+
+    Where controlled-acceptance runs exist, the model's curve is drawn for exactly those prompts
+    beside the measured points; elsewhere (model-free proposers) the cost-model curves of a cold
+    prompt of middle length are drawn.
+    """
+    configurations = sorted(alpha_model.configuration.unique())
+    fig, axes = plt.subplots(1, len(configurations), figsize=(5.2 * len(configurations), 4), squeeze=False)
+    palette = k_colors()
+    for ax, name in zip(axes[0], configurations):
+        points = controlled[controlled.configuration == name] if controlled is not None else pd.DataFrame()
+        if len(points):
+            for k, group in points.groupby("k"):
+                model = group.groupby("alpha").predicted_speedup.mean()
+                measured = group.groupby("alpha").measured_speedup.mean()
+                ax.plot(model.index, model.values, color=palette.get(k), label=f"k={k} model")
+                ax.scatter(group.alpha, group.measured_speedup, color=palette.get(k), marker="x",
+                           label=f"k={k} measured")
+                cross = analysis.first_crossing(model.index.to_numpy(), model.to_numpy())
+                seen = analysis.first_crossing(measured.index.to_numpy(), measured.to_numpy())
+                if cross is not None:
+                    ax.axvline(cross, color=palette.get(k), linestyle="--", linewidth=1,
+                               label=f"k={k} crossover: model {cross:.3f}"
+                                     + (f", measured {seen:.3f}" if seen is not None else ""))
+            ax.set_title(f"{name}: controlled acceptance, cold prompts")
+        else:
+            model = alpha_model[(alpha_model.configuration == name) & (alpha_model.scenario == scenario)]
+            lengths = sorted(model.prompt_tokens.unique())
+            length = lengths[len(lengths) // 2]
+            model = model[model.prompt_tokens == length]
+            base = model[model.k == 0].set_index("alpha").predicted_latency_s
+            for k, group in model[model.k != 0].groupby("k"):
+                speed = base / group.set_index("alpha").predicted_latency_s
+                ax.plot(speed.index, speed.values, color=palette.get(k), label=f"k={k} model")
+            cross = crossover[(crossover.configuration == name) & (crossover.scenario == scenario)
+                              & (crossover.prompt_tokens == length)].break_even_alpha.min()
+            if np.isfinite(cross):
+                ax.axvline(cross, color="red", linestyle="--", linewidth=1, label=f"crossover {cross:.3f}")
+            ax.set_title(f"{name}: cost model, {scenario} {length}-token prompt")
+        ax.axhline(1.0, color="grey", linewidth=1)
+        ax.set(xlabel="per-token acceptance alpha", ylabel="speedup over k = 0 (x)")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+    return save(fig, out_dir, "speedup_vs_alpha")
+
+
+def cache_budget(budget: pd.DataFrame, out_dir: Path):
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    sns.lineplot(data=budget, x="budget_mib", y="hit_rate", hue="configuration", marker="o", ax=axes[0])
+    sns.lineplot(data=budget, x="budget_mib", y="mean_latency_s", hue="configuration", marker="o", ax=axes[1])
+    budgets = sorted(budget.budget_mib.unique())
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.set_xlabel("store budget (MiB)")
+    axes[0].set_ylabel("hit rate (hits / lookups)")
+    axes[1].set_ylabel("mean latency per request (s)")
+    axes[0].get_legend().remove()
+    legend_beside(axes[1], "configuration")
+    return save(fig, out_dir, "cache_budget")
+
+
+def feasibility_gap(gap: pd.DataFrame | None, summary: dict, out_dir: Path):
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    break_even = pd.DataFrame(summary.get("break_even", []))
+    if len(break_even):  # cost side only: break-even alpha per k on the twins; never-paying k drawn at the top
+        for pair, rows in break_even.groupby("pair"):
+            alpha = rows.break_even_alpha.astype(float)
+            line, = ax.plot(rows.k[alpha.notna()], alpha[alpha.notna()], marker="o", label=pair)
+            ax.scatter(rows.k[alpha.isna()], [1.04] * int(alpha.isna().sum()), marker="^", color=line.get_color())
+        ax.set(ylim=(0, 1.08), xticks=sorted(break_even.k.unique()), xlabel="k (draft tokens)",
+               ylabel="break-even acceptance alpha")
+        ax.set_title(f"{summary.get('configuration', '')}: cost side only (twins); ^ = never pays", fontsize=9)
+        legend_beside(ax, "twin pair")
+    elif gap is None or not len(gap):
+        ax.axis("off")
+        ax.text(0.5, 0.5, f"feasibility ({summary.get('configuration', '?')}):\n{summary.get('status', 'missing')}",
+                ha="center", va="center", fontsize=11, wrap=True)
+    else:
+        sns.barplot(data=gap, x="scenario", y=gap.gap * 100, hue="dataset", ax=ax, errorbar=None)
+        ax.axhline(0, color="grey", linewidth=1)
+        ax.set_ylabel("best k != 0 vs best k = 0 (% slower)")
+        ax.set_title(summary.get("configuration", ""))
+        legend_beside(ax, "dataset")
+    return save(fig, out_dir, "feasibility_gap")
+
+
+def break_even_vs_cost_ratio(break_even: pd.DataFrame, acceptance: dict[str, float], out_dir: Path):
+    """Break-even alpha against the draft/target step-cost ratio, one point per (pair/proposer, k).
+
+    `break_even` has columns pair, k, break_even_alpha (NaN: never pays), draft_target_cost_ratio;
+    `acceptance` maps a pair/proposer to its measured per-token acceptance, drawn as a horizontal mark
+    over its points (speculation pays where the mark lies above the point)."""
+    fig, ax = plt.subplots(figsize=(8.4, 4.4))
+    never = break_even.break_even_alpha.isna()
+    sns.scatterplot(data=break_even[~never], x="draft_target_cost_ratio", y="break_even_alpha", hue="pair",
+                    style="k", s=60, ax=ax)
+    if never.any():
+        ax.scatter(break_even[never].draft_target_cost_ratio, [1.04] * int(never.sum()), marker="^", color="grey",
+                   label="never pays (any alpha)")
+    for pair, alpha in acceptance.items():
+        ratio = break_even[break_even.pair == pair].draft_target_cost_ratio
+        if len(ratio):
+            ax.hlines(alpha, ratio.min() * 0.8, ratio.max() * 1.25 + 0.02, color="black", linewidth=1.5)
+            ax.annotate(f"measured alpha {alpha:.2f} ({pair})", (ratio.min() * 0.8, alpha + 0.012), fontsize=7,
+                        va="bottom")
+    ax.set(xlabel="draft step cost / target step cost", ylabel="break-even acceptance alpha", ylim=(0, 1.08))
+    legend_beside(ax)
+    return save(fig, out_dir, "break_even_vs_cost_ratio")
+
+
+def acceptance_vs_break_even(acceptance: pd.DataFrame, out_dir: Path):
+    """Measured per-token acceptance (with its CI) beside the cost model's break-even acceptance, per
+    configuration x dataset: speculation pays where the measured interval lies above the break-even mark."""
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    labels = [f"{r.configuration}\n{r.dataset}" for r in acceptance.itertuples()]
+    x = np.arange(len(acceptance))
+    err = np.vstack([acceptance.acceptance - acceptance.acceptance_low, acceptance.acceptance_high - acceptance.acceptance])
+    ax.errorbar(x - 0.1, acceptance.acceptance, yerr=np.nan_to_num(err), fmt="o", capsize=4,
+                label="measured acceptance (95% CI)")
+    never = acceptance.break_even_alpha.isna()
+    ax.scatter(x[~never] + 0.1, acceptance.break_even_alpha[~never], marker="_", s=400, color="red",
+               label="break-even acceptance (least over k)")
+    if never.any():
+        ax.scatter(x[never] + 0.1, [1.04] * int(never.sum()), marker="^", color="red", label="never pays")
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set(ylim=(0, 1.08), ylabel="per-token acceptance alpha")
+    legend_beside(ax)
+    return save(fig, out_dir, "acceptance_vs_break_even")

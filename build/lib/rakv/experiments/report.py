@@ -1,0 +1,423 @@
+"""LaTeX for the paper, written from summary.json, the study metadata and runs.parquet only.
+
+Besides macros and tables, the abstract, the claims discussion and the limitations are *generated*:
+each sentence's wording (lower / higher / not distinguishable) follows the sign of the number and of its
+confidence interval, and the grid it describes is the one the profile actually ran.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from rakv.experiments import analysis
+
+BASELINE_NAMES = {"joint-k4": "Joint", "kv-only": "KvOnly", "ar": "Ar", "spec-k4": "Spec",
+                  "best-fixed": "BestFixed", "oracle": "Oracle"}
+BASELINE_TEXT = {"joint-k4": "fixed Joint-k4", "kv-only": "KV-only", "ar": "AR", "spec-k4": "fixed spec-k4",
+                 "best-fixed": "the best single fixed action", "oracle": "the per-scenario oracle"}
+
+
+def tex_escape(text) -> str:
+    out = str(text)
+    for char, repl in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"), ("#", r"\#"),
+                       ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"), ("^", r"\^{}")):
+        out = out.replace(char, repl)
+    return out
+
+
+def missing(value) -> bool:
+    return value is None or value != value
+
+
+def pct(value, digits: int = 1) -> str:
+    return "n/a" if missing(value) else f"{100 * value:.{digits}f}\\%"
+
+
+def num(value, digits: int = 3) -> str:
+    return "n/a" if missing(value) else f"{value:.{digits}f}"
+
+
+def ci_text(triple, fmt=pct) -> str:
+    value, low, high = triple
+    return f"{fmt(value)} [{fmt(low)}, {fmt(high)}]" if not missing(low) else fmt(value)
+
+
+def comparison(triple, baseline: str) -> str:
+    """RAKV-ASD against a baseline, worded by the sign of the CI (a latency reduction: positive = faster)."""
+    value, low, high = triple
+    name = BASELINE_TEXT.get(baseline, baseline)
+    if missing(value):
+        return f"no comparison with {name} (no paired runs)"
+    interval = "" if missing(low) else f" (95\\% CI [{pct(low)}, {pct(high)}])"
+    if not missing(low) and low > 0:
+        return f"{pct(value)} lower latency than {name}{interval}"
+    if not missing(high) and high < 0:  # the interval of the increase, so the words and the numbers agree
+        return f"{pct(-value)} higher latency than {name} (95\\% CI [{pct(-high)}, {pct(-low)}])"
+    return f"a latency not distinguishable from {name}'s (reduction {pct(value)}{interval}, which includes zero)"
+
+
+def configuration_sentence(name: str, s: dict) -> str:
+    best = s["best_fixed_action"]
+    return (f"On \\texttt{{{tex_escape(name)}}}, RAKV-ASD has {comparison(s['latency_reduction']['joint-k4'], 'joint-k4')}, "
+            f"{comparison(s['latency_reduction']['kv-only'], 'kv-only')}, and "
+            f"{comparison(s['latency_reduction']['best-fixed'], 'best-fixed')} "
+            f"(\\texttt{{{best}}} in hindsight).")
+
+
+def abstract(summary: dict, meta: dict) -> str:
+    grid = summary["grid"]
+    prompts = ", ".join(f"{n} {tex_escape(d)}" for d, n in grid["prompts"].items())
+    text = [
+        "We reproduce a study of joint cross-request prefix KV reuse and speculative decoding in which a measured "
+        "cost model chooses, per request, whether to reuse cached prefix state ($r$) and how many draft tokens to "
+        "speculate ($k$, including $k=0$).",
+        f"On {tex_escape(meta['hardware']['processor'])} ({tex_escape(meta['hardware']['device'])}), with "
+        f"{prompts} prompts, {len(grid['scenarios'])} reuse scenarios, every feasible action measured at least "
+        f"{grid['measurements_per_action_min']} times and {summary['runs']} timed runs in all.",
+    ]
+    text += [configuration_sentence(name, s) for name, s in summary["per_configuration"].items()]
+    exact = summary["exact"]
+    text.append(f"{exact['equal']}/{exact['total']} outputs are identical to autoregressive greedy decoding.")
+    return " ".join(text) + "\n"
+
+
+def claims_discussion(summary: dict) -> str:
+    rows = pd.DataFrame(summary["claims"])
+    if rows.empty:
+        return "No claims could be evaluated.\n"
+    parts = []
+    for name, part in rows.groupby("configuration", sort=False):
+        direction = part[part.direction != "n/a"].direction.value_counts()
+        magnitude = part.magnitude.value_counts()
+        parts.append(
+            f"On \\texttt{{{tex_escape(name)}}}, of {int(direction.sum())} signed claims the direction is reproduced "
+            f"for {direction.get('yes', 0)}, reversed for {direction.get('no', 0)} and inconclusive for "
+            f"{direction.get('inconclusive', 0)}; of {len(part)} magnitudes, {magnitude.get('yes', 0)} "
+            f"{'lies' if magnitude.get('yes', 0) == 1 else 'lie'} within "
+            f"their tolerance band, {magnitude.get('no', 0)} outside it and {magnitude.get('inconclusive', 0)} "
+            "straddle its edge.")
+        reversed_ = part[part.direction == "no"].claim.tolist()
+        if reversed_:
+            parts.append("Reversed: " + "; ".join(tex_escape(c) for c in reversed_) + ".")
+    return " ".join(parts) + "\n"
+
+
+def verdict(triple) -> str:
+    """A latency reduction's CI in two words: faster than / slower than / not distinguishable from."""
+    value, low, high = triple
+    if missing(value):
+        return "not compared with"
+    if not missing(low) and low > 0:
+        return "faster than"
+    if not missing(high) and high < 0:
+        return "slower than"
+    return "not distinguishable from"
+
+
+def introduction_findings(summary: dict) -> str:
+    """The introduction's paragraph on what this reproduction finds, worded by the signs of its CIs."""
+    rows = pd.DataFrame(summary["claims"])
+    text = [f"This reproduction ran {summary['runs']} timed requests on "
+            f"{len(summary['configurations'])} configuration{'s' if len(summary['configurations']) != 1 else ''}."]
+    for name, s in summary["per_configuration"].items():
+        first, second, third = (f"{verdict(s['latency_reduction'][b])} {BASELINE_TEXT[b]}"
+                                for b in ("joint-k4", "kv-only", "best-fixed"))
+        verdicts = f"{first}, {second}, and {third}"
+        text.append(f"On \\texttt{{{tex_escape(name)}}}, RAKV-ASD is {verdicts} (95\\% CIs in the abstract and "
+                    "Table~\\ref{tab:statistics}).")
+    if not rows.empty:
+        signed = rows[~rows.direction.isin(["n/a", "missing"])]
+        counts = signed.direction.value_counts()
+        text.append(f"Of the reference's {len(signed)} signed claims (counted per configuration), the direction is "
+                    f"reproduced for {counts.get('yes', 0)}, reversed for {counts.get('no', 0)} and inconclusive for "
+                    f"{counts.get('inconclusive', 0)} (Section~\\ref{{sec:claims}}).")
+    feas = summary["feasibility"]
+    if feas.get("status") != "missing":
+        text.append(f"On the larger pair: {tex_escape(summary.get('feasibility_verdict', 'missing'))}.")
+    exact = summary["exact"]
+    text.append(f"Every output is checked against autoregressive greedy decoding: {exact['equal']} of "
+                f"{exact['total']} are identical.")
+    return " ".join(text) + "\n"
+
+
+def stage_times(results: Path) -> dict[str, int]:
+    """Seconds of each pipeline stage's last run on this results folder (reproduce.sh's stage_times.tsv)."""
+    path = Path(results) / "stage_times.tsv"
+    if not path.exists():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        fields = line.split("\t")
+        if len(fields) >= 2 and fields[1].isdigit():
+            out[fields[0]] = int(fields[1])
+    return out
+
+
+def reproducibility(summary: dict, meta: dict, times: dict[str, int]) -> str:
+    """The reproducibility appendix: machine, versions, commit, the commands, the stages' wall times."""
+    hardware, packages, config = meta["hardware"], meta["packages"], meta["config"]
+    profile = tex_escape(config["profile"]["name"])
+    versions = ", ".join(f"{tex_escape(name)} {tex_escape(version)}" for name, version in packages.items()
+                         if version is not None)
+    commit = tex_escape((meta.get("git_commit") or "unknown")[:12])
+    shipped = summary["results"].startswith("data/reference/")
+    paragraphs = [
+        ("\\paragraph{Raw data.} The run this paper reports ships with the artifact: " if shipped else
+         "\\paragraph{Raw data.} The run this paper reports is a results folder of its own: ")
+        + f"\\texttt{{{tex_escape(summary['results'])}/}} holds the study's \\texttt{{runs.parquet}} and "
+        "\\texttt{metadata.json}, the calibrations, the sensitivity and feasibility tables and \\texttt{summary.json}. "
+        "The analysis stage recomputes every statistic, table, figure and generated sentence here from them"
+        + (", and a test fails when the shipped numbers and today's analysis disagree." if shipped else "."),
+        f"\\paragraph{{Machine and software.}} {tex_escape(hardware['processor'])} ({tex_escape(hardware['device'])}, "
+        f"{hardware['threads'] or 'GPU'} threads, {tex_escape(hardware['dtype'])}); {versions}. Model forwards use "
+        f"the \\texttt{{{tex_escape(config.get('kernels', 'stock'))}}} kernels.",
+        "\\paragraph{Provenance.} The study was measured "
+        f"at commit \\texttt{{{commit}}} with profile \\texttt{{{profile}}} and seed {config.get('seed')}: "
+        f"{summary['runs']} timed runs ({summary['strategy_runs']} RAKV-ASD, {summary['sweep_runs']} action "
+        "measurements). Its \\texttt{study/metadata.json} holds the composed configuration, the package versions, "
+        "the calibration keys and the machine's load before and after the runs.",
+    ]
+    if times:
+        listed = ", ".join(f"{tex_escape(stage)} {seconds:,}\\,s" for stage, seconds in times.items())
+        paragraphs.append(f"\\paragraph{{Wall time.}} {listed}; {sum(times.values()) / 60:.1f} minutes in all.")
+    paragraphs.append(
+        "\\paragraph{Commands.} Set-up and tests: \\texttt{./scripts/test.sh}. The whole pipeline: "
+        f"\\texttt{{./reproduce.sh profile={profile}}}, which ends by comparing the fresh run with the shipped one "
+        "(\\texttt{scripts/compare\\_runs.py}). Statistics, figures and this paper from the shipped raw tables alone: "
+        f"\\texttt{{./reproduce.sh stages=analysis,paper results\\_dir=data/reference/{profile}}}.")
+    return "\n\n".join(paragraphs) + "\n"
+
+
+def limitations(summary: dict, meta: dict) -> str:
+    grid, config = summary["grid"], meta["config"]
+    hardware = meta["hardware"]
+    text = [
+        f"Timings depend on the machine ({tex_escape(hardware['processor'])}, {tex_escape(hardware['device'])}): "
+        "a speculative round's cost relative to a target step differs between machines, so the break-even "
+        "acceptance and the value of speculation differ from the reference's.",
+        f"The grid is the profile's (\\texttt{{{tex_escape(config['profile']['name'])}}}): "
+        + ", ".join(f"{n} {tex_escape(d)} prompts" for d, n in grid["prompts"].items())
+        + f" over {len(grid['length_bins'])} length bin{'s' if len(grid['length_bins']) != 1 else ''}, "
+        f"{grid['new_tokens']} new tokens, "
+        f"{grid['measurements_per_action_min']} measurements per action and {grid['controller_repeats']} "
+        "controller runs per scenario; confidence intervals resample prompts, so with few prompts they are wide.",
+    ]
+    undecided = [r for r in summary["claims"] if r["direction"] == "inconclusive"]
+    if undecided:
+        text.append(f"{len(undecided)} signed claims are inconclusive at this grid's power.")
+    mapes = {n: s["mape"][0] for n, s in summary["per_configuration"].items() if not missing(s["mape"][0])}
+    if mapes:
+        worst = max(mapes, key=mapes.get)
+        text.append(f"The cost model's largest MAPE is {pct(mapes[worst])} (\\texttt{{{tex_escape(worst)}}}).")
+    known = {n: v for n, v in summary.get("acceptance_mape", {}).items()
+             if not missing(v["calibrated"][0]) and not missing(v["prompt"][0])}
+    if known:
+        text.append("Re-evaluated with one calibrated acceptance for every prompt, its MAPE is "
+                    + ", ".join(f"{pct(v['calibrated'][0])} (\\texttt{{{tex_escape(n)}}})" for n, v in known.items())
+                    + "; with each prompt's own acceptance and share of rounds with candidates measured in the study, "
+                    "which no controller knows before "
+                    "the request, it is " + ", ".join(f"{ci_text(v['prompt'])}" for v in known.values()) + ".")
+        lower = [n for n, v in known.items() if v["prompt"][2] < v["calibrated"][0]]
+        if lower:
+            text.append("For " + ", ".join(f"\\texttt{{{tex_escape(n)}}}" for n in lower) + " the upper end of that "
+                        "interval lies below the calibrated-acceptance error: that part of the error is the request's "
+                        "acceptance, not the measured costs.")
+    feas = summary["feasibility"]
+    if feas.get("status") != "ran":
+        text.append("The feasibility pair's weights were unavailable: "
+                    f"{tex_escape(summary.get('feasibility_verdict', 'missing'))}.")
+    return " ".join(text) + "\n"
+
+
+def macros(summary: dict, meta: dict) -> dict[str, str]:
+    m = {"ProfileName": tex_escape(meta["config"]["profile"]["name"]), "RunsTotal": str(summary["runs"]),
+         "StrategyRuns": str(summary["strategy_runs"]), "SweepRuns": str(summary["sweep_runs"]),
+         "Configurations": tex_escape(", ".join(summary["configurations"])),
+         "Hardware": tex_escape(f"{meta['hardware']['processor']} ({meta['hardware']['device']}, "
+                                f"{meta['hardware']['threads'] or 'GPU'} threads, {meta['hardware']['dtype']})"),
+         "TorchVersion": tex_escape(meta["packages"]["torch"]),
+         "TransformersVersion": tex_escape(meta["packages"]["transformers"]),
+         "GitCommit": tex_escape((meta.get("git_commit") or "unknown")[:12]),
+         "NewTokens": str(meta["config"]["profile"]["study"]["new_tokens"]),
+         "KernelsMode": tex_escape(meta["config"].get("kernels", "stock")),
+         "MeasurementsPerAction": str(summary["grid"]["measurements_per_action_min"]),
+         "ControllerRepeats": str(summary["grid"]["controller_repeats"]),
+         "ExactEqual": str(summary["exact"]["equal"]), "ExactTotal": str(summary["exact"]["total"]),
+         "NoiseLevel": pct(analysis.NOISE_LEVEL, 0),
+         "CrossoverMeasured": tex_escape(", ".join(f"{k}: {num(v)}" for k, v in summary["crossover_measured"].items())
+                                         or "n/a"),
+         "FeasibilityStatus": tex_escape(summary["feasibility"].get("status", "missing")),
+         "FeasibilityGap": tex_escape(summary.get("feasibility_verdict", "missing"))}
+    for baseline, name in BASELINE_NAMES.items():
+        m[f"LatRedPooled{name}"] = ci_text(summary["pooled"]["latency_reduction"][baseline])
+    return m
+
+
+def statistics_table(summary: dict) -> str:
+    """Per configuration: the controller's statistics with their CIs."""
+    names = list(summary["per_configuration"])
+    rows = [
+        ("accuracy, strict", lambda s: ci_text(s["accuracy_action"])),
+        ("accuracy, within noise", lambda s: ci_text(s["accuracy_within_noise"])),
+        ("accuracy of $k$", lambda s: ci_text(s["accuracy_k"])),
+        ("accuracy of a random choice", lambda s: pct(s["accuracy_chance"])),
+        ("mean regret (cross-fitted)", lambda s: ci_text(s["mean_regret"])),
+        ("worst per-scenario regret", lambda s: pct(s["worst_regret"])),
+        ("mean regret of a random choice", lambda s: ci_text(s["random_regret"])),
+        ("MAPE", lambda s: ci_text(s["mape"])),
+        ("MAPE, action-blind predictor", lambda s: pct(s["mape_null"])),
+        ("Spearman $\\rho$, mean per scenario", lambda s: ci_text(s["spearman"], num)),
+        ("Spearman $\\rho$, pooled", lambda s: num(s["spearman_pooled"])),
+        ("best fixed action (hindsight)", lambda s: f"\\texttt{{{s['best_fixed_action']}}}"),
+        *[(f"latency reduction vs {tex_escape(b)}", (lambda b: lambda s: ci_text(s["latency_reduction"][b]))(b))
+          for b in analysis.BASELINES],
+        ("best $k\\neq0$ vs $k=0$, slowdown", lambda s: f"{pct(s['spec_slowdown']['min'], 0)} to "
+                                                     f"{pct(s['spec_slowdown']['max'], 0)}"),
+    ]
+    lines = [r"\begin{tabular}{l" + "r" * len(names) + "}", r"\toprule",
+             "Statistic & " + " & ".join(f"\\texttt{{{tex_escape(n)}}}" for n in names) + r" \\", r"\midrule"]
+    for label, get in rows:
+        lines.append(label + " & " + " & ".join(get(summary["per_configuration"][n]) for n in names) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def claims_table(rows: list[dict]) -> str:
+    lines = [r"\begin{tabular}{p{5.2cm}lrrrcc}", r"\toprule",
+             r"Claim & Configuration & Reference & Reproduced [95\% CI] & Band & Direction & Magnitude \\",
+             r"\midrule"]
+    for row in rows:
+        fmt = (lambda v: pct(v)) if row["unit"] == "%" else (lambda v: num(v))
+        lines.append(f"{tex_escape(row['claim'])} & \\texttt{{{tex_escape(row['configuration'])}}} & "
+                     f"{fmt(row['reference'])} & {ci_text((row['reproduced'], row['ci_low'], row['ci_high']), fmt)} & "
+                     f"[{fmt(row['band_low'])}, {fmt(row['band_high'])}] & {row['direction']} & {row['magnitude']} \\\\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def markdown_value(value, unit: str) -> str:
+    if missing(value):
+        return "n/a"
+    return f"{100 * value:.1f} %" if unit == "%" else f"{value:.3f}"
+
+
+def claims_markdown(rows: list[dict]) -> str:
+    """The claims table (as claims_table) in Markdown, for the README."""
+    lines = ["| claim | configuration | reference | reproduced [95 % CI] | band | direction | magnitude |",
+             "|---|---|---:|---:|---:|:---:|:---:|"]
+    for row in rows:
+        value = lambda v: markdown_value(v, row["unit"])  # noqa: E731
+        interval = "" if missing(row["ci_low"]) else f" [{value(row['ci_low'])}, {value(row['ci_high'])}]"
+        lines.append(f"| {row['claim']} | `{row['configuration']}` | {value(row['reference'])} | "
+                     f"{value(row['reproduced'])}{interval} | [{value(row['band_low'])}, {value(row['band_high'])}] | "
+                     f"{row['direction']} | {row['magnitude']} |")
+    return "\n".join(lines) + "\n"
+
+
+def between_markers(text: str, name: str, body: str) -> str:
+    """`text` with what stands between <!-- name --> and <!-- /name --> replaced by `body`."""
+    start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise ValueError(f"expected one {start} ... {end} pair")
+    head, rest = text.split(start)
+    return head + start + "\n" + body + end + rest.split(end, 1)[1]
+
+
+def refresh_readme(summary: dict, readme: Path) -> bool:
+    """Write the claims table of `summary` into the README between its claims markers; True when it changed."""
+    text = Path(readme).read_text()
+    updated = between_markers(text, "claims", claims_markdown(summary["claims"]))
+    if updated != text:
+        Path(readme).write_text(updated)
+    return updated != text
+
+
+def acceptance_table(rows: list[dict]) -> str:
+    lines = [r"\begin{tabular}{llrrrc}", r"\toprule",
+             r"Configuration & Dataset & Measured $\alpha$ [95\% CI] & Break-even $\alpha$ (least $k$) & "
+             r"Break-even $\alpha$, $k=4$ & Pays \\", r"\midrule"]
+    for r in rows:
+        least = "never" if missing(r["break_even_alpha"]) else f"{num(r['break_even_alpha'])} ($k={r['break_even_k']}$)"
+        pays = "n/a" if r["speculation_pays"] is None else ("yes" if r["speculation_pays"] else "no")
+        lines.append(f"\\texttt{{{tex_escape(r['configuration'])}}} & {tex_escape(r['dataset'])} & "
+                     f"{ci_text((r['acceptance'], r['acceptance_low'], r['acceptance_high']), num)} & {least} & "
+                     f"{'never' if missing(r['break_even_alpha_k4']) else num(r['break_even_alpha_k4'])} & {pays} \\\\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def strategy_table(runs: pd.DataFrame) -> str:
+    lat = analysis.strategy_latencies(runs)
+    table = (lat.groupby(["configuration", "strategy"])
+             .agg(runs=("latency_s", "size"), latency_s=("latency_s", "mean"), tokens_per_s=("tokens_per_s", "mean"))
+             .reset_index())
+    lines = [r"\begin{tabular}{llrrr}", r"\toprule",
+             r"Configuration & Strategy & Instances & Latency (s) & Throughput (tok/s) \\", r"\midrule"]
+    for row in table.itertuples():
+        lines.append(f"{tex_escape(row.configuration)} & {tex_escape(row.strategy)} & {row.runs} & "
+                     f"{row.latency_s:.3f} & {row.tokens_per_s:.1f} \\\\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def memory_table(rows: list[dict]) -> str:
+    lines = [r"\begin{tabular}{lrrr}", r"\toprule",
+             r"Configuration & $k$ & Peak K/V, mean (MiB) & Peak K/V, max (MiB) \\", r"\midrule"]
+    for r in rows:
+        lines.append(f"\\texttt{{{tex_escape(r['configuration'])}}} & {r['k']} & {r['peak_kv_mib']:.2f} & "
+                     f"{r['peak_kv_mib_max']:.2f} \\\\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def ablation_table(frame: pd.DataFrame) -> str:
+    """The controller ablations (rakv.experiments.ablation.ablation_table) as a LaTeX table."""
+    lines = [r"\begin{tabular}{>{\raggedright\arraybackslash}p{4.4cm}lllllll}", r"\toprule",
+             r"Variant & Mean regret & Worst & Acc.\ strict & Acc.\ within noise & Spearman & vs best fixed & Spec.\ share \\",
+             r"\midrule"]
+    for name, part in frame.groupby("configuration", sort=False):
+        lines.append(f"\\multicolumn{{8}}{{l}}{{\\texttt{{{tex_escape(name)}}}}} \\\\")
+        for row in part.to_dict("records"):
+            lines.append(f"{tex_escape(row['variant'])} & {ci_text(row['mean_regret'])} & {pct(row['worst_regret'])} & "
+                         f"{ci_text(row['accuracy_action'], lambda v: pct(v, 0))} & "
+                         f"{ci_text(row['accuracy_within_noise'], lambda v: pct(v, 0))} & {ci_text(row['spearman'], num)} & "
+                         f"{ci_text(row['vs_best_fixed'])} & {pct(row['speculative_share'], 0)} \\\\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_ablation(frame: pd.DataFrame, out_dir: Path) -> Path:
+    path = Path(out_dir) / "ablation_table.tex"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(ablation_table(frame))
+    return path
+
+
+def write_generated(summary: dict, results: Path, out_dir: Path) -> list[Path]:
+    """paper/generated/<name>/: macros, tables, and the generated abstract, claims discussion and limitations."""
+    results, out_dir = Path(results), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = json.loads((results / "study" / "metadata.json").read_text())
+    runs = pd.read_parquet(results / "study" / "runs.parquet")
+    files = {
+        "macros.tex": "% generated by rakv.experiments.report from summary.json; do not edit\n" + "".join(
+            f"\\newcommand{{\\{name}}}{{{value}}}\n" for name, value in macros(summary, meta).items()),
+        "abstract.tex": abstract(summary, meta),
+        "claims_discussion.tex": claims_discussion(summary),
+        "limitations.tex": limitations(summary, meta),
+        "introduction.tex": introduction_findings(summary),
+        "reproducibility.tex": reproducibility(summary, meta, stage_times(results)),
+        "claims_table.tex": claims_table(summary["claims"]),
+        "statistics_table.tex": statistics_table(summary),
+        "acceptance_table.tex": acceptance_table(summary["acceptance"]),
+        "memory_table.tex": memory_table(summary["peak_kv"]),
+        "strategy_table.tex": strategy_table(runs),
+    }
+    paths = []
+    for name, text in files.items():
+        (out_dir / name).write_text(text)
+        paths.append(out_dir / name)
+    return paths

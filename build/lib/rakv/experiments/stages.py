@@ -1,0 +1,132 @@
+"""The pipeline's stages, in the order `reproduce.sh` runs them, behind one wrapper that validates the composed
+config first and turns a RakvError into a one-line message and a non-zero exit (never a traceback).
+
+Each scripts/run_<stage>.py is a Hydra entry point that calls `run_stage("<stage>", cfg)`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from rakv.experiments.config import configurations, cost_table_for, engine_for, results_dir, validate
+from rakv.runtime.errors import RakvError
+from rakv.runtime.paths import PAPER_DIR as PAPER
+from rakv.runtime.paths import REFERENCE_DIR, ROOT, shown
+
+README_REFERENCE = REFERENCE_DIR / "offline"  # the shipped run whose claims table the README shows
+
+
+def calibrate(cfg: DictConfig) -> None:
+    """Every configuration's cost table (reused when still valid), copied into the results folder."""
+    for configuration in configurations(cfg):
+        engine = engine_for(cfg, configuration)
+        table = cost_table_for(cfg, engine)
+        print(f"calibration {configuration.name}: alpha = {table.acceptance:.3f}, target step "
+              f"{table.target_step(256) * 1e3:.1f} ms at 256 tokens of context", flush=True)
+
+
+def study(cfg: DictConfig) -> None:
+    from rakv.experiments.study import run_main_study
+
+    run_main_study(cfg)
+
+
+def sensitivity(cfg: DictConfig) -> None:
+    from rakv.experiments.sensitivity import run_sensitivity
+
+    run_sensitivity(cfg)
+
+
+def feasibility(cfg: DictConfig) -> None:
+    from rakv.experiments.feasibility import run_feasibility
+
+    run_feasibility(cfg)
+
+
+def analysis(cfg: DictConfig) -> None:
+    """Every notebook, headless, on results/<name>/: summary.json, figures/<name>/, paper/generated/<name>/."""
+    from rakv.experiments.notebooks import OutputPaths, run_all
+    from rakv.experiments.report import refresh_readme
+
+    results = results_dir(cfg)
+    if not (results / "study" / "runs.parquet").exists():
+        raise RakvError(f"{results}/study/runs.parquet is missing: run the study stage first")
+    paths = run_all(cfg.profile.name, OutputPaths.of(results))
+    print(f"analysis: summary {paths.results / 'summary.json'}, figures {paths.figures}, LaTeX {paths.generated}",
+          flush=True)
+    before = cfg.profile.get("before_engine")
+    if before and (ROOT / before / "summary.json").exists():  # the same profile run with the previous engine
+        from rakv.experiments.enginecompare import write_engine_comparison
+
+        written = write_engine_comparison(ROOT / before, paths.results, paths.generated)
+        print(f"analysis: engine before/after ({before} vs {shown(paths.results)}): {written[0].name}", flush=True)
+    if paths.results == README_REFERENCE.resolve():
+        summary = json.loads((paths.results / "summary.json").read_text())
+        changed = refresh_readme(summary, ROOT / "README.md")
+        print(f"analysis: README's claims table {'refreshed' if changed else 'unchanged'} from {shown(paths.results)}",
+              flush=True)
+
+
+def paper(cfg: DictConfig) -> None:
+    """paper/build/<name>/main.pdf from paper/main.tex and refs.bib with one results folder's numbers and figures
+    (latexmk + bibtex: Debian's texlive-latex-extra, texlive-bibtex-extra and latexmk)."""
+    from rakv.experiments.notebooks import OutputPaths
+
+    paths = OutputPaths.of(results_dir(cfg))
+    name = paths.results.name
+    if not (paths.generated / "macros.tex").exists():
+        raise RakvError(f"{paths.generated} is empty: run the analysis stage of profile {cfg.profile.name} first")
+    if not shutil.which("latexmk") or not shutil.which("pdflatex"):
+        print(f"paper: LaTeX is not installed, so no PDF was built; paper/main.tex and {paths.generated} are "
+              "complete. To build: apt-get install texlive-latex-extra texlive-bibtex-extra latexmk, then rerun "
+              "./reproduce.sh stages=paper", flush=True)
+        return
+    build = PAPER / "build" / name
+    build.mkdir(parents=True, exist_ok=True)
+    # main.tex reads generated/\RakvOutputs/ and ../figures/\RakvOutputs/; latexmk runs pdflatex and bibtex until
+    # the references settle. -g: rebuild even when latexmk thinks nothing changed (the figures may have)
+    command = ["latexmk", "-pdf", "-g", "-interaction=nonstopmode", "-halt-on-error", f"-outdir={build}",
+               f"-usepretex=\\def\\RakvOutputs{{{name}}}", "main.tex"]
+    done = subprocess.run(command, cwd=PAPER, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RakvError(f"LaTeX failed; see {build / 'main.log'} (and {build / 'main.blg'} for the bibliography)")
+    print(f"paper: built {build / 'main.pdf'}", flush=True)
+
+
+STAGES = {"calibrate": calibrate, "study": study, "sensitivity": sensitivity, "feasibility": feasibility,
+          "analysis": analysis, "paper": paper}
+
+
+def peak_rss_bytes() -> int:
+    """The largest resident set of this process or of any worker it waited for (Linux reports KiB)."""
+    import resource
+
+    return 1024 * max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                      resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+
+
+def run_stage(name: str, cfg: DictConfig) -> None:
+    try:
+        validate(cfg)
+        STAGES[name](cfg)
+        peak = peak_rss_bytes()
+        print(f"{name}: peak resident memory {peak / 1e9:.2f} GB (the largest process: the stage or a worker)",
+              flush=True)
+        # beside reproduce.sh's stage_times.tsv (results/<profile>/, whatever results_dir is), so that
+        # regenerating a shipped run's outputs never appends to its tables
+        record = ROOT / "results" / cfg.profile.name
+        record.mkdir(parents=True, exist_ok=True)
+        with open(record / "stage_rss.tsv", "a") as fh:
+            fh.write(f"{name}\t{peak}\n")
+    except RakvError as exc:
+        print(f"{name}: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted; rerun the same command to resume", file=sys.stderr, flush=True)
+        sys.exit(130)

@@ -1,0 +1,354 @@
+"""The main study (paper/main.tex, "Setup"): plan, timed runs, and a crash-safe, resumable results journal.
+
+A *configuration* is a pair with a proposer (`conf/configuration/<name>.yaml`). For every configuration,
+dataset, prompt and scenario the plan holds `sweep_repeats` *measurements* of every feasible action
+(r, k) -- the oracle's data, and also the data of every fixed strategy, which is just an action
+(`ar` = r0k0, `joint-k4` = r1k4) -- and `repeats` runs of the adaptive strategy (rakv-asd), whose
+decisions depend on the controller's state and so are timed themselves. Nothing is timed twice under
+two names:
+
+- an action that does not reuse (r = 0) never reads the store, so it is measured once per prompt
+  (under the scenario name `cold`) and stands for that action in every scenario;
+- an action with k = 0 never calls the proposer, so configurations sharing a target pair measure it
+  once (under the first such configuration) and share it;
+- the AR reference every output is checked against is the r0k0 measurement itself.
+
+Runs execute in a shuffled order (seed recorded). Each starts from a defined store state: the
+scenario's warm-up prompts are prefilled once, the store is snapshotted, and every run of that
+(prompt, scenario) restores the snapshot (no warm-up prefill is replayed per run). Each finished run
+is appended to a JSONL journal and fsynced, so a run killed at any moment loses at most the run in
+flight; rerunning skips what is done and resumes the controller's exact state. The Parquet table is
+written from the journal atomically (temp file + rename). rakv.experiments.analysis expands the measurements back
+to one row per (configuration, scenario, action, repeat).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from rakv.runtime.actions import ADAPTIVE, Action
+from rakv.runtime.cache import PrefixKVStore
+from rakv.runtime.calibration import calibration_key
+from rakv.experiments.config import Configuration, configurations, controller_config, cost_table_for, engine_for, prompts_for, results_dir
+from rakv.runtime.controller import Controller
+from rakv.runtime.costmodel import RequestFeatures
+from rakv.runtime.engine import Engine, RequestResult
+from rakv.runtime.errors import RakvError
+from rakv.experiments.records import Journal, exclusive, metadata, write_atomic, write_parquet
+from rakv.runtime.strategies import action_of, run_strategy
+from rakv.runtime.workloads import Prompt, build_scenario
+
+COLD = "cold"  # the scenario name under which actions that never read the store are measured
+
+# ---------------------------------------------------------------------------------------------
+# The plan
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    configuration: str
+    dataset: str
+    prompt_id: str
+    scenario: str
+    kind: str  # "strategy" (rakv-asd) or "sweep" (one measurement of an action)
+    strategy: str  # rakv-asd; for a sweep run the action label (r1k4)
+    repeat: int
+
+    @property
+    def run_id(self) -> str:
+        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        return hashlib.blake2b(blob, digest_size=10).hexdigest()
+
+
+def sweep_actions(controller: Controller, prompt_tokens: int, hit, new_tokens: int) -> list[Action]:
+    return controller.feasible_actions(RequestFeatures.from_hit(prompt_tokens, hit, new_tokens), hit)
+
+
+def measured_as(action: Action, scenario: str) -> str:
+    """The scenario under which an action's measurement is taken: its own if it reads the store, else cold."""
+    return scenario if action.reuse else COLD
+
+
+def donor_of(chosen: list[Prompt], index: int) -> tuple[int, ...]:
+    """The prompt whose tokens extend or diverge from prompt `index` in its scenarios: the next one drawn."""
+    return chosen[(index + 1) % len(chosen)].token_ids
+
+
+def plan_runs(cfg, configuration: Configuration, prompts: dict[str, list[Prompt]], controller: Controller,
+              engine: Engine, measure_k0: bool = True) -> list[PlannedRun]:
+    """Every run of one configuration. The sweep's actions: the controller's feasible ones (its own rule),
+    the fixed strategies' actions, and r0k0 (the AR reference). `measure_k0=False` when an earlier
+    configuration with the same pair measures the k = 0 actions."""
+    grid, runs = cfg.profile.study, []
+    strategies = list(cfg.experiment.strategies)
+    fixed = [action_of(s) for s in strategies if s != ADAPTIVE]
+    for dataset, chosen in prompts.items():
+        for index, prompt in enumerate(chosen):
+            donor = donor_of(chosen, index)
+            measured = {(COLD, Action(False, 0))}
+            for scenario_name in cfg.experiment.scenarios:
+                scenario = build_scenario(scenario_name, prompt.token_ids, donor)
+                hit = hit_after_warmups(engine, scenario, prompt)
+                for repeat in range(grid.repeats):
+                    if ADAPTIVE in strategies:
+                        runs.append(PlannedRun(configuration.name, dataset, prompt.id, scenario_name, "strategy",
+                                               ADAPTIVE, repeat))
+                offered = sweep_actions(controller, len(prompt.token_ids), hit, grid.new_tokens)
+                offered += [Action(a.reuse and hit.is_hit, a.k) for a in fixed]
+                measured |= {(measured_as(a, scenario_name), a) for a in offered}
+            for scenario_name, action in sorted(measured, key=lambda m: (m[0], m[1])):
+                if action.k == 0 and not measure_k0:
+                    continue
+                for repeat in range(grid.sweep_repeats):
+                    runs.append(PlannedRun(configuration.name, dataset, prompt.id, scenario_name, "sweep",
+                                           action.label, repeat))
+    return runs
+
+
+def hit_after_warmups(engine: Engine, scenario, prompt: Prompt):
+    """What the store would offer the prompt in this scenario: computed on token ids alone, without a model."""
+    store = PrefixKVStore(budget_bytes=engine.store.budget_bytes)
+    ns = engine.namespace(None)
+    for warm in scenario.warmups:  # placeholder tensors: only the token ids matter for matching
+        store.insert(ns, np.asarray(warm), [(torch.zeros(1, 1, len(warm), 1),) * 2], torch.zeros(1))
+    return store.peek(ns, np.asarray(prompt.token_ids))
+
+
+def predicted_seconds(controller: Controller, engine: Engine, planned: PlannedRun, prompt: Prompt, scenario,
+                      new_tokens: int) -> float:
+    """Wall time of one planned run's request from the cost tables (rakv-asd as the action it would choose now)."""
+    hit = hit_after_warmups(engine, scenario, prompt)
+    if planned.strategy == ADAPTIVE:
+        return controller.decide(len(prompt.token_ids), hit, new_tokens).predicted_latency_s
+    features = RequestFeatures.from_hit(len(prompt.token_ids), hit, new_tokens)
+    return controller.predict(features, action_of(planned.strategy))
+
+
+def predicted_setup_seconds(controller: Controller, scenarios) -> float:
+    """The one-time warm-up prefills that build the store snapshots of `scenarios`."""
+    table = controller.table
+    return sum(table.target_prefill(len(w)) + table.target_step(len(w)) for s in scenarios for w in s.warmups)
+
+
+def format_duration(seconds: float) -> str:
+    minutes, rest = divmod(int(round(seconds)), 60)
+    return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"
+
+
+def describe_plan(runs: list[PlannedRun]) -> str:
+    lines = [f"plan: {len(runs)} timed runs "
+             f"({sum(s.kind == 'strategy' for s in runs)} rakv-asd runs + {sum(s.kind == 'sweep' for s in runs)} "
+             "action measurements; fixed strategies are read from the measurements of their actions)"]
+    for factor in ("configuration", "dataset", "scenario", "kind", "strategy", "repeat"):
+        counts = Counter(getattr(s, factor) for s in runs)
+        lines.append(f"  {factor:<13} " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items(), key=str)))
+    lines.append(f"  prompts       {len({(s.dataset, s.prompt_id) for s in runs})}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+
+def output_hash(tokens: list[int]) -> str:
+    return hashlib.blake2b(json.dumps(tokens).encode(), digest_size=8).hexdigest()
+
+
+def reset_store(engine: Engine, warmups) -> None:
+    """A defined store state before a timed request: empty, then the scenario's warm-ups replayed (untimed)."""
+    engine.store.clear()
+    for warm in warmups:
+        engine.run(list(warm), Action(False, 0), 1, ignore_eos=True)
+
+
+def timed_run(engine: Engine, controller: Controller, planned: PlannedRun, prompt: Prompt, snapshot,
+              new_tokens: int) -> RequestResult:
+    """One timed request from a defined store state: the scenario's snapshot restored (no model work)."""
+    engine.store.restore(snapshot)
+    return run_strategy(engine, planned.strategy, list(prompt.token_ids), new_tokens, controller=controller,
+                        ignore_eos=True)
+
+
+def result_row(planned: PlannedRun, configuration: Configuration, prompt: Prompt, scenario, result: RequestResult,
+               order: int, seed: int) -> dict:
+    return {"run_id": planned.run_id, **asdict(planned), "pair": configuration.pair, "proposer": configuration.proposer,
+            "length_bin": prompt.length_bin, "reuse_rate_target": scenario.reuse_rate_target,
+            "reuse_rate": result.hit_tokens / result.prompt_tokens if result.reuse else 0.0,
+            **{k: v for k, v in result.to_row().items() if k != "strategy"},
+            "output_hash": output_hash(result.token_ids), "order": order, "seed": seed}
+
+
+@dataclass
+class PreparedConfiguration:
+    """One configuration ready to run: its engine, controller, prompts, whole plan and this shard's share."""
+
+    configuration: Configuration
+    engine: Engine
+    controller: Controller
+    prompts: dict[str, list[Prompt]]
+    runs: list[PlannedRun]
+    mine: list[PlannedRun]  # this shard's runs, in the shuffled execution order
+    snapshots: dict = field(default_factory=dict)  # (dataset, prompt id, scenario) -> store snapshot
+
+    def prompt_and_donor(self, planned: PlannedRun) -> tuple[Prompt, tuple[int, ...]]:
+        chosen = self.prompts[planned.dataset]
+        index = next(i for i, p in enumerate(chosen) if p.id == planned.prompt_id)
+        return chosen[index], donor_of(chosen, index)
+
+
+    def snapshot(self, planned: PlannedRun, scenario) -> list:
+        """The store state of this (prompt, scenario): its warm-ups prefilled once (untimed), then reused."""
+        key = (planned.dataset, planned.prompt_id, planned.scenario)
+        if key not in self.snapshots:
+            reset_store(self.engine, scenario.warmups)
+            self.snapshots[key] = self.engine.store.snapshot()
+        return self.snapshots[key]
+
+
+def prepare(cfg: DictConfig, configuration: Configuration, measure_k0: bool = True) -> PreparedConfiguration:
+    engine = engine_for(cfg, configuration)
+    controller = Controller(cost_table_for(cfg, engine), controller_config(cfg))
+    prompts = {d: prompts_for(cfg, engine.encode, d) for d in cfg.datasets}
+    runs = plan_runs(cfg, configuration, prompts, controller, engine, measure_k0)
+    order = list(range(len(runs)))
+    random.Random(cfg.seed).shuffle(order)  # recorded: the seed is in every row and in metadata
+    mine = [runs[i] for i in order if i % cfg.study.num_shards == cfg.study.shard_index]
+    return PreparedConfiguration(configuration, engine, controller, prompts, runs, mine)
+
+
+def run_main_study(cfg: DictConfig, out_dir: Path | None = None) -> Path:
+    """Plan every configuration, print the plan, then execute (or resume) the runs; returns the Parquet path.
+
+    out_dir: where the journal, plan and tables go (default results/<name>/study)."""
+    out_dir = out_dir or results_dir(cfg) / "study"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shard, shards = cfg.study.shard_index, cfg.study.num_shards
+    with exclusive(out_dir / f".lock.shard{shard}"):
+        return _run_locked(cfg, out_dir, shard, shards)
+
+
+def _run_locked(cfg: DictConfig, out_dir: Path, shard: int, shards: int) -> Path:
+    load_before = os.getloadavg()
+    journal = Journal(out_dir / (f"runs.shard{shard}of{shards}.jsonl" if shards > 1 else "runs.jsonl"))
+    chosen = configurations(cfg)
+    first_of_pair = {c.pair: c.name for c in reversed(chosen)}  # k = 0 actions: measured by the first per pair
+    prepared = [prepare(cfg, c, measure_k0=first_of_pair[c.pair] == c.name) for c in chosen]
+    all_runs = [planned for p in prepared for planned in p.runs]
+    calibrations = {p.configuration.name: calibration_key(p.engine.pair, p.engine.proposer) for p in prepared}
+    plan = describe_plan(all_runs)
+    planned_ids = {s.run_id for s in all_runs}
+    stray = [r for r in journal.rows if r["run_id"] not in planned_ids]
+    if stray:
+        raise RakvError(f"{journal.path} holds {len(stray)} runs of a different plan; "
+                        "use another results_dir or remove the old results")
+    todo = {p.configuration.name: [s for s in p.mine if s.run_id not in journal.done] for p in prepared}
+    if not cfg.study.merge_only:
+        expected = sum(predicted_wall_seconds(p, todo[p.configuration.name], cfg.profile.study.new_tokens)
+                       for p in prepared)
+        plan += (f"\n  this shard: {sum(map(len, todo.values()))} runs to do; expected wall time "
+                 f"{format_duration(expected)} (predicted from the cost tables)")
+    print(plan, flush=True)
+    write_atomic(out_dir / "plan.txt", plan + "\n")
+    for p in ([] if cfg.study.merge_only else prepared):
+        name = p.configuration.name
+        print(f"{name}: {len(p.mine)} runs planned here, {len(p.mine) - len(todo[name])} already done", flush=True)
+        if todo[name]:
+            _execute(cfg, p, todo[name], journal)
+    load = {"load_average_1_5_15min_at_start": load_before, "load_average_1_5_15min_at_end": os.getloadavg(),
+            "cpus": os.cpu_count()}
+    return finalize(cfg, out_dir, all_runs, calibrations, load)
+
+
+def scenario_of(p: PreparedConfiguration, planned: PlannedRun):
+    prompt, donor = p.prompt_and_donor(planned)
+    return prompt, build_scenario(planned.scenario, prompt.token_ids, donor)
+
+
+def predicted_wall_seconds(p: PreparedConfiguration, runs: list[PlannedRun], new_tokens: int) -> float:
+    """The runs' requests plus the one-time warm-ups that build their store snapshots, from the cost tables."""
+    total, scenarios = 0.0, {}
+    for planned in runs:
+        prompt, scenario = scenario_of(p, planned)
+        scenarios[planned.dataset, planned.prompt_id, planned.scenario] = scenario
+        total += predicted_seconds(p.controller, p.engine, planned, prompt, scenario, new_tokens)
+    return total + predicted_setup_seconds(p.controller, scenarios.values())
+
+
+def _execute(cfg, p: PreparedConfiguration, todo: list[PlannedRun], journal: Journal) -> None:
+    grid, engine, controller = cfg.profile.study, p.engine, p.controller
+    first = next(iter(p.prompts.values()))[0]
+    for _ in range(grid.model_warmup_requests):  # warm kernels and allocator before timing
+        engine.run(list(first.token_ids), Action(True, max(cfg.controller.k_set)), grid.new_tokens, ignore_eos=True)
+    states = [r for r in sorted(journal.rows, key=lambda r: r["order"])
+              if r["configuration"] == p.configuration.name and r.get("ewma_accepted") is not None]
+    if states:  # resume the controller exactly where the interrupted run left it
+        last = states[-1]
+        by_match = last.get("ewma_by_match")
+        controller.restore((last["ewma_accepted"], last["ewma_rejected"], last.get("ewma_matched")),
+                           json.loads(by_match) if by_match else None, len(states))
+    position = {s.run_id: i for i, s in enumerate(p.mine)}
+    for planned in tqdm(todo, desc=f"study {p.configuration.name}", unit="run", dynamic_ncols=True, mininterval=2):
+        prompt, scenario = scenario_of(p, planned)
+        result = timed_run(engine, controller, planned, prompt, p.snapshot(planned, scenario), grid.new_tokens)
+        journal.append(result_row(planned, p.configuration, prompt, scenario, result, position[planned.run_id],
+                                  cfg.seed))
+
+
+def mark_equal_to_ar(rows: list[dict]) -> None:
+    """Set `equal_to_ar` on every row: its output against its pair's r0k0 measurement of the same prompt
+    (the AR reference, computed once as a measurement); the r0k0 repeats must agree with each other."""
+    reference: dict[tuple, set] = {}
+    for row in rows:
+        if row["kind"] == "sweep" and row["strategy"] == Action(False, 0).label:
+            reference.setdefault((row["pair"], row["dataset"], row["prompt_id"]), set()).add(row["output_hash"])
+    for key, hashes in reference.items():
+        if len(hashes) > 1:
+            raise RakvError(f"the AR (r0k0) runs of {'/'.join(key)} disagree with each other: "
+                            "greedy decoding is not deterministic here")
+    for row in rows:
+        key = (row["pair"], row["dataset"], row["prompt_id"])
+        if key not in reference:
+            raise RakvError(f"no r0k0 (AR) measurement of {'/'.join(key)} to check outputs against")
+        row["equal_to_ar"] = row["output_hash"] in reference[key]
+
+
+def finalize(cfg, out_dir: Path, runs: list[PlannedRun], calibrations: dict, load: dict) -> Path:
+    """Merge every shard's journal into runs.parquet once all planned runs are present."""
+    rows, seen = [], set()
+    for path in sorted(out_dir.glob("runs*.jsonl")):
+        for row in Journal(path).rows:
+            if row["run_id"] not in seen:
+                seen.add(row["run_id"])
+                rows.append(row)
+    planned_ids = {s.run_id for s in runs}
+    missing = planned_ids - seen
+    if missing:
+        print(f"study: {len(missing)} of {len(planned_ids)} planned runs still missing (other shards?); "
+              "rerun to complete or merge later", flush=True)
+        return out_dir / "runs.parquet"
+    rows = [r for r in rows if r["run_id"] in planned_ids]
+    mark_equal_to_ar(rows)
+    path = out_dir / "runs.parquet"
+    frame = write_parquet(rows, path)
+    write_atomic(out_dir / "metadata.json", json.dumps(metadata(cfg, {
+        "calibration_keys": calibrations, "hardware": next(iter(calibrations.values()))["hardware"],
+        "runs": len(frame), "plan": describe_plan(runs), "machine_load": load}), indent=1))
+    strategy_rows = frame[frame.kind == "strategy"]
+    unequal = int((~frame.equal_to_ar).sum())
+    print(f"study: {len(frame)} runs in {path}; strategy runs equal to AR: "
+          f"{int(strategy_rows.equal_to_ar.sum())}/{len(strategy_rows)}; all runs equal to AR: "
+          f"{len(frame) - unequal}/{len(frame)}", flush=True)
+    if unequal:
+        raise RakvError(f"{unequal} runs produced output different from AR greedy decoding (equal_to_ar = false)")
+    return path

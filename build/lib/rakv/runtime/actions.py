@@ -1,0 +1,66 @@
+"""The domain vocabulary, defined once: actions (r, k), strategy names, and the k values calibrated.
+
+An *action* is the pair (reuse r, speculation depth k) of paper/main.tex (Method: "Cost model and
+controller"); its label is `r1k4`. A fixed strategy is a fixed action (`ar` = r0k0, `kv-only` =
+r1k0, `spec-k4` = r0k4, `joint-k4` = r1k4); `rakv-asd` lets the controller choose one per request.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from rakv.runtime.errors import RakvError
+
+SPEC_K = (1, 2, 4, 6, 8)  # speculation depths calibrated and offered to the controller (k = 0 besides)
+ADAPTIVE = "rakv-asd"
+FIXED_STRATEGIES = ("ar", "kv-only", *(f"spec-k{k}" for k in SPEC_K), *(f"joint-k{k}" for k in SPEC_K))
+STRATEGIES = (*FIXED_STRATEGIES, ADAPTIVE)
+
+_LABEL = re.compile(r"r([01])k(\d+)")
+_STRATEGY = re.compile(r"(spec|joint)-k(\d+)")
+
+
+@dataclass(frozen=True, order=True)
+class Action:
+    reuse: bool
+    k: int
+
+    @property
+    def label(self) -> str:
+        return f"r{int(self.reuse)}k{self.k}"
+
+    @staticmethod
+    def is_label(text: str) -> bool:
+        return _LABEL.fullmatch(text) is not None
+
+    @classmethod
+    def parse(cls, label: str) -> "Action":
+        """The action of a label such as `r1k4` (as the study's `action` column holds)."""
+        match = _LABEL.fullmatch(label)
+        if not match or (int(match[2]) and int(match[2]) not in SPEC_K):
+            raise RakvError(f"'{label}' is not an action label (r0k0 .. r1k{SPEC_K[-1]})")
+        return cls(match[1] == "1", int(match[2]))
+
+    @classmethod
+    def of_strategy(cls, name: str) -> "Action":
+        """The fixed action of a baseline strategy name."""
+        if name == "ar":
+            return cls(False, 0)
+        if name == "kv-only":
+            return cls(True, 0)
+        match = _STRATEGY.fullmatch(name)
+        if match and int(match[2]) in SPEC_K:
+            return cls(match[1] == "joint", int(match[2]))
+        raise RakvError(f"unknown strategy '{name}' (a fixed one: {', '.join(FIXED_STRATEGIES)}; or {ADAPTIVE})")
+
+
+def parse_k_set(values) -> tuple[int, ...]:
+    """A sorted, validated set of speculation depths: 0 and values of SPEC_K only."""
+    try:
+        k_set = tuple(sorted({int(v) for v in values}))
+    except (TypeError, ValueError):
+        raise RakvError(f"k_set must be integers, got {values!r}") from None
+    if not k_set or any(k != 0 and k not in SPEC_K for k in k_set):
+        raise RakvError(f"k_set values must be 0 or one of {SPEC_K} (the calibrated depths), got {list(values)}")
+    return k_set

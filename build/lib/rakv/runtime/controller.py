@@ -1,0 +1,214 @@
+"""RAKV-ASD controller (paper/main.tex, Method: "Cost model and controller"): per request, the feasible action of least estimated latency.
+
+Feasible actions are r in {0, 1} (1 only when the store holds a hit) x k in the configured set,
+minus those whose K/V would exceed the memory budget. k = 0 is an ordinary action. Acceptance is
+tracked online from the rounds actually run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+from rakv.runtime.actions import Action, parse_k_set
+from rakv.runtime.cache import Hit
+from rakv.runtime.costmodel import CostTable, RequestFeatures, action_kv_bytes, estimate_latency
+from rakv.runtime.depth import MATCH_CLASSES, RoundDepth
+from rakv.runtime.errors import RakvError
+from rakv.runtime.paths import conf_file
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """The controller's settings. Defaults live in conf/controller/default.yaml (`ControllerConfig.default()`);
+    every way of building one (Hydra config, CLI flags) goes through the same checks here."""
+
+    k_set: tuple[int, ...]
+    beta: float  # EWMA weight of the past
+    memory_penalty_s_per_byte: float  # lambda
+    memory_budget_mib: float
+    tie_margin: float = 0.0  # estimates within this share of the best are ties, broken toward less speculation
+    explore_every: int = 0  # every n-th decision that picks k = 0 runs the best k > 0 action instead (0: never)
+    match_rate: bool = False  # model the share of rounds in which the proposer offers candidates (EWMA)
+    depth_per_round: bool = False  # revise k every round from prompt lookup's match (rakv.runtime.depth)
+    depth_prior_rounds: float = 4.0  # weight, in rounds, of the acceptance across requests against the request's own
+
+    FIELDS = ("k_set", "beta", "memory_penalty_s_per_byte", "memory_budget_mib", "tie_margin", "explore_every",
+              "match_rate", "depth_per_round", "depth_prior_rounds")
+
+    def __post_init__(self):
+        object.__setattr__(self, "k_set", parse_k_set(self.k_set))
+        if not 0 <= self.tie_margin < 1:
+            raise RakvError(f"controller tie_margin must be in [0, 1), got {self.tie_margin}")
+        if self.explore_every < 0 or int(self.explore_every) != self.explore_every:
+            raise RakvError(f"controller explore_every must be a whole number >= 0, got {self.explore_every}")
+        if not 0 <= self.beta < 1:
+            raise RakvError(f"controller beta must be in [0, 1), got {self.beta}")
+        if self.memory_penalty_s_per_byte < 0:
+            raise RakvError(f"controller memory_penalty_s_per_byte must be >= 0, got {self.memory_penalty_s_per_byte}")
+        if self.memory_budget_mib <= 0:
+            raise RakvError(f"controller memory_budget_mib must be positive, got {self.memory_budget_mib}")
+        if not self.depth_prior_rounds > 0:
+            raise RakvError(f"controller depth_prior_rounds must be positive, got {self.depth_prior_rounds}")
+
+    @classmethod
+    def from_conf(cls, conf) -> "ControllerConfig":
+        """From the `controller` group of a composed config (or any mapping with its keys)."""
+        return cls(**{f: conf[f] for f in cls.FIELDS if f in conf})
+
+    @classmethod
+    def default(cls) -> "ControllerConfig":
+        return cls.from_conf(conf_file("controller/default.yaml"))
+
+
+@dataclass
+class Decision:
+    action: Action
+    predicted_latency_s: float
+    predictions: dict[str, float]  # every feasible action's estimate, by label (r1k4, ...)
+    alpha_before: float
+    decision_s: float  # store peek + decision (rakv.runtime.strategies adds it to the request's latency)
+    explored: bool = False  # an exploration probe: the best k > 0 action run instead of the chosen k = 0
+    alpha_after: float | None = None  # set once the chosen action's rounds have been observed
+    tracker_after: tuple[float, ...] | None = None  # the EWMA state then (accepted, rejected, matched): exact resume
+    by_match_after: dict[str, tuple[float, ...]] | None = None  # the per-match-class EWMAs then (rakv.runtime.depth)
+
+
+@dataclass
+class AcceptanceTracker:
+    """EWMA of per-round acceptance, kept as EWMAs of accepted candidates and of rejections per round.
+
+    alpha = A / (A + F) with A, F the averages of accepted count and rejection indicator, which is
+    the per-token acceptance estimate of `costmodel.acceptance_estimate` over a decaying window.
+    """
+
+    alpha0: float
+    beta: float
+    match0: float = 1.0
+    accepted: float = field(init=False)
+    rejected: float = field(init=False)
+    matched: float = field(init=False)  # EWMA of "this round had candidates"
+
+    def __post_init__(self):
+        self.accepted, self.rejected, self.matched = self.alpha0, 1.0 - self.alpha0, self.match0
+
+    @property
+    def alpha(self) -> float:
+        total = self.accepted + self.rejected
+        return self.accepted / total if total > 0 else self.alpha0
+
+    def observe(self, round_log: list[tuple[int, int]], empty_rounds: int = 0) -> None:
+        for proposed, accepted in round_log:
+            self.observe_mean(accepted, float(accepted < proposed), 1)
+        self.observe_matches(len(round_log), empty_rounds)
+
+    def observe_matches(self, matched_rounds: int, empty_rounds: int) -> None:
+        """The rounds' match indicator, in an order-free summary: its mean applied once per round."""
+        total = matched_rounds + empty_rounds
+        for _ in range(total):
+            self.matched = self.beta * self.matched + (1 - self.beta) * matched_rounds / total
+
+    @property
+    def match_rate(self) -> float:
+        return self.matched
+
+    @property
+    def state(self) -> tuple[float, float, float]:
+        return self.accepted, self.rejected, self.matched
+
+    def restore(self, state) -> None:
+        """Continue from a recorded `state` (a resumed study makes the decisions an uninterrupted one makes)."""
+        values = [float(x) for x in state if x is not None]
+        self.accepted, self.rejected = values[:2]
+        if len(values) > 2:
+            self.matched = values[2]
+
+    def observe_mean(self, accepted: float, rejected: float, rounds: int) -> None:
+        """`rounds` updates with the given per-round averages (replaying runs summarised by their totals)."""
+        for _ in range(rounds):
+            self.accepted = self.beta * self.accepted + (1 - self.beta) * accepted
+            self.rejected = self.beta * self.rejected + (1 - self.beta) * rejected
+
+
+def choose(predictions: dict[Action, float], tie_margin: float = 0.0) -> Action:
+    """The action of least estimate; estimates within `tie_margin` of it are ties, which go to the action with
+    the least speculation, then the one that reuses (the cost model's error is a few per cent: a smaller
+    predicted gain than that is noise, and speculating costs more when acceptance disappoints)."""
+    least = min(predictions.values())
+    tied = [a for a, v in predictions.items() if v <= least * (1 + tie_margin)]
+    return min(tied, key=lambda a: (a.k, not a.reuse, predictions[a]))
+
+
+@dataclass
+class Controller:
+    table: CostTable
+    config: ControllerConfig = field(default_factory=ControllerConfig.default)
+
+    def __post_init__(self):
+        self.tracker = AcceptanceTracker(self.table.acceptance, self.config.beta, self.table.match_rate)
+        # acceptance per prompt-lookup match class, learnt from the rounds of earlier requests (rakv.runtime.depth)
+        self.by_match = {c: AcceptanceTracker(self.table.acceptance, self.config.beta) for c in MATCH_CLASSES}
+        self.decisions = 0  # counts decisions for the exploration schedule (journaled with the tracker state)
+
+    @property
+    def alpha(self) -> float:
+        return self.tracker.alpha
+
+    def predict(self, features: RequestFeatures, action: Action) -> float:
+        return estimate_latency(self.table, features, action.reuse, action.k, self.alpha,
+                                self.config.memory_penalty_s_per_byte,
+                                self.tracker.match_rate if self.config.match_rate else 1.0)
+
+    def feasible_actions(self, features: RequestFeatures, hit: Hit) -> list[Action]:
+        """r = 1 only with a hit; actions whose K/V exceeds the memory budget are dropped."""
+        budget = self.config.memory_budget_mib * (1 << 20)
+        candidates = [Action(reuse, k) for reuse in ((False, True) if hit.is_hit else (False,))
+                      for k in self.config.k_set]
+        feasible = [a for a in candidates if action_kv_bytes(self.table, features, a.k) <= budget]
+        if not feasible:
+            raise RakvError(f"no action fits the memory budget of {budget / 2**20:.0f} MiB for a request of "
+                            f"{features.prompt_tokens} + {features.new_tokens} tokens")
+        return feasible
+
+    def decide(self, prompt_tokens: int, hit: Hit, new_tokens: int) -> Decision:
+        start = time.perf_counter()
+        features = RequestFeatures.from_hit(prompt_tokens, hit, new_tokens)
+        feasible = self.feasible_actions(features, hit)
+        predictions = {action: self.predict(features, action) for action in feasible}
+        best = choose(predictions, self.config.tie_margin)
+        self.decisions += 1
+        explored = False
+        every = self.config.explore_every
+        if every and best.k == 0 and self.decisions % every == 0:
+            speculative = {a: v for a, v in predictions.items() if a.k > 0 and a.reuse == best.reuse}
+            if speculative:  # a probe keeps the acceptance estimate learning once k = 0 wins
+                best, explored = min(speculative, key=speculative.get), True
+        return Decision(action=best, predicted_latency_s=predictions[best],
+                        predictions={a.label: v for a, v in predictions.items()}, alpha_before=self.alpha,
+                        decision_s=time.perf_counter() - start, explored=explored)
+
+    def round_depth(self, proposer: str) -> RoundDepth | None:
+        """A per-round depth for one request (None: the option is off, or the proposer pays per candidate)."""
+        if not self.config.depth_per_round or proposer != "prompt-lookup":
+            return None
+        return RoundDepth(self.table, self.config.k_set, {c: t.alpha for c, t in self.by_match.items()},
+                          self.config.depth_prior_rounds)
+
+    def observe(self, round_log: list[tuple[int, int]], empty_rounds: int = 0, depth: RoundDepth | None = None) -> None:
+        """Update alpha (and the match rate) only from speculative rounds that actually ran; a per-round depth's
+        rounds (its shadow rounds included) update their match class's acceptance."""
+        self.tracker.observe(round_log, empty_rounds)
+        for match, proposed, accepted in depth.log if depth is not None else ():
+            self.by_match[match].observe_mean(accepted, float(accepted < proposed), 1)
+
+    @property
+    def by_match_state(self) -> dict[str, tuple[float, ...]]:
+        return {c: t.state for c, t in self.by_match.items()}
+
+    def restore(self, tracker_state, by_match_state: dict | None, decisions: int) -> None:
+        """Continue from a journaled state (a resumed study makes the decisions an uninterrupted one makes)."""
+        self.tracker.restore(tracker_state)
+        for c, state in (by_match_state or {}).items():
+            self.by_match[c].restore(state)
+        self.decisions = decisions

@@ -1,0 +1,304 @@
+"""Decode loops: target-only (AR) and speculative with rollback (paper/main.tex, Method: "Speculative decoding").
+
+In the style of gpt-fast: a `forward` that runs a model over new tokens with its KV cache, a
+plain decode step, and one speculative round (propose k, verify k+1 in one target forward,
+accept, crop). The loops record per-phase time; every clock read synchronises the device first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import torch
+from transformers import DynamicCache
+
+from rakv.runtime.compact import Segment
+from rakv.runtime.kernels import SKINNY_MAX_ROWS, compact_of
+
+if TYPE_CHECKING:
+    from rakv.runtime.depth import RoundDepth
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class PhaseTimer:
+    """Accumulates wall time per phase; reads the clock only after the device has finished its work."""
+
+    device: torch.device
+    seconds: dict = field(default_factory=lambda: defaultdict(float))
+
+    def now(self) -> float:
+        synchronize(self.device)
+        return time.perf_counter()
+
+    @contextmanager
+    def phase(self, name: str):
+        start = self.now()
+        try:
+            yield
+        finally:
+            self.seconds[name] += self.now() - start
+
+
+def forward(model: torch.nn.Module, ids: torch.Tensor, cache: DynamicCache, keep: int = 0) -> torch.Tensor:
+    """Run `model` over `ids` [1, n] appending to `cache`; returns fp32 logits [n or keep, vocab]."""
+    compact = compact_of(model)
+    if compact is not None:
+        return compact(ids[0], cache, keep)
+    out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep)
+    return out.logits[0].float()
+
+
+def forward_rows(model: torch.nn.Module, segments: list[Segment]) -> list[torch.Tensor]:
+    """Several requests' new tokens, each appended to its own cache; each segment's fp32 logits [keep or n, vocab].
+
+    Under `compact` kernels (rakv.runtime.compact) the segments run in as few passes over the weights as keep every row
+    on the kernels it would run on alone (`Segment.runs_small`): the small segments (decode, verify, a draft's
+    catch-up) packed into passes of at most 16 rows through the C++ kernels, whose rows are summed independently
+    of each other; the large ones (prefill chunks) in one pass through MKL, whose GEMM rows are likewise
+    independent of the rows beside them. So a request's projections are the same bits alone or in any batch;
+    under `stock`, one forward per request.
+    """
+    compact = compact_of(model)
+    if compact is None:
+        return [forward(model, s.ids.unsqueeze(0), s.cache, s.keep) for s in segments]
+    if segments[0].ids.device.type != "cpu":  # plain torch off the CPU: one pass
+        return compact.forward_rows(segments, small=False)
+    logits: list[torch.Tensor | None] = [None] * len(segments)
+    for indices, small in row_passes(segments):
+        for i, out in zip(indices, compact.forward_rows([segments[i] for i in indices], small=small)):
+            logits[i] = out
+    return logits
+
+
+def row_passes(segments: list[Segment]) -> list[tuple[list[int], bool]]:
+    """Which segments share a pass over the weights: (indices, small) per pass, small ones first fit in order."""
+    passes: list[tuple[list[int], bool]] = []
+    large = [i for i, s in enumerate(segments) if not s.runs_small]
+    rows = SKINNY_MAX_ROWS + 1
+    for i, segment in enumerate(segments):
+        if not segment.runs_small:
+            continue
+        n = int(segment.ids.shape[0])
+        if rows + n > SKINNY_MAX_ROWS:
+            passes.append(([], True))
+            rows = 0
+        passes[-1][0].append(i)
+        rows += n
+    return passes + ([(large, False)] if large else [])
+
+
+def cache_nbytes(cache) -> int:
+    """Bytes of K/V a cache holds (its positions, not any spare capacity); 0 for no cache."""
+    if cache is None:
+        return 0
+    return sum(layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+               for layer in cache.layers if getattr(layer, "keys", None) is not None)
+
+
+def crop_cache(cache: DynamicCache, length: int) -> None:
+    """Roll a cache back to its first `length` positions."""
+    excess = cache.get_seq_length() - length
+    if excess > 0:
+        cache.crop(-excess)
+
+
+def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Temperature then nucleus (top-p) filtering, as transformers' warpers do; rows sum to 1."""
+    scaled = logits / sampling.temperature
+    if sampling.top_p < 1.0:
+        sorted_logits, order = scaled.sort(dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cumulative - sorted_logits.softmax(-1) >= sampling.top_p  # keeps the token crossing p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
+    return scaled.softmax(-1)
+
+
+def select_token(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
+    if sampling.greedy:
+        return int(logits.argmax())
+    return int(torch.multinomial(probabilities(logits, sampling), 1, generator=generator))
+
+
+def accept_greedy(candidates: list[int], logits: torch.Tensor) -> list[int]:
+    """Longest agreeing prefix of the candidates, then the target's own token (correction or bonus)."""
+    target = logits.argmax(-1).tolist()
+    n = 0
+    while n < len(candidates) and candidates[n] == target[n]:
+        n += 1
+    return candidates[:n] + [target[n]]
+
+
+def accept_sampled(candidates: list[int], proposal: torch.Tensor | None, logits: torch.Tensor,
+                   sampling: Sampling, generator: torch.Generator) -> list[int]:
+    """Modified rejection sampling: the output is distributed exactly as the target's sampler.
+
+    Accept candidate x with probability min(1, p(x)/q(x)); on the first rejection draw from
+    normalise(max(0, p - q)); if all pass, draw a bonus token from p. `proposal` None means each
+    candidate was chosen deterministically (q is a point mass on it).
+    """
+    p = probabilities(logits, sampling)
+    out = []
+    for i, x in enumerate(candidates):
+        if proposal is None:
+            q = torch.zeros_like(p[i])
+            q[x] = 1.0
+        else:
+            q = proposal[i]
+        u = torch.rand((), generator=generator, device=p.device)
+        if u * q[x] < p[i, x]:  # u < p/q without dividing by a possibly zero q
+            out.append(x)
+            continue
+        residual = (p[i] - q).clamp_min(0)
+        total = residual.sum()
+        residual = residual / total if total > 0 else p[i]
+        out.append(int(torch.multinomial(residual, 1, generator=generator)))
+        return out
+    out.append(int(torch.multinomial(p[len(candidates)], 1, generator=generator)))
+    return out
+
+
+@dataclass
+class DecodeState:
+    """Confirmed output of one request and what the loops count about it."""
+
+    max_new_tokens: int
+    eos_token_id: int | None
+    ignore_eos: bool
+    on_token: Callable[[int], None] | None = None
+    tokens: list[int] = field(default_factory=list)
+    round_log: list[tuple[int, int]] = field(default_factory=list)  # (proposed, accepted) per speculative round
+    finished: bool = False
+    empty_rounds: int = 0  # rounds whose proposer offered no candidate (prompt lookup without a match, or the budget)
+    plain_rounds: int = 0  # rounds whose candidates a per-round depth (rakv.runtime.depth) chose not to verify
+    peak_kv_bytes: int = 0  # most K/V held at once: the target's cache plus the proposer's (rejected positions too)
+
+    def note_memory(self, cache, proposer=None) -> None:
+        held = cache_nbytes(cache) + cache_nbytes(getattr(proposer, "cache", None))
+        self.peak_kv_bytes = max(self.peak_kv_bytes, held)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.round_log)
+
+    @property
+    def proposed(self) -> int:
+        return sum(p for p, _ in self.round_log)
+
+    @property
+    def accepted(self) -> int:
+        return sum(a for _, a in self.round_log)
+
+    @property
+    def rejections(self) -> int:
+        """Rounds that ended at a rejected candidate (the rest accepted all and earned a bonus token)."""
+        return sum(a < p for p, a in self.round_log)
+
+    def emit(self, new_tokens: list[int]) -> None:
+        """Confirm tokens in order; stops at the budget or at end-of-sequence (which is kept, like `generate`)."""
+        for token in new_tokens:
+            if self.finished:
+                return
+            self.tokens.append(token)
+            if self.on_token is not None:
+                self.on_token(token)
+            if len(self.tokens) >= self.max_new_tokens or (
+                    not self.ignore_eos and self.eos_token_id is not None and token == self.eos_token_id):
+                self.finished = True
+
+
+def decode_autoregressive(target, cache, state: DecodeState, sampling, generator, timer: PhaseTimer,
+                          device) -> None:
+    """One target step per token; the first token is already in `state`, its K/V not yet in `cache`."""
+    while not state.finished:
+        ids = torch.tensor([[state.tokens[-1]]], dtype=torch.long, device=device)
+        with timer.phase("decode"):
+            logits = forward(target, ids, cache, keep=1)[-1]
+            token = select_token(logits, sampling, generator)
+        state.emit([token])
+    state.note_memory(cache)  # an autoregressive cache only grows: its peak is its final size
+
+
+def decode_speculative(target, cache, proposer, k: int, prompt: list[int], state: DecodeState, sampling,
+                       generator, timer: PhaseTimer, device, depth: RoundDepth | None = None) -> None:
+    """Speculative rounds until done. Invariant: `cache` holds prompt + all confirmed tokens but the last.
+
+    `depth` (rakv.runtime.depth): propose up to its largest k, keep the k it chooses for this round's match.
+    A round is `round_depth`, the proposer, `kept_candidates`, one verify forward, `accept_round`, `close_round`;
+    the serving runner (rakv.serving.runner) runs the same pieces with the forwards batched across requests."""
+    with timer.phase("draft_prefill"):
+        proposer.start(prompt + state.tokens)
+    while not state.finished:
+        context = prompt + state.tokens
+        k_round = round_depth(state, depth.max_k if depth else k)
+        with timer.phase("propose"):
+            offered, proposal = proposer.propose(context, k_round, sampling, generator) if k_round else ([], None)
+            candidates, proposal, match = kept_candidates(proposer, depth, len(context), offered, proposal)
+        ids = torch.tensor([[context[-1], *candidates]], dtype=torch.long, device=device)
+        with timer.phase("verify"):
+            logits = forward(target, ids, cache)
+            new_tokens = accept_round(candidates, proposal, logits, sampling, generator)
+        with timer.phase("rollback"):
+            close_round(state, cache, proposer, len(context), new_tokens, candidates, offered, depth, match)
+
+
+def round_depth(state: DecodeState, k: int) -> int:
+    """The candidates a round may propose: k, but none past the request's token budget."""
+    return min(k, state.max_new_tokens - len(state.tokens) - 1)
+
+
+def kept_candidates(proposer, depth: RoundDepth | None, context_length: int, candidates: list[int],
+                    proposal: torch.Tensor | None) -> tuple[list[int], torch.Tensor | None, str | None]:
+    """The candidates a per-round depth keeps for this round's match class (all of them without a depth)."""
+    if depth is None or not candidates:
+        return candidates, proposal, None
+    match = proposer.match_class  # Engine.run checks the proposer has one
+    kept = depth.choose(context_length, len(candidates), match)
+    return candidates[:kept], (proposal[:kept] if proposal is not None else None), match
+
+
+def accept_round(candidates: list[int], proposal: torch.Tensor | None, logits: torch.Tensor, sampling: Sampling,
+                 generator: torch.Generator | None) -> list[int]:
+    """The tokens a verify confirms: the accepted candidates and the target's own next token."""
+    if sampling.greedy:
+        return accept_greedy(candidates, logits)
+    return accept_sampled(candidates, proposal, logits, sampling, generator)
+
+
+def close_round(state: DecodeState, cache, proposer, context_length: int, new_tokens: list[int],
+                candidates: list[int], offered: list[int], depth: RoundDepth | None, match: str | None) -> None:
+    """Roll the target and the proposer back to the confirmed tokens, log the round, confirm its tokens."""
+    state.note_memory(cache, proposer)  # before rollback: the rejected candidates' K/V are still held
+    accepted = len(new_tokens) - 1
+    crop_cache(cache, context_length + accepted)
+    proposer.rollback(context_length + accepted)
+    if candidates:
+        state.round_log.append((len(candidates), accepted))
+        if depth is not None:
+            depth.observe(match, len(candidates), accepted)
+    elif offered:  # the depth kept none: the target's token still says whether the first would have passed
+        state.plain_rounds += 1
+        depth.observe(match, 1, int(new_tokens[0] == offered[0]))
+    else:
+        state.empty_rounds += 1
+    state.emit(new_tokens)

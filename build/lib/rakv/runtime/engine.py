@@ -1,0 +1,207 @@
+"""One request through the engine: prefix lookup and reuse, prefill, then AR or speculative decoding.
+
+An *action* is the pair (reuse r, speculation depth k) of paper/main.tex (Method: "Cost model and controller"); fixed strategies are
+fixed actions, and the controller picks one action per request.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import torch
+
+from rakv.runtime.actions import Action
+from rakv.runtime.cache import Hit, PrefixKVStore, namespace
+from rakv.runtime.decoding import (DecodeState, PhaseTimer, Sampling, crop_cache, decode_autoregressive,
+                           decode_speculative, forward, select_token)
+from rakv.runtime.costmodel import acceptance_estimate
+from rakv.runtime.errors import RakvError
+from rakv.runtime.kernels import new_kv_cache
+from rakv.runtime.models import ModelPair, load_pair
+from rakv.runtime.proposers import DraftModelProposer, PromptLookupProposer
+
+if TYPE_CHECKING:
+    from rakv.runtime.controller import Decision
+    from rakv.runtime.depth import RoundDepth
+
+PROPOSERS = ("draft", "prompt-lookup")
+
+
+def open_engine(pair: str, proposer: str, *, cache_budget_mib: float, salt: str | None = None, device: str = "cpu",
+                dtype: str = "float32", threads: int | None = None, kernels: str = "compact") -> "Engine":
+    """Load a pair and give it an empty prefix store of the given budget (conf/cache/default.yaml)."""
+    if cache_budget_mib <= 0:
+        raise RakvError(f"the cache budget must be positive, got {cache_budget_mib} MiB")
+    return Engine(load_pair(pair, device=device, dtype=dtype, threads=threads, kernels=kernels),
+                  PrefixKVStore(budget_bytes=int(cache_budget_mib * (1 << 20))), proposer=proposer, salt=salt)
+
+
+@dataclass
+class RequestResult:
+    id: str
+    prompt_tokens: int
+    hit_tokens: int
+    new_tokens: int
+    token_ids: list[int]
+    text: str
+    reuse: bool
+    k: int
+    proposer: str
+    rounds: int
+    proposed: int
+    accepted: int
+    rejections: int  # rounds that ended at a rejected candidate
+    empty_rounds: int  # speculative rounds without a candidate (one target token each)
+    plain_rounds: int  # rounds whose candidates a per-round depth chose not to verify (one target token each)
+    ttft_s: float
+    latency_s: float
+    tokens_per_s: float
+    prefill_s: float
+    kv_copy_s: float
+    draft_prefill_s: float
+    propose_s: float
+    verify_s: float
+    rollback_s: float
+    decode_s: float
+    store_insert_s: float  # after the response is complete; not part of latency
+    exact_hit: bool = False
+    peak_kv_bytes: int = 0  # most K/V bytes held at once during the request, the proposer's included
+    round_log: list[tuple[int, int]] = field(default_factory=list)
+    strategy: str = ""  # set by rakv.runtime.strategies.run_strategy: ar, spec-k4, rakv-asd, or a sweep's action label
+    available_hit_tokens: int = 0  # what the store offered, whether or not the action reused it
+    predicted_latency_s: float | None = None  # the cost model's estimate for the action that ran
+    decision: Decision | None = None  # rakv-asd only: the controller's choice and what it saw
+
+    @property
+    def action(self) -> Action:
+        return Action(self.reuse, self.k)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return acceptance_estimate(self.round_log)
+
+    def to_row(self) -> dict:
+        """One flat row of scalars (the study's runs.parquet columns; the CLI's --json adds the text)."""
+        row = {name: getattr(self, name) for name in ROW_FIELDS}
+        row.update(action=self.action.label, acceptance_rate=self.acceptance_rate)
+        decision = self.decision
+        row.update(predictions=json.dumps(decision.predictions) if decision else None,
+                   alpha_before=decision.alpha_before if decision else None,
+                   alpha_after=decision.alpha_after if decision else None,
+                   decision_s=decision.decision_s if decision else None,
+                   ewma_accepted=decision.tracker_after[0] if decision and decision.tracker_after else None,
+                   ewma_rejected=decision.tracker_after[1] if decision and decision.tracker_after else None,
+                   ewma_matched=decision.tracker_after[2] if decision and decision.tracker_after else None,
+                   ewma_by_match=json.dumps(decision.by_match_after) if decision and decision.by_match_after else None)
+        return row
+
+    def to_json(self) -> dict:
+        """The row plus the request's id, output text and tokens, predictions as an object (`rakv generate --json`)."""
+        row = self.to_row()
+        row.update(id=self.id, proposer=self.proposer, text=self.text, token_ids=self.token_ids,
+                   predictions=self.decision.predictions if self.decision else None)
+        return row
+
+
+ROW_FIELDS = tuple(f.name for f in fields(RequestResult)
+                   if f.name not in ("id", "token_ids", "text", "round_log", "decision", "proposer"))
+
+
+@dataclass
+class Engine:
+    pair: ModelPair
+    store: PrefixKVStore
+    proposer: str = "draft"
+    salt: str | None = None  # the namespace salt of requests that name none (conf/cache: salt)
+
+    def __post_init__(self):
+        if self.proposer not in PROPOSERS:
+            raise RakvError(f"unknown proposer '{self.proposer}'; choose one of: {', '.join(PROPOSERS)}")
+
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str) or not text.strip():
+            raise RakvError("empty prompt")
+        return self.pair.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def namespace(self, salt: str | None) -> str:
+        return namespace(self.pair.target.fingerprint.key(), salt if salt is not None else self.salt)
+
+    def peek(self, token_ids: list[int], salt: str | None = None) -> Hit:
+        return self.store.peek(self.namespace(salt), np.asarray(token_ids, dtype=np.int64))
+
+    def make_proposer(self):
+        if self.proposer == "prompt-lookup":
+            return PromptLookupProposer()
+        return DraftModelProposer(self.pair.draft.module, self.pair.device)
+
+    def check_lengths(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        if max_new_tokens <= 0:
+            raise RakvError(f"max-new-tokens must be positive, got {max_new_tokens}")
+        if prompt_tokens == 0:
+            raise RakvError("empty prompt")
+        limit = self.pair.max_context
+        if prompt_tokens + max_new_tokens > limit:
+            raise RakvError(f"prompt ({prompt_tokens} tokens) + max-new-tokens ({max_new_tokens}) exceeds "
+                            f"the model context of {limit} tokens")
+
+    @torch.inference_mode()
+    def run(self, token_ids: list[int], action: Action, max_new_tokens: int, *, sampling: Sampling = Sampling(),
+            salt: str | None = None, ignore_eos: bool = False, on_token: Callable[[int], None] | None = None,
+            proposer=None, request_id: str = "0", depth: RoundDepth | None = None) -> RequestResult:
+        """Generate for one prompt under one action; the store is read only when `action.reuse`; `depth`: revise
+        k every round (rakv.runtime.depth; only with k > 0)."""
+        self.check_lengths(len(token_ids), max_new_tokens)
+        device, target = self.pair.device, self.pair.target.module
+        ns = self.namespace(salt)
+        prompt = list(token_ids)
+        prompt_array = np.asarray(prompt, dtype=np.int64)
+        generator = None if sampling.greedy else torch.Generator(device=device).manual_seed(sampling.seed)
+        proposer = proposer if proposer is not None else (self.make_proposer() if action.k else None)
+        if depth is not None and not hasattr(proposer, "match_class"):
+            raise RakvError(f"a per-round depth needs a proposer with match classes (prompt lookup), not "
+                            f"{getattr(proposer, 'name', 'none')}")
+        timer = PhaseTimer(device)
+        state = DecodeState(max_new_tokens, self.pair.eos_token_id, ignore_eos, on_token)
+
+        start = timer.now()
+        hit, kv, stored_logits = Hit(prompt_length=len(prompt)), None, None
+        with timer.phase("kv_copy"):
+            if action.reuse:
+                hit, kv, stored_logits = self.store.lookup(ns, prompt_array)
+            cache = new_kv_cache(target, kv)
+        with timer.phase("prefill"):
+            if stored_logits is not None:  # exact repeat: no forward pass before the first decode step
+                prompt_logits = stored_logits
+            else:
+                ids = torch.tensor([prompt[hit.reused_tokens:]], dtype=torch.long, device=device)
+                prompt_logits = forward(target, ids, cache, keep=1)[-1]
+            state.emit([select_token(prompt_logits, sampling, generator)])
+        ttft = timer.now() - start
+        if action.k == 0:
+            decode_autoregressive(target, cache, state, sampling, generator, timer, device)
+        else:
+            decode_speculative(target, cache, proposer, action.k, prompt, state, sampling, generator, timer, device,
+                               depth)
+        latency = timer.now() - start
+
+        with timer.phase("store_insert"):
+            if not hit.exact:
+                crop_cache(cache, len(prompt))
+                self.store.insert(ns, prompt_array, [(layer.keys, layer.values) for layer in cache.layers],
+                                  prompt_logits)
+        s = timer.seconds
+        return RequestResult(
+            id=str(request_id), prompt_tokens=len(prompt), hit_tokens=hit.reused_tokens,
+            new_tokens=len(state.tokens), token_ids=state.tokens,
+            text=self.pair.tokenizer.decode(state.tokens, skip_special_tokens=True),
+            reuse=action.reuse, k=action.k, proposer=getattr(proposer, "name", "none"),
+            rounds=state.rounds, proposed=state.proposed, accepted=state.accepted, rejections=state.rejections,
+            empty_rounds=state.empty_rounds, plain_rounds=state.plain_rounds,
+            ttft_s=ttft, latency_s=latency, tokens_per_s=len(state.tokens) / latency,
+            prefill_s=s["prefill"], kv_copy_s=s["kv_copy"], draft_prefill_s=s["draft_prefill"],
+            propose_s=s["propose"], verify_s=s["verify"], rollback_s=s["rollback"], decode_s=s["decode"],
+            store_insert_s=s["store_insert"], exact_hit=hit.exact, peak_kv_bytes=state.peak_kv_bytes,
+            round_log=state.round_log)

@@ -1,0 +1,179 @@
+"""One iteration's plan: which requests get how many rows, under a token budget and a K/V byte budget.
+
+In the style of Sarathi-Serve's stall-free batching and vLLM v1's scheduler (README: "Serving"): every
+iteration is one batched target forward whose rows are filled in a fixed order under `token_budget` —
+
+1. decodes: one row per decoding request, plus its k candidates when it speculates (k trimmed to the budget);
+2. prefills in progress, a chunk each (`min(needed, budget left)`);
+3. new admissions (first come, first served; preempted requests first), a chunk each.
+
+`chunking=False` is the baseline: an iteration that admits a request runs its whole prefill alone, and the
+decodes wait. K/V: a running request holds `computed` positions (and its draft's); when this iteration's
+rows would take the running requests past `kv_budget_bytes`, the newest is preempted (its K/V dropped, its
+output kept, recomputed later) and nothing is admitted in that iteration. No tensors here: the K/V side is
+the `KVSpace` the runner implements, so the scheduler is tested with a fake.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rakv.serving.request import ServedRequest, Status
+
+
+class KVSpace(Protocol):
+    def bytes_per_token(self, request: ServedRequest) -> int:
+        """K/V bytes one position of this request holds (the target's, and its draft model's if it has one)."""
+
+    def reusable(self, request: ServedRequest) -> int:
+        """Positions the prefix store would give it if admitted now (0 when it does not reuse)."""
+
+
+@dataclass(frozen=True)
+class Work:
+    request: ServedRequest
+    rows: int  # new tokens of this request in the iteration's forward: a prefill chunk, or 1 + k
+    k: int = 0  # candidates to propose and verify (decodes only; the proposer may find fewer)
+
+
+@dataclass
+class Step:
+    decodes: list[Work] = field(default_factory=list)
+    prefills: list[Work] = field(default_factory=list)
+    admitted: list[ServedRequest] = field(default_factory=list)  # the runner copies their store hit in first
+    preempted: list[ServedRequest] = field(default_factory=list)  # the runner drops their K/V first
+    refused: list[ServedRequest] = field(default_factory=list)  # larger than the K/V budget on their own
+
+    @property
+    def rows(self) -> int:
+        return sum(w.rows for w in self.decodes) + sum(w.rows for w in self.prefills)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.decodes or self.prefills or self.admitted or self.preempted or self.refused)
+
+
+@dataclass
+class Scheduler:
+    kv: KVSpace
+    token_budget: int  # rows per iteration (with chunking)
+    max_batch: int  # running requests at most
+    kv_budget_bytes: int
+    chunking: bool = True
+    waiting: deque = field(default_factory=deque)  # arrived, not running; preempted ones at the front
+    running: list = field(default_factory=list)  # in admission order
+    admissions: int = 0
+
+    def __post_init__(self):
+        assert self.token_budget > 0 and self.max_batch > 0 and self.kv_budget_bytes > 0, "budgets must be positive"
+
+    def held_bytes(self, request: ServedRequest, rows: int = 0) -> int:
+        return (request.computed + rows) * self.kv.bytes_per_token(request)
+
+    def fits_alone(self, request: ServedRequest) -> bool:
+        """Whether its whole prompt, output and candidates fit the K/V budget on their own (else it is refused)."""
+        final = len(request.prompt) + request.state.max_new_tokens + request.max_k
+        return final * self.kv.bytes_per_token(request) <= self.kv_budget_bytes
+
+    def schedule(self) -> Step:
+        step = Step()
+        budget = self.token_budget if self.chunking else 1 << 30  # the baseline: no cap on rows
+        if not self.chunking and self.waiting and len(self.running) < self.max_batch:
+            if self._admit_whole(step):
+                return step  # the baseline: one whole prefill, alone
+        for request in [r for r in self.running if r.decoding]:  # 1. decodes (with their candidates)
+            if budget < 1 or request.status != Status.RUNNING:  # (preempted by an older decode's growth)
+                continue
+            k = max(min(request.max_k, request.remaining_new - 1, int(budget) - 1), 0)
+            while k and self._room(step, request) < 1 + k:
+                k -= 1  # fewer candidates before preempting anyone
+            if self._make_room(step, request, 1):
+                step.decodes.append(Work(request, 1 + k, k))
+                budget -= 1 + k
+        for request in [r for r in self.running if not r.decoding]:  # 2. prefills in progress
+            chunk = int(min(request.needed, budget, self._room(step, request)))
+            if chunk < 1:
+                continue
+            step.prefills.append(Work(request, chunk))
+            budget -= chunk
+        if self.running and not (step.decodes or step.prefills):  # nothing fits: the oldest goes on alone
+            oldest = self.running[0]
+            if self._make_room(step, oldest, 1):
+                step.prefills.append(Work(oldest, int(min(oldest.needed, budget, self._room(step, oldest)))))
+        while not step.preempted and self.waiting and budget >= 1 and len(self.running) < self.max_batch:
+            request = self.waiting[0]  # 3. admissions
+            computed = self.kv.reusable(request)  # (the action is chosen here, at the first attempt)
+            if not self.fits_alone(request):
+                self.waiting.popleft()
+                step.refused.append(request)
+                continue
+            chunk = int(min(len(request.tokens) - computed, budget))
+            if self._bytes(step) + (computed + chunk) * self.kv.bytes_per_token(request) > self.kv_budget_bytes:
+                break
+            self._admit(step, request, computed)
+            if chunk:
+                step.prefills.append(Work(request, chunk))
+                budget -= chunk
+        self._check(step)
+        return step
+
+    def _room(self, step: Step, request: ServedRequest) -> int:
+        """Positions `request` can still add in this iteration under the K/V budget."""
+        return max(self.kv_budget_bytes - self._bytes(step), 0) // self.kv.bytes_per_token(request)
+
+    def _make_room(self, step: Step, request: ServedRequest, rows: int) -> bool:
+        """Preempt the newest running requests until `request` can add `rows`; False if it was preempted itself."""
+        while self._room(step, request) < rows:
+            newest = max(self.running, key=lambda r: r.order)
+            self._preempt(step, newest)
+            if newest is request:
+                return False
+        return True
+
+    def _preempt(self, step: Step, request: ServedRequest) -> None:
+        self.running.remove(request)
+        step.decodes = [w for w in step.decodes if w.request is not request]
+        step.prefills = [w for w in step.prefills if w.request is not request]
+        request.preempt()
+        step.preempted.append(request)
+        self.waiting.appendleft(request)
+
+    def _bytes(self, step: Step) -> int:
+        rows = {id(w.request): w.rows for w in step.decodes + step.prefills}
+        return sum(self.held_bytes(r, rows.get(id(r), 0)) for r in self.running)
+
+    def _admit(self, step: Step, request: ServedRequest, computed: int) -> None:
+        self.waiting.popleft()
+        request.computed = computed
+        request.admit(self.admissions)
+        self.admissions += 1
+        self.running.append(request)
+        step.admitted.append(request)
+
+    def _admit_whole(self, step: Step) -> bool:
+        request = self.waiting[0]
+        computed = self.kv.reusable(request)
+        if not self.fits_alone(request):
+            self.waiting.popleft()
+            step.refused.append(request)
+            return True
+        if self._bytes(step) + len(request.tokens) * self.kv.bytes_per_token(request) > self.kv_budget_bytes:
+            return False
+        self._admit(step, request, computed)
+        if len(request.tokens) > computed:
+            step.prefills.append(Work(request, len(request.tokens) - computed))
+        return True
+
+    def _check(self, step: Step) -> None:
+        assert not self.chunking or step.rows <= self.token_budget, f"{step.rows} rows over the budget"
+        assert len(self.running) <= self.max_batch, "more running requests than max_batch"
+        assert self._bytes(step) <= self.kv_budget_bytes, "K/V over its budget"
+        worked = [id(w.request) for w in step.decodes + step.prefills]
+        assert len(worked) == len(set(worked)), "a request got two pieces of work in one iteration"
+        assert all(w.request.status == Status.RUNNING for w in step.decodes + step.prefills), \
+            "work for a request that is not running"
+
+    def finished(self, request: ServedRequest) -> None:
+        self.running.remove(request)
