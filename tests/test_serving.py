@@ -217,13 +217,16 @@ def served(pair, proposer, trace, tmp_path, **options):
        budget=st.integers(3, 80), batch=st.integers(1, 6), strategy=st.sampled_from(["ar", "kv-only", "spec-k2",
                                                                                      "joint-k4", "spec-k1"]),
        proposer=st.sampled_from(["draft", "prompt-lookup"]), kv_mib=st.sampled_from([0.6, 2.0, 64.0]),
-       chunking=st.booleans(), seed=st.integers(0, 50))
+       chunking=st.booleans(), seed=st.integers(0, 50),
+       speculation=st.sampled_from(["per-request", "disable-by-batch-size:2", "k-by-batch:1=4,3=1"]))
 def test_every_greedy_output_equals_the_request_served_alone(tiny_pair, tiny_texts, tmp_path_factory, kind, rate,
-                                                             budget, batch, strategy, proposer, kv_mib, chunking, seed):
+                                                             budget, batch, strategy, proposer, kv_mib, chunking, seed,
+                                                             speculation):
     trace = generate_trace(tiny_texts, requests=6, rate=rate, kind=kind, max_new_tokens=9, prompt_words=25,
                            groups=2, system_words=30, turns=2, think_s=0.01, seed=seed)
     summary, records = served(tiny_pair, proposer, trace, tmp_path_factory.mktemp("serve"), strategy=strategy,
-                              token_budget=budget, max_batch=batch, kv_budget_mib=kv_mib, chunking=chunking)
+                              token_budget=budget, max_batch=batch, kv_budget_mib=kv_mib, chunking=chunking,
+                              speculation=speculation)
     ok = {i: r["token_ids"] for i, r in records.items() if r["status"] == "ok"}
     reference = alone(tiny_pair, proposer, [r for r in trace if r.id in ok], ok, strategy)
     assert ok == reference
@@ -355,3 +358,29 @@ def test_rakv_asd_decides_per_request_at_admission_and_changes_no_output(tiny_pa
     assert (ks != {0}) if alpha > 0.5 else (ks == {0})  # cheap verifies and high acceptance: it speculates
     ok = {i: r["token_ids"] for i, r in records.items()}
     assert ok == alone(tiny_pair, proposer, trace, ok, "ar")
+
+
+@pytest.mark.parametrize("policy, decoding, expected", [
+    ("per-request", 3, [4, 4, 2]), ("disable-by-batch-size:3", 2, [4, 4]), ("disable-by-batch-size:3", 3, [0, 0, 0]),
+    ("k-by-batch:1=4,2=2,4=0", 1, [4]), ("k-by-batch:1=4,2=2,4=0", 3, [2, 2, 2]), ("k-by-batch:1=4,2=2,4=0", 5, [0] * 5),
+])
+def test_speculation_policies_cap_each_requests_k_by_the_load(policy, decoding, expected):
+    from rakv.serving.policies import speculation_policy
+
+    requests = [fake_request(i, 10, 20, k=4 if i != 2 else 2) for i in range(decoding)]
+    assert speculation_policy(policy).depths(requests) == expected
+    scheduler = Scheduler(FakeKV(), 256, 8, 10 ** 9, speculation=speculation_policy(policy))
+    for r in requests:
+        r.status, r.computed = Status.RUNNING, 10
+        r.state.emit([1])
+    scheduler.running = requests
+    assert [w.k for w in scheduler.schedule().decodes] == expected
+
+
+@pytest.mark.parametrize("bad", ["per-request:3", "disable-by-batch-size:0", "disable-by-batch-size:x", "k-by-batch:",
+                                 "k-by-batch:4", "k-by-batch:0=2", "always"])
+def test_a_malformed_speculation_policy_is_refused(bad):
+    from rakv.serving.policies import speculation_policy
+
+    with pytest.raises(RakvError, match="--speculation takes"):
+        speculation_policy(bad)

@@ -165,6 +165,7 @@ def cmd_serve(args) -> None:
     from rakv.runtime.controller import Controller
     from rakv.runtime.decoding import Sampling
     from rakv.serving.metrics import parse_goodput
+    from rakv.serving.policies import speculation_policy
     from rakv.serving.server import ServeOptions, serve
     from rakv.serving.trace import read_trace
     from rakv.runtime.strategies import action_of
@@ -177,7 +178,8 @@ def cmd_serve(args) -> None:
                            max_batch=args.max_batch, kv_budget_mib=args.kv_budget_mib,
                            slos_ms=parse_goodput(args.goodput),
                            sampling=Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed),
-                           ignore_eos=args.ignore_eos, check_alone=args.check_alone)
+                           ignore_eos=args.ignore_eos, check_alone=args.check_alone, speculation=args.speculation)
+    speculation_policy(args.speculation)  # a malformed policy fails before any model work
     if args.check_alone and not options.sampling.greedy:
         raise RakvError("--check-alone compares greedy outputs; it needs --temperature 0")
     if options.token_budget <= 0 or options.max_batch <= 0 or options.kv_budget_mib <= 0:
@@ -302,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--strategy", default=serving.strategy,
                      help=f"per request: {', '.join(FIXED_STRATEGIES)}, rakv-asd (default %(default)s)")
     srv.add_argument("--proposer", default=serving.proposer, choices=PROPOSERS)
+    srv.add_argument("--speculation", default=serving.speculation, metavar="POLICY",
+                     help="k per decoding request under load, capping the strategy's: per-request, "
+                          "disable-by-batch-size:B, k-by-batch:1=4,4=2,8=0 (default %(default)s)")
     chunk = srv.add_mutually_exclusive_group()
     chunk.add_argument("--token-budget", type=int, default=serving.token_budget, metavar="N",
                        help="rows of an iteration's forward: decodes first, then prefill chunks (default %(default)s)")

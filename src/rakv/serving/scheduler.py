@@ -3,7 +3,8 @@
 In the style of Sarathi-Serve's stall-free batching and vLLM v1's scheduler (README: "Serving"): every
 iteration is one batched target forward whose rows are filled in a fixed order under `token_budget` —
 
-1. decodes: one row per decoding request, plus its k candidates when it speculates (k trimmed to the budget);
+1. decodes: one row per decoding request, plus its k candidates when it speculates (k from the speculation
+   policy, rakv.serving.policies, then trimmed to the budget);
 2. prefills in progress, a chunk each (`min(needed, budget left)`);
 3. new admissions (first come, first served; preempted requests first), a chunk each.
 
@@ -20,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from rakv.serving.policies import PerRequest
 from rakv.serving.request import ServedRequest, Status
 
 
@@ -62,6 +64,7 @@ class Scheduler:
     max_batch: int  # running requests at most
     kv_budget_bytes: int
     chunking: bool = True
+    speculation: object = field(default_factory=PerRequest)  # rakv.serving.policies: k per decode under load
     waiting: deque = field(default_factory=deque)  # arrived, not running; preempted ones at the front
     running: list = field(default_factory=list)  # in admission order
     admissions: int = 0
@@ -83,10 +86,11 @@ class Scheduler:
         if not self.chunking and self.waiting and len(self.running) < self.max_batch:
             if self._admit_whole(step):
                 return step  # the baseline: one whole prefill, alone
-        for request in [r for r in self.running if r.decoding]:  # 1. decodes (with their candidates)
+        decoding = [r for r in self.running if r.decoding]
+        for request, wanted in zip(decoding, self.speculation.depths(decoding)):  # 1. decodes (+ candidates)
             if budget < 1 or request.status != Status.RUNNING:  # (preempted by an older decode's growth)
                 continue
-            k = max(min(request.max_k, request.remaining_new - 1, int(budget) - 1), 0)
+            k = max(min(wanted, request.max_k, request.remaining_new - 1, int(budget) - 1), 0)
             while k and self._room(step, request) < 1 + k:
                 k -= 1  # fewer candidates before preempting anyone
             if self._make_room(step, request, 1):

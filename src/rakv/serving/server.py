@@ -25,6 +25,7 @@ from rakv.runtime.decoding import DecodeState, Sampling
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
 from rakv.serving.metrics import summarize
+from rakv.serving.policies import speculation_policy
 from rakv.serving.replay import outputs_alone
 from rakv.serving.request import ServedRequest, Status
 from rakv.serving.runner import Runner
@@ -44,6 +45,7 @@ class ServeOptions:
     slos_ms: dict = field(default_factory=dict)  # rakv.serving.metrics.parse_goodput
     sampling: Sampling = Sampling()
     ignore_eos: bool = False
+    speculation: str = "per-request"  # rakv.serving.policies.speculation_policy
     check_alone: bool = False  # after serving, generate each finished request alone (greedy AR) and count equal ones
 
 
@@ -88,7 +90,7 @@ def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, option
         raise RakvError("--token-budget, --max-batch and --kv-budget-mib must be positive")
     runner = Runner(engine, options.strategy, options.sampling, controller)
     scheduler = Scheduler(runner, options.token_budget, options.max_batch, int(options.kv_budget_mib * (1 << 20)),
-                          options.chunking)
+                          options.chunking, speculation_policy(options.speculation))
     tokenizer, max_context = engine.pair.tokenizer, engine.pair.max_context
     arrivals = deque(sorted((r for r in trace if not r.follows), key=lambda r: r.arrival_s))
     next_turn = {(r.conversation, r.turn): r for r in trace if r.follows}
@@ -180,7 +182,7 @@ def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, option
         served = {r["id"]: r["token_ids"] for r in records if r["status"] == "ok"}
         reference = outputs_alone(engine, trace, served, ignore_eos=options.ignore_eos)
         summary["outputs_equal_alone"] = sum(reference[i] == tokens for i, tokens in served.items())
-    summary.update(strategy=options.strategy, proposer=engine.proposer, pair=engine.pair.name,
+    summary.update(strategy=options.strategy, speculation=options.speculation, proposer=engine.proposer, pair=engine.pair.name,
                    token_budget=options.token_budget if options.chunking else None, chunking=options.chunking,
                    max_batch=options.max_batch, kv_budget_mib=options.kv_budget_mib,
                    peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
