@@ -6,7 +6,9 @@
     runner.py     runs a plan: the batched proposer and target forwards, acceptance, per-request rollback
     server.py     the loop (arrivals, schedule, run, apply), requests.jsonl and summary.json
     metrics.py    summary.json's statistics, under vLLM benchmark_serving's names
+    policies.py   speculation under load: k per decoding request (per-request, disable-by-batch-size, k-by-batch)
+    replay.py     each finished request generated alone: the reference a served trace is held to
 
-The import rule of the layers: serving imports the runtime (rakv.runtime.engine, rakv.runtime.decoding, rakv.runtime.proposers,
-rakv.runtime.cache, ...), never the experiment layer; the runtime never imports serving.
+The import rule of the layers: serving imports the runtime (rakv.runtime.engine, .decoding, .proposers, .cache,
+...), never the experiments (rakv.experiments); the runtime never imports serving (tests/test_config.py).
 """

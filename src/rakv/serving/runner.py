@@ -1,7 +1,7 @@
 """Runs one iteration's plan (rakv.serving.scheduler.Step): batched proposals, one batched target forward,
 acceptance and per-request rollback; and the K/V side of the scheduler (store lookups, byte accounting).
 
-Every piece is the batch-one engine's (rakv.runtime.engine, rakv.runtime.decoding, rakv.runtime.proposers): the store lookup and
+Every piece is the batch-one engine's (rakv.runtime: engine, decoding, proposers, cache): the store lookup and
 namespace, `new_kv_cache`, the proposers (`propose_batch` batches the draft model's steps), `kept_candidates`,
 `accept_round`, `close_round` (crop, rollback, round log, emit), `select_token`. What is new is only that the
 forwards of several requests run together (`rakv.runtime.decoding.forward_rows`), each row on the kernels it would run
