@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -149,7 +150,9 @@ def arrival_times(rng: np.random.Generator, n: int, rate: float, process: str, b
 
 
 def _clip_words(text: str, words: int) -> str:
-    return " ".join(text.split()[:words])
+    """The text up to the end of its `words`-th word, its own whitespace kept (code keeps its lines and indents)."""
+    ends = [m.end() for m in re.finditer(r"\S+", text)]
+    return text[:ends[min(words, len(ends)) - 1]] if ends else ""
 
 
 def generate_trace(texts: list[tuple[str, str]], *, requests: int, rate: float, kind: str = "plain",
@@ -197,11 +200,13 @@ def generate_trace(texts: list[tuple[str, str]], *, requests: int, rate: float, 
         raise RakvError(f"groups must be positive, got {groups}")
     systems = []
     for g in range(groups):  # a long system prompt: consecutive texts joined up to `system_words` words
-        words, i = [], g * 7919
-        while len(words) < system_words:
-            words += pool[order[i % len(pool)]].split()
+        parts, count, i = [], 0, g * 7919
+        while count < system_words:
+            part = _clip_words(pool[order[i % len(pool)]].strip(), system_words - count)
+            parts.append(part)
+            count += len(part.split())
             i += 1
-        systems.append("You are an assistant. Context:\n" + " ".join(words[:system_words]) + "\n\nQuestion: ")
+        systems.append("You are an assistant. Context:\n" + "\n\n".join(parts) + "\n\nQuestion: ")
     return [TraceRequest(id=f"g{i % groups}-r{i}", arrival_s=float(times[i]),
                          prompt=systems[i % groups] + text(i + groups * 7919 * 2), max_new_tokens=max_new_tokens)
             for i in range(requests)]
