@@ -70,7 +70,8 @@ def test_bad_input_is_one_line_error(capsys, argv, message):
 def test_malformed_jsonl_stops_before_any_work(capsys, tmp_path, content, message, monkeypatch):
     import rakv.runtime.models
 
-    monkeypatch.setattr(rakv.runtime.models, "load_pair", lambda *a, **k: pytest.fail("models loaded before validation"))
+    monkeypatch.setattr(rakv.runtime.models, "load_pair",
+                        lambda *a, **k: pytest.fail("models loaded before validation"))
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
     code, out, err = generate(capsys, "--prompts", str(path), "--strategy", "ar")

@@ -1,6 +1,6 @@
-"""Kernel modes (rakv.runtime.kernels, rakv.runtime.compact): compact computes what stock computes, keeps the K/V semantics,
-runs several requests' rows in one pass exactly as one at a time, holds one copy of the weights, and has its
-own identity."""
+"""Kernel modes (rakv.runtime.kernels, rakv.runtime.compact): compact computes what stock computes, keeps the K/V
+semantics, runs several requests' rows in one pass exactly as one at a time, holds one copy of the weights, and
+has its own identity."""
 
 import pytest
 import torch

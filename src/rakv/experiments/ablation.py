@@ -7,7 +7,8 @@ order; a decision's latency is the measurement of the chosen action in the same 
 the decision time the live controller recorded for that request, and its acceptance tracker learns from the
 rounds of that measurement (per-round averages). A variant decides with the same work over the same actions, so
 its own time differs by microseconds in seconds of latency; timing it anew would make the table of a finished
-study change from one regeneration to the next, and the shipped reference run's must not. The variant is then judged by exactly the statistics of rakv.experiments.analysis.
+study change from one regeneration to the next, and the shipped reference run's must not. The variant is then
+judged by exactly the statistics of rakv.experiments.analysis.
 
     .venv/bin/python scripts/ablate_controller.py results/offline             # the standard variants
     .venv/bin/python scripts/ablate_controller.py results/offline tie_margin=0.1 explore_every=4

@@ -23,7 +23,8 @@ from tqdm import tqdm
 from rakv.runtime.actions import Action
 from rakv.experiments.analysis import measurements
 from rakv.runtime.cache import Hit
-from rakv.experiments.config import configurations, controller_config, cost_table_for, engine_for, prompts_for, results_dir
+from rakv.experiments.config import (configurations, controller_config, cost_table_for, engine_for, prompts_for,
+                                     results_dir)
 from rakv.runtime.controller import Controller
 from rakv.runtime.costmodel import RequestFeatures, break_even_alpha, estimate_latency
 from rakv.runtime.errors import RakvError

@@ -40,7 +40,8 @@ from tqdm import tqdm
 from rakv.runtime.actions import ADAPTIVE, Action
 from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.calibration import calibration_key
-from rakv.experiments.config import Configuration, configurations, controller_config, cost_table_for, engine_for, prompts_for, results_dir
+from rakv.experiments.config import (Configuration, configurations, controller_config, cost_table_for, engine_for,
+                                     prompts_for, results_dir)
 from rakv.runtime.controller import Controller
 from rakv.runtime.costmodel import RequestFeatures
 from rakv.runtime.engine import Engine, RequestResult

@@ -312,7 +312,8 @@ def configure_threads(device: torch.device, threads: int | None) -> None:
 
 def load_pair(name: str, device: str = "cpu", dtype: str = "float32", threads: int | None = None,
               kernels: str = "compact") -> ModelPair:
-    """Load a pair on `device`; `kernels` (rakv.runtime.kernels) says how its forwards run, and is part of its identity."""
+    """Load a pair on `device`; `kernels` (rakv.runtime.kernels) says how its forwards run, and is part of its
+    identity."""
     if name not in PAIR_NAMES:
         raise RakvError(f"unknown pair '{name}'; choose one of: {', '.join(PAIR_NAMES)}")
     try:
