@@ -33,6 +33,20 @@ def test_linear_matches_f_linear_for_every_row_count(rows, bias):
         assert torch.allclose(linear(x, layer.weight, layer.bias), layer(x), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(128, 384), (576, 960), (1536, 576)])  # tiny's QKV; SmolLM2's QKV and down
+def test_a_gemm_row_has_the_same_bits_whatever_rows_are_computed_with_it(shape):
+    """What a chunked prefill relies on (rakv.runtime.decoding.forward_rows): the large path's rows are the bits a
+    whole prefill gives them, for every chunk size; small chunks padded by `gemm`, checked on this machine's MKL."""
+    from rakv.runtime.kernels import gemm
+
+    torch.manual_seed(0)
+    weight, x = torch.randn(shape[1], shape[0]), torch.randn(300, shape[0])
+    whole = gemm(x, weight)
+    for rows in [*range(1, 40), 64, 100, 257]:
+        assert torch.equal(gemm(x[5:5 + rows], weight), whole[5:5 + rows]), rows
+        assert torch.equal(linear(x[5:5 + rows], weight, small=False), whole[5:5 + rows]), rows
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.one_of(st.integers(1, 40).map(lambda n: ("add", n)), st.integers(0, 30).map(lambda n: ("crop", n))),
                 min_size=1, max_size=12))

@@ -82,7 +82,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         small = x.shape[0] <= SKINNY_MAX_ROWS
     if x.device.type == "cpu" and small and weight.dtype == torch.float32:
         return skinny().skinny_linear(x, weight, bias)
-    return torch.nn.functional.linear(x, weight, bias)
+    return gemm(x, weight, bias)
+
+
+GEMM_MIN_ROWS = 12  # from 12 rows on, MKL's sgemm gives each row the bits it has in any larger GEMM (measured)
+
+
+def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear` whose rows do not depend on how many rows are computed with them. MKL takes other code paths
+    for 1-3, 5-7 and 9-11 rows, whose sums differ in the last bits from a large GEMM's (tests/test_kernels.py
+    checks both facts on the machine it runs on); a few rows that must match their whole prefill (a chunk of it,
+    rakv.runtime.decoding.forward_rows) are padded with zero rows to 12. Off the CPU: F.linear as it is."""
+    rows = x.shape[0]
+    if x.device.type != "cpu" or rows >= GEMM_MIN_ROWS:
+        return torch.nn.functional.linear(x, weight, bias)
+    padded = torch.cat([x, x.new_zeros(GEMM_MIN_ROWS - rows, x.shape[1])])
+    return torch.nn.functional.linear(padded, weight, bias)[:rows]
 
 
 def linear_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
@@ -91,7 +106,7 @@ def linear_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     if small if small is not None else x.shape[0] <= SKINNY_MAX_ROWS:
         return skinny().skinny_linear_int8(x, weight, scale, bias)
     # many rows (a draft's prefill): dequantise one projection at a time and use the GEMM
-    return torch.nn.functional.linear(x, weight.float() * scale[:, None], bias)
+    return gemm(x, weight.float() * scale[:, None], bias)
 
 
 def apply_kernels(module: torch.nn.Module, mode: str, device: torch.device) -> str:
