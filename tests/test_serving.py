@@ -69,7 +69,7 @@ def test_a_later_turn_needs_its_think_time(tmp_path):
         read_trace(write_lines(tmp_path, lines))
 
 
-@pytest.mark.parametrize("kind", ["plain", "shared-prefix", "multi-turn"])
+@pytest.mark.parametrize("kind", ["plain", "shared-prefix", "multi-turn", "interference", "structured"])
 def test_generated_traces_are_seeded_and_read_back_as_written(tmp_path, kind):
     a = generate_trace(TEXTS, requests=12, rate=4.0, kind=kind, seed=3, groups=3, turns=3, system_words=40)
     b = generate_trace(TEXTS, requests=12, rate=4.0, kind=kind, seed=3, groups=3, turns=3, system_words=40)
@@ -83,6 +83,12 @@ def test_generated_traces_are_seeded_and_read_back_as_written(tmp_path, kind):
         assert len(heads) == 3 and all(len(h.split()) > 40 for h in heads)
     if kind == "multi-turn":
         assert [r.turn for r in a[:3]] == [0, 1, 2] and a[1].follows and a[1].after_s >= 0
+    if kind == "interference":
+        long = [r for r in generate_trace(TEXTS, requests=24, rate=4.0, kind=kind, long_every=8, long_words=300)
+                if r.id.startswith("long")]
+        assert [r.id for r in long] == ["long7", "long15", "long23"] and all(len(r.prompt.split()) == 300 for r in long)
+    if kind == "structured":
+        assert all('"title", "topic"' in r.prompt and r.prompt.endswith('JSON: {"title": "') for r in a)
 
 
 @pytest.mark.parametrize("arrivals, burstiness", [("poisson", 1.0), ("gamma", 0.25)])

@@ -211,7 +211,7 @@ def cmd_trace(args) -> None:
 
 
 TRACE_SETTINGS = ("dataset", "kind", "arrivals", "burstiness", "rate", "requests", "max_new_tokens", "prompt_words",
-                  "groups", "system_words", "turns", "think_s", "seed")
+                  "groups", "system_words", "turns", "think_s", "long_every", "long_words", "seed")
 
 
 def _text_streamer(tokenizer, request_id):
@@ -340,13 +340,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("trace", help="write a seeded serving trace from HumanEval or WikiText-2 text",
                         description="Write a trace for rakv serve: Poisson or gamma arrivals at a rate; plain requests, "
-                                    "shared-prefix groups, or multi-turn conversations. Defaults: "
+                                    "shared-prefix groups, multi-turn conversations, long-prompt interference, or "
+                                    "structured (JSON) output. Defaults: "
                                     "conf/serving/default.yaml (trace:); the settings go to OUT.meta.json.")
     tr.add_argument("--out", required=True, metavar="FILE.jsonl")
+    from rakv.serving.trace import KINDS
     gen_defaults = serving.trace
     for name in TRACE_SETTINGS:
         value = gen_defaults[name]
-        choices = {"dataset": ("humaneval", "wikitext2"), "kind": ("plain", "shared-prefix", "multi-turn"),
+        choices = {"dataset": ("humaneval", "wikitext2"), "kind": KINDS,
                    "arrivals": ("poisson", "gamma")}.get(name)
         tr.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value, choices=choices,
                         help=f"(default %(default)s)")

@@ -129,7 +129,10 @@ def write_trace(path: str | Path, requests: list[TraceRequest], meta: dict) -> N
 
 
 ARRIVALS = ("poisson", "gamma")
-KINDS = ("plain", "shared-prefix", "multi-turn")
+KINDS = ("plain", "shared-prefix", "multi-turn", "interference", "structured")
+# structured: output that repeats the prompt's own keys, where prompt lookup's candidates should be accepted
+STRUCTURED = ('Read the text below and answer with one JSON object with the keys "title", "topic", "people", '
+              '"places", "dates" and "summary".\n\nText: {text}\n\nJSON: {{"title": "')
 
 
 def arrival_times(rng: np.random.Generator, n: int, rate: float, process: str, burstiness: float) -> np.ndarray:
@@ -158,13 +161,16 @@ def _clip_words(text: str, words: int) -> str:
 def generate_trace(texts: list[tuple[str, str]], *, requests: int, rate: float, kind: str = "plain",
                    arrivals: str = "poisson", burstiness: float = 1.0, max_new_tokens: int = 32,
                    prompt_words: int = 64, groups: int = 2, system_words: int = 200, turns: int = 3,
-                   think_s: float = 1.0, seed: int = 0) -> list[TraceRequest]:
+                   think_s: float = 1.0, long_every: int = 8, long_words: int = 750,
+                   seed: int = 0) -> list[TraceRequest]:
     """A seeded trace from real text; `texts` are (id, text) pairs (rakv.runtime.workloads.dataset_texts).
 
     plain: each request one text, its first `prompt_words` words. shared-prefix: `groups` system prompts of
     `system_words` words (each a run of texts), requests assigned round-robin, each its system prompt then a
     question from another text. multi-turn: `requests` // `turns` conversations of `turns` turns, each turn a
-    new text; later turns arrive `think_s` (exponential mean) after the previous one finished."""
+    new text; later turns arrive `think_s` (exponential mean) after the previous one finished. interference: plain
+    requests, every `long_every`-th one a long prompt of `long_words` words (750 words: about 1,000 tokens), the
+    prefill that blocks the others' next token. structured: each request asks for a JSON object about its text."""
     if kind not in KINDS:
         raise RakvError(f"unknown trace kind '{kind}'; choose one of: {', '.join(KINDS)}")
     if requests <= 0 or max_new_tokens <= 0 or prompt_words <= 0:
@@ -193,20 +199,34 @@ def generate_trace(texts: list[tuple[str, str]], *, requests: int, rate: float, 
                                         after_s=round(float(rng.exponential(think_s)), 6) if t else 0.0))
         return out
     times = arrival_times(rng, requests, rate, arrivals, burstiness)
-    if kind == "plain":
-        return [TraceRequest(id=f"r{i}", arrival_s=float(times[i]), prompt=text(i), max_new_tokens=max_new_tokens)
-                for i in range(requests)]
-    if groups <= 0:
-        raise RakvError(f"groups must be positive, got {groups}")
-    systems = []
-    for g in range(groups):  # a long system prompt: consecutive texts joined up to `system_words` words
-        parts, count, i = [], 0, g * 7919
-        while count < system_words:
-            part = _clip_words(pool[order[i % len(pool)]].strip(), system_words - count)
+
+    def long_text(start: int, words: int) -> str:
+        """Consecutive texts from `start` joined up to `words` words."""
+        parts, count, i = [], 0, start
+        while count < words:
+            part = _clip_words(pool[order[i % len(pool)]].strip(), words - count)
             parts.append(part)
             count += len(part.split())
             i += 1
-        systems.append("You are an assistant. Context:\n" + "\n\n".join(parts) + "\n\nQuestion: ")
+        return "\n\n".join(parts)
+
+    if kind == "plain":
+        return [TraceRequest(id=f"r{i}", arrival_s=float(times[i]), prompt=text(i), max_new_tokens=max_new_tokens)
+                for i in range(requests)]
+    if kind == "structured":
+        return [TraceRequest(id=f"s{i}", arrival_s=float(times[i]), prompt=STRUCTURED.format(text=text(i)),
+                             max_new_tokens=max_new_tokens) for i in range(requests)]
+    if kind == "interference":
+        if long_every <= 0 or long_words <= 0:
+            raise RakvError("long-every and long-words must be positive")
+        return [TraceRequest(id=f"long{i}" if i % long_every == long_every - 1 else f"r{i}", arrival_s=float(times[i]),
+                             prompt=long_text(i * 31, long_words) if i % long_every == long_every - 1 else text(i),
+                             max_new_tokens=max_new_tokens) for i in range(requests)]
+    if groups <= 0:
+        raise RakvError(f"groups must be positive, got {groups}")
+    # a long system prompt per group: consecutive texts joined up to `system_words` words
+    systems = [f"You are an assistant. Context:\n{long_text(g * 7919, system_words)}\n\nQuestion: "
+               for g in range(groups)]
     return [TraceRequest(id=f"g{i % groups}-r{i}", arrival_s=float(times[i]),
                          prompt=systems[i % groups] + text(i + groups * 7919 * 2), max_new_tokens=max_new_tokens)
             for i in range(requests)]
