@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 ./scripts/setup_venv.sh
 
-ALL_STAGES=(calibrate study sensitivity feasibility analysis paper)
+ALL_STAGES=(calibrate study serving sensitivity feasibility analysis paper)
 stages=("${ALL_STAGES[@]}")
 overrides=()
 for arg in "$@"; do
@@ -57,6 +57,7 @@ printf '%s\n' "${summary[@]}"
 echo "reproduce: done in $(( $(date +%s) - start )) s. Outputs:"
 echo "  $results_dir/calibration/   cost tables used (one per configuration)"
 echo "  $results_dir/study/         runs.parquet (one row per timed run), metadata.json, plan.txt"
+echo "  $results_dir/serving/     requests.parquet, cells.parquet, iterations.parquet (one row per request / run / iteration), traces/, plan.txt"
 echo "  $results_dir/sensitivity/   alpha_model, crossover, controlled, cache_budget, output_length, prompt_length, reuse_rate, beta_lambda (.parquet)"
 echo "  $results_dir/feasibility/   summary.json; gap.parquet with the weights, else break_even.parquet and controlled.parquet (twins)"
 echo "  $results_dir/summary.json   every statistic;  figures/$(basename "$results_dir")/ (PNG + PDF);  paper/generated/$(basename "$results_dir")/ (macros, tables);  paper/build/$(basename "$results_dir")/main.pdf (with LaTeX)"

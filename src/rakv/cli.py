@@ -162,11 +162,10 @@ def cmd_calibrate(args) -> None:
 def cmd_serve(args) -> None:
     from rakv.runtime.actions import ADAPTIVE
     from rakv.runtime.calibration import calibration_for
-    from rakv.runtime.controller import Controller
     from rakv.runtime.decoding import Sampling
     from rakv.serving.metrics import parse_goodput
-    from rakv.serving.policies import speculation_policy
-    from rakv.serving.server import ServeOptions, serve
+    from rakv.serving.policies import MODEL_POLICIES, speculation_policy
+    from rakv.serving.server import ServeOptions, serve, serve_parts
     from rakv.serving.trace import read_trace
     from rakv.runtime.strategies import action_of
 
@@ -178,19 +177,22 @@ def cmd_serve(args) -> None:
                            max_batch=args.max_batch, kv_budget_mib=args.kv_budget_mib,
                            slos_ms=parse_goodput(args.goodput),
                            sampling=Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed),
-                           ignore_eos=args.ignore_eos, check_alone=args.check_alone, speculation=args.speculation)
-    speculation_policy(args.speculation)  # a malformed policy fails before any model work
+                           ignore_eos=args.ignore_eos, check_alone=args.check_alone, speculation=args.speculation,
+                           itl_slo_ms=args.itl_slo_ms, acceptance=args.acceptance)
+    if not args.speculation.startswith(MODEL_POLICIES):
+        speculation_policy(args.speculation)  # a malformed policy fails before any model work
+    if args.itl_slo_ms is not None and args.itl_slo_ms <= 0:
+        raise RakvError("--itl-slo-ms must be positive")
     if args.check_alone and not options.sampling.greedy:
         raise RakvError("--check-alone compares greedy outputs; it needs --temperature 0")
     if options.token_budget <= 0 or options.max_batch <= 0 or options.kv_budget_mib <= 0:
         raise RakvError("--token-budget, --max-batch and --kv-budget-mib must be positive")
     trace = read_trace(args.trace)  # the whole trace is checked before the models load
     engine = make_engine(args)
-    controller = None
-    if args.strategy == ADAPTIVE:
-        controller = Controller(calibration_for(engine, "never" if args.no_calibrate else "auto"),
-                                controller_config(args))
-    summary = serve(engine, trace, args.out, options, controller=controller, progress=not args.quiet)
+    recalibrate = "never" if args.no_calibrate else "auto"
+    parts = serve_parts(engine, options, lambda: calibration_for(engine, recalibrate), controller_config(args),
+                        recalibrate, progress=not args.quiet)
+    summary = serve(engine, trace, args.out, options, **parts, progress=not args.quiet)
     print(json.dumps({k: summary[k] for k in SHOWN_SUMMARY if k in summary}))
 
 
@@ -306,7 +308,14 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--proposer", default=serving.proposer, choices=PROPOSERS)
     srv.add_argument("--speculation", default=serving.speculation, metavar="POLICY",
                      help="k per decoding request under load, capping the strategy's: per-request, "
-                          "disable-by-batch-size:B, k-by-batch:1=4,4=2,8=0 (default %(default)s)")
+                          "disable-by-batch-size:B, k-by-batch:1=4,4=2,8=0, smartspec (SmartSpec's goodput rule), "
+                          "load-aware (RAKV-ASD under load) (default %(default)s)")
+    srv.add_argument("--acceptance", default=serving.acceptance, choices=("ewma", "prefix"),
+                     help="a request's acceptance at admission: the EWMA across requests, or the one recorded with "
+                          "the store entry it extends (default %(default)s)")
+    srv.add_argument("--itl-slo-ms", type=float, default=serving.itl_slo_ms, metavar="MS",
+                     help="chunk prefills so that each iteration's predicted time (the batch cost model) stays "
+                          "under this inter-token latency; --token-budget stays the cap (default: fixed budget)")
     chunk = srv.add_mutually_exclusive_group()
     chunk.add_argument("--token-budget", type=int, default=serving.token_budget, metavar="N",
                        help="rows of an iteration's forward: decodes first, then prefill chunks (default %(default)s)")

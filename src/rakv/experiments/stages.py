@@ -37,6 +37,12 @@ def study(cfg: DictConfig) -> None:
     run_main_study(cfg)
 
 
+def serving(cfg: DictConfig) -> None:
+    from rakv.experiments.serving import run_serving
+
+    run_serving(cfg)
+
+
 def sensitivity(cfg: DictConfig) -> None:
     from rakv.experiments.sensitivity import run_sensitivity
 
@@ -99,7 +105,7 @@ def paper(cfg: DictConfig) -> None:
     print(f"paper: built {build / 'main.pdf'}", flush=True)
 
 
-STAGES = {"calibrate": calibrate, "study": study, "sensitivity": sensitivity, "feasibility": feasibility,
+STAGES = {"calibrate": calibrate, "study": study, "serving": serving, "sensitivity": sensitivity, "feasibility": feasibility,
           "analysis": analysis, "paper": paper}
 
 

@@ -37,6 +37,9 @@ class CacheEntry:
     next_logits: torch.Tensor  # logits after the last prompt token, [vocab]
     nbytes: int
     last_use: int = 0  # store clock at the last insert or lookup; breaks ties between equal matches
+    # (accepted candidates, rejections) of the speculative rounds run while generating from this prefix, when a
+    # server recorded them (rakv.serving: prefix-keyed acceptance); evicted with the entry, under its namespace
+    acceptance: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class Hit:
     prompt_length: int
     prefix_length: int = 0
     exact: bool = False
+    acceptance: tuple[float, float] | None = None  # the matched entry's recorded acceptance (CacheEntry)
 
     @property
     def reused_tokens(self) -> int:
@@ -126,7 +130,8 @@ class PrefixKVStore:
         entries = self._buckets[key]
         last_use = np.array([entries[i].last_use for i in ids])
         best = max(range(len(ids)), key=lambda r: (reused[r], exact[r], last_use[r]))
-        return Hit(prompt_length=n, prefix_length=int(prefix[best]), exact=bool(exact[best])), ids[best]
+        return (Hit(prompt_length=n, prefix_length=int(prefix[best]), exact=bool(exact[best]),
+                    acceptance=entries[ids[best]].acceptance), ids[best])
 
     def _touch(self, entry_id: int) -> CacheEntry:
         self._clock += 1
@@ -154,12 +159,16 @@ class PrefixKVStore:
         self.stats.hit_tokens += n
         return hit, kv, logits
 
-    def insert(self, ns: str, token_ids: np.ndarray, kv: KV, next_logits: torch.Tensor) -> bool:
-        """Store a copy of a prompt's K/V (cropped to the prompt). Returns whether it is stored."""
+    def insert(self, ns: str, token_ids: np.ndarray, kv: KV, next_logits: torch.Tensor,
+               acceptance: tuple[float, float] | None = None) -> bool:
+        """Store a copy of a prompt's K/V (cropped to the prompt), with the acceptance observed while generating
+        from it when given (an exact repeat's entry takes the newer one). Returns whether it is stored."""
         length = len(token_ids)
         hit, entry_id = self._match(ns, token_ids)
         if hit.exact:
-            self._touch(entry_id)
+            entry = self._touch(entry_id)
+            if acceptance is not None:
+                entry.acceptance = acceptance
             return True
         kv = [(k[:, :, :length].clone(), v[:, :, :length].clone()) for k, v in kv]
         next_logits = next_logits.detach().reshape(-1).clone()
@@ -171,7 +180,7 @@ class PrefixKVStore:
             self._evict_oldest()
         key = (ns, bucket_digest(token_ids))
         entry = CacheEntry(token_ids=np.array(token_ids, dtype=np.int64), kv=kv,
-                           next_logits=next_logits, nbytes=nbytes)
+                           next_logits=next_logits, nbytes=nbytes, acceptance=acceptance)
         self._add(key, entry)
         self.stats.inserts += 1
         return True

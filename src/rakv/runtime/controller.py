@@ -155,8 +155,8 @@ class Controller:
     def alpha(self) -> float:
         return self.tracker.alpha
 
-    def predict(self, features: RequestFeatures, action: Action) -> float:
-        return estimate_latency(self.table, features, action.reuse, action.k, self.alpha,
+    def predict(self, features: RequestFeatures, action: Action, alpha: float | None = None) -> float:
+        return estimate_latency(self.table, features, action.reuse, action.k, self.alpha if alpha is None else alpha,
                                 self.config.memory_penalty_s_per_byte,
                                 self.tracker.match_rate if self.config.match_rate else 1.0)
 
@@ -171,11 +171,13 @@ class Controller:
                             f"{features.prompt_tokens} + {features.new_tokens} tokens")
         return feasible
 
-    def decide(self, prompt_tokens: int, hit: Hit, new_tokens: int) -> Decision:
+    def decide(self, prompt_tokens: int, hit: Hit, new_tokens: int, alpha: float | None = None) -> Decision:
+        """`alpha`: this request's acceptance when known otherwise (a served request's prefix-keyed acceptance,
+        rakv.serving.acceptance); None: the tracker's EWMA."""
         start = time.perf_counter()
         features = RequestFeatures.from_hit(prompt_tokens, hit, new_tokens)
         feasible = self.feasible_actions(features, hit)
-        predictions = {action: self.predict(features, action) for action in feasible}
+        predictions = {action: self.predict(features, action, alpha) for action in feasible}
         best = choose(predictions, self.config.tie_margin)
         self.decisions += 1
         explored = False
@@ -185,7 +187,8 @@ class Controller:
             if speculative:  # a probe keeps the acceptance estimate learning once k = 0 wins
                 best, explored = min(speculative, key=speculative.get), True
         return Decision(action=best, predicted_latency_s=predictions[best],
-                        predictions={a.label: v for a, v in predictions.items()}, alpha_before=self.alpha,
+                        predictions={a.label: v for a, v in predictions.items()},
+                        alpha_before=self.alpha if alpha is None else alpha,
                         decision_s=time.perf_counter() - start, explored=explored)
 
     def round_depth(self, proposer: str) -> RoundDepth | None:

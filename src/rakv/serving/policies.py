@@ -8,15 +8,26 @@ depth's largest), never raises it, so a request that does not speculate never ge
 - `disable-by-batch-size:B`: vLLM's `speculative_config.disable_by_batch_size`: no speculation once B or more
   requests are decoding;
 - `k-by-batch:1=4,4=2,8=0`: a hand-set table of k by the number of decoding requests (the largest entry whose
-  batch size is <= the current one applies), as vLLM's dynamic speculation tables.
+  batch size is <= the current one applies), as vLLM's dynamic speculation tables;
+- `smartspec`: SmartSpec's goodput rule: one k for the batch, the one that maximises
+  `sum_i E_k(alpha) / T(batch, k)` with T from the batch cost model (rakv.serving.batchcost) and one acceptance
+  for every request (the running EWMA);
+- `load-aware` (RAKV-ASD under load): a k per request, chosen by coordinate ascent on the same objective with
+  each request's own acceptance (`ServedRequest.alpha`: prefix-keyed when its prefix has history, else the EWMA;
+  rakv.serving.runner) and the current batch, so a request whose candidates are rarely accepted stops
+  speculating while its neighbours go on.
 
-The scheduler then trims the k it is given to the token budget and the K/V room.
+Both model rules count prompt lookup's empty rounds: a round confirms m E_k(alpha) + (1 - m) tokens, m the match
+rate (rakv.runtime.costmodel.estimate_latency). The scheduler then trims the k it is given to the token budget and
+the K/V room. `SloBudget` is the chunking side: the prefill rows of each iteration chosen so that its predicted
+time stays under an inter-token-latency SLO.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rakv.runtime.costmodel import expected_tokens_per_round
 from rakv.runtime.errors import RakvError
 from rakv.serving.request import ServedRequest
 
@@ -48,9 +59,105 @@ class KByBatch:
         return [min(k, r.max_k) for r in decoding]
 
 
-def speculation_policy(text: str):
-    """`per-request`, `disable-by-batch-size:B` or `k-by-batch:SIZE=K,...`; a one-line error otherwise."""
+def _tokens(alpha: float, k: int, match: float) -> float:
+    return match * expected_tokens_per_round(alpha, k) + (1 - match) if k else 1.0
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """SmartSpec: the batch's one k of most expected tokens per second (candidates `k_set`)."""
+
+    cost: object  # rakv.serving.batchcost.BatchCost
+    tracker: object  # rakv.runtime.controller.AcceptanceTracker: the acceptance and match rate across requests
+    k_set: tuple[int, ...]
+    name: str = "smartspec"
+
+    def depths(self, decoding: list[ServedRequest]) -> list[int]:
+        if not decoding:
+            return []
+        alpha, match = self.tracker.alpha, self.tracker.match_rate
+        best, best_rate = 0, -1.0
+        for k in sorted(set(self.k_set)):
+            ks = [min(k, r.max_k) for r in decoding]
+            tokens = sum(_tokens(alpha, kk, match) for kk in ks)
+            rate = tokens / max(self.cost.decode_s([(1 + kk, len(r.tokens)) for r, kk in zip(decoding, ks)]), 1e-9)
+            if rate > best_rate * (1 + 1e-9):
+                best, best_rate = k, rate
+        return [min(best, r.max_k) for r in decoding]
+
+
+@dataclass(frozen=True)
+class LoadAware:
+    """RAKV-ASD under load: each request's k (from `k_set`, at most its own) maximising the batch's expected tokens
+    per second, with each request's own acceptance; two passes of coordinate ascent from all k = 0."""
+
+    cost: object  # rakv.serving.batchcost.BatchCost
+    tracker: object  # the match rate across requests (prompt lookup's empty rounds)
+    k_set: tuple[int, ...]
+    name: str = "load-aware"
+
+    def depths(self, decoding: list[ServedRequest]) -> list[int]:
+        if not decoding:
+            return []
+        match = self.tracker.match_rate
+        alphas = [self.tracker.alpha if r.alpha is None else r.alpha for r in decoding]
+        contexts = [len(r.tokens) for r in decoding]
+        ks = [0] * len(decoding)
+
+        def rate(ks):
+            tokens = sum(_tokens(a, k, match) for a, k in zip(alphas, ks))
+            return tokens / max(self.cost.decode_s([(1 + k, c) for k, c in zip(ks, contexts)]), 1e-9)
+
+        current = rate(ks)
+        order = sorted(range(len(decoding)), key=lambda i: -alphas[i])
+        for _ in range(2):
+            for i in order:
+                for k in sorted(set(self.k_set)):
+                    if k == ks[i] or k > decoding[i].max_k:
+                        continue
+                    trial = ks[:i] + [k] + ks[i + 1:]
+                    value = rate(trial)
+                    # a deeper k must gain more than noise in the model: ties go to less speculation
+                    if value > current * (1 + 1e-6) or (k < ks[i] and value >= current * (1 - 1e-6)):
+                        ks, current = trial, value
+        return ks
+
+
+@dataclass(frozen=True)
+class SloBudget:
+    """The prefill rows of an iteration chosen so that its predicted time (the batch cost model, with this
+    iteration's decodes) stays under `slo_s`, at least `floor` rows so that prefills always progress."""
+
+    cost: object  # rakv.serving.batchcost.BatchCost
+    slo_s: float
+    floor: int = 16
+
+    def prefill_rows(self, decodes: list, context: int, limit: int) -> int:
+        """`decodes`: this iteration's decode work (rakv.serving.scheduler.Work); `context`: the positions before
+        the next prefill chunk; `limit`: the rows the token budget leaves."""
+        spent = self.cost.decode_s([(w.rows, w.request.computed) for w in decodes], [w.k for w in decodes])
+        low, high = 0, max(limit, 0)
+        while low < high:  # the largest chunk whose iteration fits: the large pass is monotone in rows
+            mid = (low + high + 1) // 2
+            if spent + self.cost.large(mid, context) <= self.slo_s:
+                low = mid
+            else:
+                high = mid - 1
+        return min(max(low, self.floor), max(limit, 0))
+
+
+MODEL_POLICIES = ("smartspec", "load-aware")  # need the batch cost model
+
+
+def speculation_policy(text: str, cost=None, tracker=None, k_set: tuple[int, ...] = ()):
+    """`per-request`, `disable-by-batch-size:B`, `k-by-batch:SIZE=K,...`, `smartspec` or `load-aware` (these two
+    with the batch cost model `cost`, the acceptance `tracker` and the candidate depths `k_set`); a one-line error
+    otherwise."""
     name, _, arg = text.partition(":")
+    if name in MODEL_POLICIES and not arg:
+        if cost is None or tracker is None or not k_set:
+            raise RakvError(f"--speculation {name} needs the batch cost model and the controller's k set")
+        return (Goodput if name == "smartspec" else LoadAware)(cost, tracker, tuple(k_set))
     try:
         if name == "per-request" and not arg:
             return PerRequest()
@@ -64,5 +171,5 @@ def speculation_policy(text: str):
                 return KByBatch(table)
     except ValueError:
         pass
-    raise RakvError(f"--speculation takes per-request, disable-by-batch-size:B (B >= 1) or k-by-batch:SIZE=K,... "
-                    f"(e.g. k-by-batch:1=4,4=2,8=0), got '{text}'")
+    raise RakvError(f"--speculation takes per-request, disable-by-batch-size:B (B >= 1), k-by-batch:SIZE=K,... "
+                    f"(e.g. k-by-batch:1=4,4=2,8=0), smartspec or load-aware, got '{text}'")

@@ -43,6 +43,10 @@ class ServedRequest:
     emitted_s: list[float] = field(default_factory=list)  # when each batch of confirmed tokens came out
     finished_s: float | None = None
     order: int = 0  # admission order: preemption takes the newest first
+    alpha: float | None = None  # its acceptance estimate at admission (prefix-keyed or the EWMA; rakv.serving.runner)
+    prefix_acceptance: tuple[float, float] | None = None  # (accepted, rejections) its store hit carried
+    predicted_s: float | None = None  # rakv-asd: the controller's predicted latency of the chosen action
+    admitted_s: float | None = None  # when it was first admitted (its service starts)
 
     @property
     def tokens(self) -> list[int]:

@@ -17,15 +17,22 @@ import torch
 
 from rakv.runtime.actions import ADAPTIVE
 from rakv.runtime.cache import Hit
+from rakv.runtime.controller import AcceptanceTracker
 from rakv.runtime.compact import Segment
 from rakv.runtime.decoding import (Sampling, accept_round, cache_nbytes, close_round, forward, forward_rows,
                            kept_candidates, select_token)
 from rakv.runtime.engine import Engine
+from rakv.runtime.errors import RakvError
 from rakv.runtime.kernels import SKINNY_MAX_ROWS, new_kv_cache
 from rakv.runtime.proposers import DraftModelProposer, propose_batch
 from rakv.serving.request import ServedRequest
 from rakv.serving.scheduler import Step
 from rakv.runtime.strategies import action_of
+
+
+ACCEPTANCE_SOURCES = ("ewma", "prefix")
+PRIOR_ALPHA = 0.5  # the EWMA's start when no controller (and so no calibrated acceptance) is given
+PRIOR_ROUNDS = 4.0  # weight of the EWMA against a prefix's own recorded rounds
 
 
 @dataclass
@@ -43,6 +50,9 @@ class Live:
 class StepOutcome:
     emitted: dict[str, int] = field(default_factory=dict)  # request id -> tokens confirmed this iteration
     rows: int = 0  # rows of the target forward
+    # what the batch cost model prices (rakv.serving.batchcost.BatchCost.iteration_s): the rows of the small and
+    # the large passes, the mean K/V positions each of their rows attends over, and the decodes' candidates
+    features: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -56,8 +66,17 @@ class Runner:
     last_logits: dict = field(default_factory=dict)  # id -> logits that produced its latest token
     decisions: dict = field(default_factory=dict)  # id -> rakv.runtime.controller.Decision (rakv-asd)
     depths: dict = field(default_factory=dict)  # id -> its per-round depth (rakv.runtime.depth), or None
+    acceptance: str = "ewma"  # a request's acceptance at admission: the EWMA across requests, or `prefix`-keyed
+    tracker: AcceptanceTracker | None = None  # the EWMA (the controller's own for rakv-asd)
+    k_by_iteration: tuple[int, ...] = ()  # the speculation policy picks k per iteration from these (load-aware)
 
     def __post_init__(self):
+        if self.acceptance not in ACCEPTANCE_SOURCES:
+            raise RakvError(f"--acceptance takes {' or '.join(ACCEPTANCE_SOURCES)}, got '{self.acceptance}'")
+        if self.controller is not None:
+            self.tracker = self.controller.tracker
+        elif self.tracker is None:
+            self.tracker = AcceptanceTracker(PRIOR_ALPHA, 0.9)
         pair = self.engine.pair
         self.device, self.target = pair.device, pair.target.module
         if self.strategy != ADAPTIVE:
@@ -82,18 +101,34 @@ class Runner:
             self.decide(request, hit)
         return hit.reused_tokens if request.action.reuse else 0
 
+    def request_alpha(self, hit: Hit) -> float:
+        """Acceptance at admission: with `prefix`, the rounds recorded with the store entry it extends (the EWMA as
+        a prior of PRIOR_ROUNDS rejections' weight); otherwise, and without history, the EWMA across requests."""
+        alpha = self.tracker.alpha
+        if self.acceptance == "prefix" and hit.acceptance is not None:
+            accepted, rejected = hit.acceptance
+            return (accepted + PRIOR_ROUNDS * alpha) / (accepted + rejected + PRIOR_ROUNDS)
+        return alpha
+
     def decide(self, request: ServedRequest, hit: Hit) -> None:
-        """The request's action at its first admission: the strategy's, or the controller's (rakv-asd)."""
+        """The request's action at its first admission: the strategy's, or the controller's (rakv-asd); under a
+        load-aware speculation policy a speculating request may then use any k of the set, chosen per iteration."""
         request.decided = True
+        request.alpha = self.request_alpha(hit)
+        request.prefix_acceptance = hit.acceptance if hit.is_hit else None
         if self.strategy != ADAPTIVE:
             action = action_of(self.strategy)
             depth = None
         else:
-            decision = self.controller.decide(len(request.prompt), hit, request.state.max_new_tokens)
+            decision = self.controller.decide(len(request.prompt), hit, request.state.max_new_tokens,
+                                              alpha=request.alpha)
             self.decisions[request.id] = decision
+            request.predicted_s = decision.predicted_latency_s
             action = decision.action
             depth = self.controller.round_depth(self.engine.proposer) if action.k else None
         request.action, request.max_k = action, (depth.max_k if depth else action.k)
+        if self.k_by_iteration and (self.strategy == ADAPTIVE or action.k):
+            request.max_k = max(self.k_by_iteration)
         self.depths[request.id] = depth
 
     # --- one iteration ---
@@ -120,12 +155,13 @@ class Runner:
             ids = torch.tensor(request.tokens[request.computed:request.computed + work.rows], dtype=torch.long,
                                device=self.device)
             segments.append(Segment(ids, self.live[request.id].cache, 1, small=request.prefill_small))
+        features = iteration_features(segments, [w.k for w in step.decodes])
         logits = forward_rows(self.target, segments) if segments else []
         for work, rows in zip(step.decodes, logits):
             self._close_decode(work, rows, proposals.get(work.request.id))
         for work, rows in zip(step.prefills, logits[len(step.decodes):]):
             self._close_prefill(work.request, rows)
-        outcome = StepOutcome(rows=sum(int(s.ids.shape[0]) for s in segments))
+        outcome = StepOutcome(rows=sum(int(s.ids.shape[0]) for s in segments), features=features)
         for request in touched:
             live = self.live.get(request.id)
             request.computed = min(live.cache.get_seq_length(), len(request.tokens)) if live else 0
@@ -206,24 +242,49 @@ class Runner:
         live = self.live.pop(request.id)
         engine = self.engine
         ns = engine.namespace(request.salt)
+        acceptance = self._observed_acceptance(request)
         layers = [(layer.keys, layer.values) for layer in live.cache.layers]
         prompt_logits = self.prompt_logits.pop(request.id, None)
         exact_repeat = request.hit_tokens == len(request.prompt)
         if prompt_logits is not None and not exact_repeat and live.cache.get_seq_length() >= len(request.prompt):
-            engine.store.insert(ns, np.asarray(request.prompt, dtype=np.int64), layers, prompt_logits)
+            engine.store.insert(ns, np.asarray(request.prompt, dtype=np.int64), layers, prompt_logits, acceptance)
         extended = request.tokens[:-1]
         last = self.last_logits.pop(request.id, None)
         if len(extended) > len(request.prompt) and last is not None and live.cache.get_seq_length() >= len(extended):
-            engine.store.insert(ns, np.asarray(extended, dtype=np.int64), layers, last)
+            engine.store.insert(ns, np.asarray(extended, dtype=np.int64), layers, last, acceptance)
         if self.controller is not None and request.id in self.decisions:
             self.controller.observe(request.state.round_log, request.state.empty_rounds, live.depth)
+        elif self.controller is None:
+            self.tracker.observe(request.state.round_log, request.state.empty_rounds)
         self.depths.pop(request.id, None)
+
+    @staticmethod
+    def _observed_acceptance(request: ServedRequest) -> tuple[float, float] | None:
+        """(accepted, rejections) to record with its store entries: its own rounds, added to its prefix's."""
+        log = request.state.round_log
+        accepted, rejected = float(sum(a for _, a in log)), float(sum(a < p for p, a in log))
+        prior = request.prefix_acceptance
+        if prior is not None:
+            accepted, rejected = accepted + prior[0], rejected + prior[1]
+        return (accepted, rejected) if accepted + rejected > 0 else None
 
     def release(self, request: ServedRequest) -> None:
         """A refused or abandoned request: nothing to insert."""
         self.live.pop(request.id, None)
         self.prompt_logits.pop(request.id, None)
         self.last_logits.pop(request.id, None)
+
+
+def iteration_features(segments: list[Segment], ks: list[int]) -> dict:
+    """The batch cost model's features of one iteration's segments, before they run: per pass kind its rows and
+    their mean context (the positions already in each row's cache, as the calibration measures them)."""
+    out = {"ks": list(ks)}
+    for name, small in (("small", True), ("large", False)):
+        chosen = [s for s in segments if s.runs_small == small]
+        rows = sum(int(s.ids.shape[0]) for s in chosen)
+        attended = sum(int(s.ids.shape[0]) * s.cache.get_seq_length() for s in chosen)
+        out[f"{name}_rows"], out[f"{name}_context"] = rows, (attended / rows if rows else 0.0)
+    return out
 
 
 def _bytes_per_token(model, device) -> int:

@@ -4,7 +4,8 @@ In the style of Sarathi-Serve's stall-free batching and vLLM v1's scheduler (REA
 iteration is one batched target forward whose rows are filled in a fixed order under `token_budget` —
 
 1. decodes: one row per decoding request, plus its k candidates when it speculates (k from the speculation
-   policy, rakv.serving.policies, then trimmed to the budget);
+   policy, rakv.serving.policies, then trimmed to the budget); with an ITL SLO (`prefill_budget`), the rows
+   left for prefill are then the batch cost model's choice for this iteration (rakv.serving.policies.SloBudget);
 2. prefills in progress, a chunk each (`min(needed, budget left)`);
 3. new admissions (first come, first served; preempted requests first), a chunk each.
 
@@ -65,6 +66,7 @@ class Scheduler:
     kv_budget_bytes: int
     chunking: bool = True
     speculation: object = field(default_factory=PerRequest)  # rakv.serving.policies: k per decode under load
+    prefill_budget: object | None = None  # rakv.serving.policies.SloBudget: prefill rows per iteration under an SLO
     waiting: deque = field(default_factory=deque)  # arrived, not running; preempted ones at the front
     running: list = field(default_factory=list)  # in admission order
     admissions: int = 0
@@ -96,6 +98,9 @@ class Scheduler:
             if self._make_room(step, request, 1):
                 step.decodes.append(Work(request, 1 + k, k))
                 budget -= 1 + k
+        if self.prefill_budget is not None and self.chunking:  # the cost model's budget for this iteration
+            pending = next((r for r in self.running if not r.decoding), None)
+            budget = self.prefill_budget.prefill_rows(step.decodes, pending.computed if pending else 0, int(budget))
         for request in [r for r in self.running if not r.decoding]:  # 2. prefills in progress
             chunk = int(min(request.needed, budget, self._room(step, request)))
             if chunk < 1:

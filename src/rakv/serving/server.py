@@ -25,7 +25,7 @@ from rakv.runtime.decoding import DecodeState, Sampling
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
 from rakv.serving.metrics import summarize
-from rakv.serving.policies import speculation_policy
+from rakv.serving.policies import SloBudget, speculation_policy
 from rakv.serving.replay import outputs_alone
 from rakv.serving.request import ServedRequest, Status
 from rakv.serving.runner import Runner
@@ -47,6 +47,31 @@ class ServeOptions:
     ignore_eos: bool = False
     speculation: str = "per-request"  # rakv.serving.policies.speculation_policy
     check_alone: bool = False  # after serving, generate each finished request alone (greedy AR) and count equal ones
+    itl_slo_ms: float | None = None  # chunking by the batch cost model: each iteration's prefill rows under this SLO
+    acceptance: str = "ewma"  # a request's acceptance at admission: ewma (across requests) or prefix (its store hit's)
+
+
+def serve_parts(engine: Engine, options: ServeOptions, table_for, controller_config=None,
+                recalibrate: str = "auto", progress: bool = True) -> dict:
+    """serve()'s keyword arguments for `options`: the controller (rakv-asd), the batch cost model (the model
+    policies and the per-iteration predictions) and the acceptance EWMA seeded from the calibrated acceptance.
+    `table_for()` gives the engine's per-request cost table (rakv.runtime.calibration), called only when needed."""
+    from rakv.runtime.actions import ADAPTIVE
+    from rakv.runtime.controller import AcceptanceTracker, Controller, ControllerConfig
+    from rakv.serving.batchcost import load_or_calibrate_batch
+    from rakv.serving.policies import MODEL_POLICIES
+
+    config = controller_config or ControllerConfig.default()
+    model = options.speculation in MODEL_POLICIES or options.itl_slo_ms is not None
+    parts: dict = {"k_set": tuple(config.k_set)}
+    if options.strategy == ADAPTIVE or model:
+        table = table_for()
+        if options.strategy == ADAPTIVE:
+            parts["controller"] = Controller(table, config)
+        else:
+            parts["tracker"] = AcceptanceTracker(table.acceptance, config.beta, table.match_rate)
+        parts["batch_cost"] = load_or_calibrate_batch(engine, recalibrate=recalibrate, progress=progress)
+    return parts
 
 
 class RecordWriter:
@@ -77,20 +102,35 @@ def record_of(request: ServedRequest, text: str) -> dict:
         "itl_s": [b - a for a, b in zip(times, times[1:])] if ok else [], "e2el_s": e2el,
         "reuse": request.action.reuse, "k": request.action.k, "rounds": state.rounds, "proposed": state.proposed,
         "accepted": state.accepted, "preempted": request.preempted, "conversation": request.conversation,
-        "turn": request.turn, "peak_kv_bytes": state.peak_kv_bytes,
+        "turn": request.turn, "peak_kv_bytes": state.peak_kv_bytes, "alpha": request.alpha,
+        "prefix_acceptance": list(request.prefix_acceptance) if request.prefix_acceptance else None,
+        "predicted_s": request.predicted_s,
+        "service_s": request.finished_s - request.admitted_s if ok and request.admitted_s is not None else None,
+        "empty_rounds": state.empty_rounds, "prompt_ids": request.prompt,
     }
 
 
 def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, options: ServeOptions = ServeOptions(),
-          *, controller=None, progress: bool = True) -> dict:
-    """Serve a (validated) trace; writes out_dir/requests.jsonl and out_dir/summary.json; returns the summary."""
+          *, controller=None, batch_cost=None, tracker=None, k_set: tuple[int, ...] = (), progress: bool = True) -> dict:
+    """Serve a (validated) trace; writes out_dir/requests.jsonl and out_dir/summary.json; returns the summary.
+
+    controller: rakv-asd's (rakv.runtime.controller.Controller); batch_cost (rakv.serving.batchcost.BatchCost):
+    for the model policies (`smartspec`, `load-aware`, `itl_slo_ms`) and the predicted time of every iteration;
+    tracker: the acceptance EWMA to start from when there is no controller; k_set: the model policies' depths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if options.token_budget <= 0 or options.max_batch <= 0 or options.kv_budget_mib <= 0:
         raise RakvError("--token-budget, --max-batch and --kv-budget-mib must be positive")
-    runner = Runner(engine, options.strategy, options.sampling, controller)
+    if options.itl_slo_ms is not None and (options.itl_slo_ms <= 0 or batch_cost is None):
+        raise RakvError("--itl-slo-ms needs a positive SLO and the batch cost model")
+    k_set = tuple(k_set or (controller.config.k_set if controller is not None else ()))
+    load_aware = options.speculation == "load-aware"
+    runner = Runner(engine, options.strategy, options.sampling, controller, acceptance=options.acceptance,
+                    tracker=tracker, k_by_iteration=k_set if load_aware else ())
+    policy = speculation_policy(options.speculation, batch_cost, runner.tracker, k_set)
+    budget = SloBudget(batch_cost, options.itl_slo_ms / 1e3) if options.itl_slo_ms is not None else None
     scheduler = Scheduler(runner, options.token_budget, options.max_batch, int(options.kv_budget_mib * (1 << 20)),
-                          options.chunking, speculation_policy(options.speculation))
+                          options.chunking, policy, budget)
     tokenizer, max_context = engine.pair.tokenizer, engine.pair.max_context
     arrivals = deque(sorted((r for r in trace if not r.follows), key=lambda r: r.arrival_s))
     next_turn = {(r.conversation, r.turn): r for r in trace if r.follows}
@@ -156,10 +196,21 @@ def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, option
                 if not scheduler.waiting and not scheduler.running and upcoming:
                     time.sleep(max(0.0, min(upcoming) - (time.perf_counter() - start)))
                 continue
+            for request in step.admitted:
+                if request.admitted_s is None:
+                    request.admitted_s = now
             outcome = runner.run(step)
             ended = time.perf_counter()
             at = ended - start
+            features = outcome.features
+            predicted = (batch_cost.iteration_s(features["small_rows"], features["small_context"],
+                                                features["large_rows"], features["large_context"], features["ks"])
+                         if batch_cost is not None and outcome.rows else None)
             iterations.append({"at_s": at, "rows": outcome.rows, "running": len(scheduler.running),
+                               "small_rows": features.get("small_rows", 0),
+                               "small_context": features.get("small_context", 0.0),
+                               "large_rows": features.get("large_rows", 0),
+                               "large_context": features.get("large_context", 0.0), "predicted_s": predicted,
                                "decodes": len(step.decodes), "prefill_rows": sum(w.rows for w in step.prefills),
                                "k": [w.k for w in step.decodes], "admitted": len(step.admitted),
                                "preempted": len(step.preempted),
@@ -184,7 +235,8 @@ def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, option
         summary["outputs_equal_alone"] = sum(reference[i] == tokens for i, tokens in served.items())
     summary.update(strategy=options.strategy, speculation=options.speculation, proposer=engine.proposer, pair=engine.pair.name,
                    token_budget=options.token_budget if options.chunking else None, chunking=options.chunking,
-                   max_batch=options.max_batch, kv_budget_mib=options.kv_budget_mib,
+                   max_batch=options.max_batch, kv_budget_mib=options.kv_budget_mib, itl_slo_ms=options.itl_slo_ms,
+                   acceptance=options.acceptance,
                    peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     with (out / "iterations.jsonl").open("w") as fh:  # one line per iteration: what ran and how long it took
         fh.writelines(json.dumps(i) + "\n" for i in iterations)

@@ -1,0 +1,245 @@
+"""The serving study (stage `serving`): traces served under each policy, at several rates, several times.
+
+The design is conf/experiment/serving.yaml (families of policies, each a set of `rakv serve` options over a base)
+and the profile's `serving` section (the configuration, trace sizes, rates per family, repeats, SLOs):
+
+- chunking: an interference trace (short requests, every Nth a ~1,000-token prompt) under no chunking, fixed token
+  budgets and the batch cost model's per-iteration budget under an ITL SLO;
+- speculation: a structured-output trace under k = 0, fixed k, vLLM's disable-by-batch-size, a k-by-batch table,
+  SmartSpec's goodput rule and RAKV-ASD under load;
+- acceptance: a multi-turn trace under rakv-asd with the global EWMA or the prefix-keyed acceptance.
+
+A cell is (family, rate, policy); every repeat serves each cell's trace once, the cells of one repeat in a
+seeded shuffled order (machine drift spreads over policies instead of favouring one), each run with an empty
+prefix store and a fresh controller. A finished run is a folder `cells/<family>/<rate>/<policy>/r<repeat>/` with
+`complete.json` written last (atomically): a rerun skips those and redoes a run that was interrupted. At the end
+`requests.parquet` (one row per served request, with whether its output equals the trace's batch-one greedy AR
+output) and `cells.parquet` (one row per run: its summary.json) and `iterations.parquet` (every iteration's
+features, measured and predicted time) are written. Traces are in `traces/`; the batch cost table used in
+`batch_cost.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from rakv.experiments.config import configuration, cost_table_for, engine_for, results_dir
+from rakv.experiments.records import exclusive, metadata, write_atomic, write_parquet
+from rakv.runtime.actions import ADAPTIVE, Action
+from rakv.runtime.costmodel import RequestFeatures, acceptance_estimate, estimate_latency
+from rakv.runtime.errors import RakvError
+from rakv.runtime.proposers import PromptLookupProposer
+from rakv.runtime.workloads import dataset_texts
+from rakv.serving.batchcost import load_or_calibrate_batch
+from rakv.serving.metrics import parse_goodput
+from rakv.serving.replay import lookup_rounds, outputs_alone
+from rakv.serving.server import ServeOptions, serve, serve_parts
+from rakv.serving.trace import generate_trace, read_trace, write_trace
+
+OPTION_FIELDS = ("strategy", "token_budget", "chunking", "max_batch", "kv_budget_mib", "speculation", "itl_slo_ms",
+                 "acceptance")
+
+
+def cells(cfg: DictConfig) -> list[dict]:
+    """Every (family, rate, policy) of the design with its serve options, in the design's order."""
+    plan, grid = cfg.experiment, cfg.profile.serving
+    out = []
+    for family, spec in plan.families.items():
+        if family not in grid.rates:
+            continue  # a profile may leave a family out
+        base = {**{f: cfg.serving[f] for f in OPTION_FIELDS if f in cfg.serving},
+                **OmegaConf.to_container(spec.base, resolve=True)}
+        for rate in grid.rates[family]:
+            for policy, overrides in spec.policies.items():
+                options = {**base, **OmegaConf.to_container(overrides, resolve=True)}
+                out.append({"family": family, "rate": float(rate), "policy": policy, "options": options})
+    return out
+
+
+def validate_serving(cfg: DictConfig) -> None:
+    """The design's options through ServeOptions' own checks, before any model work."""
+    from rakv.serving.policies import MODEL_POLICIES, speculation_policy
+
+    grid = cfg.profile.get("serving")
+    if grid is None:
+        raise RakvError(f"profile {cfg.profile.name} has no serving section")
+    if grid.repeats < 1 or grid.requests < 1:
+        raise RakvError("profile.serving: repeats and requests must be >= 1")
+    unknown = sorted(set(grid.rates) - set(cfg.experiment.families))
+    if unknown:
+        raise RakvError(f"profile.serving.rates names families the design lacks: {', '.join(unknown)}")
+    for cell in cells(cfg):
+        options = cell["options"]
+        unknown = sorted(set(options) - set(OPTION_FIELDS))
+        if unknown:
+            raise RakvError(f"serving policy {cell['family']}/{cell['policy']}: unknown option(s) {', '.join(unknown)}")
+        if options.get("speculation", "per-request") not in MODEL_POLICIES:
+            speculation_policy(options.get("speculation", "per-request"))
+        if options.get("strategy") != ADAPTIVE:
+            from rakv.runtime.strategies import action_of
+
+            action_of(options["strategy"])
+        if cell["rate"] <= 0:
+            raise RakvError(f"profile.serving.rates.{cell['family']}: rates must be positive")
+    parse_goodput(list(grid.goodput))
+
+
+def cell_dir(out: Path, cell: dict, repeat: int) -> Path:
+    return out / "cells" / cell["family"] / f"{cell['rate']:g}" / cell["policy"] / f"r{repeat}"
+
+
+def trace_for(cfg: DictConfig, out: Path, family: str, rate: float) -> Path:
+    """The family's trace at `rate` (generated once, seeded; the same for every policy and repeat)."""
+    path = out / "traces" / f"{family}-{rate:g}.jsonl"
+    if path.exists():
+        return path
+    grid, spec = cfg.profile.serving, cfg.experiment.families[family]
+    settings = {**OmegaConf.to_container(cfg.serving.trace, resolve=True),
+                **OmegaConf.to_container(spec.trace, resolve=True),
+                "requests": grid.requests, "max_new_tokens": grid.max_new_tokens, "prompt_words": grid.prompt_words,
+                **OmegaConf.to_container(grid.get("trace", {}), resolve=True), "rate": rate, "seed": cfg.seed}
+    texts = dataset_texts(settings.pop("dataset"))
+    trace = generate_trace(texts, **settings)
+    write_trace(path, trace, {"generator": "rakv.experiments.serving", "family": family, **settings})
+    return path
+
+
+def run_serving(cfg: DictConfig) -> Path:
+    validate_serving(cfg)
+    out = results_dir(cfg) / "serving"
+    out.mkdir(parents=True, exist_ok=True)
+    with exclusive(out / ".lock"):
+        return _run(cfg, out)
+
+
+def _run(cfg: DictConfig, out: Path) -> Path:
+    grid = cfg.profile.serving
+    chosen = configuration(grid.configuration)
+    engine = engine_for(cfg, chosen)
+    table = cost_table_for(cfg, engine)
+    batch_cost = load_or_calibrate_batch(engine, recalibrate=cfg.calibration.recalibrate)
+    write_atomic(out / "batch_cost.json", json.dumps(batch_cost.to_json(), indent=1))
+    plan = cells(cfg)
+    runs = [(repeat, cell) for repeat in range(grid.repeats) for cell in plan]
+    todo = [(r, c) for r, c in runs if not (cell_dir(out, c, r) / "complete.json").exists()]
+    write_atomic(out / "plan.txt", _plan_text(cfg, plan, len(runs), len(todo)))
+    print(f"serving: {len(plan)} cells x {grid.repeats} repeats = {len(runs)} runs on {chosen.name}, "
+          f"{len(todo)} to go" + _eta(out, len(todo)), flush=True)
+    references: dict = {}
+    memo: dict = {}
+    slos = parse_goodput(list(grid.goodput))
+    rng = random.Random(cfg.seed)
+    for repeat in range(grid.repeats):
+        order = [c for c in plan]
+        rng.shuffle(order)  # the same shuffle whether or not earlier runs are done: resuming keeps the order
+        for cell in order:
+            target = cell_dir(out, cell, repeat)
+            if (target / "complete.json").exists():
+                continue
+            shutil.rmtree(target, ignore_errors=True)  # an interrupted run starts over
+            trace_path = trace_for(cfg, out, cell["family"], cell["rate"])
+            trace = read_trace(trace_path)
+            if trace_path not in references:
+                references[trace_path] = outputs_alone(engine, trace, None, ignore_eos=True, memo=memo)
+            started = time.perf_counter()
+            engine.store.clear()
+            options = ServeOptions(**cell["options"], slos_ms=slos, ignore_eos=True)
+            parts = serve_parts(engine, options, lambda: table, None, cfg.calibration.recalibrate, progress=False)
+            parts["batch_cost"] = batch_cost
+            summary = serve(engine, trace, target, options, **parts, progress=False)
+            reference = references[trace_path]
+            lines = [json.loads(line) for line in (target / "requests.jsonl").read_text().splitlines()]
+            equal = sum(r["status"] == "ok" and r["token_ids"] == reference.get(r["id"]) for r in lines)
+            summary.update(outputs_equal_ar=equal, family=cell["family"], rate=cell["rate"], policy=cell["policy"],
+                           repeat=repeat, wall_s=time.perf_counter() - started)
+            write_atomic(target / "summary.json", json.dumps(summary, indent=1))
+            write_atomic(target / "complete.json", json.dumps({"wall_s": summary["wall_s"]}))
+            print(f"serving: r{repeat} {cell['family']:<11} rate {cell['rate']:<5g} {cell['policy']:<22} "
+                  f"{summary['output_throughput']:6.1f} tok/s, p99 ITL {summary['p99_itl_ms'] or 0:7.1f} ms, "
+                  f"goodput {summary['goodput'] or 0:5.2f}/s, equal to AR {equal}/{len(lines)} "
+                  f"({summary['wall_s']:.0f} s)", flush=True)
+    return collect(cfg, out, table, plan)
+
+
+def _plan_text(cfg: DictConfig, plan: list[dict], runs: int, todo: int) -> str:
+    lines = [f"serving study: {len(plan)} cells x {cfg.profile.serving.repeats} repeats = {runs} runs ({todo} to go)"]
+    lines += [f"  {c['family']:<12} rate {c['rate']:<6g} {c['policy']:<24} {json.dumps(c['options'])}" for c in plan]
+    return "\n".join(lines) + "\n"
+
+
+def _eta(out: Path, todo: int) -> str:
+    done = [json.loads(p.read_text())["wall_s"] for p in out.glob("cells/*/*/*/*/complete.json")]
+    if not done or not todo:
+        return ""
+    return f"; about {todo * sum(done) / len(done) / 60:.0f} min left (the mean run so far)"
+
+
+def expost_regret(table, record: dict, k_set: tuple[int, ...]) -> float | None:
+    """A prompt-lookup request's regret, judged after the fact: its output fixes, for every k, the rounds greedy
+    speculation makes (rakv.serving.replay.lookup_rounds); the cost model with each k's own acceptance and match
+    rate then prices every action, and the regret is the chosen action's estimate over the least one, minus 1."""
+    prompt, output = record["prompt_ids"], record["token_ids"]
+    features = RequestFeatures(len(prompt), record["hit_tokens"], len(output), record["hit_tokens"] == len(prompt))
+    estimates = {}
+    for k in k_set:
+        alpha, match = 0.0, 1.0
+        if k:
+            log, empty = lookup_rounds(PromptLookupProposer(), prompt, output, k)
+            alpha = acceptance_estimate(log) or 0.0
+            match = len(log) / max(len(log) + empty, 1)
+        for reuse in ((False, True) if record["hit_tokens"] else (False,)):
+            estimates[Action(reuse, k)] = estimate_latency(table, features, reuse, k, alpha, match_rate=match)
+    chosen = Action(bool(record["reuse"]), int(record["k"]))
+    if chosen not in estimates:
+        return None
+    return estimates[chosen] / min(estimates.values()) - 1
+
+
+def collect(cfg: DictConfig, out: Path, table, plan: list[dict]) -> Path:
+    """requests.parquet, cells.parquet, iterations.parquet from every finished run."""
+    requests, summaries, iterations = [], [], []
+    lookup = configuration(cfg.profile.serving.configuration).proposer == "prompt-lookup"
+    k_set = tuple(cfg.controller.k_set)
+    for repeat in range(cfg.profile.serving.repeats):
+        for cell in plan:
+            target = cell_dir(out, cell, repeat)
+            if not (target / "complete.json").exists():
+                continue
+            summary = json.loads((target / "summary.json").read_text())
+            summaries.append({k: v for k, v in summary.items() if not isinstance(v, dict)})
+            key = dict(family=cell["family"], rate=cell["rate"], policy=cell["policy"], repeat=repeat)
+            for line in (target / "requests.jsonl").read_text().splitlines():
+                record = json.loads(line)
+                row = {**key, **{k: v for k, v in record.items() if k not in ("token_ids", "prompt_ids", "text")}}
+                row["itl_s"] = json.dumps(record["itl_s"])
+                row["prefix_acceptance"] = json.dumps(record["prefix_acceptance"])
+                if lookup and record["status"] == "ok" and cell["family"] == "acceptance":
+                    row["expost_regret"] = expost_regret(table, record, k_set)
+                requests.append(row)
+            for line in (target / "iterations.jsonl").read_text().splitlines():
+                iteration = json.loads(line)
+                iteration["k"] = json.dumps(iteration["k"])
+                iterations.append({**key, **iteration})
+    write_parquet(requests, out / "requests.parquet")
+    write_parquet(summaries, out / "cells.parquet")
+    write_parquet(iterations, out / "iterations.parquet")
+    meta = metadata(cfg, {"cells": len(plan), "runs": len(summaries)})
+    write_atomic(out / "metadata.json", json.dumps(meta, indent=1, default=str))
+    equal = sum(s["outputs_equal_ar"] for s in summaries)
+    total = sum(s["completed"] + s["failed"] for s in summaries)
+    print(f"serving: {len(summaries)} runs, {len(requests)} requests, outputs equal to batch-one AR: {equal}/{total}; "
+          f"{out}/requests.parquet, cells.parquet, iterations.parquet", flush=True)
+    frame = pd.DataFrame(iterations)
+    if len(frame) and frame.predicted_s.notna().any():
+        known = frame[frame.predicted_s.notna() & (frame.iteration_s > 0)]
+        mape = float(((known.predicted_s - known.iteration_s).abs() / known.iteration_s).mean())
+        print(f"serving: batch cost model, held-out check on {len(known)} served iterations: MAPE {mape:.1%}",
+              flush=True)
+    return out
