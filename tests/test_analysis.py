@@ -154,13 +154,15 @@ def test_summary_claims_and_exactness(runs, tmp_path):
 
 @pytest.fixture(scope="session")
 def smoke_outputs(tmp_path_factory):
-    """A small real results set: the smoke profile's study, sensitivity and feasibility stages on the tiny pair
+    """A small real results set: the smoke profile's study, serving, sensitivity and feasibility stages on the tiny pair
     and HumanEval alone, then every notebook, with figures and LaTeX written beside it (not into the repository)."""
     root = tmp_path_factory.mktemp("smoke")
     results = root / "results"
     overrides = ["profile=smoke", f"results_dir={results}", "configurations=[tiny,tiny-lookup]", "datasets=[humaneval]"]
-    for stage in ("study", "sensitivity", "feasibility"):
-        done = subprocess.run([sys.executable, str(ROOT / "scripts" / f"run_{stage}.py"), *overrides],
+    serving = ["profile.serving.repeats=2", "profile.serving.rates={chunking:[64],speculation:[16,64],acceptance:[16]}"]
+    for stage in ("study", "serving", "sensitivity", "feasibility"):
+        extra = serving if stage == "serving" else []
+        done = subprocess.run([sys.executable, str(ROOT / "scripts" / f"run_{stage}.py"), *overrides, *extra],
                               capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, f"{stage}: {done.stderr[-2000:]}"
     paths = OutputPaths.of(results, root / "figures", root / "generated")
@@ -182,7 +184,8 @@ def test_every_figure_and_summary_key_listed_in_readme_is_produced(smoke_outputs
     for key in keys:
         assert key in summary, key
     for name in ("macros.tex", "claims_table.tex", "strategy_table.tex", "abstract.tex", "limitations.tex",
-                 "statistics_table.tex", "acceptance_table.tex", "memory_table.tex"):
+                 "statistics_table.tex", "acceptance_table.tex", "memory_table.tex", "serving.tex",
+                 "serving_goals_table.tex"):
         assert (smoke_outputs.generated / name).exists()
     assert not (ROOT / "figures" / smoke_outputs.results.name).exists()  # nothing written into the repository
 

@@ -12,7 +12,7 @@ from rakv.runtime.errors import RakvError
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "rakv"
 PROFILES = sorted(p.stem for p in (CONF_DIR / "profile").glob("*.yaml"))
-PRIMARY = ("config", "sensitivity", "feasibility")  # the stages' primary configs
+PRIMARY = ("config", "sensitivity", "feasibility", "serving_study")  # the stages' primary configs
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 
@@ -90,9 +90,10 @@ def test_each_rule_fails_the_composed_config_with_one_line(override, message):
         validate(composed("config", override))
 
 
-# The layers and what each may import (besides itself): runtime (one request), serving (several requests in
-# flight), experiments (the pipeline around them); `rakv.cli`, the command, sits on top of runtime and serving.
-MAY_IMPORT = {"runtime": set(), "serving": {"runtime"}, "experiments": {"runtime"}}
+# The layers, bottom up, and what each may import (besides itself): runtime (one request), serving (several
+# requests in flight), experiments (the pipeline around them: the studies run both); `rakv.cli`, the command,
+# sits on top of runtime and serving.
+MAY_IMPORT = {"runtime": set(), "serving": {"runtime"}, "experiments": {"runtime", "serving"}}
 LAYER_MODULES = [(layer, p) for layer in MAY_IMPORT for p in sorted((SRC / layer).glob("*.py"))]
 
 

@@ -670,6 +670,10 @@ def summarize(results: Path, seed: int = 0, resamples: int = 2000) -> dict:
     summary["feasibility"] = json.loads(feas.read_text()) if feas.exists() else {"status": "missing"}
     summary["feasibility_verdict"] = feasibility_verdict(summary["feasibility"])
     summary["claims"] = claims(summary)
+    from rakv.experiments import serving_stats
+
+    if serving_stats.available(results):  # the serving study (stage `serving`): its own statistics and goals
+        summary["serving"] = serving_stats.serving_summary(results, seed)
     return summary
 
 

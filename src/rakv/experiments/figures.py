@@ -292,3 +292,113 @@ def acceptance_vs_break_even(acceptance: pd.DataFrame, out_dir: Path):
     ax.set(ylim=(0, 1.08), ylabel="per-token acceptance alpha")
     legend_beside(ax)
     return save(fig, out_dir, "acceptance_vs_break_even")
+
+
+# ---------------------------------------------------------------------------------------------
+# The serving study (rakv.experiments.serving_stats)
+
+SERVING_FIGURES = ("serving_chunking", "serving_itl_distribution", "serving_goodput", "serving_chosen_k",
+                   "serving_break_even", "serving_mape")
+
+
+def _errorbars(ax, rows: pd.DataFrame, x: str, metric: str, label: str, **style) -> None:
+    rows = rows.sort_values(x)
+    low = (rows[metric] - rows[f"{metric}_low"]).clip(lower=0).fillna(0)
+    high = (rows[f"{metric}_high"] - rows[metric]).clip(lower=0).fillna(0)
+    ax.errorbar(rows[x], rows[metric], yerr=[low, high], marker="o", capsize=3, label=label, **style)
+
+
+def serving_chunking(cells: pd.DataFrame, slo_ms: float, out_dir: Path):
+    """p99 ITL and median TTFT vs arrival rate, one line per chunking policy (CIs over repeats)."""
+    fig, (left, right) = panels(2)
+    part = cells[cells.family == "chunking"]
+    for policy, rows in part.groupby("policy", sort=False):
+        _errorbars(left, rows, "rate", "p99_itl_ms", policy)
+        _errorbars(right, rows, "rate", "median_ttft_ms", policy)
+    left.axhline(slo_ms, color="grey", linestyle="--", linewidth=1, label=f"ITL SLO {slo_ms:g} ms")
+    left.set(xlabel="arrival rate (requests/s)", ylabel="p99 inter-token latency (ms)", yscale="log")
+    right.set(xlabel="arrival rate (requests/s)", ylabel="median time to first token (ms)", yscale="log")
+    plain_log(left.yaxis)
+    plain_log(right.yaxis)
+    legend_beside(right, "chunking", *left.get_legend_handles_labels())
+    if left.get_legend() is not None:
+        left.get_legend().remove()
+    return save(fig, out_dir, "serving_chunking")
+
+
+def serving_itl_distribution(requests: pd.DataFrame, out_dir: Path):
+    """The ITL distribution (CDF over every gap of every repeat) per chunking policy, at the highest rate."""
+    import json
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    part = requests[(requests.family == "chunking") & (requests.status == "ok")]
+    if len(part):
+        rate = part.rate.max()
+        for policy, rows in part[part.rate == rate].groupby("policy", sort=False):
+            gaps = np.sort([g * 1e3 for text in rows.itl_s for g in json.loads(text)])
+            if len(gaps):
+                ax.plot(gaps, np.arange(1, len(gaps) + 1) / len(gaps), label=policy)
+        ax.set(xscale="log", xlabel="inter-token latency (ms)", ylabel="share of gaps <= x",
+               title=f"interference trace at {rate:g} requests/s")
+        plain_log(ax.xaxis)
+        legend_beside(ax, "chunking")
+    return save(fig, out_dir, "serving_itl_distribution")
+
+
+def serving_goodput(cells: pd.DataFrame, slos: list[str], out_dir: Path):
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for policy, rows in cells[cells.family == "speculation"].groupby("policy", sort=False):
+        _errorbars(ax, rows, "rate", "goodput", policy, linewidth=2.5 if policy == "rakv-asd" else 1.2)
+    ax.set(xlabel="arrival rate (requests/s)", ylabel="goodput (requests/s within SLOs)", xscale="log",
+           title="SLOs: " + ", ".join(slos))
+    plain_log(ax.xaxis)
+    legend_beside(ax, "speculation")
+    return save(fig, out_dir, "serving_goodput")
+
+
+def serving_chosen_k(chosen: pd.DataFrame, out_dir: Path):
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for policy, rows in chosen.groupby("policy") if len(chosen) else ():
+        ax.plot(rows.batch, rows.mean_k, marker="o", label=policy)
+    ax.set(xlabel="decoding requests in the iteration", ylabel="mean k chosen", ylim=(-0.1, None))
+    legend_beside(ax, "policy")
+    return save(fig, out_dir, "serving_chosen_k")
+
+
+def serving_break_even(break_even: pd.DataFrame, acceptance: float | None, out_dir: Path):
+    """Break-even acceptance vs batch size per k, from the batch cost table; ^ at the top = never pays."""
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    colors = k_colors()
+    for k, rows in break_even.groupby("k"):
+        alpha = rows.break_even_alpha.astype(float)
+        ax.plot(rows.batch[alpha.notna()], alpha[alpha.notna()], marker="o", color=colors.get(k), label=f"k = {k}")
+        ax.scatter(rows.batch[alpha.isna()], [1.04] * int(alpha.isna().sum()), marker="^", color=colors.get(k))
+    if acceptance is not None:
+        ax.axhline(acceptance, color="grey", linestyle="--", linewidth=1, label=f"calibrated alpha {acceptance:.2f}")
+    ax.set(xscale="log", xlabel="decoding requests (batch size)", ylabel="break-even acceptance alpha",
+           ylim=(0, 1.08))
+    plain_log(ax.xaxis)
+    legend_beside(ax)
+    return save(fig, out_dir, "serving_break_even")
+
+
+def serving_mape(acceptance: dict, iteration_mape: dict, out_dir: Path):
+    """The controller's latency MAPE with global vs prefix-keyed acceptance, and the batch cost model's."""
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    labels, values, lows, highs = [], [], [], []
+    for name, stats in acceptance.items():
+        labels.append(f"latency, {name}")
+        values.append(stats["mape"][0])
+        lows.append(stats["mape"][1])
+        highs.append(stats["mape"][2])
+    if "all" in iteration_mape:
+        labels.append("iteration time (batch cost model)")
+        values.append(iteration_mape["all"][0])
+        lows.append(iteration_mape["all"][1])
+        highs.append(iteration_mape["all"][2])
+    values = np.asarray(values, float) * 100
+    err = [np.nan_to_num(values - np.asarray(lows, float) * 100), np.nan_to_num(np.asarray(highs, float) * 100 - values)]
+    ax.barh(labels, values, xerr=err, capsize=3, color=sns.color_palette("colorblind", len(labels)))
+    ax.axvline(10, color="grey", linestyle="--", linewidth=1)
+    ax.set(xlabel="MAPE (%)")
+    return save(fig, out_dir, "serving_mape")

@@ -396,6 +396,69 @@ def write_ablation(frame: pd.DataFrame, out_dir: Path) -> Path:
     return path
 
 
+METRIC_NAMES = {"p99_itl_ms": "p99 inter-token latency", "median_ttft_ms": "median time to first token",
+                "goodput": "goodput"}
+
+
+def signed_change(row: dict) -> str:
+    """'lowered X by 12.0 % [5.1, 20.3]', 'raised ...' or 'did not measurably change X (...)': from the CI's sign."""
+    metric = METRIC_NAMES[row["metric"]]
+    triple = [row["value"], row["ci_low"], row["ci_high"]]
+    if row["ci_low"] is not None and row["ci_low"] > 0:
+        return f"raised {metric} by {ci_text(triple)}"
+    if row["ci_high"] is not None and row["ci_high"] < 0:
+        return f"lowered {metric} by {ci_text([-row['value'], -row['ci_high'], -row['ci_low']])}"
+    return f"did not measurably change {metric} ({ci_text(triple)})"
+
+
+def serving_text(summary: dict) -> str:
+    """The paper's section "Serving under load", from summary.json's `serving` (its sentences follow the CIs)."""
+    serving = summary.get("serving")
+    if not serving:
+        return ("The serving stage did not run for this results folder (\\texttt{./reproduce.sh stages=serving}); "
+                "its section is empty.\n")
+    text = [f"The serving study ran {serving['runs']} served traces ({serving['repeats']} repeats per cell, "
+            f"{serving['requests']} requests) on \\texttt{{{tex_escape(serving['configuration'])}}}; "
+            f"{serving['exact']['equal']} of {serving['exact']['total']} served outputs were identical to the "
+            "request's batch-one greedy AR output. Intervals are 95\\,\\% bootstrap intervals over repeats."]
+    names = {"chunking": "Under the interference trace", "speculation": "Under the structured-output trace"}
+    for family in ("chunking", "speculation"):
+        rows = [r for r in serving["comparisons"] if r["family"] == family]
+        if rows:
+            parts = [f"at {r['rate']:g} requests/s, \\texttt{{{tex_escape(r['policy'])}}} against "
+                     f"\\texttt{{{tex_escape(r['against'])}}} {signed_change(r)}" for r in rows]
+            text.append(f"{names[family]}, " + "; ".join(parts) + ".")
+    mape = serving["iteration_mape"].get("all")
+    if mape:
+        text.append(f"The batch cost model predicted the time of {serving['iteration_mape']['all_iterations']} "
+                    f"served iterations with a MAPE of {ci_text(mape)}.")
+    for name, stats in serving["acceptance"].items():
+        if not missing(stats["mape"][0]):
+            text.append(f"With the {tex_escape(name)} acceptance, the controller's latency prediction on the "
+                        f"multi-turn trace had a MAPE of {ci_text(stats['mape'])}"
+                        + (f" and an ex-post regret of {ci_text(stats['regret'])}" if not missing(stats["regret"][0])
+                           else "") + ".")
+    met = [g for g in serving["goals"] if g["verdict"] == "met"]
+    text.append(f"Of the {len(serving['goals'])} goals in Table~\\ref{{tab:serving-goals}}, {len(met)} "
+                f"{'is' if len(met) == 1 else 'are'} met; the others are missed or inconclusive at these repeats.")
+    return " ".join(text) + "\n"
+
+
+def serving_goals_table(summary: dict) -> str:
+    goals = summary.get("serving", {}).get("goals", [])
+    lines = ["\\begin{tabular}{p{9cm}rrl}", "\\toprule", "Goal & Value & 95\\,\\% CI & Verdict \\\\", "\\midrule"]
+    for g in goals:
+        value = g["value"]
+        shown = "--" if value is None else (f"{value:g}" if g["key"] == "slo_rate" else pct(value))
+        interval = (f"[{pct(g['ci_low'])}, {pct(g['ci_high'])}]" if g.get("ci_low") is not None
+                    and not missing(g["ci_low"]) else "--")
+        lines.append(f"{tex_escape(g['goal'])} & {shown} & {interval} & {g['verdict']} \\\\")
+    if not goals:
+        lines.append("\\multicolumn{4}{l}{the serving stage did not run} \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
 def write_generated(summary: dict, results: Path, out_dir: Path) -> list[Path]:
     """paper/generated/<name>/: macros, tables, and the generated abstract, claims discussion and limitations."""
     results, out_dir = Path(results), Path(out_dir)
@@ -415,6 +478,8 @@ def write_generated(summary: dict, results: Path, out_dir: Path) -> list[Path]:
         "acceptance_table.tex": acceptance_table(summary["acceptance"]),
         "memory_table.tex": memory_table(summary["peak_kv"]),
         "strategy_table.tex": strategy_table(runs),
+        "serving.tex": serving_text(summary),
+        "serving_goals_table.tex": serving_goals_table(summary),
     }
     paths = []
     for name, text in files.items():

@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from rakv.experiments.config import configuration, cost_table_for, engine_for, results_dir
 from rakv.experiments.records import exclusive, metadata, write_atomic, write_parquet
 from rakv.runtime.actions import ADAPTIVE, Action
+from rakv.runtime.calibration import calibration_key, load_table
 from rakv.runtime.costmodel import RequestFeatures, acceptance_estimate, estimate_latency
 from rakv.runtime.errors import RakvError
 from rakv.runtime.proposers import PromptLookupProposer
@@ -101,14 +102,19 @@ def trace_for(cfg: DictConfig, out: Path, family: str, rate: float) -> Path:
     if path.exists():
         return path
     grid, spec = cfg.profile.serving, cfg.experiment.families[family]
-    settings = {**OmegaConf.to_container(cfg.serving.trace, resolve=True),
-                **OmegaConf.to_container(spec.trace, resolve=True),
+    settings = {**_plain(cfg.serving.trace), **_plain(spec.trace),
                 "requests": grid.requests, "max_new_tokens": grid.max_new_tokens, "prompt_words": grid.prompt_words,
-                **OmegaConf.to_container(grid.get("trace", {}), resolve=True), "rate": rate, "seed": cfg.seed}
+                **_plain(grid.get("trace")), **_plain((grid.get("family_trace") or {}).get(family)),
+                "rate": rate, "seed": cfg.seed}
     texts = dataset_texts(settings.pop("dataset"))
     trace = generate_trace(texts, **settings)
     write_trace(path, trace, {"generator": "rakv.experiments.serving", "family": family, **settings})
     return path
+
+
+def _plain(node) -> dict:
+    """A config node (or nothing) as a plain dict, interpolations resolved."""
+    return OmegaConf.to_container(node, resolve=True) if node is not None else {}
 
 
 def run_serving(cfg: DictConfig) -> Path:
@@ -123,7 +129,7 @@ def _run(cfg: DictConfig, out: Path) -> Path:
     grid = cfg.profile.serving
     chosen = configuration(grid.configuration)
     engine = engine_for(cfg, chosen)
-    table = cost_table_for(cfg, engine)
+    table = _study_table(cfg, engine)
     batch_cost = load_or_calibrate_batch(engine, recalibrate=cfg.calibration.recalibrate)
     write_atomic(out / "batch_cost.json", json.dumps(batch_cost.to_json(), indent=1))
     plan = cells(cfg)
@@ -166,6 +172,19 @@ def _run(cfg: DictConfig, out: Path) -> Path:
                   f"goodput {summary['goodput'] or 0:5.2f}/s, equal to AR {equal}/{len(lines)} "
                   f"({summary['wall_s']:.0f} s)", flush=True)
     return collect(cfg, out, table, plan)
+
+
+def _study_table(cfg: DictConfig, engine):
+    """The cost table the study of this results folder used (results/<name>/calibration/), when it was measured
+    for this pair and machine: the serving stage's controller prices requests as the study's does; else the
+    calibration of this machine (measured now if missing or stale)."""
+    kept = results_dir(cfg) / "calibration" / f"{engine.pair.name}-{engine.proposer}.json"
+    if kept.exists():
+        try:
+            return load_table(kept, calibration_key(engine.pair, engine.proposer))
+        except RakvError:
+            pass
+    return cost_table_for(cfg, engine)
 
 
 def _plan_text(cfg: DictConfig, plan: list[dict], runs: int, todo: int) -> str:

@@ -18,6 +18,7 @@ iteration, and the serving study checks it against every iteration it runs (held
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import time
@@ -63,7 +64,12 @@ class Grid:
         if rows <= 0:
             return 0.0
         values = [curve(rows) for curve in self.by_context]
-        return Curve.table(self.contexts, values, monotone=False)(context) if len(values) > 1 else values[0]
+        if len(values) == 1:
+            return values[0]
+        # linear between the two measured contexts around `context` (the end pair beyond the ends)
+        i = min(max(bisect.bisect_right(self.contexts, context), 1), len(self.contexts) - 1)
+        c0, c1 = self.contexts[i - 1], self.contexts[i]
+        return max(values[i - 1] + (values[i] - values[i - 1]) * (context - c0) / (c1 - c0), 0.0)
 
     @classmethod
     def measured(cls, rows: list[int], contexts: list[int], medians: np.ndarray, spread: np.ndarray,

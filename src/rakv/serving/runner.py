@@ -24,7 +24,7 @@ from rakv.runtime.decoding import (Sampling, accept_round, cache_nbytes, close_r
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
 from rakv.runtime.kernels import SKINNY_MAX_ROWS, new_kv_cache
-from rakv.runtime.proposers import DraftModelProposer, propose_batch
+from rakv.runtime.proposers import DraftModelProposer, PromptLookupProposer, propose_batch
 from rakv.serving.request import ServedRequest
 from rakv.serving.scheduler import Step
 from rakv.runtime.strategies import action_of
@@ -242,7 +242,8 @@ class Runner:
         live = self.live.pop(request.id)
         engine = self.engine
         ns = engine.namespace(request.salt)
-        acceptance = self._observed_acceptance(request)
+        log, empty = self.observed_rounds(request)
+        acceptance = self._observed_acceptance(request, log)
         layers = [(layer.keys, layer.values) for layer in live.cache.layers]
         prompt_logits = self.prompt_logits.pop(request.id, None)
         exact_repeat = request.hit_tokens == len(request.prompt)
@@ -253,15 +254,28 @@ class Runner:
         if len(extended) > len(request.prompt) and last is not None and live.cache.get_seq_length() >= len(extended):
             engine.store.insert(ns, np.asarray(extended, dtype=np.int64), layers, last, acceptance)
         if self.controller is not None and request.id in self.decisions:
-            self.controller.observe(request.state.round_log, request.state.empty_rounds, live.depth)
+            self.controller.observe(log, empty, live.depth)
         elif self.controller is None:
-            self.tracker.observe(request.state.round_log, request.state.empty_rounds)
+            self.tracker.observe(log, empty)
         self.depths.pop(request.id, None)
 
+    def observed_rounds(self, request: ServedRequest) -> tuple[list[tuple[int, int]], int]:
+        """What a finished request tells about acceptance: its speculative rounds; or, when it ran none, with prompt
+        lookup under greedy decoding, the rounds speculation at the deepest k would have run over its output
+        (rakv.serving.replay.lookup_rounds: greedy acceptance is fixed by the output, so it is observed without
+        speculating, and a k = 0 decision does not starve the estimate). The EWMA and the prefix-keyed record
+        learn from the same rounds."""
+        log, empty = request.state.round_log, request.state.empty_rounds
+        if log or empty or not self.sampling.greedy or self.engine.proposer != "prompt-lookup":
+            return log, empty
+        from rakv.serving.replay import lookup_rounds
+
+        depth = max(self.k_by_iteration or (self.controller.config.k_set if self.controller else (4,)))
+        return lookup_rounds(PromptLookupProposer(), request.prompt, request.state.tokens, max(depth, 1))
+
     @staticmethod
-    def _observed_acceptance(request: ServedRequest) -> tuple[float, float] | None:
-        """(accepted, rejections) to record with its store entries: its own rounds, added to its prefix's."""
-        log = request.state.round_log
+    def _observed_acceptance(request: ServedRequest, log) -> tuple[float, float] | None:
+        """(accepted, rejections) to record with its store entries: its rounds, added to its prefix's."""
         accepted, rejected = float(sum(a for _, a in log)), float(sum(a < p for p, a in log))
         prior = request.prefix_acceptance
         if prior is not None:

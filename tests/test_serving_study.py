@@ -1,0 +1,220 @@
+"""The serving study's pieces: the batch cost model, the model policies (SmartSpec, load-aware, the ITL-SLO chunk
+budget), prefix-keyed acceptance, the prompt-lookup replay, and the stage itself (resumable, exact outputs)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rakv.runtime.actions import Action
+from rakv.runtime.cache import PrefixKVStore
+from rakv.runtime.controller import AcceptanceTracker
+from rakv.runtime.costmodel import Curve
+from rakv.runtime.decoding import DecodeState
+from rakv.runtime.engine import Engine
+from rakv.runtime.proposers import PromptLookupProposer
+from rakv.serving.batchcost import BatchCost, BatchPlan, Grid, calibrate_batch
+from rakv.serving.policies import Goodput, LoadAware, SloBudget, speculation_policy
+from rakv.serving.replay import lookup_rounds
+from rakv.serving.request import ServedRequest
+from rakv.serving.scheduler import Scheduler, Work
+from rakv.serving.server import ServeOptions, serve
+from rakv.serving.trace import generate_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def linear_cost(per_row=1.0, fixed=10.0, proposer="prompt-lookup", context_cost=0.0) -> BatchCost:
+    """A synthetic batch cost: fixed + per_row * rows (+ context_cost per position of mean context)."""
+    rows = [1, 2, 4, 8, 16, 32, 64]
+    contexts = [64, 512]
+    medians = np.array([[fixed + per_row * r + context_cost * c for c in contexts] for r in rows]) * 1e-3
+    grid = Grid.measured(rows, contexts, medians, np.zeros_like(medians), np.ones_like(medians, dtype=int))
+    large = Grid.measured([12, 64, 512], [0, 512], np.array([[12.0, 12.5], [64.0, 65.0], [512.0, 520.0]]) * 1e-3,
+                          np.zeros((3, 2)), np.ones((3, 2), dtype=int))
+    return BatchCost({}, grid, large, proposer, Curve.table([1, 16], [1e-5, 1.6e-4]))
+
+
+def request(i, prompt=40, new=16, k=4, alpha=None):
+    r = ServedRequest(id=str(i), arrival_s=0.0, prompt=list(range(prompt)), state=DecodeState(new, None, True))
+    r.action, r.max_k, r.alpha = Action(False, k), k, alpha
+    return r
+
+
+def test_a_measured_grid_is_monotone_in_rows_and_context_and_interpolates_between_points():
+    medians = np.array([[1.0, 2.0], [0.9, 2.5], [3.0, 2.9]])  # two violations: rows 1 -> 2 and contexts at 4 rows
+    grid = Grid.measured([1, 2, 4], [64, 512], medians, np.zeros((3, 2)), np.ones((3, 2), dtype=int))
+    values = np.array([[grid(r, c) for c in (64, 512)] for r in (1, 2, 4)])
+    assert (np.diff(values, axis=0) >= 0).all() and (np.diff(values, axis=1) >= 0).all()
+    assert grid(3, 64) == pytest.approx((values[1, 0] + values[2, 0]) / 2)
+    assert grid(1, 288) == pytest.approx((values[0, 0] + values[0, 1]) / 2)
+    assert grid(0, 64) == 0.0
+    assert Grid.from_json(json.loads(json.dumps(grid.to_json())))(3, 300) == pytest.approx(grid(3, 300))
+
+
+def test_the_batch_calibration_measures_every_point_on_the_tiny_pair(tiny_pair):
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 20), proposer="draft")
+    plan = BatchPlan(small_rows=(1, 4, 16), large_rows=(12, 64), contexts=(64, 256), large_contexts=(0, 128),
+                     proposer_requests=(1, 4), repeats=3)
+    cost = calibrate_batch(engine, plan, progress=False)
+    assert cost.small(1, 64) > 0 and cost.small(16, 64) >= cost.small(1, 64)
+    assert cost.large(64, 0) >= cost.large(12, 0) > 0
+    assert cost.propose_s([4, 4]) >= cost.propose_s([4]) > 0 and cost.propose_s([0, 0]) == 0
+    restored = BatchCost.from_json(json.loads(json.dumps(cost.to_json())))
+    assert restored.iteration_s(5, 100, 30, 10, [4]) == pytest.approx(cost.iteration_s(5, 100, 30, 10, [4]))
+
+
+def test_smartspec_speculates_only_when_the_batch_gains_tokens_per_second():
+    cost = linear_cost(per_row=1.0, fixed=20.0)  # extra rows are cheap against the fixed cost
+    batch = [request(i) for i in range(4)]
+    assert Goodput(cost, AcceptanceTracker(0.95, 0.9), (0, 2, 4)).depths(batch) == [4] * 4
+    assert Goodput(cost, AcceptanceTracker(0.0, 0.9), (0, 2, 4)).depths(batch) == [0] * 4
+    expensive = linear_cost(per_row=20.0, fixed=1.0)  # every row as dear as a step: speculation cannot pay
+    assert Goodput(expensive, AcceptanceTracker(0.7, 0.9), (0, 2, 4)).depths(batch) == [0] * 4
+
+
+def test_load_aware_gives_each_request_its_own_k_and_never_more_than_its_own():
+    cost = linear_cost(per_row=2.0, fixed=20.0)
+    batch = [request(0, alpha=0.95), request(1, alpha=0.05), request(2, alpha=0.9, k=2)]
+    ks = LoadAware(cost, AcceptanceTracker(0.5, 0.9), (0, 1, 2, 4)).depths(batch)
+    assert ks[0] > 0 and ks[1] == 0 and 0 < ks[2] <= 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(decodes=st.integers(0, 12), context=st.sampled_from([0, 200, 512]), slo_ms=st.floats(5, 800),
+       limit=st.integers(0, 600))
+def test_the_slo_budget_keeps_the_predicted_iteration_under_the_slo_or_gives_the_floor(decodes, context, slo_ms,
+                                                                                         limit):
+    cost = linear_cost()
+    works = [Work(request(i), 1, 0) for i in range(decodes)]
+    budget = SloBudget(cost, slo_ms / 1e3, floor=16)
+    rows = budget.prefill_rows(works, context, limit)
+    assert 0 <= rows <= limit
+    spent = cost.decode_s([(1, w.request.computed) for w in works], [0] * decodes)
+    if rows > min(16, limit):
+        assert spent + cost.large(rows, context) <= slo_ms / 1e3 + 1e-12
+        if rows < limit:  # and one more row would not fit
+            assert spent + cost.large(rows + 1, context) > slo_ms / 1e3
+
+
+def test_the_scheduler_takes_the_slo_budget_for_prefill_rows():
+    class KV:
+        def bytes_per_token(self, r):
+            return 1
+
+        def reusable(self, r):
+            r.decided = True
+            return 0
+
+    scheduler = Scheduler(KV(), 512, 8, 1 << 30, True, prefill_budget=SloBudget(linear_cost(), 0.050))
+    scheduler.waiting.extend([request(0, prompt=400, k=0)])
+    step = scheduler.schedule()
+    # 50 ms of the synthetic large pass (1 ms per row) leaves about 50 rows: not the 400 the budget allows
+    assert 16 <= step.rows <= 51
+
+
+def test_model_policies_need_the_batch_cost_model():
+    from rakv.runtime.errors import RakvError
+
+    with pytest.raises(RakvError, match="batch cost model"):
+        speculation_policy("smartspec")
+    assert speculation_policy("load-aware", linear_cost(), AcceptanceTracker(0.5, 0.9), (0, 4)).name == "load-aware"
+
+
+def test_a_store_entry_carries_the_acceptance_recorded_with_it_and_loses_it_when_evicted():
+    import torch
+
+    kv = [(torch.zeros(1, 1, 40, 2), torch.zeros(1, 1, 40, 2))]
+    store = PrefixKVStore(budget_bytes=1000)
+    store.insert("ns", np.arange(40), kv, torch.zeros(4), acceptance=(6.0, 2.0))
+    assert store.peek("ns", np.arange(50)).acceptance == (6.0, 2.0)
+    assert not store.peek("other", np.arange(50)).is_hit  # another namespace (salt) sees nothing
+    store.insert("ns", np.arange(100, 140), kv, torch.zeros(4))  # over the budget: the first entry is evicted
+    assert not store.peek("ns", np.arange(50)).is_hit and store.peek("ns", np.arange(100, 150)).acceptance is None
+
+
+def test_the_prompt_lookup_replay_gives_the_rounds_greedy_speculation_ran(tiny_pair, tiny_texts=None):
+    from rakv.runtime.workloads import dataset_texts
+
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 20), proposer="prompt-lookup")
+    text = dataset_texts("wikitext2")[3][1]
+    ids = engine.encode(" ".join(text.split()[:60]) * 2)[:200]
+    for k in (2, 4):
+        result = engine.run(ids, Action(False, k), 24, ignore_eos=True)
+        log, empty = lookup_rounds(PromptLookupProposer(), ids, result.token_ids, k)
+        assert log == result.round_log and empty == result.empty_rounds
+
+
+@pytest.mark.parametrize("speculation, acceptance, slo", [("smartspec", "ewma", None), ("load-aware", "prefix", 20.0),
+                                                          ("per-request", "prefix", 8.0)])
+def test_model_policies_change_no_output(tiny_pair, tmp_path, speculation, acceptance, slo):
+    from rakv.runtime.workloads import dataset_texts
+
+    trace = generate_trace(dataset_texts("wikitext2"), requests=8, rate=60.0, kind="multi-turn", turns=2,
+                           think_s=0.01, max_new_tokens=10, prompt_words=40, seed=3)
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30), proposer="prompt-lookup")
+    options = ServeOptions(strategy="joint-k4", speculation=speculation, acceptance=acceptance, itl_slo_ms=slo,
+                           ignore_eos=True, check_alone=True, token_budget=64)
+    summary = serve(engine, trace, tmp_path, options, batch_cost=linear_cost(per_row=0.2, fixed=3.0),
+                    tracker=AcceptanceTracker(0.6, 0.9), k_set=(0, 1, 2, 4), progress=False)
+    assert summary["completed"] == 8 and summary["outputs_equal_alone"] == 8
+    records = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    first = {r["conversation"]: r for r in records if r["turn"] == 0}
+    later = [r for r in records if r["turn"] == 1]
+    assert any(r["hit_tokens"] > 0 for r in later)
+    for r in later:  # a later turn extends its conversation's stored prefix and carries that turn's rounds
+        before = first[r["conversation"]]
+        log, _ = ((None, None) if before["proposed"] else
+                  lookup_rounds(PromptLookupProposer(), before["prompt_ids"], before["token_ids"], 4))
+        observed = before["accepted"] + before["rounds"] if before["proposed"] else len(log or [])
+        assert (r["prefix_acceptance"] is not None) == (r["hit_tokens"] > 0 and observed > 0), (r, before)
+    iterations = [json.loads(line) for line in (tmp_path / "iterations.jsonl").read_text().splitlines()]
+    assert all(i["predicted_s"] is None or i["predicted_s"] > 0 for i in iterations)
+
+
+SMALL = ["profile=smoke", "profile.serving.repeats=2", "profile.serving.requests=4",
+         "profile.serving.rates={chunking:[32],speculation:[32],acceptance:[16]}"]
+
+
+def run_stage(results, *extra):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "run_serving.py"), *SMALL, f"results_dir={results}",
+                           *extra], capture_output=True, text=True, timeout=900)
+
+
+def test_the_serving_stage_writes_its_tables_counts_exact_outputs_and_resumes_per_run(tmp_path):
+    results = tmp_path / "results"
+    done = run_stage(results)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = results / "serving"
+    cells = pd.read_parquet(out / "cells.parquet")
+    assert len(cells) == 2 * (5 + 7 + 2) and (cells.outputs_equal_ar == cells.completed + cells.failed).all()
+    requests = pd.read_parquet(out / "requests.parquet")
+    assert len(requests) == 4 * len(cells) - 0 or len(requests) >= len(cells)
+    assert {"family", "rate", "policy", "repeat", "ttft_s", "itl_s"} <= set(requests.columns)
+    iterations = pd.read_parquet(out / "iterations.parquet")
+    assert iterations.predicted_s.notna().any()
+    # resume: one run's completion marker removed -> only that run is served again
+    victim = next(out.glob("cells/speculation/*/k4/r1/complete.json"))
+    victim.unlink()
+    again = run_stage(results)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout.count("serving: r") == 1 and "1 to go" in again.stdout
+    from rakv.experiments.serving_stats import serving_summary
+
+    summary = serving_summary(results)
+    assert summary["exact"]["equal"] == summary["exact"]["total"] > 0
+    keys = {g["key"] for g in summary["goals"]}
+    assert {"goodput_vs_best_fixed", "slo_rate", "mape_prefix", "exact"} <= keys
+    assert all(g["verdict"] in ("met", "missed", "inconclusive", "missing") for g in summary["goals"])
+
+
+def test_a_bad_serving_design_stops_with_one_line(tmp_path):
+    done = run_stage(tmp_path / "r", "+experiment.families.speculation.policies.bogus={speculation:sometimes}")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--speculation takes" in done.stderr.strip().splitlines()[-1]
