@@ -10,14 +10,19 @@ cd "$(dirname "$0")/.."
 source_dir=${1:?usage: scripts/ship_reference.sh RESULTS_DIR [PROFILE]}
 profile=${2:-offline}
 [ -f "$source_dir/study/runs.parquet" ] || { echo "ship_reference: $source_dir/study/runs.parquet is missing" >&2; exit 2; }
-if grep -q -- '-dirty"' "$source_dir/study/metadata.json"; then
-    echo "ship_reference: $source_dir was measured from uncommitted code; measure committed code" >&2
-    exit 2
-fi
+for meta in "$source_dir/study/metadata.json" "$source_dir/serving/metadata.json"; do
+    if [ -f "$meta" ] && grep -q -- '-dirty"' "$meta"; then
+        echo "ship_reference: $meta says it was measured from uncommitted code; measure committed code" >&2
+        exit 2
+    fi
+done
 target="data/reference/$profile"
 rm -rf "$target"
 mkdir -p "$target"
-(cd "$source_dir" && find . -type f ! -name '*.jsonl' ! -name '.lock*' ! -path './notebooks/*' \
+# the serving study: its tables, traces (inputs, kept as JSONL) and batch cost table; each run's own folder
+# (cells/) stays out, its requests and iterations being in the tables
+(cd "$source_dir" && find . -type f \( ! -name '*.jsonl' -o -path './serving/traces/*' \) ! -name '.lock*' \
+    ! -path './notebooks/*' ! -path './serving/cells/*' \
     ! -name summary.json ! -name ablation.csv ! -name compare_reference.txt ! -name '.*.tmp*' -print0) |
     while IFS= read -r -d '' file; do
         mkdir -p "$target/$(dirname "$file")"

@@ -326,10 +326,27 @@ def between_markers(text: str, name: str, body: str) -> str:
     return head + start + "\n" + body + end + rest.split(end, 1)[1]
 
 
+def serving_goals_markdown(summary: dict) -> str:
+    """The serving study's goals (as serving_goals_table) in Markdown, for the README."""
+    goals = summary.get("serving", {}).get("goals", [])
+    if not goals:
+        return "The serving stage has not run for the shipped reference run.\n"
+    lines = ["| goal | value [95 % CI] | verdict |", "|---|---:|:---:|"]
+    for g in goals:
+        fmt = (lambda v: f"{v:+.3f}") if g.get("unit") == "req/s" else (lambda v: markdown_value(v, "%"))
+        value = "n/a" if missing(g["value"]) else (f"{g['value']:g} req/s" if g["key"] == "slo_rate"
+                                                    else fmt(g["value"]))
+        interval = "" if missing(g.get("ci_low")) else f" [{fmt(g['ci_low'])}, {fmt(g['ci_high'])}]"
+        lines.append(f"| {g['goal']} | {value}{interval} | {g['verdict']} |")
+    return "\n".join(lines) + "\n"
+
+
 def refresh_readme(summary: dict, readme: Path) -> bool:
-    """Write the claims table of `summary` into the README between its claims markers; True when it changed."""
+    """Write the claims table and the serving goals of `summary` into the README between their markers; True
+    when it changed."""
     text = Path(readme).read_text()
     updated = between_markers(text, "claims", claims_markdown(summary["claims"]))
+    updated = between_markers(updated, "serving-goals", serving_goals_markdown(summary))
     if updated != text:
         Path(readme).write_text(updated)
     return updated != text
@@ -420,7 +437,8 @@ def serving_text(summary: dict) -> str:
     text = [f"The serving study ran {serving['runs']} served traces ({serving['repeats']} repeats per cell, "
             f"{serving['requests']} requests) on \\texttt{{{tex_escape(serving['configuration'])}}}; "
             f"{serving['exact']['equal']} of {serving['exact']['total']} served outputs were identical to the "
-            "request's batch-one greedy AR output. Intervals are 95\\,\\% bootstrap intervals over repeats."]
+            "request's batch-one greedy AR output. Intervals are 95\\,\\% bootstrap intervals over repeats. "
+            f"The serving stage ran at commit \\texttt{{{tex_escape((serving.get('commit') or 'unknown')[:12])}}}."]
     names = {"chunking": "Under the interference trace", "speculation": "Under the structured-output trace"}
     for family in ("chunking", "speculation"):
         rows = [r for r in serving["comparisons"] if r["family"] == family]
@@ -449,8 +467,9 @@ def serving_goals_table(summary: dict) -> str:
     lines = ["\\begin{tabular}{p{9cm}rrl}", "\\toprule", "Goal & Value & 95\\,\\% CI & Verdict \\\\", "\\midrule"]
     for g in goals:
         value = g["value"]
-        shown = "--" if value is None else (f"{value:g}" if g["key"] == "slo_rate" else pct(value))
-        interval = (f"[{pct(g['ci_low'])}, {pct(g['ci_high'])}]" if g.get("ci_low") is not None
+        fmt = (lambda v: f"{v:+.3f}") if g.get("unit") == "req/s" else pct
+        shown = "--" if missing(value) else (f"{value:g} req/s" if g["key"] == "slo_rate" else fmt(value))
+        interval = (f"[{fmt(g['ci_low'])}, {fmt(g['ci_high'])}]" if g.get("ci_low") is not None
                     and not missing(g["ci_low"]) else "--")
         lines.append(f"{tex_escape(g['goal'])} & {shown} & {interval} & {g['verdict']} \\\\")
     if not goals:

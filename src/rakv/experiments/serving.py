@@ -142,6 +142,7 @@ def _run(cfg: DictConfig, out: Path) -> Path:
     memo: dict = {}
     slos = parse_goodput(list(grid.goodput))
     rng = random.Random(cfg.seed)
+    began, finished = time.perf_counter(), 0
     for repeat in range(grid.repeats):
         order = [c for c in plan]
         rng.shuffle(order)  # the same shuffle whether or not earlier runs are done: resuming keeps the order
@@ -167,10 +168,12 @@ def _run(cfg: DictConfig, out: Path) -> Path:
                            repeat=repeat, wall_s=time.perf_counter() - started)
             write_atomic(target / "summary.json", json.dumps(summary, indent=1))
             write_atomic(target / "complete.json", json.dumps({"wall_s": summary["wall_s"]}))
+            finished += 1
+            left = (len(todo) - finished) * (time.perf_counter() - began) / finished
             print(f"serving: r{repeat} {cell['family']:<11} rate {cell['rate']:<5g} {cell['policy']:<22} "
                   f"{summary['output_throughput']:6.1f} tok/s, p99 ITL {summary['p99_itl_ms'] or 0:7.1f} ms, "
                   f"goodput {summary['goodput'] or 0:5.2f}/s, equal to AR {equal}/{len(lines)} "
-                  f"({summary['wall_s']:.0f} s)", flush=True)
+                  f"({summary['wall_s']:.0f} s; {finished}/{len(todo)}, about {left / 60:.0f} min left)", flush=True)
     return collect(cfg, out, table, plan)
 
 
