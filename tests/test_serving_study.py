@@ -218,3 +218,26 @@ def test_a_bad_serving_design_stops_with_one_line(tmp_path):
     done = run_stage(tmp_path / "r", "+experiment.families.speculation.policies.bogus={speculation:sometimes}")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "--speculation takes" in done.stderr.strip().splitlines()[-1]
+
+
+def test_rakv_serve_takes_the_model_policies(tmp_path):
+    from rakv.runtime.calibration import calibration_dir
+
+    env = None  # the shared calibration folder: measured on first use, then kept
+    rakv = [sys.executable, "-m", "rakv.cli"]
+    made = subprocess.run([*rakv, "trace", "--out", str(tmp_path / "t.jsonl"), "--kind", "multi-turn", "--requests", "6",
+                           "--turns", "2", "--rate", "40", "--think-s", "0.01", "--max-new-tokens", "8",
+                           "--prompt-words", "30"], capture_output=True, text=True, env=env)
+    assert made.returncode == 0, made.stderr
+    served = subprocess.run([*rakv, "serve", "--pair", "tiny", "--proposer", "prompt-lookup", "--trace",
+                             str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "out"), "--strategy", "rakv-asd",
+                             "--speculation", "load-aware", "--acceptance", "prefix", "--itl-slo-ms", "30",
+                             "--ignore-eos", "--check-alone", "--quiet"], capture_output=True, text=True, env=env)
+    assert served.returncode == 0, served.stderr[-2000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["completed"] == summary["outputs_equal_alone"] == 6
+    assert summary["speculation"] == "load-aware" and summary["itl_slo_ms"] == 30
+    assert list(calibration_dir().glob("tiny-prompt-lookup-batch-*.json"))
+    bad = subprocess.run([*rakv, "serve", "--pair", "tiny", "--trace", str(tmp_path / "t.jsonl"), "--out",
+                          str(tmp_path / "o2"), "--itl-slo-ms", "-5"], capture_output=True, text=True, env=env)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and "--itl-slo-ms" in bad.stderr

@@ -13,6 +13,7 @@ lies on the goal's side), `missed` (wholly on the other side) or `inconclusive`.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -48,42 +49,52 @@ def bootstrap(groups: list, statistic, seed: int = 0, resamples: int = RESAMPLES
     return [value, float(low), float(high)]
 
 
-def _gaps(requests: pd.DataFrame) -> np.ndarray:
-    return np.asarray([g for text in requests.itl_s for g in json.loads(text)], float)
+@dataclass(frozen=True)
+class Run:
+    """One served trace, as the statistics need it (parsed once: the bootstrap resamples these)."""
+
+    gaps_s: np.ndarray  # every inter-token gap of its finished requests
+    ttft_s: np.ndarray
+    goodput: float
+    output_throughput: float
+    duration_s: float
 
 
 def p99_itl_ms(parts) -> float:
-    gaps = np.concatenate([_gaps(r) for r, _ in parts]) if parts else np.array([])
+    gaps = np.concatenate([p.gaps_s for p in parts]) if parts else np.array([])
     return float(np.percentile(gaps, 99) * 1e3) if gaps.size else float("nan")
 
 
 def median_ttft_ms(parts) -> float:
-    values = pd.concat([r.ttft_s for r, _ in parts]).dropna()
-    return float(values.median() * 1e3) if len(values) else float("nan")
+    values = np.concatenate([p.ttft_s for p in parts]) if parts else np.array([])
+    return float(np.median(values) * 1e3) if values.size else float("nan")
 
 
 def goodput(parts) -> float:
-    return float(sum(c.goodput * c.duration_s for _, c in parts) / sum(c.duration_s for _, c in parts))
+    return float(sum(p.goodput * p.duration_s for p in parts) / sum(p.duration_s for p in parts))
 
 
 def throughput(parts) -> float:
-    return float(sum(c.output_throughput * c.duration_s for _, c in parts) / sum(c.duration_s for _, c in parts))
+    return float(sum(p.output_throughput * p.duration_s for p in parts) / sum(p.duration_s for p in parts))
 
 
 METRICS = {"p99_itl_ms": p99_itl_ms, "median_ttft_ms": median_ttft_ms, "goodput": goodput,
            "output_throughput": throughput}
 
 
-def runs_of(data: dict, family: str, rate: float, policy: str) -> dict[int, tuple]:
-    """repeat -> (its requests, its cell row) for one cell."""
-    requests, cells = data["requests"], data["cells"]
-    mask = (cells.family == family) & (cells.rate == rate) & (cells.policy == policy)
-    out = {}
-    for row in cells[mask].itertuples(index=False):
-        r = requests[(requests.family == family) & (requests.rate == rate) & (requests.policy == policy)
-                     & (requests.repeat == row.repeat) & (requests.status == "ok")]
-        out[int(row.repeat)] = (r, row)
-    return out
+def runs_of(data: dict, family: str, rate: float, policy: str) -> dict[int, Run]:
+    """repeat -> its Run, for one cell (parsed once per data set)."""
+    cache = data.setdefault("_runs", {})
+    if not cache:
+        requests = data["requests"][data["requests"].status == "ok"]
+        grouped = {key: part for key, part in requests.groupby(["family", "rate", "policy", "repeat"])}
+        for row in data["cells"].itertuples(index=False):
+            key = (row.family, row.rate, row.policy, int(row.repeat))
+            part = grouped.get(key, requests.iloc[:0])
+            gaps = np.asarray([g for text in part.itl_s for g in json.loads(text)], float)
+            cache[key] = Run(gaps, part.ttft_s.dropna().to_numpy(float), float(row.goodput or 0.0),
+                             float(row.output_throughput), float(row.duration_s))
+    return {key[3]: run for key, run in cache.items() if key[:3] == (family, rate, policy)}
 
 
 def cell_table(data: dict, seed: int = 0) -> pd.DataFrame:
