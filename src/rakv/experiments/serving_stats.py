@@ -41,7 +41,15 @@ def bootstrap(groups: list, statistic, seed: int = 0, resamples: int = RESAMPLES
     if len(groups) < 2 or not np.isfinite(value):
         return [value, float("nan"), float("nan")]
     rng = np.random.default_rng(seed)
-    draws = [statistic([groups[i] for i in rng.integers(len(groups), size=len(groups))]) for _ in range(resamples)]
+    # every statistic here depends on the multiset of groups drawn, and with a few repeats there are few
+    # multisets (10 for 3 repeats): each is evaluated once
+    seen: dict[tuple, float] = {}
+    draws = []
+    for _ in range(resamples):
+        key = tuple(sorted(rng.integers(len(groups), size=len(groups)).tolist()))
+        if key not in seen:
+            seen[key] = statistic([groups[i] for i in key])
+        draws.append(seen[key])
     draws = np.asarray([d for d in draws if np.isfinite(d)], float)
     if not len(draws):
         return [value, float("nan"), float("nan")]
