@@ -1,19 +1,25 @@
 """Engine benchmark on one pair, side by side with transformers (and llama.cpp when installed) in one run; prints ratios.
 
     .venv/bin/python scripts/bench_engine.py [--pair smollm2] [--kernels compact] [--new-tokens 64] [--repeats 3] [--json]
+    .venv/bin/python scripts/bench_engine.py --gemm   # only the GEMM table (rakv.runtime.kernels.cpp) by row count
     pip install -e '.[peers]'   # optional: llama.cpp beside us (llama-cpp-python builds from source, 10-15 min)
 
 Our engine runs the pair with `--kernels` (rakv.runtime.kernels; default compact); transformers' `generate` and
-assisted generation run a second copy of the pair loaded with stock kernels, i.e. transformers as
-shipped. With `llama-cpp-python` installed, llama.cpp decodes the same prompt greedily on the shipped Q4_1
-GGUF and on that file converted to F32 (the same dequantised fp32 weights as our target), and prefills a
-~512-token prompt. Printed, each a median of interleaved repeats:
-- AR and spec-k4 ms/token, ours / transformers (identical outputs required); ours / llama.cpp F32 (goal
-  <= 1.15) and prefill tokens/s, ours / llama.cpp F32 (goal >= 1);
-- the floor: the target's weight bytes / measured streaming bandwidth, and the draft's step against its
-  own floor (goal <= 1.5) and against the target step (goal <= 0.30);
-- verify(k + 1) / one step for k in 1, 2, 4, 6, 8 (goal <= 1.25 for k <= 4, monotone in k);
-- a batched step of 1, 2, 4, 8, 16 requests (each its own 256-token context) / one request (goal: 8 <= 1.6);
+assisted generation run a second copy of the pair loaded with stock kernels, i.e. transformers as shipped. With
+`llama-cpp-python` installed, llama.cpp decodes the same prompt greedily on the shipped Q4_1 GGUF and on that file
+converted to F32 (the same dequantised fp32 weights as our target), and prefills the same ~512-token prompt.
+Printed, each a median of interleaved repeats, with the goal beside it:
+- AR and spec-k4 ms/token (prefill included), ours / transformers (identical outputs required); ours / llama.cpp F32:
+  decode ms/token after the first token (goal <= 1.0) and prefill tokens/s of the same ~512 tokens (goal >= 1.5);
+- the GEMM by row count (1-512 rows through the pair's own packed projections, fp32 target and int8 draft): ms,
+  / one row, GFLOPS against the machine's FMA peak measured by the kernels themselves, GB/s of weights;
+- the floor (target weight bytes / streaming bandwidth); the int8 draft's step against its floor and against the
+  target step (goal <= 0.30);
+- verify(k + 1) / one step for k in 1, 2, 4, 6, 8 (goal <= 1.10 for k <= 4);
+- a batched step of 1, 2, 4, 8, 16 requests (each its own 256-token context) / one request (goals: 8 <= 1.3,
+  16 <= 2.2); a 32-token prefill chunk beside 4 decoding requests / the 4 decodes alone (goal <= 2);
+- prefill of 64, 128, 256 and 512 tokens, target and draft, against the previous engine's calibration
+  (data/reference/offline-fast-kernels: goal faster at every point; measured on the reference machine);
 - TTFT with the prefix store (exact repeat / cold <= 0.05, 50 % partial hit / cold <= 0.6, ~512 tokens);
 - memory: the peak increase while each generation runs (fresh processes), and a fresh process's peak
   resident set against the bytes of the weights it holds plus its K/V (goal <= 1.3).
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -243,32 +250,94 @@ def rss_probe(args) -> dict:
             "store_bytes": engine.store.stats.bytes}
 
 
-def gemv_table(device, repeats: int) -> list[dict]:
-    """The row-count dispatch of rakv.runtime.kernels.linear, measured: 30 layers of SmolLM2's fused projections (random
-    fp32 weights, 425 MB) through MKL (`F.linear`, `torch.mm(W, x.T)`) and the skinny kernel, fp32 and int8."""
-    from rakv.runtime.compact import Dense, Int8Weight
-    from rakv.runtime.kernels import skinny
+def gemm_table(pair, repeats: int, rows=(1, 2, 4, 5, 8, 12, 16, 32, 64, 128, 256, 512)) -> dict:
+    """kernels.cpp's GEMM by row count: one pass through every projection of the pair's compact target (fp32) and
+    of its int8 draft (when it has one), on random inputs; and the FMA peak the kernels measure on this machine."""
+    from rakv.runtime.kernels import native
 
-    layers = [[torch.randn(out, k, device=device) for out, k in ((960, 576), (576, 576), (3072, 576), (576, 1536))]
-              for _ in range(30)]
-    int8 = [[Int8Weight.of(Dense(w)) for w in layer] for layer in layers]
-    nbytes = sum(w.numel() * 4 for layer in layers for w in layer)
-    rows = []
-    for m in (1, 2, 4, 8, 16):
-        x = {576: torch.randn(m, 576, device=device), 1536: torch.randn(m, 1536, device=device)}
-        paths = {"F.linear": lambda: [torch.nn.functional.linear(x[w.shape[1]], w) for ws in layers for w in ws],
-                 "mm(W,xT)": lambda: [torch.mm(w, x[w.shape[1]].t()) for ws in layers for w in ws],
-                 "skinny": lambda: [skinny().skinny_linear(x[w.shape[1]], w, None) for ws in layers for w in ws],
-                 "skinny-int8": lambda: [q(x[q.weight.shape[1]]) for qs in int8 for q in qs]}
-        times = {name: [] for name in paths}
+    target, draft = compact_of(pair.target.module), compact_of(pair.draft.module)
+    sides = {"fp32": target.projections()}
+    if draft is not None and draft.projections()[0].scale is not None:
+        sides["int8"] = draft.projections()
+    inputs = {k: torch.randn(max(rows), k) for k in {p.in_features for ps in sides.values() for p in ps}}
+    macs = {name: sum(p.out_features * p.in_features for p in ps) for name, ps in sides.items()}
+    nbytes = {name: distinct_bytes([t for p in ps for t in p.tensors()]) for name, ps in sides.items()}
+    times = {(name, m): [] for name in sides for m in rows}
+    order = list(times)
+    shuffle = random.Random(0).shuffle  # a fresh order each repeat: no point always follows the same one
+    with torch.inference_mode():
         for repeat in range(repeats + 1):
-            for name, fn in paths.items():
-                t = seconds(fn, device)
+            shuffle(order)
+            for name, m in order:
+                t = seconds(lambda: [p(inputs[p.in_features][:m]) for p in sides[name]], pair.device)
                 if repeat:
-                    times[name].append(t)
-        rows.append({"rows": m, **{name: statistics.median(t) * 1e3 for name, t in times.items()},
-                     "fp32_bytes": nbytes})
-    return rows
+                    times[name, m].append(t)
+    peak = statistics.median(native().fma_peak_gflops(50_000_000) for _ in range(3))
+    table = {"fma_peak_gflops": peak, "threads": torch.get_num_threads(), "sides": {}}
+    for name in sides:
+        one = statistics.median(times[name, 1])
+        table["sides"][name] = {"weight_bytes": nbytes[name], "rows": [
+            {"rows": m, "ms": statistics.median(times[name, m]) * 1e3,
+             "over_one": statistics.median(times[name, m]) / one,
+             "gflops": 2 * m * macs[name] / statistics.median(times[name, m]) / 1e9,
+             "gb_s": nbytes[name] / statistics.median(times[name, m]) / 1e9} for m in rows]}
+    return table
+
+
+def print_gemm_table(table: dict) -> None:
+    print(f"GEMM by row count (kernels.cpp, {table['threads']} threads; fp32 FMA peak measured "
+          f"{table['fma_peak_gflops']:.0f} GFLOPS): rows: ms (/ one row, GFLOPS or int8 GOPS, GB/s of weights)")
+    for name, side in table["sides"].items():
+        print(f"  {name} ({side['weight_bytes'] / 1e6:.0f} MB): " + "; ".join(
+            f"{r['rows']}: {r['ms']:.1f} ({r['over_one']:.2f}x, {r['gflops']:.0f}"
+            + (f" = {r['gflops'] / table['fma_peak_gflops']:.0%} of peak" if name == "fp32" else "")
+            + f", {r['gb_s']:.0f})" for r in side["rows"]))
+
+
+def chunk_beside_decodes_ms(model, device, contexts: list[list[int]], chunk: int, repeats: int) -> dict:
+    """A batched step of 4 decoding requests (256-token contexts) alone and with a `chunk`-token prefill chunk of a
+    fifth request (after 256 positions of its own) in the same pass; medians of interleaved repeats (ms)."""
+    caches = [new_kv_cache(model) for _ in range(5)]
+    with torch.inference_mode():
+        for cache, context in zip(caches, contexts):
+            forward(model, torch.tensor([context[:256]], device=device), cache, keep=1)
+        decodes = [Segment(torch.tensor(c[256:257], device=device), cache, 1) for c, cache in zip(contexts, caches)]
+        piece = Segment(torch.tensor(contexts[4][256:256 + chunk], device=device), caches[4], 1)
+        times = {"decodes": [], "with_chunk": []}
+        for repeat in range(repeats + 1):
+            for label, segments in (("decodes", decodes[:4]), ("with_chunk", decodes[:4] + [piece])):
+                t = seconds(lambda: forward_rows(model, segments), device)
+                for cache in caches:
+                    crop_cache(cache, 256)
+                if repeat:
+                    times[label].append(t)
+    return {label: statistics.median(t) * 1e3 for label, t in times.items()}
+
+
+def prefill_seconds(models: dict, device, ids: list[int], lengths, repeats: int) -> dict:
+    """Median seconds of a cold prefill of `n` tokens (logits of the last one), per model, interleaved."""
+    times = {(name, n): [] for name in models for n in lengths}
+    with torch.inference_mode():
+        for repeat in range(repeats + 1):
+            for name, model in models.items():
+                for n in lengths:
+                    t = seconds(lambda: forward(model, torch.tensor([ids[:n]], device=device), new_kv_cache(model),
+                                                keep=1), device)
+                    if repeat:
+                        times[name, n].append(t)
+    return {name: {n: statistics.median(times[name, n]) for n in lengths} for name in models}
+
+
+def previous_prefill(pair_name: str) -> dict | None:
+    """The previous engine's calibrated prefill curves (data/reference/offline-fast-kernels), target and draft."""
+    from rakv.runtime.costmodel import Curve
+    from rakv.runtime.paths import REFERENCE_DIR
+
+    path = REFERENCE_DIR / "offline-fast-kernels" / "calibration" / f"{pair_name}-draft.json"
+    if not path.exists():
+        return None
+    table = json.loads(path.read_text())
+    return {"target": Curve(**table["target_prefill"]), "draft": Curve(**table["proposer_prefill"])}
 
 
 def main() -> int:
@@ -282,26 +351,23 @@ def main() -> int:
     parser.add_argument("--kernels", default="compact", choices=KERNEL_MODES, help="our side's kernels")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--no-peer", action="store_true", help="skip llama.cpp even when it is installed")
-    parser.add_argument("--gemv", action="store_true",
-                        help="only the GEMV table behind rakv.runtime.kernels.linear's row-count dispatch")
+    parser.add_argument("--gemm", action="store_true", help="only the GEMM table by row count (kernels.cpp)")
     parser.add_argument("--probe", choices=("ours-ar", "hf-ar", "ours-spec-k4", "hf-spec-k4", "rss"),
                         help=argparse.SUPPRESS)  # internal: one memory measurement in a fresh process
     args = parser.parse_args()
     if args.probe == "rss":
         print(json.dumps(rss_probe(args)))
         return 0
-    if args.gemv:
-        from rakv.runtime.models import configure_threads
-
-        device = torch.device(args.device)
-        configure_threads(device, args.threads)
-        bandwidth = streaming_bandwidth(device)
-        print(f"GEMV over 30 layers of SmolLM2's fused projections (425 MB fp32, 106 MB int8), {torch.get_num_threads()} "
-              f"threads; streaming bandwidth {bandwidth / 1e9:.1f} GB/s; ms (GB/s of weights read)")
-        for row in gemv_table(device, args.repeats * 2):
-            print(f"rows={row['rows']:2d} " + "  ".join(
-                f"{name} {row[name]:6.2f} ({row['fp32_bytes'] / (4 if name.endswith('int8') else 1) / row[name] / 1e6:4.1f})"
-                for name in ("F.linear", "mm(W,xT)", "skinny", "skinny-int8")))
+    if args.gemm:
+        try:
+            pair = load_pair(args.pair, device=args.device, threads=args.threads, kernels="compact")
+        except RakvError as exc:
+            print(f"bench_engine: error: {exc}", file=sys.stderr)
+            return 2
+        table = gemm_table(pair, args.repeats * 2)
+        print(json.dumps(table) if args.json else "", end="\n" if args.json else "")
+        if not args.json:
+            print_gemm_table(table)
         return 0
     try:
         pair = load_pair(args.pair, device=args.device, threads=args.threads, kernels=args.kernels)
@@ -322,9 +388,15 @@ def main() -> int:
     for fn in sides.values():  # warm-up of every path
         fn()
     times = {label: [] for label in sides}
+    decode_ms = []  # our AR's ms per token after the first, as llama.cpp's decode rate is counted
     for _ in range(args.repeats):  # interleaved, so drift on a noisy machine hits both sides alike
         for label, fn in sides.items():
-            times[label].append(seconds(fn, device))
+            start = time.perf_counter()
+            result = fn()
+            synchronize(device)
+            times[label].append(time.perf_counter() - start)
+            if label == "ours-ar":
+                decode_ms.append((result.latency_s - result.ttft_s) / (n - 1) * 1e3)
     outputs = {label: fn() for label, fn in sides.items()}
     memory = {}
     for label in sides:
@@ -375,12 +447,21 @@ def main() -> int:
     # a batched decode step of b requests, each with its own 256-token context, against one request
     contexts = [engine.encode("\n".join(prompts[i::16]))[:257] for i in range(16)]
     batch = batched_steps_ms(target_model, device, contexts, (1, 2, 4, 8, 16), args.repeats * 2)
+    chunked = chunk_beside_decodes_ms(target_model, device, contexts[:5], 32, args.repeats * 2)
+
+    # prefill at 64-512 tokens, target and draft, against the previous engine's calibrated prefill
+    lengths = (64, 128, 256, 512)
+    prefill = prefill_seconds({"target": target_model, "draft": draft_model}, device, long_ids, lengths,
+                              args.repeats)
+    before = previous_prefill(args.pair)
+    gemm = gemm_table(pair, args.repeats * 2) if compact_of(target_model) is not None and device.type == "cpu" else None
 
     # llama.cpp beside us (optional extra), and this process's own prefill speed on the same long prompt
     long_text = pair.tokenizer.decode(long_ids)
     peer = None if args.no_peer else llama_cpp_peer(problems[2]["prompt"], long_text, n, args.repeats,
                                                     torch.get_num_threads())
-    prefill_tps = len(long_ids) / cold
+    prefill_tps = len(long_ids) / prefill["target"][512] if len(long_ids) >= 512 else len(long_ids) / cold
+    ours_decode_ms = statistics.median(decode_ms)
     rss = json.loads(subprocess.run([sys.executable, __file__, "--pair", args.pair, "--new-tokens", str(n),
                                      "--device", args.device, "--kernels", args.kernels, "--probe", "rss"] +
                                     (["--threads", str(args.threads)] if args.threads else []),
@@ -396,7 +477,7 @@ def main() -> int:
                     "ours_peak_mib": memory["ours-spec-k4"], "hf_peak_mib": memory["hf-spec-k4"]},
         "floor": {"weight_bytes": target_bytes, "bandwidth_gb_s": bandwidth / 1e9, "floor_ms": floor_ms,
                   "ar_over_floor": ms["ours-ar"] / floor_ms, "goal": 1.6},
-        "verify": {"context_tokens": 256, "step_ms": ratios[0] * 1e3,
+        "verify": {"context_tokens": 256, "step_ms": ratios[0] * 1e3, "goal_k_le_4": 1.10,
                    "verify_over_step": {str(k): ratios[k] for k in SPEC_K},
                    "monotone": all(a <= b for a, b in zip(steps, steps[1:]))},
         "ttft": {"prompt_tokens": len(long_ids), "cold_ms": cold * 1e3, "exact_ms": exact * 1e3,
@@ -407,8 +488,16 @@ def main() -> int:
                   "weight_bytes": draft_bytes, "floor_ms": draft_floor, "over_floor": draft_step / draft_floor,
                   "goal_over_floor": 1.5},
         "batch": {"context_tokens": 256, "step_ms": {str(b): t for b, t in batch.items()},
-                  "over_one": {str(b): t / batch[1] for b, t in batch.items()}, "goal_8": 1.6},
-        "prefill": {"prompt_tokens": len(long_ids), "ours_tokens_per_s": prefill_tps},
+                  "over_one": {str(b): t / batch[1] for b, t in batch.items()}, "goal_8": 1.3, "goal_16": 2.2},
+        "chunk_beside_decodes": {"chunk_tokens": 32, "decodes": 4, **chunked,
+                                 "ratio": chunked["with_chunk"] / chunked["decodes"], "goal": 2.0},
+        "prefill": {"prompt_tokens": len(long_ids), "ours_tokens_per_s": prefill_tps,
+                    "seconds": {name: {str(n): t for n, t in by_n.items()} for name, by_n in prefill.items()},
+                    "previous_engine_seconds": None if before is None else {
+                        name: {str(n): before[name](n) for n in lengths} for name in ("target", "draft")},
+                    "faster_than_previous_everywhere": None if before is None else all(
+                        prefill[name][n] < before[name](n) for name in ("target", "draft") for n in lengths)},
+        "gemm": gemm,
         "memory": {**rss, "over_weights_and_kv": rss["peak_rss_bytes"] / (rss["weight_bytes"] + rss["kv_bytes"]),
                    "goal": 1.3},
         "llama_cpp": None if peer is None else {
@@ -418,8 +507,9 @@ def main() -> int:
                        "prefill_tokens": peer[label]["prefill_tokens"],
                        "same_first_tokens_as_ours": peer[label]["tokens"][:16] == outputs["ours-ar"].token_ids[:16]}
                for label in ("f32", "q4_1")},
-            "ar_over_f32": ms["ours-ar"] / peer["f32"]["ms_per_token"], "goal": 1.15,
-            "prefill_over_f32": prefill_tps / peer["f32"]["prefill_tokens_per_s"], "prefill_goal": 1.0},
+            "ours_decode_ms_per_token": ours_decode_ms,
+            "ar_over_f32": ours_decode_ms / peer["f32"]["ms_per_token"], "goal": 1.0,
+            "prefill_over_f32": prefill_tps / peer["f32"]["prefill_tokens_per_s"], "prefill_goal": 1.5},
     }
     if args.json:
         print(json.dumps(report))
@@ -437,7 +527,7 @@ def main() -> int:
           f"512 MiB) = {floor_ms:.1f} ms/token; our AR / floor = {ms['ours-ar'] / floor_ms:.2f} (goal <=1.6)")
     print(f"verify(k+1) / one step at 256 tokens of context (step {ratios[0] * 1e3:.1f} ms): "
           + ", ".join(f"k={k} {ratios[k]:.2f}" for k in SPEC_K)
-          + f"; monotone in k: {report['verify']['monotone']}")
+          + f" (goal <=1.10 for k <= 4); monotone in k: {report['verify']['monotone']}")
     print(f"TTFT on a {len(long_ids)}-token prompt: cold {cold * 1e3:.1f} ms, exact repeat {exact * 1e3:.2f} ms "
           f"(ratio {exact / cold:.3f}, goal <=0.05), 50 % partial hit {partial * 1e3:.1f} ms "
           f"(ratio {partial / cold:.3f}, goal <=0.6)")
@@ -448,7 +538,20 @@ def main() -> int:
           f"{d['draft_over_target']:.3f} (goal <=0.30); its floor {draft_bytes / 1e6:.0f} MB / "
           f"{bandwidth / 1e9:.1f} GB/s = {draft_floor:.2f} ms, step / floor {d['over_floor']:.2f} (goal <=1.5)")
     print("batched step, b requests each with its own 256-token context (ms; / one request): "
-          + ", ".join(f"b={b} {t:.1f} ({t / batch[1]:.2f})" for b, t in batch.items()) + " (goal b=8 <=1.6)")
+          + ", ".join(f"b={b} {t:.1f} ({t / batch[1]:.2f})" for b, t in batch.items())
+          + " (goals b=8 <=1.3, b=16 <=2.2)")
+    c = report["chunk_beside_decodes"]
+    print(f"a 32-token prefill chunk beside 4 decoding requests: {c['with_chunk']:.1f} ms vs the 4 decodes alone "
+          f"{c['decodes']:.1f} ms: {c['ratio']:.2f}x (goal <=2)")
+    pre = report["prefill"]
+    print("prefill (s), target / draft: " + ", ".join(
+        f"{n} tokens {prefill['target'][n]:.3f} / {prefill['draft'][n]:.3f}" for n in lengths))
+    if before is not None:
+        print("  previous engine (data/reference/offline-fast-kernels, its own machine), target / draft: " + ", ".join(
+            f"{n} {before['target'](n):.3f} / {before['draft'](n):.3f}" for n in lengths)
+              + f"; faster at every point: {pre['faster_than_previous_everywhere']}")
+    if gemm is not None:
+        print_gemm_table(gemm)
     m = report["memory"]
     print(f"memory (fresh process, our pair only): peak RSS {m['peak_rss_bytes'] / 1e6:.0f} MB vs weights "
           f"{m['weight_bytes'] / 1e6:.0f} MB + K/V {m['kv_bytes'] / 1e6:.1f} MB: ratio {m['over_weights_and_kv']:.2f} "
@@ -462,8 +565,9 @@ def main() -> int:
             print(f"llama.cpp {peer_row['version']} {label}: decode {row['ms_per_token']:.2f} ms/token, prefill "
                   f"{row['prefill_tokens_per_s']:.0f} tokens/s ({row['prefill_tokens']} tokens); first 16 tokens "
                   f"equal ours: {row['same_first_tokens_as_ours']}")
-        print(f"ours / llama.cpp F32: AR decode {peer_row['ar_over_f32']:.3f} (goal <=1.15), prefill "
-              f"{prefill_tps:.0f} tokens/s = {peer_row['prefill_over_f32']:.2f}x (goal >=1)")
+        print(f"ours / llama.cpp F32: AR decode after the first token {ours_decode_ms:.2f} ms/token = "
+              f"{peer_row['ar_over_f32']:.3f}x (goal <=1.0), prefill of {len(long_ids)} tokens {prefill_tps:.0f} "
+              f"tokens/s = {peer_row['prefill_over_f32']:.2f}x (goal >=1.5)")
     return 0
 
 

@@ -9,8 +9,9 @@ finished request's place at once). Printed per c, each a median of `--repeats` r
 - sequential: the same requests one after another through the batch-one engine (`Engine.run`), same strategy;
 - transformers: `generate` on batches of c left-padded prompts (greedy, exactly --new-tokens each), on a second
   copy of the pair loaded with stock kernels (transformers as shipped);
-- the ratios ours / sequential (goal at 8: >= 4) and ours / transformers (goal at 8: >= 1.5), and whether every
-  served output equals the request's output alone.
+- the ratios ours / sequential (goals: >= 5 at 8, >= 8 at 16) beside their bound (Amdahl's: decode rows free
+  beside the first, prefill unbatched, from the sequential run's share of time before first tokens), ours /
+  transformers (goal at 8: >= 1.5), and whether every served output equals the request's output alone.
 `--overload N`: N requests arriving faster than the engine serves them (Poisson at --overload-rate) under a
 small K/V budget: all complete, the peak K/V held stays under the budget, preemptions and peak RSS printed.
 """
@@ -54,17 +55,27 @@ def ours(pair, proposer, trace, strategy, c, budget, kv_mib) -> tuple[float, dic
     return summary["output_throughput"], summary, outputs
 
 
-def sequential(pair, proposer, trace, strategy) -> tuple[float, dict]:
+def sequential(pair, proposer, trace, strategy) -> tuple[float, dict, float]:
+    """Tokens/s of the requests one after another through the batch-one engine, their outputs, and the share of
+    that time spent before each request's first token (prefill)."""
     engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30), proposer=proposer)
-    outputs, tokens = {}, 0
+    outputs, tokens, to_first = {}, 0, 0.0
     synchronize(pair.device)
     start = time.perf_counter()
     for r in trace:
         result = engine.run(engine.encode(r.prompt), action_of(strategy), r.max_new_tokens, ignore_eos=True)
         outputs[r.id] = result.token_ids
         tokens += result.new_tokens
+        to_first += result.ttft_s
     synchronize(pair.device)
-    return tokens / (time.perf_counter() - start), outputs
+    elapsed = time.perf_counter() - start
+    return tokens / elapsed, outputs, to_first / elapsed
+
+
+def batching_bound(prefill_share: float, c: int) -> float:
+    """The most c concurrent requests can gain over sequential if prefill rows cost what they cost alone (a
+    prefill is compute-bound at batch one) and c requests' decode rows cost no more than one's: Amdahl's bound."""
+    return 1.0 / (prefill_share + (1.0 - prefill_share) / c)
 
 
 def transformers_batched(stock, trace, c, new_tokens) -> float:
@@ -139,15 +150,16 @@ def main() -> int:
         rows, equal = [], True
         for c in args.concurrency:
             samples = {"ours": [], "sequential": [], "transformers": []}
-            shares, batch_rows = [], []
+            shares, batch_rows, prefill_shares = [], [], []
             for _ in range(args.repeats):
                 rate, summary, served = ours(pair, args.proposer, trace, args.strategy, c, args.token_budget,
                                              args.kv_budget_mib)
                 samples["ours"].append(rate)
                 shares.append(summary["scheduler_share"])
                 batch_rows.append(summary["mean_batch_tokens"])
-                seq_rate, alone = sequential(pair, args.proposer, trace, args.strategy)
+                seq_rate, alone, prefill_share = sequential(pair, args.proposer, trace, args.strategy)
                 samples["sequential"].append(seq_rate)
+                prefill_shares.append(prefill_share)
                 equal &= served == alone
                 if stock is not None:
                     samples["transformers"].append(transformers_batched(stock, trace, c, args.new_tokens))
@@ -156,7 +168,9 @@ def main() -> int:
                          "transformers_tok_s": med["transformers"],
                          "ours_over_sequential": med["ours"] / med["sequential"],
                          "ours_over_transformers": med["ours"] / med["transformers"] if med["transformers"] else None,
-                         "scheduler_share": statistics.median(shares), "mean_batch_rows": statistics.median(batch_rows)})
+                         "scheduler_share": statistics.median(shares), "mean_batch_rows": statistics.median(batch_rows),
+                         "sequential_prefill_share": statistics.median(prefill_shares),
+                         "bound_over_sequential": batching_bound(statistics.median(prefill_shares), c)})
         result = {"pair": args.pair, "strategy": args.strategy, "proposer": args.proposer, "requests": args.requests,
                   "new_tokens": args.new_tokens, "token_budget": args.token_budget, "rows": rows,
                   "outputs_equal_alone": equal}
@@ -170,18 +184,23 @@ def main() -> int:
         return 0
     print(f"{args.pair} / {args.strategy} ({args.proposer}): {args.requests} requests x {args.new_tokens} new tokens, "
           f"all arriving at once; token budget {args.token_budget}; output tokens/s, median of {args.repeats}")
-    print(f"{'c':>3} {'ours':>8} {'sequential':>10} {'transformers':>12} {'ours/seq':>9} {'ours/hf':>8} "
+    print(f"{'c':>3} {'ours':>8} {'sequential':>10} {'transformers':>12} {'ours/seq':>9} {'bound':>6} {'ours/hf':>8} "
           f"{'sched share':>11} {'batch rows':>10}")
     for r in rows:
         hf = f"{r['transformers_tok_s']:12.1f}" if r["transformers_tok_s"] else f"{'-':>12}"
         ratio = f"{r['ours_over_transformers']:8.2f}" if r["ours_over_transformers"] else f"{'-':>8}"
         print(f"{r['concurrency']:>3} {r['ours_tok_s']:8.1f} {r['sequential_tok_s']:10.1f} {hf} "
-              f"{r['ours_over_sequential']:9.2f} {ratio} {r['scheduler_share']:11.1%} {r['mean_batch_rows']:10.1f}")
-    at8 = next((r for r in rows if r["concurrency"] == 8), None)
-    if at8:
-        print(f"at 8 concurrent: ours / sequential {at8['ours_over_sequential']:.2f} (goal >= 4), ours / transformers "
-              + (f"{at8['ours_over_transformers']:.2f}" if at8["ours_over_transformers"] else "-") + " (goal >= 1.5); "
-              f"scheduler {at8['scheduler_share']:.1%} of an iteration (goal <= 5 %)")
+              f"{r['ours_over_sequential']:9.2f} {r['bound_over_sequential']:6.2f} {ratio} "
+              f"{r['scheduler_share']:11.1%} {r['mean_batch_rows']:10.1f}")
+    print(f"bound: what c requests could gain over sequential at most if their decode rows cost one's and prefill "
+          f"(here {rows[0]['sequential_prefill_share']:.0%} of the sequential time) gains nothing from batching")
+    goals = {8: 5.0, 16: 8.0}
+    for r in rows:
+        if r["concurrency"] in goals:
+            print(f"at {r['concurrency']} concurrent: ours / sequential {r['ours_over_sequential']:.2f} "
+                  f"(goal >= {goals[r['concurrency']]:g}, bound {r['bound_over_sequential']:.2f}), ours / transformers "
+                  + (f"{r['ours_over_transformers']:.2f}" if r["ours_over_transformers"] else "-") + " (goal >= 1.5); "
+                  f"scheduler {r['scheduler_share']:.1%} of an iteration (goal <= 5 %)")
     print(f"every served output equal to the request alone: {equal}")
     if args.overload:
         o = result["overload"]

@@ -8,6 +8,7 @@ from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.decoding import Sampling
 from rakv.runtime.actions import FIXED_STRATEGIES, Action
 from rakv.runtime.engine import Engine
+from rakv.runtime.models import load_pair
 from rakv.runtime.proposers import ControlledAcceptanceProposer, DraftModelProposer, PromptLookupProposer
 
 N = 24
@@ -54,10 +55,11 @@ def test_greedy_output_identical_across_strategies(engine, case):
         assert result.hit_tokens == (expected_hit if Action.of_strategy(strategy).reuse else 0), f"{name}/{strategy}"
 
 
-def test_ar_matches_transformers_generate(tiny_pair, engine):
+def test_ar_matches_transformers_generate(engine):
     ids = torch.tensor([BASE])
-    hf = tiny_pair.target.module.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N,
-                                          min_new_tokens=N, do_sample=False, pad_token_id=0)
+    stock = load_pair("tiny", threads=2, kernels="stock").target.module  # transformers as shipped
+    hf = stock.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, min_new_tokens=N, do_sample=False,
+                        pad_token_id=0)
     ours = engine.run(BASE, Action.of_strategy("joint-k4"), N, ignore_eos=True).token_ids
     assert ours == hf[0, len(BASE):].tolist()
 

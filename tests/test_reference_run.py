@@ -18,7 +18,7 @@ from rakv.runtime.paths import REFERENCE_DIR, ROOT
 
 REFERENCE = REFERENCE_DIR / "offline"
 GENERATED = ROOT / "paper" / "generated" / "offline"
-BEFORE_ENGINE = ROOT / "data" / "reference" / "offline-fast-kernels"  # conf/profile/offline.yaml: before_engine
+BEFORE_ENGINES = [ROOT / "data" / "reference" / name for name in ("offline-fast-kernels", "offline-skinny-kernels")]
 REGENERATE = "regenerate with ./reproduce.sh stages=analysis,paper results_dir=data/reference/offline"
 
 
@@ -66,7 +66,7 @@ def ablations() -> pd.DataFrame:
 def test_the_shipped_latex_is_what_todays_report_writes(recomputed, ablations, tmp_path):
     written = report.write_generated(recomputed, REFERENCE, tmp_path)
     written.append(report.write_ablation(ablations, tmp_path))
-    written += enginecompare.write_engine_comparison(BEFORE_ENGINE, REFERENCE, tmp_path)
+    written += enginecompare.write_engine_comparison(BEFORE_ENGINES, REFERENCE, tmp_path)
     stale = [path.name for path in written if not (GENERATED / path.name).exists()
              or (GENERATED / path.name).read_text() != path.read_text()]
     assert not stale, f"paper/generated/offline/ differs from today's report in {stale}; {REGENERATE}"

@@ -19,7 +19,8 @@ from rakv.runtime.costmodel import Curve
 from rakv.runtime.decoding import DecodeState
 from rakv.runtime.engine import Engine
 from rakv.runtime.proposers import PromptLookupProposer
-from rakv.serving.batchcost import BatchCost, BatchPlan, Grid, calibrate_batch
+from rakv.serving.batchcost import (BatchCost, BatchPlan, calibrate_batch, fit_pass_terms, fitted_shapes,
+                                    pass_features)
 from rakv.serving.policies import Goodput, LoadAware, SloBudget, speculation_policy
 from rakv.serving.replay import lookup_rounds
 from rakv.serving.request import ServedRequest
@@ -31,14 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def linear_cost(per_row=1.0, fixed=10.0, proposer="prompt-lookup", context_cost=0.0) -> BatchCost:
-    """A synthetic batch cost: fixed + per_row * rows (+ context_cost per position of mean context)."""
-    rows = [1, 2, 4, 8, 16, 32, 64]
-    contexts = [64, 512]
-    medians = np.array([[fixed + per_row * r + context_cost * c for c in contexts] for r in rows]) * 1e-3
-    grid = Grid.measured(rows, contexts, medians, np.zeros_like(medians), np.ones_like(medians, dtype=int))
-    large = Grid.measured([12, 64, 512], [0, 512], np.array([[12.0, 12.5], [64.0, 65.0], [512.0, 520.0]]) * 1e-3,
-                          np.zeros((3, 2)), np.ones((3, 2), dtype=int))
-    return BatchCost({}, grid, large, proposer, Curve.table([1, 16], [1e-5, 1.6e-4]))
+    """A synthetic batch cost (ms): fixed + per_row * rows for one request's pass, context_cost per K/V position."""
+    rows = [1, 2, 4, 8, 16, 32, 64, 512]
+    by_rows = Curve.table(rows, [(fixed + per_row * r) * 1e-3 for r in rows])
+    return BatchCost({}, by_rows, 0.0, context_cost * 1e-3, 0.0, proposer, Curve.table([1, 16], [1e-5, 1.6e-4]))
 
 
 def request(i, prompt=40, new=16, k=4, alpha=None):
@@ -47,27 +44,35 @@ def request(i, prompt=40, new=16, k=4, alpha=None):
     return r
 
 
-def test_a_measured_grid_is_monotone_in_rows_and_context_and_interpolates_between_points():
-    medians = np.array([[1.0, 2.0], [0.9, 2.5], [3.0, 2.9]])  # two violations: rows 1 -> 2 and contexts at 4 rows
-    grid = Grid.measured([1, 2, 4], [64, 512], medians, np.zeros((3, 2)), np.ones((3, 2), dtype=int))
-    values = np.array([[grid(r, c) for c in (64, 512)] for r in (1, 2, 4)])
-    assert (np.diff(values, axis=0) >= 0).all() and (np.diff(values, axis=1) >= 0).all()
-    assert grid(3, 64) == pytest.approx((values[1, 0] + values[2, 0]) / 2)
-    assert grid(1, 288) == pytest.approx((values[0, 0] + values[0, 1]) / 2)
-    assert grid(0, 64) == 0.0
-    assert Grid.from_json(json.loads(json.dumps(grid.to_json())))(3, 300) == pytest.approx(grid(3, 300))
+def test_the_pass_terms_fitted_to_passes_of_other_shapes_recover_the_costs_that_made_them():
+    """Passes priced by known coefficients (per further request, per K/V position, per attended pair): the fit
+    recovers them from the one-request table and the measured shapes, and predicts a shape it never saw."""
+    rows = Curve.table([1, 4, 16, 64, 256], [0.020, 0.021, 0.024, 0.060, 0.220])
+    truth = np.array([2e-4, 3e-6, 4e-8])  # segment_s, kv_s, attend_s
+    cost = BatchCost({}, rows, *truth, "prompt-lookup", Curve.table([1], [0.0]))
+    shapes = fitted_shapes(BatchPlan(), 8192)
+    seconds = [cost.pass_s(pass_features(shape)) for shape in shapes]
+    fitted, error = fit_pass_terms(rows, shapes, seconds)
+    assert np.allclose(fitted, truth, rtol=1e-6) and error < 1e-9
+    unseen = pass_features([(3, 700), (1, 90), (40, 0)])
+    refit = BatchCost({}, rows, *fitted, "prompt-lookup", Curve.table([1], [0.0]))
+    assert refit.pass_s(unseen) == pytest.approx(cost.pass_s(unseen))
+    assert pass_features([(5, 100), (1, 0)]) == {"rows": 6, "segments": 2, "kv_positions": 100,
+                                                 "attended": 5 * 100 + 10}
+    assert cost.pass_s(pass_features([])) == 0.0
 
 
 def test_the_batch_calibration_measures_every_point_on_the_tiny_pair(tiny_pair):
     engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 20), proposer="draft")
-    plan = BatchPlan(small_rows=(1, 4, 16), large_rows=(12, 64), contexts=(64, 256), large_contexts=(0, 128),
+    plan = BatchPlan(rows=(1, 4, 16, 64), contexts=(128,), decodes=(2, 4), verify=(2, 3), chunks=(16,),
                      proposer_requests=(1, 4), repeats=3)
     cost = calibrate_batch(engine, plan, progress=False)
-    assert cost.small(1, 64) > 0 and cost.small(16, 64) >= cost.small(1, 64)
-    assert cost.large(64, 0) >= cost.large(12, 0) > 0
+    assert cost.rows(64) >= cost.rows(1) > 0 and min(cost.segment_s, cost.kv_s, cost.attend_s) >= 0
+    assert cost.decode_s([(1, 128)] * 4) >= cost.decode_s([(1, 128)]) > 0
     assert cost.propose_s([4, 4]) >= cost.propose_s([4]) > 0 and cost.propose_s([0, 0]) == 0
     restored = BatchCost.from_json(json.loads(json.dumps(cost.to_json())))
-    assert restored.iteration_s(5, 100, 30, 10, [4]) == pytest.approx(cost.iteration_s(5, 100, 30, 10, [4]))
+    features = pass_features([(5, 100), (30, 10)])
+    assert restored.iteration_s(features, [4]) == pytest.approx(cost.iteration_s(features, [4]))
 
 
 def test_smartspec_speculates_only_when_the_batch_gains_tokens_per_second():
@@ -96,11 +101,15 @@ def test_the_slo_budget_keeps_the_predicted_iteration_under_the_slo_or_gives_the
     budget = SloBudget(cost, slo_ms / 1e3, floor=16)
     rows = budget.prefill_rows(works, context, limit)
     assert 0 <= rows <= limit
-    spent = cost.decode_s([(1, w.request.computed) for w in works], [0] * decodes)
+    shape = [(1, w.request.computed) for w in works]
+
+    def predicted(chunk):
+        return cost.iteration_s(pass_features(shape + [(chunk, context)]), [0] * decodes)
+
     if rows > min(16, limit):
-        assert spent + cost.large(rows, context) <= slo_ms / 1e3 + 1e-12
+        assert predicted(rows) <= slo_ms / 1e3 + 1e-12
         if rows < limit:  # and one more row would not fit
-            assert spent + cost.large(rows + 1, context) > slo_ms / 1e3
+            assert predicted(rows + 1) > slo_ms / 1e3
 
 
 def test_the_scheduler_takes_the_slo_budget_for_prefill_rows():
@@ -115,8 +124,8 @@ def test_the_scheduler_takes_the_slo_budget_for_prefill_rows():
     scheduler = Scheduler(KV(), 512, 8, 1 << 30, True, prefill_budget=SloBudget(linear_cost(), 0.050))
     scheduler.waiting.extend([request(0, prompt=400, k=0)])
     step = scheduler.schedule()
-    # 50 ms of the synthetic large pass (1 ms per row) leaves about 50 rows: not the 400 the budget allows
-    assert 16 <= step.rows <= 51
+    # 50 ms of the synthetic pass (10 ms + 1 ms per row) leaves about 40 rows: not the 400 the budget allows
+    assert 16 <= step.rows <= 41
 
 
 def test_model_policies_need_the_batch_cost_model():

@@ -1,11 +1,12 @@
-"""The engine before and after: two full runs of one profile, measured with different kernels, side by side.
+"""The engine before and after: full runs of one profile, measured with different engines, side by side.
 
 Read from each run's own tables (calibration/*.json, study/metadata.json, study/runs.parquet, summary.json,
 feasibility/summary.json), nothing typed in: per configuration, the calibrated target step, draft step and
-verify(k + 1) / step at 256 tokens of context, the break-even acceptance the cost model gives, the acceptance
-measured in the study, the best fixed action, the action the controller chose most, and how often it
-speculated. `paper` writes it as `engine_comparison.tex` when the profile names a before run
-(conf/profile: paper.before_engine), and the sentences under it follow the signs of the differences.
+verify(k + 1) / step at 256 tokens of context, the calibrated target and draft prefill at 64-512 tokens, the
+break-even acceptance the cost model gives, the acceptance measured in the study, the best fixed action, the
+action the controller chose most, and how often it speculated. The analysis stage writes it as
+`engine_comparison.tex` when the profile names earlier runs (conf/profile: profile.before_engines, oldest first),
+and the sentences under it follow the signs of the differences between the last earlier engine and this run.
 """
 
 from __future__ import annotations
@@ -18,19 +19,28 @@ import pandas as pd
 from rakv.runtime.costmodel import Curve
 
 CONTEXT = 256  # tokens of context at which steps are read off the calibration tables
+PREFILL_TOKENS = (64, 128, 256, 512)  # prompt lengths at which prefills are read off the calibration tables
 
 
 def _at(curve: dict, x: float = CONTEXT) -> float:
     return Curve(**curve)(x)
 
 
-def engine_rows(results: Path) -> list[dict]:
-    """One row per study configuration (and per twin pair of the feasibility stage) of a finished run."""
+def _prefill(table: dict | None, name: str) -> dict[int, float]:
+    """Seconds of a calibrated prefill at PREFILL_TOKENS (empty without that curve)."""
+    if not table or name not in table:
+        return {}
+    return {n: _at(table[name], n) for n in PREFILL_TOKENS}
+
+
+def engine_rows(results: Path, label: str | None = None) -> list[dict]:
+    """One row per study configuration (and per twin pair of the feasibility stage) of a finished run; `label`
+    names its engine in the table (default: its kernels mode)."""
     results = Path(results)
     meta = json.loads((results / "study" / "metadata.json").read_text())
     summary = json.loads((results / "summary.json").read_text())
     runs = pd.read_parquet(results / "study" / "runs.parquet")
-    kernels = meta["config"].get("kernels", "stock")
+    kernels = label or meta["config"].get("kernels", "stock")
     crossover = summary.get("crossover_model_per_configuration", {})
     acceptance = pd.DataFrame(summary.get("acceptance", []))
     rows = []
@@ -46,6 +56,8 @@ def engine_rows(results: Path) -> list[dict]:
             "configuration": configuration, "kernels": kernels, "target_step_ms": step * 1e3,
             "draft_step_ms": _at(table["propose"]["1"]) * 1e3 if proposer == "draft" else None,
             "verify_over_step": {int(k): _at(table["verify"][str(k)]) / step for k in (1, 2, 4) if str(k) in table["verify"]},
+            "target_prefill_s": _prefill(table, "target_prefill"),
+            "draft_prefill_s": _prefill(table, "proposer_prefill") if proposer == "draft" else {},
             "break_even_alpha": crossover.get(configuration, {}).get("median"),
             "break_even_never": crossover.get(configuration, {}).get("never"),
             "break_even_settings": crossover.get(configuration, {}).get("settings"),
@@ -69,6 +81,8 @@ def engine_rows(results: Path) -> list[dict]:
                          "draft_step_ms": _at(table["propose"]["1"]) * 1e3 if table else None,
                          "verify_over_step": {int(k): _at(table["verify"][str(k)]) / step for k in (1, 2, 4)
                                               if table and str(k) in table["verify"]},
+                         "target_prefill_s": _prefill(table, "target_prefill"),
+                         "draft_prefill_s": _prefill(table, "proposer_prefill"),
                          "break_even_alpha": min(paying) if paying else None, "break_even_never": None,
                          "break_even_settings": None, "acceptance": None, "best_fixed_action": None,
                          "controller_action": None, "controller_share": None, "controller_speculates": None})
@@ -79,22 +93,28 @@ def _fmt(value, spec: str = ".1f", missing: str = "--") -> str:
     return missing if value is None else format(value, spec)
 
 
-def comparison_table(before: list[dict], after: list[dict]) -> str:
-    """LaTeX tabular: one line per configuration and engine."""
-    lines = [r"\begin{tabular}{llrrrrrrlll}", r"\toprule",
-             r"configuration & kernels & step (ms) & draft (ms) & $v_1$ & $v_2$ & $v_4$ & $\alpha^\ast$ & "
-             r"$\hat\alpha$ & best fixed & controller (share) \\", r"\midrule"]
-    after_by = {r["configuration"]: r for r in after}
-    for row in before:
-        for r in (row, after_by.get(row["configuration"])):
+def comparison_table(runs: list[list[dict]]) -> str:
+    """LaTeX tabular: per configuration, one line per engine (oldest first); prefills in seconds."""
+    prefill = " & ".join(f"{n}" for n in PREFILL_TOKENS)
+    lines = [r"\begin{tabular}{llrrrrr" + "r" * 2 * len(PREFILL_TOKENS) + "rrll}", r"\toprule",
+             r" & & & & & & & \multicolumn{" + str(len(PREFILL_TOKENS)) + r"}{c}{target prefill (s)} & \multicolumn{"
+             + str(len(PREFILL_TOKENS)) + r"}{c}{draft prefill (s)} & & & & \\",
+             r"configuration & engine & step (ms) & draft (ms) & $v_1$ & $v_2$ & $v_4$ & " + prefill + " & " + prefill
+             + r" & $\alpha^\ast$ & $\hat\alpha$ & best fixed & controller (share) \\", r"\midrule"]
+    by_run = [{r["configuration"]: r for r in rows} for rows in runs]
+    for configuration in by_run[0]:
+        for rows in by_run:
+            r = rows.get(configuration)
             if r is None:
                 continue
             v = r["verify_over_step"]
             share = (f"{r['controller_action']} ({r['controller_share']:.0%})".replace("%", r"\%")
                      if r["controller_action"] else "--")
             lines.append(" & ".join([
-                r["configuration"].replace("_", r"\_"), r["kernels"], _fmt(r["target_step_ms"]),
+                r["configuration"].replace("_", r"\_"), r["kernels"].replace("_", r"\_"), _fmt(r["target_step_ms"]),
                 _fmt(r["draft_step_ms"]), _fmt(v.get(1), ".2f"), _fmt(v.get(2), ".2f"), _fmt(v.get(4), ".2f"),
+                *[_fmt(r.get("target_prefill_s", {}).get(n), ".3f") for n in PREFILL_TOKENS],
+                *[_fmt(r.get("draft_prefill_s", {}).get(n), ".3f") for n in PREFILL_TOKENS],
                 _fmt(r["break_even_alpha"], ".3f", "never"), _fmt(r["acceptance"], ".2f"),
                 r["best_fixed_action"] or "--", share]) + r" \\")
         lines.append(r"\midrule")
@@ -103,7 +123,30 @@ def comparison_table(before: list[dict], after: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def comparison_sentences(before: list[dict], after: list[dict]) -> str:
+def prefill_sentence(configuration: str, runs: list[list[dict]]) -> str:
+    """How many of this run's calibrated prefill points (target and draft) are faster than each earlier engine's,
+    naming those that are not."""
+    now = {r["configuration"]: r for r in runs[-1]}.get(configuration)
+    parts = []
+    for rows in runs[:-1]:
+        then = {r["configuration"]: r for r in rows}.get(configuration)
+        if now is None or then is None:
+            continue
+        points = [(name, n, then[key][n], now[key][n]) for name, key in (("target", "target_prefill_s"),
+                                                                           ("draft", "draft_prefill_s"))
+                  for n in PREFILL_TOKENS if n in then.get(key, {}) and n in now.get(key, {})]
+        if not points:
+            continue
+        slower = [f"the {name} at {n} tokens ({b:.3f} vs {a:.3f} s)" for name, n, b, a in points if a >= b]
+        parts.append(f"faster than {then['kernels']} at {len(points) - len(slower)} of {len(points)} points"
+                     + (f" (not: {', '.join(slower)})" if slower else ""))
+    return (f" Its calibrated prefills (target and draft, {PREFILL_TOKENS[0]}-{PREFILL_TOKENS[-1]} tokens) are "
+            + "; ".join(parts) + ".") if parts else ""
+
+
+def comparison_sentences(runs: list[list[dict]]) -> str:
+    """The last earlier engine against this run, per configuration; prefills against every earlier engine."""
+    before, after = runs[-2], runs[-1]
     """What moved, worded by the sign of each change; where the draft's break-even acceptance stays above the
     measured acceptance, by how much it still misses."""
     after_by = {r["configuration"]: r for r in after}
@@ -141,13 +184,22 @@ def comparison_sentences(before: list[dict], after: list[dict]) -> str:
         if a["controller_speculates"] is not None and b["controller_speculates"] is not None:
             sentence += (f" The controller speculated in {b['controller_speculates']:.0%} of its runs before and "
                          f"{a['controller_speculates']:.0%} after (most often {a['controller_action']}).")
+        sentence += prefill_sentence(b["configuration"], runs)
         text.append(sentence.replace("%", r"\%"))
     return "\n\n".join(text) + "\n"
 
 
-def write_engine_comparison(before: Path, after: Path, out_dir: Path) -> list[Path]:
-    b, a = engine_rows(before), engine_rows(after)
+def write_engine_comparison(befores: list[Path], after: Path, out_dir: Path) -> list[Path]:
+    """The table of every earlier run (oldest first) and this one, and the sentences of the last earlier one
+    against this one (prefills against each). Earlier engines are labelled by their folder's name after the profile's (offline-fast-kernels:
+    fast-kernels)."""
+    runs = [engine_rows(path, Path(path).name.split("-", 1)[-1]) for path in befores]
+    runs.append(engine_rows(after, f"{engine_rows_label(after)} (this run)"))
     table, sentences = Path(out_dir) / "engine_comparison.tex", Path(out_dir) / "engine_comparison_text.tex"
-    table.write_text(comparison_table(b, a))
-    sentences.write_text(comparison_sentences(b, a))
+    table.write_text(comparison_table(runs))
+    sentences.write_text(comparison_sentences(runs))
     return [table, sentences]
+
+
+def engine_rows_label(results: Path) -> str:
+    return json.loads((Path(results) / "study" / "metadata.json").read_text())["config"].get("kernels", "stock")

@@ -66,12 +66,13 @@ def analysis(cfg: DictConfig) -> None:
     paths = run_all(cfg.profile.name, OutputPaths.of(results))
     print(f"analysis: summary {paths.results / 'summary.json'}, figures {paths.figures}, LaTeX {paths.generated}",
           flush=True)
-    before = cfg.profile.get("before_engine")
-    if before and (ROOT / before / "summary.json").exists():  # the same profile run with the previous engine
+    befores = [ROOT / b for b in cfg.profile.get("before_engines") or () if (ROOT / b / "summary.json").exists()]
+    if befores:  # the same profile run with earlier engines
         from rakv.experiments.enginecompare import write_engine_comparison
 
-        written = write_engine_comparison(ROOT / before, paths.results, paths.generated)
-        print(f"analysis: engine before/after ({before} vs {shown(paths.results)}): {written[0].name}", flush=True)
+        written = write_engine_comparison(befores, paths.results, paths.generated)
+        print(f"analysis: engine before/after ({', '.join(shown(b) for b in befores)} vs {shown(paths.results)}): "
+              f"{written[0].name}", flush=True)
     if paths.results == README_REFERENCE.resolve():
         summary = json.loads((paths.results / "summary.json").read_text())
         changed = refresh_readme(summary, ROOT / "README.md")

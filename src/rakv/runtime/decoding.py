@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from rakv.runtime.compact import Segment
-from rakv.runtime.kernels import SKINNY_MAX_ROWS, compact_of
+from rakv.runtime.kernels import compact_of
 
 if TYPE_CHECKING:
     from rakv.runtime.depth import RoundDepth
@@ -71,40 +71,13 @@ def forward(model: torch.nn.Module, ids: torch.Tensor, cache: DynamicCache, keep
 def forward_rows(model: torch.nn.Module, segments: list[Segment]) -> list[torch.Tensor]:
     """Several requests' new tokens, each appended to its own cache; each segment's fp32 logits [keep or n, vocab].
 
-    Under `compact` kernels (rakv.runtime.compact) the segments run in as few passes over the weights as keep every row
-    on the kernels it would run on alone (`Segment.runs_small`): the small segments (decode, verify, a draft's
-    catch-up) packed into passes of at most 16 rows through the C++ kernels, whose rows are summed independently
-    of each other; the large ones (prefill chunks) in one pass through MKL, whose GEMM rows are likewise
-    independent of the rows beside them. So a request's projections are the same bits alone or in any batch;
-    under `stock`, one forward per request.
-    """
+    Under `compact` kernels (rakv.runtime.compact) one pass over the weights for all of them, whose kernels compute
+    every row as it would be computed alone (batch-invariant on the CPU): a request's logits are the same bits alone
+    or in any batch, and whatever chunks its prefill was cut into; under `stock`, one forward per request."""
     compact = compact_of(model)
     if compact is None:
         return [forward(model, s.ids.unsqueeze(0), s.cache, s.keep) for s in segments]
-    if segments[0].ids.device.type != "cpu":  # plain torch off the CPU: one pass
-        return compact.forward_rows(segments, small=False)
-    logits: list[torch.Tensor | None] = [None] * len(segments)
-    for indices, small in row_passes(segments):
-        for i, out in zip(indices, compact.forward_rows([segments[i] for i in indices], small=small)):
-            logits[i] = out
-    return logits
-
-
-def row_passes(segments: list[Segment]) -> list[tuple[list[int], bool]]:
-    """Which segments share a pass over the weights: (indices, small) per pass, small ones first fit in order."""
-    passes: list[tuple[list[int], bool]] = []
-    large = [i for i, s in enumerate(segments) if not s.runs_small]
-    rows = SKINNY_MAX_ROWS + 1
-    for i, segment in enumerate(segments):
-        if not segment.runs_small:
-            continue
-        n = int(segment.ids.shape[0])
-        if rows + n > SKINNY_MAX_ROWS:
-            passes.append(([], True))
-            rows = 0
-        passes[-1][0].append(i)
-        rows += n
-    return passes + ([(large, False)] if large else [])
+    return compact.forward_rows(segments)
 
 
 def cache_nbytes(cache) -> int:

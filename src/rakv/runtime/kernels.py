@@ -1,31 +1,37 @@
-"""How a model's forward runs: `stock` (transformers as shipped) or `compact` (rakv.runtime.compact).
+"""How a model's forward runs: `stock` (transformers as shipped) or `compact` (rakv.runtime.compact), and the
+compact forward's kernels.
 
-Decoding one token, or verifying k + 1, is a pass over all the weights with a handful of rows, so
-its floor is weight bytes / memory bandwidth. `compact` replaces transformers' per-forward machinery by
-a few tensor operations per layer (rakv.runtime.compact: why and how) and keeps each request's K/V in a
-buffer with spare room (`GrowingLayer`): `DynamicCache` appends with `torch.cat`, reallocating every
-layer's whole sequence per token. `linear` picks, per row count, the GEMM path measured fastest on the
-CPU (`scripts/bench_engine.py` prints the step costs this gives; the numbers behind each choice are in
-its docstring).
+Decoding one token, or verifying k + 1, is a pass over all the weights with a handful of rows, so its floor is
+weight bytes / memory bandwidth; a prefill is the same pass with hundreds of rows, bound by the FMA units. On the
+CPU, `compact` runs every pass, whatever its row count, through the C++ kernels of `kernels.cpp` (compiled on
+first use for this machine; its header says how and why), which are **batch-invariant by construction**: a row's
+logits are bit-identical whether it is computed alone, in a verify of k + 1 rows, beside other requests' rows or as
+one row of a prefill chunk of any size (tests/test_kernels.py checks logits bitwise under hypothesis). Projections
+take their weights packed once in panels of 32 outputs (`pack`), which replace the dense tensors: one copy.
 
-Both modes compute the same math in fp32 with other summation orders, so logits differ in the last
-bits; greedy outputs are checked against `generate` by the tests and against AR by every study run. The
-mode is recorded in each model's fingerprint, so K/V computed by different kernels never share
-prefix-store entries. `compact` is plain torch and runs unchanged on CUDA, where `linear` is `F.linear`.
+Each function here is the CPU kernel on the CPU and plain torch elsewhere, so `compact` runs unchanged on CUDA
+(where batch invariance is not claimed). `stock` and `compact` compute the same math in fp32 with other summation
+orders, so their logits differ in the last bits; greedy outputs are checked against `generate` by the tests and
+against AR by every study run. The mode is recorded in each model's fingerprint, with the kernels' source digest,
+so K/V computed by different kernels never share prefix-store entries or calibrations.
 """
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 from functools import lru_cache
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 KERNEL_MODES = ("stock", "compact")
+PANEL = 32  # outputs per packed panel (kernels.cpp: kPanel)
 _COMPACT_ATTR = "_rakv_compact"  # the rakv.runtime.compact.CompactLM that runs a compact module's forward
+_SOURCE = Path(__file__).with_name("kernels.cpp")
 
 
 def effective_mode(mode: str, device: torch.device) -> str:
@@ -35,6 +41,19 @@ def effective_mode(mode: str, device: torch.device) -> str:
 
         raise RakvError(f"unknown kernels mode '{mode}'; choose one of: {', '.join(KERNEL_MODES)}")
     return mode
+
+
+def mode_label(mode: str) -> str:
+    """The kernels part of a model's identity: the mode, and for compact the digest of the kernels' source."""
+    if mode != "compact":
+        return mode
+    return f"compact:{hashlib.blake2b(_SOURCE.read_bytes(), digest_size=4).hexdigest()}"
+
+
+def int8_dot() -> str:
+    """The instruction kernels.cpp's int8 GEMM uses here (avx512-vnni, avx-vnni, or avx2's multiply-adds: the same
+    integers either way)."""
+    return native().int8_dot()
 
 
 def kernels_of(module) -> str:
@@ -47,66 +66,147 @@ def compact_of(module):
     return getattr(module, _COMPACT_ATTR, None)
 
 
-SKINNY_MAX_ROWS = 16  # rows up to which the skinny kernel beats MKL here (scripts/bench_engine.py --gemv)
-
-
 @lru_cache(maxsize=None)
-def skinny():
-    """The C++ kernels of `skinny.cpp` (y = x W^T for 1-16 rows, fp32 or int8 weights), compiled on first use
-    for this machine's instruction set (about a minute, then cached under $TORCH_EXTENSIONS_DIR)."""
+def native():
+    """The C++ kernels of `kernels.cpp`, compiled on first use for this machine's instruction set (about a minute,
+    then cached under $TORCH_EXTENSIONS_DIR; a changed source compiles again). -ffp-contract=off: scalar code
+    computes exactly the operations written, as the vector code does."""
     from torch.utils.cpp_extension import load
 
-    source = Path(__file__).with_name("skinny.cpp")
     try:
-        return load(name="rakv_skinny", sources=[str(source)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
-                    verbose=False)
+        return load(name="rakv_kernels", sources=[str(_SOURCE)],
+                    extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"], verbose=False)
     except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
         from rakv.runtime.errors import RakvError
 
-        raise RakvError(f"kernels=compact needs its C++ GEMV kernels compiled (a C++ compiler and ninja), which "
-                        f"failed: {str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__}; "
-                        "run with kernels=stock instead") from None
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        reason = next((line.strip() for line in lines if "error" in line.lower() and "build" not in line.lower()),
+                      lines[-1].strip())
+        raise RakvError(f"kernels=compact needs its C++ kernels compiled (a C++ compiler, ninja, AVX2 and FMA), "
+                        f"which failed: {reason}; run with kernels=stock instead") from None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           small: bool | None = None) -> torch.Tensor:
-    """x [m, in] @ weight [out, in]^T (+ bias) by the path measured fastest for m rows.
-
-    Measured on the 2-core machine by `scripts/bench_engine.py --gemv` (30 layers of SmolLM2's fused projections,
-    425 MB, 2 threads, 20.6 GB/s streaming): MKL reads the weights at 4-7 GB/s for one row (`F.linear`,
-    `torch.mm(W, x.T)`), 11 GB/s at best for 2-4 rows (`mm`) and 7 for 8-16; the skinny kernel at 15-16 GB/s for
-    1-2 rows, 15 for 4, 10 for 8, and on par with MKL at 16.
-    Prefill (more rows) is compute-bound and goes to MKL's GEMM. `small` forces the choice (None: by row count).
-    """
-    if small is None:
-        small = x.shape[0] <= SKINNY_MAX_ROWS
-    if x.device.type == "cpu" and small and weight.dtype == torch.float32:
-        return skinny().skinny_linear(x, weight, bias)
-    return gemm(x, weight, bias)
+def on_cpu(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu"
 
 
-GEMM_MIN_ROWS = 12  # from 12 rows on, MKL's sgemm gives each row the bits it has in any larger GEMM (measured)
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """[out, in] -> panels [ceil(out / 32), in, 32], zero rows past `out`: the layout kernels.cpp's GEMM streams."""
+    out, inner = weight.shape
+    groups = -(-out // PANEL)
+    if groups * PANEL != out:
+        weight = torch.cat([weight, weight.new_zeros(groups * PANEL - out, inner)])
+    return weight.reshape(groups, PANEL, inner).transpose(1, 2).contiguous()
 
 
-def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear` whose rows do not depend on how many rows are computed with them. MKL takes other code paths
-    for 1-3, 5-7 and 9-11 rows, whose sums differ in the last bits from a large GEMM's (tests/test_kernels.py
-    checks both facts on the machine it runs on); a few rows that must match their whole prefill (a chunk of it,
-    rakv.runtime.decoding.forward_rows) are padded with zero rows to 12. Off the CPU: F.linear as it is."""
-    rows = x.shape[0]
-    if x.device.type != "cpu" or rows >= GEMM_MIN_ROWS:
-        return torch.nn.functional.linear(x, weight, bias)
-    padded = torch.cat([x, x.new_zeros(GEMM_MIN_ROWS - rows, x.shape[1])])
-    return torch.nn.functional.linear(padded, weight, bias)[:rows]
+def unpack(packed: torch.Tensor, out: int) -> torch.Tensor:
+    """The [out, in] matrix of a packed one (a copy)."""
+    return packed.transpose(1, 2).reshape(-1, packed.shape[1])[:out]
 
 
-def linear_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                bias: torch.Tensor | None = None, small: bool | None = None) -> torch.Tensor:
-    """x [m, in] @ (weight [out, in] int8 * scale [out])^T (+ bias): weight-only int8, fp32 activations."""
-    if small if small is not None else x.shape[0] <= SKINNY_MAX_ROWS:
-        return skinny().skinny_linear_int8(x, weight, scale, bias)
-    # many rows (a draft's prefill): dequantise one projection at a time and use the GEMM
-    return gemm(x, weight.float() * scale[:, None], bias)
+def panel_rows(packed: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of the fp32 matrix packed in `packed` (a tied output head used as the embedding table)."""
+    return native().panel_rows(packed, ids)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, out: int, bias: torch.Tensor | None = None,
+           residual: torch.Tensor | None = None) -> torch.Tensor:
+    """(x W^T + bias) + residual. CPU: `weight` packed (`pack`); elsewhere [out, in] fp32."""
+    if on_cpu(x):
+        return native().gemm(x, weight, out, bias, residual)
+    y = F.linear(x, weight, bias)
+    return y if residual is None else residual + y
+
+
+def pack_int8(quantised: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 [out, in] -> (panels [ceil(out / 32), ceil(in / 4), 32, 4], zero-padded; their int32 row sums
+    [ceil(out / 32) * 32]): the layout of kernels.cpp's integer GEMM (four k's of one output side by side)."""
+    out, inner = quantised.shape
+    groups, quads = -(-out // PANEL), -(-inner // 4)
+    padded = torch.zeros(groups * PANEL, quads * 4, dtype=torch.int8, device=quantised.device)
+    padded[:out, :inner] = quantised
+    colsum = padded.sum(dim=1, dtype=torch.int32).contiguous()
+    return padded.view(groups, PANEL, quads, 4).permute(0, 2, 1, 3).contiguous(), colsum
+
+
+def unpack_int8(packed: torch.Tensor, out: int, inner: int) -> torch.Tensor:
+    """The int8 [out, in] matrix of `pack_int8`'s panels (a copy)."""
+    groups, quads = packed.shape[:2]
+    return packed.permute(0, 2, 1, 3).reshape(groups * PANEL, quads * 4)[:out, :inner]
+
+
+def linear_int8(x: torch.Tensor, weight: torch.Tensor, colsum: torch.Tensor, out: int, scale: torch.Tensor,
+                bias: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """(x (W_q * scale)^T + bias) + residual with int8 weights (`pack_int8`) and each row of x quantised to int8 on
+    its own (kernels.cpp: gemm_int8; exact integer sums). CPU only."""
+    return native().gemm_i8(x, weight, colsum, out, scale, bias, residual)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if on_cpu(x):
+        return native().rms_norm(x, weight, eps)
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))  # LlamaRMSNorm's order
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    if on_cpu(x):
+        return native().layer_norm(x, weight, bias, eps)
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of a fused [T, 2I] gate/up projection."""
+    if on_cpu(gate_up):
+        return native().silu_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    """GELU, tanh approximation (GPT-2's gelu_new)."""
+    if on_cpu(x):
+        return native().gelu(x)
+    return F.gelu(x, approximate="tanh")
+
+
+def _rope_(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, heads: int) -> None:
+    """Rotary embedding of the first `heads` heads of each row of `qkv` [T, width], in place (torch; the CPU
+    kernel does this inside `attention`): x * cos + roll(x, head_dim / 2) * sin_signed."""
+    head_dim = cos.shape[-1]
+    rotated = qkv[:, :heads * head_dim].view(qkv.shape[0], heads, head_dim)
+    rotated.copy_(rotated * cos[:, None] + rotated.roll(head_dim // 2, dims=-1) * sin_signed[:, None])
+
+
+def attention(qkv: torch.Tensor, layers: list, starts: list[int], lengths: list[int], heads: int, kv_heads: int,
+              scale: float, rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Causal grouped-query attention of every segment of a batched forward, for one layer.
+
+    qkv [T, (heads + 2 kv_heads) head_dim]: the segments' rows one after another; with `rotary` (cos, sin_signed
+    [T, head_dim], sin with its first half negated) queries and keys are rotated first, in place. layers[s]:
+    segment s's GrowingLayer, holding its first starts[s] positions and already extended by lengths[s]
+    (`GrowingLayer.extend`), whose new positions are written here. Returns [T, heads * head_dim]."""
+    if on_cpu(qkv):
+        cos, sin_signed = rotary or (None, None)
+        return native().attention(qkv, [layer.buffers[0] for layer in layers], [layer.buffers[1] for layer in layers],
+                                  starts, lengths, heads, kv_heads, scale, cos, sin_signed)
+    if rotary is not None:
+        _rope_(qkv, *rotary, heads + kv_heads)
+    head_dim = qkv.shape[1] // (heads + 2 * kv_heads)
+    q_width, kv_width = heads * head_dim, kv_heads * head_dim
+    outputs, row = [], 0
+    for layer, start, n in zip(layers, starts, lengths):
+        rows = qkv[row:row + n]
+        keys, values = layer.buffers
+        keys[0, :, start:start + n] = rows[:, q_width:q_width + kv_width].view(n, kv_heads, head_dim).transpose(0, 1)
+        values[0, :, start:start + n] = rows[:, q_width + kv_width:].view(n, kv_heads, head_dim).transpose(0, 1)
+        mask = None if n == 1 else (torch.arange(start + n, device=qkv.device)[None, :]
+                                    <= torch.arange(start, start + n, device=qkv.device)[:, None])
+        attended = F.scaled_dot_product_attention(
+            rows[:, :q_width].view(n, heads, head_dim).transpose(0, 1).unsqueeze(0), keys[:, :, :start + n],
+            values[:, :, :start + n], attn_mask=mask, scale=scale, enable_gqa=heads != kv_heads)
+        outputs.append(attended[0].transpose(0, 1).reshape(n, q_width))
+        row += n
+    return torch.cat(outputs) if len(outputs) > 1 else outputs[0]
 
 
 def apply_kernels(module: torch.nn.Module, mode: str, device: torch.device) -> str:
@@ -123,44 +223,67 @@ def apply_kernels(module: torch.nn.Module, mode: str, device: torch.device) -> s
 class GrowingLayer(DynamicLayer):
     """A DynamicLayer whose K/V live in a buffer with spare room: appends write in place, crops shorten the view.
 
-    `keys` / `values` are always views of the first `length` positions, as DynamicLayer's tensors are.
+    `keys` / `values` are views of the first `length` positions, as DynamicLayer's tensors are (made when read: a
+    batched step extends every layer of every request, so nothing is done per extension but counting); `buffers`
+    the whole (keys, values) buffers [1, heads, capacity, head_dim], which the compact attention writes into.
     """
 
     def __init__(self, **kwargs):
-        super().__init__(**kwargs)
         self.length = 0
-        self._keys = self._values = None
+        self.buffers = None
+        super().__init__(**kwargs)
+
+    @property
+    def keys(self):
+        return None if self.buffers is None else self.buffers[0][:, :, :self.length]
+
+    @keys.setter
+    def keys(self, value):
+        assert value is None, "a GrowingLayer's keys are a view of its buffer"
+
+    @property
+    def values(self):
+        return None if self.buffers is None else self.buffers[1][:, :, :self.length]
+
+    @values.setter
+    def values(self, value):
+        assert value is None, "a GrowingLayer's values are a view of its buffer"
 
     def lazy_initialization(self, key_states, value_states) -> None:
         self.device = key_states.device
-        self._keys = key_states.new_empty((*key_states.shape[:2], 0, key_states.shape[3]))
-        self._values = value_states.new_empty((*value_states.shape[:2], 0, value_states.shape[3]))
+        self.buffers = (key_states.new_empty((*key_states.shape[:2], 0, key_states.shape[3])),
+                        value_states.new_empty((*value_states.shape[:2], 0, value_states.shape[3])))
         self.is_initialized = True
 
     def _reserve(self, needed: int) -> None:
-        capacity = self._keys.shape[2]
+        keys, values = self.buffers
+        capacity = keys.shape[2]
         if needed <= capacity:
             return
         capacity = max(needed + 64, 2 * capacity)
-        keys = self._keys.new_empty((*self._keys.shape[:2], capacity, self._keys.shape[3]))
-        values = self._values.new_empty((*self._values.shape[:2], capacity, self._values.shape[3]))
-        keys[:, :, : self.length].copy_(self._keys[:, :, : self.length])
-        values[:, :, : self.length].copy_(self._values[:, :, : self.length])
-        self._keys, self._values = keys, values
+        grown = []
+        for old in (keys, values):
+            new = old.new_empty((*old.shape[:2], capacity, old.shape[3]))
+            new[:, :, : self.length].copy_(old[:, :, : self.length])
+            grown.append(new)
+        self.buffers = tuple(grown)
 
-    def _expose(self) -> None:
-        self.keys = self._keys[:, :, : self.length]
-        self.values = self._values[:, :, : self.length]
+    def extend(self, n: int, heads: int, head_dim: int, like: torch.Tensor) -> None:
+        """Room for n more positions, counted as held: the caller writes them (rakv.runtime.kernels.attention)."""
+        if not self.is_initialized:
+            empty = like.new_empty((1, heads, 0, head_dim))
+            self.lazy_initialization(empty, empty)
+        self._reserve(self.length + n)
+        self.length += n
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self.length + key_states.shape[2]
         self._reserve(end)
-        self._keys[:, :, self.length:end].copy_(key_states)
-        self._values[:, :, self.length:end].copy_(value_states)
+        self.buffers[0][:, :, self.length:end].copy_(key_states)
+        self.buffers[1][:, :, self.length:end].copy_(value_states)
         self.length = end
-        self._expose()
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -171,11 +294,10 @@ class GrowingLayer(DynamicLayer):
         if tokens_to_remove == 0 or not self.is_initialized:
             return
         self.length = max(self.length + tokens_to_remove, 0)
-        self._expose()
 
     def reset(self) -> None:
         self.length = 0
-        self._keys = self._values = None
+        self.buffers = None
         super().reset()
 
 

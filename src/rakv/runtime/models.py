@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from rakv.runtime.errors import RakvError, WeightsUnavailable
-from rakv.runtime.kernels import apply_kernels, compact_of, effective_mode
+from rakv.runtime.kernels import apply_kernels, compact_of, effective_mode, mode_label
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -90,7 +90,7 @@ class ModelPair:
 
     @property
     def vocab_size(self) -> int:
-        return self.target.module.get_output_embeddings().weight.shape[0]
+        return int(self.target.module.config.vocab_size)
 
     def fingerprint(self) -> dict:
         return {"pair": self.name, "target": asdict(self.target.fingerprint),
@@ -248,7 +248,7 @@ def _smollm2_pair(device, dtype, kernels):
         # the compact draft: the target's projections in weight-only int8 (rakv.runtime.compact.CompactLM.int8_draft)
         apply_kernels(module, "compact", device)
         draft = LoadedModel(module=compact_of(module).int8_draft(), max_context=target.max_context,
-                            fingerprint=replace(target.fingerprint, quantisation="int8-weight-per-row"))
+                            fingerprint=replace(target.fingerprint, quantisation="int8-w8a8-per-row"))
         return target, draft, tokenizer
     quantised = quantise_int8_dynamic(module)
     # only Linears are quantised: the draft's fp32 embedding and norms are the target's, shared, not copied
@@ -338,7 +338,7 @@ def load_pair(name: str, device: str = "cpu", dtype: str = "float32", threads: i
     check_shared_tokenizer(name, target, draft)
     for model in (target, draft):
         mode = apply_kernels(model.module, kernels, torch_device)
-        model.fingerprint = replace(model.fingerprint, kernels=mode)
+        model.fingerprint = replace(model.fingerprint, kernels=mode_label(mode))
     return ModelPair(name=name, target=target, draft=draft, tokenizer=tokenizer, device=torch_device)
 
 

@@ -1,24 +1,29 @@
 """The batch cost model: what one serving iteration costs, measured on this machine (README: "Serving study").
 
-An iteration (rakv.serving.runner) is one batched target forward that `rakv.runtime.decoding.forward_rows`
-runs as passes over the weights: the small rows (decode and verify rows, a short prompt's prefill) in passes of
-at most 16 rows through the C++ kernels, the large ones (prefill chunks of long prompts) in one MKL pass; before
-it, the proposer's candidates (a draft model's steps batched across requests, or prompt lookup per request).
-So its cost is
+An iteration (rakv.serving.runner) is one batched target forward over every scheduled request's new rows (decode
+and verify rows, prefill chunks), one pass over the weights (rakv.runtime.decoding.forward_rows), after the
+proposer's candidates (a draft model's steps batched across requests, or prompt lookup per request). Its cost is
+priced by what the pass does, each term measured:
 
-    T = small(rows, context) + large(rows, context) + proposer(requests, k)
+    T = rows(R) + segment_s (S - 1) + kv_s C + attend_s (P - R (R - 1) / 2) + proposer(requests, k)
 
-with `small` and `large` measured 2-D tables over the rows computed and the K/V positions each row attends
-over (their mean), interpolated linearly between measured points and made non-decreasing along both axes,
-as the per-request tables are (rakv.runtime.calibration: interleaved shuffled passes, medians, re-measured when
-noisy, refused when still noisy). The draft's batched step is a 1-D table over requests. The tables are stored
-under the pair's and the machine's fingerprints, like the per-request calibration; `iteration_s` predicts an
-iteration, and the serving study checks it against every iteration it runs (held-out MAPE).
+- `rows(R)`: a pass of R new rows of one request on an empty cache (a table over R, made non-decreasing): the
+  weights streamed once and the FMAs of R rows, which the batch-invariant GEMM prices by the hardware;
+- S requests in the pass (`segment_s`: each one's bookkeeping), C = the K/V positions their caches held before
+  the pass (`kv_s`: each request's K/V is streamed once per layer, however many rows it has), P = the positions
+  its rows attend to before their own (`attend_s`: the attention's arithmetic; R (R - 1) / 2 is what `rows(R)`
+  already contains).
+
+The three coefficients are fitted (non-negative least squares) to passes of other shapes: decode-like (one row for
+each of several requests), verifies (k + 1 rows per request), prefill chunks after a context, and a chunk beside
+decodes; the largest relative error of the fit is kept (`fit_error`). Measured with the calibration's own
+machinery (interleaved shuffled passes, medians, re-measured when noisy, refused when still noisy), stored under
+the pair's and the machine's fingerprints; the serving study checks `iteration_s` against every iteration it runs
+(held-out MAPE).
 """
 
 from __future__ import annotations
 
-import bisect
 import json
 import os
 import time
@@ -27,82 +32,60 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from scipy.optimize import nnls
 from tqdm import tqdm
 
 from rakv.runtime.calibration import (CalibrationPlan, Point, calibration_dir, calibration_key, key_digest,
                                       measure_interleaved, refuse_if_noisy)
 from rakv.runtime.compact import Segment
-from rakv.runtime.costmodel import Curve, non_decreasing
+from rakv.runtime.costmodel import Curve
 from rakv.runtime.decoding import crop_cache, forward, forward_rows
 from rakv.runtime.errors import RakvError
-from rakv.runtime.kernels import SKINNY_MAX_ROWS, new_kv_cache
+from rakv.runtime.kernels import new_kv_cache
 from rakv.runtime.proposers import DraftModelProposer
 
-METHOD = "batch-grid/1"  # part of the key: a table measured another way is stale
+METHOD = "batch-pass/2"  # part of the key: a table measured another way is stale
 
 
 @dataclass(frozen=True)
 class BatchPlan:
-    small_rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-    large_rows: tuple[int, ...] = (12, 32, 64, 128, 256, 512)
-    contexts: tuple[int, ...] = (64, 512, 1024)  # mean K/V positions a row attends over
-    large_contexts: tuple[int, ...] = (0, 512)  # positions already computed before a prefill chunk
+    rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # one request's rows on an empty cache
+    contexts: tuple[int, ...] = (256, 1024)  # positions held before the pass, in the fitted shapes
+    decodes: tuple[int, ...] = (2, 4, 8, 16)  # requests of one row each
+    verify: tuple[int, int] = (4, 5)  # requests, rows each
+    chunks: tuple[int, ...] = (32, 128)  # one request's rows after a context
     proposer_requests: tuple[int, ...] = (1, 2, 4, 8, 16)
     proposer_context: int = 256
     repeats: int = 5
 
 
-@dataclass
-class Grid:
-    """A measured cost over (rows, context): one table Curve over rows per measured context, interpolated
-    linearly between the contexts (and along the end segments beyond them)."""
-
-    contexts: list[float]
-    by_context: list[Curve]
-
-    def __call__(self, rows: float, context: float) -> float:
-        if rows <= 0:
-            return 0.0
-        values = [curve(rows) for curve in self.by_context]
-        if len(values) == 1:
-            return values[0]
-        # linear between the two measured contexts around `context` (the end pair beyond the ends)
-        i = min(max(bisect.bisect_right(self.contexts, context), 1), len(self.contexts) - 1)
-        c0, c1 = self.contexts[i - 1], self.contexts[i]
-        return max(values[i - 1] + (values[i] - values[i - 1]) * (context - c0) / (c1 - c0), 0.0)
-
-    @classmethod
-    def measured(cls, rows: list[int], contexts: list[int], medians: np.ndarray, spread: np.ndarray,
-                 samples: np.ndarray) -> "Grid":
-        """medians[i, j]: rows[i] at contexts[j]; made non-decreasing along rows, then along contexts."""
-        values = np.asarray(medians, float).copy()
-        for _ in range(2):  # pooling one axis can break the other's order only at ties: twice settles it
-            values = np.stack([non_decreasing(values[:, j]) for j in range(values.shape[1])], axis=1)
-            values = np.stack([non_decreasing(values[i]) for i in range(values.shape[0])], axis=0)
-        curves = []
-        for j in range(len(contexts)):
-            curve = Curve.table(rows, values[:, j], spread[:, j], samples[:, j], monotone=False)
-            curve.max_rel_error = float((np.abs(values[:, j] - medians[:, j]) / np.maximum(medians[:, j], 1e-12)).max())
-            curves.append(curve)
-        return cls([float(c) for c in contexts], curves)
-
-    def to_json(self) -> dict:
-        return {"contexts": self.contexts, "by_context": [asdict(c) for c in self.by_context]}
-
-    @classmethod
-    def from_json(cls, row: dict) -> "Grid":
-        return cls(row["contexts"], [Curve(**c) for c in row["by_context"]])
+def pass_features(segments: list[tuple[int, int]]) -> dict:
+    """What the model prices of one pass, from its segments' (new rows, positions held before them)."""
+    return {"rows": sum(n for n, _ in segments), "segments": len(segments),
+            "kv_positions": sum(c for _, c in segments),
+            "attended": sum(n * c + n * (n - 1) // 2 for n, c in segments)}
 
 
 @dataclass
 class BatchCost:
     key: dict
-    small: Grid  # seconds of the small-row passes vs (rows, mean context)
-    large: Grid  # seconds of the MKL pass over prefill chunks vs (rows, context before the chunk)
+    rows: Curve  # seconds of one request's R rows on an empty cache, vs R
+    segment_s: float  # each further request in the pass
+    kv_s: float  # each K/V position held before the pass
+    attend_s: float  # each (row, earlier position) pair beyond rows(R)'s own
     proposer: str
     proposer_step: Curve  # draft: one batched draft step vs requests; prompt lookup: proposals vs requests
+    fit_error: float = 0.0  # largest |fit - measured| / measured over the fitted passes
     measured_s: float = 0.0
     load_average: list[float] = field(default_factory=list)
+
+    def pass_s(self, features: dict) -> float:
+        rows = features["rows"]
+        if rows <= 0:
+            return 0.0
+        extra = (self.segment_s * (features["segments"] - 1) + self.kv_s * features["kv_positions"]
+                 + self.attend_s * (features["attended"] - rows * (rows - 1) / 2))
+        return max(self.rows(rows) + extra, 0.0)
 
     def propose_s(self, ks: list[int]) -> float:
         """The proposer's part of an iteration whose decodes propose `ks` candidates each."""
@@ -114,29 +97,21 @@ class BatchCost:
         # a draft round: the catch-up pass, then k - 1 steps over the requests still drafting (propose_batch)
         return sum(self.proposer_step(sum(k > step for k in ks)) for step in range(max(ks)))
 
-    def iteration_s(self, small_rows: int, small_context: float, large_rows: int = 0, large_context: float = 0.0,
-                    ks: list[int] = ()) -> float:
-        return (self.small(small_rows, small_context) + self.large(large_rows, large_context)
-                + self.propose_s(list(ks)))
+    def iteration_s(self, features: dict, ks: list[int] = ()) -> float:
+        """An iteration: its pass (`pass_features`) and the proposals of its decodes."""
+        return self.pass_s(features) + self.propose_s(list(ks))
 
     def decode_s(self, decodes: list[tuple[int, int]], ks: list[int] | None = None) -> float:
         """An iteration of decodes only: (rows, context) per request, `ks` its candidates (rows - 1 if None)."""
-        rows = sum(r for r, _ in decodes)
-        if not rows:
-            return 0.0
-        context = sum(r * c for r, c in decodes) / rows
-        return self.iteration_s(rows, context, ks=[r - 1 for r, _ in decodes] if ks is None else ks)
+        return self.iteration_s(pass_features(decodes), [r - 1 for r, _ in decodes] if ks is None else ks)
 
     def to_json(self) -> dict:
-        row = asdict(self)
-        row["small"], row["large"] = self.small.to_json(), self.large.to_json()
-        return row
+        return asdict(self)
 
     @classmethod
     def from_json(cls, row: dict) -> "BatchCost":
         row = dict(row)
-        row["small"], row["large"] = Grid.from_json(row["small"]), Grid.from_json(row["large"])
-        row["proposer_step"] = Curve(**row["proposer_step"])
+        row["rows"], row["proposer_step"] = Curve(**row["rows"]), Curve(**row["proposer_step"])
         return cls(**row)
 
 
@@ -144,44 +119,64 @@ def batch_cost_key(engine) -> dict:
     return {**calibration_key(engine.pair, engine.proposer), "method": METHOD}
 
 
+def fit_pass_terms(rows: Curve, shapes: list[list[tuple[int, int]]], seconds: list[float]) -> tuple[np.ndarray, float]:
+    """(segment_s, kv_s, attend_s) >= 0 by least squares on what `rows` leaves of each measured pass, and the
+    largest relative error of the fitted passes."""
+    features = [pass_features(shape) for shape in shapes]
+    design = np.array([[f["segments"] - 1, f["kv_positions"], f["attended"] - f["rows"] * (f["rows"] - 1) / 2]
+                       for f in features], float)
+    base = np.array([rows(f["rows"]) for f in features])
+    measured = np.asarray(seconds, float)
+    # relative errors matter (a decode pass is 1/30 of a chunk's): weight each pass by 1 / its time
+    weight = 1.0 / measured
+    coefficients, _ = nnls(design * weight[:, None], (measured - base) * weight)
+    fitted = base + design @ coefficients
+    return coefficients, float((np.abs(fitted - measured) / measured).max())
+
+
+def fitted_shapes(plan: BatchPlan, limit: int) -> list[list[tuple[int, int]]]:
+    """The passes the three coefficients are fitted to: (rows, context) per request."""
+    shapes = []
+    for context in [c for c in plan.contexts if c + max(plan.chunks) < limit]:
+        shapes += [[(1, context)] * n for n in plan.decodes]
+        shapes.append([(plan.verify[1], context)] * plan.verify[0])
+        shapes += [[(n, context)] for n in plan.chunks]
+        shapes.append([(1, context)] * 4 + [(plan.chunks[0], 0)])  # a prefill chunk beside decodes
+    shapes += [[(1, 0)] * n for n in plan.decodes]
+    return shapes
+
+
 def calibrate_batch(engine, plan: BatchPlan = BatchPlan(), progress: bool = True,
                     noise: CalibrationPlan = CalibrationPlan()) -> BatchCost:
-    """Measure the small and large passes and the proposer's batched step on `engine`'s pair."""
+    """Measure one request's passes by rows, passes of other shapes (for the fitted terms) and the proposer's
+    batched step on `engine`'s pair."""
     pair, device = engine.pair, engine.pair.device
     target = pair.target.module
     limit = pair.max_context
-    contexts = [c for c in plan.contexts if c + max(plan.small_rows) < limit] or [min(plan.contexts[0], limit // 4)]
-    large_contexts = [c for c in plan.large_contexts if c + max(plan.large_rows) < limit]
-    large_rows = [n for n in plan.large_rows if n + max(large_contexts) < limit]
+    rows = [n for n in plan.rows if n < limit]
+    shapes = fitted_shapes(plan, limit)
     filler = torch.randint(100, pair.vocab_size - 100, (1, limit), generator=torch.Generator().manual_seed(0))
     filler = filler.to(device)
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     points: dict[tuple, Point] = {}
+    longest = max(c for shape in shapes for _, c in shape)
     with torch.inference_mode():
         prefix = new_kv_cache(target)
-        forward(target, filler[:, :max(contexts + large_contexts) + 1], prefix, keep=1)
+        forward(target, filler[:, :longest + 1], prefix, keep=1)
         layers = [(layer.keys, layer.values) for layer in prefix.layers]
         del prefix
-        for context in contexts:
-            # a decode-like pass: up to 16 requests (SKINNY_MAX_ROWS) of rows / requests rows each, one cache each
-            caches = [new_kv_cache(target, [(k[:, :, :context], v[:, :, :context]) for k, v in layers])
-                      for _ in range(min(max(plan.small_rows), SKINNY_MAX_ROWS))]
-            for rows in plan.small_rows:
-                requests = min(rows, SKINNY_MAX_ROWS)
-                per = rows // requests
-                ids = filler[0, context:context + per]
-                used = caches[:requests]
-                points["small", rows, context] = Point(
-                    lambda used=used, ids=ids: forward_rows(target, [Segment(ids, c, 0, small=True) for c in used]),
-                    lambda used=used, n=context: [crop_cache(c, n) for c in used])
-        for context in large_contexts:
-            cache = new_kv_cache(target, [(k[:, :, :context], v[:, :, :context]) for k, v in layers])
-            for rows in large_rows:
-                ids = filler[0, context:context + rows]
-                points["large", rows, context] = Point(
-                    lambda c=cache, ids=ids: forward_rows(target, [Segment(ids, c, 1, small=False)]),
-                    lambda c=cache, n=context: crop_cache(c, n))
+
+        def measured_pass(shape):
+            caches = [new_kv_cache(target, [(k[:, :, :c], v[:, :, :c]) for k, v in layers]) for _, c in shape]
+            segments = [Segment(filler[0, c:c + n], cache, 1) for (n, c), cache in zip(shape, caches)]
+            return Point(lambda: forward_rows(target, segments),
+                         lambda: [crop_cache(cache, c) for (_, c), cache in zip(shape, caches)])
+
+        for n in rows:
+            points["rows", n] = measured_pass([(n, 0)])
+        for i, shape in enumerate(shapes):
+            points["shape", i] = measured_pass(shape)
         context = min(plan.proposer_context, limit // 2)
         history = filler[0, :context + 1].tolist()
         for requests in plan.proposer_requests:
@@ -205,21 +200,15 @@ def calibrate_batch(engine, plan: BatchPlan = BatchPlan(), progress: bool = True
         bar.close()
     refuse_if_noisy(points, noise, pair.name, f"{engine.proposer} (batch cost)")
 
-    def grid(name, rows, ctxs):
-        shape = (len(rows), len(ctxs))
-        medians, spread, samples = np.zeros(shape), np.zeros(shape), np.zeros(shape, int)
-        for i, r in enumerate(rows):
-            for j, c in enumerate(ctxs):
-                point = points[name, r, c]
-                medians[i, j], spread[i, j], samples[i, j] = point.median, point.spread, len(point.samples)
-        return Grid.measured(list(rows), list(ctxs), medians, spread, samples)
+    def curve(name, xs):
+        return Curve.table(xs, [points[name, x].median for x in xs], [points[name, x].spread for x in xs],
+                           [len(points[name, x].samples) for x in xs])
 
-    keys = sorted(key[1] for key in points if key[0] == "proposer")
-    proposer_step = Curve.table(keys, [points["proposer", n].median for n in keys],
-                                [points["proposer", n].spread for n in keys],
-                                [len(points["proposer", n].samples) for n in keys])
-    return BatchCost(batch_cost_key(engine), grid("small", plan.small_rows, contexts),
-                     grid("large", large_rows, large_contexts), engine.proposer, proposer_step,
+    by_rows = curve("rows", rows)
+    (segment_s, kv_s, attend_s), fit_error = fit_pass_terms(
+        by_rows, shapes, [points["shape", i].median for i in range(len(shapes))])
+    return BatchCost(batch_cost_key(engine), by_rows, float(segment_s), float(kv_s), float(attend_s),
+                     engine.proposer, curve("proposer", sorted(plan.proposer_requests)), fit_error,
                      measured_s=time.perf_counter() - started, load_average=[load_before, os.getloadavg()[0]])
 
 

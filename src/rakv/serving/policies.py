@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from rakv.runtime.costmodel import expected_tokens_per_round
 from rakv.runtime.errors import RakvError
+from rakv.serving.batchcost import pass_features
 from rakv.serving.request import ServedRequest
 
 
@@ -135,11 +136,12 @@ class SloBudget:
     def prefill_rows(self, decodes: list, context: int, limit: int) -> int:
         """`decodes`: this iteration's decode work (rakv.serving.scheduler.Work); `context`: the positions before
         the next prefill chunk; `limit`: the rows the token budget leaves."""
-        spent = self.cost.decode_s([(w.rows, w.request.computed) for w in decodes], [w.k for w in decodes])
+        shape = [(w.rows, w.request.computed) for w in decodes]
+        ks = [w.k for w in decodes]
         low, high = 0, max(limit, 0)
-        while low < high:  # the largest chunk whose iteration fits: the large pass is monotone in rows
+        while low < high:  # the largest chunk whose iteration fits (the pass's cost grows with the chunk)
             mid = (low + high + 1) // 2
-            if spent + self.cost.large(mid, context) <= self.slo_s:
+            if self.cost.iteration_s(pass_features(shape + [(mid, context)]), ks) <= self.slo_s:
                 low = mid
             else:
                 high = mid - 1

@@ -34,7 +34,6 @@ class ServedRequest:
     max_k: int = 0  # candidates a round may propose: k, or a per-round depth's largest
     status: Status = Status.WAITING
     computed: int = 0  # positions of `tokens` whose K/V is in the request's cache
-    prefill_small: bool = True  # its prefill rows' kernels, as a request alone would run them (rakv.runtime.compact)
     hit_tokens: int = 0  # positions copied from the prefix store at (first) admission
     preempted: int = 0  # times its K/V was dropped to stay under the K/V budget
     error: str | None = None

@@ -4,8 +4,8 @@ acceptance and per-request rollback; and the K/V side of the scheduler (store lo
 Every piece is the batch-one engine's (rakv.runtime: engine, decoding, proposers, cache): the store lookup and
 namespace, `new_kv_cache`, the proposers (`propose_batch` batches the draft model's steps), `kept_candidates`,
 `accept_round`, `close_round` (crop, rollback, round log, emit), `select_token`. What is new is only that the
-forwards of several requests run together (`rakv.runtime.decoding.forward_rows`), each row on the kernels it would run
-on alone, so a greedy request's output is the one `rakv generate` gives it alone.
+forwards of several requests run together (`rakv.runtime.decoding.forward_rows`), whose kernels compute each row as
+they would alone (batch-invariant), so a greedy request's output is the one `rakv generate` gives it alone.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from rakv.runtime.decoding import (Sampling, accept_round, cache_nbytes, close_r
                            kept_candidates, select_token)
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
-from rakv.runtime.kernels import SKINNY_MAX_ROWS, new_kv_cache
+from rakv.runtime.kernels import new_kv_cache
 from rakv.runtime.proposers import DraftModelProposer, PromptLookupProposer, propose_batch
+from rakv.serving.batchcost import pass_features
 from rakv.serving.request import ServedRequest
 from rakv.serving.scheduler import Step
 from rakv.runtime.strategies import action_of
@@ -50,8 +51,8 @@ class Live:
 class StepOutcome:
     emitted: dict[str, int] = field(default_factory=dict)  # request id -> tokens confirmed this iteration
     rows: int = 0  # rows of the target forward
-    # what the batch cost model prices (rakv.serving.batchcost.BatchCost.iteration_s): the rows of the small and
-    # the large passes, the mean K/V positions each of their rows attends over, and the decodes' candidates
+    # what the batch cost model prices (rakv.serving.batchcost.BatchCost.iteration_s): the rows of the pass, the
+    # mean K/V positions before each row, and the decodes' candidates
     features: dict = field(default_factory=dict)
 
 
@@ -150,11 +151,11 @@ class Runner:
             kept = proposals[request.id][1] if work.k else []
             ids = torch.tensor([request.tokens[-1], *kept], dtype=torch.long, device=self.device)
             segments.append(Segment(ids, self.live[request.id].cache, 0 if work.k else 1))
-        for work in step.prefills:  # a chunk of the uncomputed tokens, on the kernels of its whole prefill
+        for work in step.prefills:  # a chunk of the uncomputed tokens: the bits its whole prefill gives them
             request = work.request
             ids = torch.tensor(request.tokens[request.computed:request.computed + work.rows], dtype=torch.long,
                                device=self.device)
-            segments.append(Segment(ids, self.live[request.id].cache, 1, small=request.prefill_small))
+            segments.append(Segment(ids, self.live[request.id].cache, 1))
         features = iteration_features(segments, [w.k for w in step.decodes])
         logits = forward_rows(self.target, segments) if segments else []
         for work, rows in zip(step.decodes, logits):
@@ -184,8 +185,6 @@ class Runner:
             generator = torch.Generator(device=self.device).manual_seed(self.sampling.seed)
         proposer = engine.make_proposer() if request.max_k else None
         self.live[request.id] = Live(new_kv_cache(self.target, kv), proposer, generator, self.depths.get(request.id))
-        # as a request alone: a prefill of more than 16 rows runs on MKL, even when chunked into fewer
-        request.prefill_small = len(request.tokens) - reused <= SKINNY_MAX_ROWS
         if stored_logits is not None and not request.state.tokens:  # exact repeat: the first token needs no forward
             self.prompt_logits[request.id] = stored_logits
             self._emit(request, self.live[request.id], stored_logits)
@@ -290,15 +289,9 @@ class Runner:
 
 
 def iteration_features(segments: list[Segment], ks: list[int]) -> dict:
-    """The batch cost model's features of one iteration's segments, before they run: per pass kind its rows and
-    their mean context (the positions already in each row's cache, as the calibration measures them)."""
-    out = {"ks": list(ks)}
-    for name, small in (("small", True), ("large", False)):
-        chosen = [s for s in segments if s.runs_small == small]
-        rows = sum(int(s.ids.shape[0]) for s in chosen)
-        attended = sum(int(s.ids.shape[0]) * s.cache.get_seq_length() for s in chosen)
-        out[f"{name}_rows"], out[f"{name}_context"] = rows, (attended / rows if rows else 0.0)
-    return out
+    """The batch cost model's features of one iteration's segments, before they run (rakv.serving.batchcost)."""
+    shape = [(int(s.ids.shape[0]), s.cache.get_seq_length()) for s in segments]
+    return {"ks": list(ks), **pass_features(shape)}
 
 
 def _bytes_per_token(model, device) -> int:

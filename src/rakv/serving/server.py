@@ -203,14 +203,12 @@ def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, option
             ended = time.perf_counter()
             at = ended - start
             features = outcome.features
-            predicted = (batch_cost.iteration_s(features["small_rows"], features["small_context"],
-                                                features["large_rows"], features["large_context"], features["ks"])
+            predicted = (batch_cost.iteration_s(features, features["ks"])
                          if batch_cost is not None and outcome.rows else None)
             iterations.append({"at_s": at, "rows": outcome.rows, "running": len(scheduler.running),
-                               "small_rows": features.get("small_rows", 0),
-                               "small_context": features.get("small_context", 0.0),
-                               "large_rows": features.get("large_rows", 0),
-                               "large_context": features.get("large_context", 0.0), "predicted_s": predicted,
+                               "segments": features.get("segments", 0),
+                               "kv_positions": features.get("kv_positions", 0),
+                               "attended": features.get("attended", 0), "predicted_s": predicted,
                                "decodes": len(step.decodes), "prefill_rows": sum(w.rows for w in step.prefills),
                                "k": [w.k for w in step.decodes], "admitted": len(step.admitted),
                                "preempted": len(step.preempted),

@@ -1,0 +1,811 @@
+// The CPU kernels of the compact forward (rakv.runtime.compact): one GEMM for every row count, attention per query
+// row, and the row-wise RMSNorm / LayerNorm / RoPE / SiLU*up / GELU. Compiled on first use for the machine it runs on
+// (rakv.runtime.kernels.native); AVX2 + FMA are required, nothing newer is used.
+//
+// Why hand-written: every row of every batched forward must come out bit-identical to the same row computed alone
+// (a decode step alone, inside a verify of k + 1 rows, beside other requests' rows, or as one row of a prefill chunk
+// of any size). BLAS libraries pick code paths by the matrix shape, so a row's sum depends on how many rows are
+// computed with it (MKL's sgemm takes other paths for 1-3, 5-7 and 9-11 rows); torch's vectorised elementwise loops
+// treat the tail of a buffer with scalar code, so an element's result can depend on where it falls in the batch.
+// No library offers a CPU GEMM that is both batch-invariant and at the machine's price, so:
+//
+// GEMM, y = x W^T. W is packed once into panels of 32 outputs, [ceil(N / 32)][K][32], so that the weights a thread
+// needs are one contiguous stream. A micro-kernel keeps 32 outputs x R rows of accumulators in registers (R = 2
+// with AVX2's 16 registers, 6 with AVX-512's 32) and walks k in order; K is cut into blocks
+// that stay in L1 (16 KB of weights), the partial sums going through memory between blocks, which does not change
+// their order. Each output is therefore one chain of fused multiply-adds over k = 0 .. K - 1, starting from zero,
+// whatever the other rows are and however rows are grouped: batch invariance by construction. Threads split the
+// output panels, never k. With few rows a pass streams the weights once (the memory's price); with many, each
+// 16 KB block is reused from L1 by every row (the FMA units' price).
+//
+// int8 GEMM (the draft): weights int8 with one scale per output, packed [G][K / 4][32][4]; each row of x quantised
+// to int8 on its own (scale max |x| / 127); products summed as exact int32s (VNNI's dpbusd where the CPU has it,
+// 16-bit multiply-adds otherwise: the same integers), then scaled. Integer sums are exact, so no order can change a
+// row's result; the draft's numerics are free (its proposals are verified) and it costs a quarter of the target's
+// bytes and, with VNNI, a quarter of its arithmetic (a draft prefill is compute-bound).
+//
+// Attention: per (query row, head) a fixed order over the keys 0 .. position (scores in groups of four keys, one
+// reduction tree per key; softmax sums in eight lanes, then one tree), so a chunked prefill's rows equal a whole
+// prefill's, and a request's rows are the same alone or in any batch. One call per layer handles every segment of a
+// batched forward and writes its new K/V first.
+//
+// Elementwise functions (exp, SiLU, GELU) use one vectorised exp for every element (tails are padded, never computed
+// by other code), and each row's reductions (norms) have one fixed order.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "rakv's compact kernels need AVX2 and FMA (use kernels=stock on this machine)"
+#endif
+
+namespace {
+
+constexpr int64_t kPanel = 32;           // outputs per packed panel (four vectors of eight)
+constexpr int64_t kBlockBytes = 16384;  // weights per K block: stays in L1 while every row uses it
+
+// ---------------------------------------------------------------------------------------------------------------
+// vector math
+
+inline float hsum8(__m256 v) {  // ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)): one fixed tree
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float hmax8(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// e^x, Cephes' single-precision polynomial (relative error ~2e-7); inputs clamped to [-87.3, 88.3]
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// a / (1 + e^-a) * b: SiLU(a) * b (b = 1: SiLU)
+inline __m256 silu8(__m256 a) {
+  return _mm256_div_ps(a, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), a))));
+}
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(u)) = x / (1 + e^(-2u)), u = sqrt(2 / pi) (x + 0.044715 x^3)
+inline __m256 gelu8(__m256 x) {
+  const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+  const __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), x3, x));
+  const __m256 e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), u));
+  return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+// the first n (< 8) lanes of p; the rest zero
+inline __m256 load_partial(const float* p, int64_t n) {
+  alignas(32) float tmp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::memcpy(tmp, p, n * sizeof(float));
+  return _mm256_load_ps(tmp);
+}
+inline void store_partial(float* p, __m256 v, int64_t n) {
+  alignas(32) float tmp[8];
+  _mm256_store_ps(tmp, v);
+  std::memcpy(p, tmp, n * sizeof(float));
+}
+
+// f(x) for every element of a row of n floats, eight at a time; the tail through the same vector code
+template <typename F>
+inline void map_row(const float* x, float* y, int64_t n, F f) {
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) _mm256_storeu_ps(y + c, f(_mm256_loadu_ps(x + c)));
+  if (c < n) store_partial(y + c, f(load_partial(x + c, n - c)), n - c);
+}
+
+// rows [0, rows) in parallel when there is enough work; each row is computed by the same code either way
+template <typename F>
+inline void for_rows(int64_t rows, int64_t work_per_row, F f) {
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(work_per_row, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) f(r);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// GEMM
+
+// four vectors of eight weights at one k of a panel
+inline void weights_at(const float* p, __m256& w0, __m256& w1, __m256& w2, __m256& w3) {
+  w0 = _mm256_loadu_ps(p); w1 = _mm256_loadu_ps(p + 8); w2 = _mm256_loadu_ps(p + 16); w3 = _mm256_loadu_ps(p + 24);
+}
+
+// acc[r][0..32) += sum over k in [0, kn) of x[r][k] * panel[k][0..32), for R rows; acc starts at zero when `zero`.
+// The FMA order per output is k ascending, whatever R is. The loops over rows and vectors are unrolled so that the
+// accumulators stay in registers; the empty asm keeps the four weight vectors in registers too (GCC would otherwise
+// fold them into every FMA as memory operands: R times the loads, which halved the throughput).
+// `ahead` (elements, 0 = none): also prefetch the weights that far ahead into L2 (the first row group of a block
+// does, two blocks ahead: while the other groups compute on this block from L1, the memory keeps streaming; without
+// it, 8 rows cost 1.4-1.7x one row here, with it 1.03x, measured on SmolLM2's shapes).
+template <int R, typename T>
+inline void micro(const T* panel, int64_t kn, const float* x, int64_t ldx, float* acc, bool zero, int64_t ahead) {
+  __m256 a[R][4];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) a[r][v] = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + r * kPanel + v * 8);
+  for (int64_t k = 0; k < kn; ++k) {
+    __m256 w0, w1, w2, w3;
+    weights_at(panel + k * kPanel, w0, w1, w2, w3);
+    asm("" : "+x"(w0), "+x"(w1), "+x"(w2), "+x"(w3));
+    if (ahead) {
+      const char* next = reinterpret_cast<const char*>(panel + k * kPanel + ahead);
+      _mm_prefetch(next, _MM_HINT_T1);
+      if (sizeof(T) * kPanel > 64) _mm_prefetch(next + 64, _MM_HINT_T1);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
+      a[r][0] = _mm256_fmadd_ps(xv, w0, a[r][0]);
+      a[r][1] = _mm256_fmadd_ps(xv, w1, a[r][1]);
+      a[r][2] = _mm256_fmadd_ps(xv, w2, a[r][2]);
+      a[r][3] = _mm256_fmadd_ps(xv, w3, a[r][3]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) _mm256_storeu_ps(acc + r * kPanel + v * 8, a[r][v]);
+}
+
+// rows per micro-kernel call: 4 R accumulators + 4 weights + 1 broadcast must fit the vector registers (16 with
+// AVX2: R = 2; 32 with AVX-512's encodings: R = 6). Which rows share a call never changes a row's sums.
+#if defined(__AVX512F__)
+constexpr int kRows = 6;
+#else
+constexpr int kRows = 2;
+#endif
+
+template <typename T>
+inline void micro_rows(int64_t rows, const T* panel, int64_t kn, const float* x, int64_t ldx, float* acc, bool zero,
+                       int64_t ahead) {
+  switch (rows) {
+    case 1: micro<1>(panel, kn, x, ldx, acc, zero, ahead); break;
+    case 2: micro<2>(panel, kn, x, ldx, acc, zero, ahead); break;
+#if defined(__AVX512F__)
+    case 3: micro<3>(panel, kn, x, ldx, acc, zero, ahead); break;
+    case 4: micro<4>(panel, kn, x, ldx, acc, zero, ahead); break;
+    case 5: micro<5>(panel, kn, x, ldx, acc, zero, ahead); break;
+    case 6: micro<6>(panel, kn, x, ldx, acc, zero, ahead); break;
+#endif
+  }
+}
+
+// y[M, N] = ((x[M, K] @ W^T) * scale + bias) + residual, W packed [G][K][32]
+// y[r][n0 .. n0 + 32) for every row r from a panel's sums: ((sum * row_scale[r]) * scale[n] + bias[n]) + residual,
+// each factor only where given. Integer sums (acc_int) are converted to float first, exactly as written.
+inline void epilogue(const float* acc, int64_t M, int64_t n0, int64_t N, const float* row_scale, const float* scale,
+                     const float* bias, const float* residual, float* Y, const int32_t* acc_int = nullptr) {
+  const int64_t width = std::min(kPanel, N - n0);
+  for (int64_t r = 0; r < M; ++r) {
+    float* y = Y + r * N + n0;
+    const float* res = residual ? residual + r * N + n0 : nullptr;
+    if (width == kPanel) {  // the same IEEE operations as below, eight at a time
+      for (int64_t c = 0; c < kPanel; c += 8) {
+        __m256 v = acc_int ? _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                                 acc_int + r * kPanel + c)))
+                           : _mm256_loadu_ps(acc + r * kPanel + c);
+        if (row_scale) v = _mm256_mul_ps(v, _mm256_set1_ps(row_scale[r]));
+        if (scale) v = _mm256_mul_ps(v, _mm256_loadu_ps(scale + n0 + c));
+        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n0 + c));
+        if (res) v = _mm256_add_ps(v, _mm256_loadu_ps(res + c));
+        _mm256_storeu_ps(y + c, v);
+      }
+      continue;
+    }
+    for (int64_t c = 0; c < width; ++c) {
+      float v = acc_int ? static_cast<float>(acc_int[r * kPanel + c]) : acc[r * kPanel + c];
+      if (row_scale) v = v * row_scale[r];
+      if (scale) v = v * scale[n0 + c];
+      if (bias) v = v + bias[n0 + c];
+      if (res) v = v + res[c];
+      y[c] = v;
+    }
+  }
+}
+
+void gemm_packed(const float* X, const float* P, int64_t M, int64_t K, int64_t N, const float* bias,
+                 const float* residual, float* Y) {
+  const int64_t groups = (N + kPanel - 1) / kPanel;
+  const int64_t kc = kBlockBytes / (kPanel * static_cast<int64_t>(sizeof(float)));  // a block fills 16 KB
+  const int64_t ahead = 2 * kBlockBytes / static_cast<int64_t>(sizeof(float));  // prefetch distance, in weights
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    std::vector<float> acc_buffer(static_cast<size_t>(M) * kPanel);  // this panel's partial sums, all rows
+    float* acc = acc_buffer.data();
+    for (int64_t g = g0; g < g1; ++g) {
+      const float* panel = P + g * K * kPanel;
+      for (int64_t k0 = 0; k0 < K; k0 += kc) {
+        const int64_t kn = std::min(kc, K - k0);
+        for (int64_t r = 0; r < M; r += kRows)
+          micro_rows(std::min<int64_t>(kRows, M - r), panel + k0 * kPanel, kn, X + r * K + k0, K, acc + r * kPanel,
+                     k0 == 0, r == 0 ? ahead : 0);
+      }
+      epilogue(acc, M, g * kPanel, N, nullptr, nullptr, bias, residual, Y);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// int8 GEMM of the draft: int8 weights (one scale per output) and int8 activations (one scale per row), integer sums
+
+// acc[i] += sum of the four products a[4i..4i+3] * b[4i..4i+3], a unsigned, b signed bytes (VNNI's dpbusd). Without
+// VNNI, the same integers by 16-bit multiply-adds: integer sums are exact, so both give the same bits.
+inline __m256i dot4(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, a, b);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, a, b);
+#else
+  const __m256i lo = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(a)),
+                                       _mm256_cvtepi8_epi16(_mm256_castsi256_si128(b)));
+  const __m256i hi = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(a, 1)),
+                                       _mm256_cvtepi8_epi16(_mm256_extracti128_si256(b, 1)));
+  // hadd gives the lanes' sums in the order 0 1 4 5 | 2 3 6 7
+  return _mm256_add_epi32(acc, _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo, hi),
+                                                           _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7)));
+#endif
+}
+
+// acc[r][0..32) += sum over groups q in [0, qn) of four k's: x[r] (unsigned bytes, 4 per group) . panel[q] (32
+// outputs x 4 signed bytes). panel: [qn][32][4].
+template <int R>
+inline void micro_i8(const int8_t* panel, int64_t qn, const uint8_t* x, int64_t ldx, int32_t* acc, bool zero,
+                     int64_t ahead) {
+  __m256i a[R][4];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v)
+      a[r][v] = zero ? _mm256_setzero_si256()
+                     : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc + r * kPanel + v * 8));
+  for (int64_t q = 0; q < qn; ++q) {
+    const int8_t* w = panel + q * kPanel * 4;
+    __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+    __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32));
+    __m256i w2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64));
+    __m256i w3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 96));
+    asm("" : "+x"(w0), "+x"(w1), "+x"(w2), "+x"(w3));
+    if (ahead) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + ahead), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(w + ahead + 64), _MM_HINT_T1);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      int32_t four;
+      std::memcpy(&four, x + r * ldx + q * 4, 4);
+      const __m256i xv = _mm256_set1_epi32(four);
+      a[r][0] = dot4(a[r][0], xv, w0);
+      a[r][1] = dot4(a[r][1], xv, w1);
+      a[r][2] = dot4(a[r][2], xv, w2);
+      a[r][3] = dot4(a[r][3], xv, w3);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + r * kPanel + v * 8), a[r][v]);
+}
+
+inline void micro_i8_rows(int64_t rows, const int8_t* panel, int64_t qn, const uint8_t* x, int64_t ldx, int32_t* acc,
+                          bool zero, int64_t ahead) {
+  switch (rows) {
+    case 1: micro_i8<1>(panel, qn, x, ldx, acc, zero, ahead); break;
+    case 2: micro_i8<2>(panel, qn, x, ldx, acc, zero, ahead); break;
+#if defined(__AVX512F__)
+    case 3: micro_i8<3>(panel, qn, x, ldx, acc, zero, ahead); break;
+    case 4: micro_i8<4>(panel, qn, x, ldx, acc, zero, ahead); break;
+    case 5: micro_i8<5>(panel, qn, x, ldx, acc, zero, ahead); break;
+    case 6: micro_i8<6>(panel, qn, x, ldx, acc, zero, ahead); break;
+#endif
+  }
+}
+
+// y = (((x_q W_q^T - 128 colsum) * row_scale) * scale + bias) + residual. Each row of x is quantised on its own:
+// row_scale = max |x| / 127, x_q = round(x / row_scale), stored + 128 as unsigned bytes (dpbusd multiplies unsigned
+// by signed; the 128 per element comes back out through colsum[n] = sum_k W_q[n][k]). Every sum is an exact int32,
+// so no order of any kind can change a row's result.
+void gemm_int8(const float* X, const int8_t* P, const int32_t* colsum, int64_t M, int64_t K, int64_t N,
+               const float* scale, const float* bias, const float* residual, float* Y) {
+  const int64_t groups = (N + kPanel - 1) / kPanel, K4 = (K + 3) / 4, ldx = K4 * 4;
+  std::vector<uint8_t> xq(static_cast<size_t>(M * ldx), 128);
+  std::vector<float> row_scale(M);
+  for_rows(M, K, [&](int64_t r) {
+    const float* x = X + r * K;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 top8 = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) top8 = _mm256_max_ps(top8, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
+    float top = hmax8(top8);  // a maximum: the same whatever the order
+    for (; k < K; ++k) top = std::max(top, std::fabs(x[k]));
+    const float inv = top > 0 ? 127.0f / top : 1.0f;
+    row_scale[r] = top > 0 ? top / 127.0f : 1.0f;
+    // round half to even (cvtps under the default rounding mode, as nearbyint), then + 128 as unsigned bytes
+    const __m256 iv = _mm256_set1_ps(inv);
+    uint8_t* out = xq.data() + r * ldx;
+    for (k = 0; k + 8 <= K; k += 8) {
+      const __m256i q = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k), iv)),
+                                         _mm256_set1_epi32(128));
+      const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + k), _mm_packus_epi16(words, words));
+    }
+    for (; k < K; ++k) out[k] = static_cast<uint8_t>(static_cast<int32_t>(std::nearbyint(x[k] * inv)) + 128);
+  });
+  const int64_t qc = kBlockBytes / (kPanel * 4);  // groups of four k per 16 KB block
+  const int64_t ahead = 2 * kBlockBytes;
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    std::vector<int32_t> acc(static_cast<size_t>(M) * kPanel);
+    for (int64_t g = g0; g < g1; ++g) {
+      const int8_t* panel = P + g * K4 * kPanel * 4;
+      for (int64_t q0 = 0; q0 < K4; q0 += qc) {
+        const int64_t qn = std::min(qc, K4 - q0);
+        for (int64_t r = 0; r < M; r += kRows)
+          micro_i8_rows(std::min<int64_t>(kRows, M - r), panel + q0 * kPanel * 4, qn, xq.data() + r * ldx + q0 * 4,
+                        ldx, acc.data() + r * kPanel, q0 == 0, r == 0 ? ahead : 0);
+      }
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t c = 0; c < kPanel; ++c) acc[r * kPanel + c] -= 128 * colsum[g * kPanel + c];
+      epilogue(nullptr, M, g * kPanel, N, row_scale.data(), scale, bias, residual, Y, acc.data());
+    }
+  });
+}
+
+}  // namespace
+
+// y [M, N] = x [M, K] @ W^T (+ bias) (+ residual); W packed [G, K, 32] fp32
+torch::Tensor gemm(const torch::Tensor& x_in, const torch::Tensor& packed, int64_t N,
+                   const c10::optional<torch::Tensor>& bias, const c10::optional<torch::Tensor>& residual) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "gemm: x [M, K] fp32");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kPanel && packed.is_contiguous() &&
+              packed.scalar_type() == at::kFloat, "gemm: packed fp32 [G, K, 32]");
+  TORCH_CHECK(packed.size(1) == x_in.size(1) && packed.size(0) * kPanel >= N && (packed.size(0) - 1) * kPanel < N,
+              "gemm: shapes of x, packed weights and N disagree");
+  const torch::Tensor x = x_in.contiguous();
+  const int64_t M = x.size(0), K = x.size(1);
+  torch::Tensor y = torch::empty({M, N}, x.options());
+  if (M == 0) return y;
+  const torch::Tensor b = bias.has_value() && bias->defined() ? bias->contiguous() : torch::Tensor();
+  const torch::Tensor res = residual.has_value() && residual->defined() ? residual->contiguous() : torch::Tensor();
+  TORCH_CHECK(!b.defined() || b.numel() >= N, "gemm: bias shorter than N");
+  TORCH_CHECK(!res.defined() || (res.size(0) == M && res.size(1) == N), "gemm: residual [M, N]");
+  gemm_packed(x.data_ptr<float>(), packed.data_ptr<float>(), M, K, N, b.defined() ? b.data_ptr<float>() : nullptr,
+              res.defined() ? res.data_ptr<float>() : nullptr, y.data_ptr<float>());
+  return y;
+}
+
+// y [M, N] = x [M, K] @ (W_q * scale)^T (+ bias) (+ residual), activations quantised per row (gemm_int8);
+// W_q packed [G, ceil(K / 4), 32, 4] int8 (pack_int8), colsum [G * 32] its integer row sums
+torch::Tensor gemm_i8(const torch::Tensor& x_in, const torch::Tensor& packed, const torch::Tensor& colsum, int64_t N,
+                      const torch::Tensor& scale, const c10::optional<torch::Tensor>& bias,
+                      const c10::optional<torch::Tensor>& residual) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "gemm_i8: x [M, K] fp32");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kPanel && packed.size(3) == 4 && packed.is_contiguous() &&
+              packed.scalar_type() == at::kChar, "gemm_i8: packed int8 [G, K / 4, 32, 4]");
+  const torch::Tensor x = x_in.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), G = packed.size(0);
+  TORCH_CHECK(packed.size(1) == (K + 3) / 4 && G * kPanel >= N && (G - 1) * kPanel < N,
+              "gemm_i8: shapes of x, packed weights and N disagree");
+  TORCH_CHECK(colsum.scalar_type() == at::kInt && colsum.numel() == G * kPanel && colsum.is_contiguous() &&
+              scale.scalar_type() == at::kFloat && scale.numel() >= N && scale.is_contiguous(),
+              "gemm_i8: int32 colsum [G * 32] and fp32 scale [N]");
+  torch::Tensor y = torch::empty({M, N}, x.options());
+  if (M == 0) return y;
+  const torch::Tensor b = bias.has_value() && bias->defined() ? bias->contiguous() : torch::Tensor();
+  const torch::Tensor res = residual.has_value() && residual->defined() ? residual->contiguous() : torch::Tensor();
+  TORCH_CHECK(!b.defined() || b.numel() >= N, "gemm_i8: bias shorter than N");
+  TORCH_CHECK(!res.defined() || (res.size(0) == M && res.size(1) == N), "gemm_i8: residual [M, N]");
+  gemm_int8(x.data_ptr<float>(), packed.data_ptr<int8_t>(), colsum.data_ptr<int32_t>(), M, K, N,
+            scale.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
+            res.defined() ? res.data_ptr<float>() : nullptr, y.data_ptr<float>());
+  return y;
+}
+
+// which int8 dot product this build uses (they give the same integers): for the kernels' identity
+std::string int8_dot() {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return "avx512-vnni";
+#elif defined(__AVXVNNI__)
+  return "avx-vnni";
+#else
+  return "avx2";
+#endif
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------------
+// attention
+
+// the dot products of q with four keys, one fixed reduction tree per key (the same in every slot)
+inline __m128 dots4(const float* q, const float* k0, const float* k1, const float* k2, const float* k3, int64_t D) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t c = 0; c < D; c += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + c);
+    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + c), a0);
+    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + c), a1);
+    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + c), a2);
+    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + c), a3);
+  }
+  // per key: lanes (0+1), (2+3), (4+5), (6+7), then ((0+1) + (2+3)) and ((4+5) + (6+7)), then low + high half
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+constexpr int64_t kAhead = 16;  // keys and values stream from memory: prefetched this many positions ahead
+
+inline void prefetch_row(const float* row, int64_t D) {
+  for (int64_t c = 0; c < D; c += 16) _mm_prefetch(reinterpret_cast<const char*>(row + c), _MM_HINT_T0);
+}
+
+// p[0..visible) = softmax(p[0..visible)); out[D] = p @ values[0..visible) (one query's second half)
+template <int ND>
+void softmax_values(float* p, const float* values, int64_t value_stride, int64_t visible, int64_t D, float* out) {
+  __m256 top = _mm256_set1_ps(-INFINITY);
+  int64_t j = 0;
+  for (; j + 8 <= visible; j += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(p + j));
+  float m = hmax8(top);
+  for (; j < visible; ++j) m = std::max(m, p[j]);
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 total = _mm256_setzero_ps();
+  for (j = 0; j + 8 <= visible; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + j), mv));
+    _mm256_storeu_ps(p + j, e);
+    total = _mm256_add_ps(total, e);
+  }
+  if (j < visible) {
+    const int64_t n = visible - j;
+    const __m256 e = exp8(_mm256_sub_ps(load_partial(p + j, n), mv));
+    const __m256 keep = _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_ps(static_cast<float>(n)),
+                                      _CMP_LT_OQ);
+    const __m256 masked = _mm256_and_ps(e, keep);
+    store_partial(p + j, masked, n);
+    total = _mm256_add_ps(total, masked);
+  }
+  const __m256 inv = _mm256_set1_ps(1.0f / hsum8(total));
+  const int64_t nd = ND > 0 ? ND : D / 8;
+  __m256 acc[ND > 0 ? ND : 32];
+  for (int64_t c = 0; c < nd; ++c) acc[c] = _mm256_setzero_ps();
+  for (j = 0; j < visible; ++j) {
+    const __m256 pj = _mm256_broadcast_ss(p + j);
+    const float* v = values + j * value_stride;
+    if (j + kAhead < visible) prefetch_row(v + kAhead * value_stride, D);
+    for (int64_t c = 0; c < nd; ++c) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + c * 8), acc[c]);
+  }
+  for (int64_t c = 0; c < nd; ++c) _mm256_storeu_ps(out + c * 8, _mm256_mul_ps(acc[c], inv));
+}
+
+// One task: `rows` consecutive rows of one segment (the first sees positions 0 .. first_visible - 1, each next one
+// position more) and the query heads h0 .. h0 + heads - 1 that share one K/V head. Each group of four keys is loaded
+// once for all these queries (from memory for the first, from L1 for the rest); then each query's softmax and
+// values. Every query's arithmetic is that of the query alone: its scores are dots4 of its own q, its softmax and
+// weighted values the same loops, whatever the other queries of the task are.
+template <int ND>
+void attend_rows(const float* Q, int64_t q_stride, int64_t rows, int64_t heads, const float* keys,
+                 const float* values, int64_t stride, int64_t first_visible, int64_t D, float scale, float* p,
+                 int64_t p_stride, float* O, int64_t o_stride) {
+  const int64_t last_visible = first_visible + rows - 1;
+  for (int64_t j = 0; j < last_visible; j += 4) {
+    const float* k[4];
+    for (int s = 0; s < 4; ++s) k[s] = keys + (j + s < last_visible ? j + s : 0) * stride;  // past the end: key 0
+    if (j + kAhead < last_visible)
+      for (int s = 0; s < 4; ++s) prefetch_row(keys + (j + kAhead + s) * stride, D);
+    for (int64_t i = std::max<int64_t>(0, j - first_visible + 1); i < rows; ++i)  // the rows that see key j
+      for (int64_t h = 0; h < heads; ++h) {
+        const __m128 d = _mm_mul_ps(dots4(Q + i * q_stride + h * D, k[0], k[1], k[2], k[3], D), _mm_set1_ps(scale));
+        _mm_storeu_ps(p + (i * heads + h) * p_stride + j, d);
+      }
+  }
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t h = 0; h < heads; ++h)
+      softmax_values<ND>(p + (i * heads + h) * p_stride, values, stride, first_visible + i, D, O + i * o_stride + h * D);
+}
+
+}  // namespace
+
+// rotary embedding of the first `heads` heads of each row in place: x [T, width], head h at columns h D .. h D + D;
+// cos and sin_signed [T, D] (sin with its first half negated): x * cos + roll(x, D / 2) * sin_signed
+void rope_(torch::Tensor x, const torch::Tensor& cos_in, const torch::Tensor& sin_in, int64_t heads) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kFloat, "rope_: x [T, width]");
+  const torch::Tensor c = cos_in.contiguous(), sn = sin_in.contiguous();
+  const int64_t T = x.size(0), D = c.size(1), half = D / 2, st = x.stride(0);
+  TORCH_CHECK(c.size(0) == T && sn.sizes() == c.sizes() && heads * D <= x.size(1), "rope_: cos / sin [T, D]");
+  float* X = x.data_ptr<float>();
+  const float* C = c.data_ptr<float>();
+  const float* S = sn.data_ptr<float>();
+  TORCH_CHECK(D % 2 == 0 && D <= 256, "rope_: head size even, at most 256");
+  for_rows(T, heads * D, [&](int64_t t) {
+    float row[256];
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = X + t * st + h * D;
+      std::memcpy(row, v, D * sizeof(float));
+      for (int64_t d = 0; d < D; ++d) v[d] = row[d] * C[t * D + d] + row[(d + half) % D] * S[t * D + d];
+    }
+  });
+}
+
+// Causal grouped-query attention for every segment of a batched forward, one call per layer.
+// qkv [T, (H + 2 KV) D]: each row's query, key and value, segment after segment (with cos / sin_signed [T, D],
+// queries and keys are rotated in place first: rope_); keys[s] / values[s] the
+// segment's K/V buffers [1, KV, capacity, D] (unit stride on D), holding its first starts[s] positions; its
+// lengths[s] new rows are written at starts[s] .. starts[s] + lengths[s] first. Row i of segment s is at position
+// starts[s] + i and attends to positions 0 .. starts[s] + i. Returns [T, H D].
+torch::Tensor attention(torch::Tensor qkv, const std::vector<torch::Tensor>& keys,
+                        const std::vector<torch::Tensor>& values, const std::vector<int64_t>& starts,
+                        const std::vector<int64_t>& lengths, int64_t H, int64_t KV, double scale,
+                        const c10::optional<torch::Tensor>& cos, const c10::optional<torch::Tensor>& sin_signed) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.is_contiguous(),
+              "attention: qkv [T, (H + 2 KV) D] fp32, contiguous");
+  const int64_t segments = static_cast<int64_t>(keys.size());
+  TORCH_CHECK(segments > 0 && static_cast<int64_t>(values.size()) == segments &&
+              static_cast<int64_t>(starts.size()) == segments && static_cast<int64_t>(lengths.size()) == segments,
+              "attention: one key buffer, value buffer, start and length per segment");
+  TORCH_CHECK(H % KV == 0 && qkv.size(1) % (H + 2 * KV) == 0, "attention: heads");
+  const int64_t D = qkv.size(1) / (H + 2 * KV), group = H / KV;
+  TORCH_CHECK(D % 8 == 0 && D <= 256, "attention: head size a multiple of 8, at most 256");
+  const int64_t T = qkv.size(0), width = qkv.size(1);
+  if (cos.has_value() && cos->defined()) rope_(qkv, *cos, *sin_signed, H + KV);  // queries and keys, in place
+  std::vector<int64_t> first_row(segments + 1, 0);
+  for (int64_t s = 0; s < segments; ++s) {
+    const auto& kb = keys[s];
+    const auto& vb = values[s];
+    TORCH_CHECK(kb.dim() == 4 && kb.size(0) == 1 && kb.size(1) == KV && kb.size(3) == D && kb.stride(3) == 1 &&
+                kb.scalar_type() == at::kFloat && vb.sizes() == kb.sizes() && vb.strides() == kb.strides() &&
+                vb.scalar_type() == at::kFloat, "attention: K/V buffers [1, KV, capacity, D] fp32, alike");
+    TORCH_CHECK(lengths[s] > 0 && starts[s] >= 0 && starts[s] + lengths[s] <= kb.size(2),
+                "attention: a segment's new rows must fit its K/V buffer");
+    first_row[s + 1] = first_row[s] + lengths[s];
+  }
+  TORCH_CHECK(first_row[segments] == T, "attention: segment lengths must add up to the rows of qkv");
+  const float* Q = qkv.data_ptr<float>();
+  // K/V writes first, every segment, so that every query sees its own segment's new keys
+  for (int64_t s = 0; s < segments; ++s) {
+    float* K = keys[s].data_ptr<float>();
+    float* V = values[s].data_ptr<float>();
+    const int64_t sh = keys[s].stride(1), sl = keys[s].stride(2);
+    for (int64_t i = 0; i < lengths[s]; ++i) {
+      const float* row = Q + (first_row[s] + i) * width;
+      for (int64_t h = 0; h < KV; ++h) {
+        std::memcpy(K + h * sh + (starts[s] + i) * sl, row + (H + h) * D, D * sizeof(float));
+        std::memcpy(V + h * sh + (starts[s] + i) * sl, row + (H + KV + h) * D, D * sizeof(float));
+      }
+    }
+  }
+  torch::Tensor out = torch::empty({T, H * D}, qkv.options());
+  float* O = out.data_ptr<float>();
+  int64_t longest = 0;
+  for (int64_t s = 0; s < segments; ++s) longest = std::max(longest, starts[s] + lengths[s]);
+  std::vector<const float*> kptr(segments), vptr(segments);
+  std::vector<int64_t> head_stride(segments), position_stride(segments);
+  for (int64_t s = 0; s < segments; ++s) {
+    kptr[s] = keys[s].data_ptr<float>();
+    vptr[s] = values[s].data_ptr<float>();
+    head_stride[s] = keys[s].stride(1);
+    position_stride[s] = keys[s].stride(2);
+  }
+  const float sc = static_cast<float>(scale);
+  // tasks: blocks of up to kRowBlock rows of one segment x one K/V head (its query heads together: the keys come
+  // from memory once for all of them), or x one query head when that leaves too few tasks to keep every thread
+  // busy (a decode alone: 3 K/V heads on 2 threads; the other threads then read the shared keys from L3). Dealt to
+  // the threads in turn: a row's work grows with its position, so contiguous shares of a prefill's rows would
+  // leave one thread most of the work. Which task computes a query never changes its arithmetic.
+  constexpr int64_t kRowBlock = 16;
+  const int64_t threads = at::get_num_threads();
+  int64_t blocks = 0;
+  for (int64_t s = 0; s < segments; ++s) blocks += (lengths[s] + kRowBlock - 1) / kRowBlock;
+  const int64_t heads_per_task = blocks * KV >= 4 * threads ? group : 1;
+  std::vector<std::array<int64_t, 3>> tasks;  // (segment, first row in it, first query head)
+  for (int64_t s = 0; s < segments; ++s)
+    for (int64_t i = 0; i < lengths[s]; i += kRowBlock)
+      for (int64_t h = 0; h < H; h += heads_per_task) tasks.push_back({s, i, h});
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(threads, n_tasks));
+  const int64_t p_stride = (longest + 11) / 8 * 8;
+  at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> p;  // scores, reused across calls (no allocation per layer)
+    if (static_cast<int64_t>(p.size()) < kRowBlock * heads_per_task * p_stride)
+      p.resize(kRowBlock * heads_per_task * p_stride);
+    for (int64_t worker = begin; worker < end; ++worker)
+      for (int64_t t = worker; t < n_tasks; t += workers) {
+        const int64_t s = tasks[t][0], i = tasks[t][1], h = tasks[t][2], kv = h / group;
+        const int64_t rows = std::min(kRowBlock, lengths[s] - i), r = first_row[s] + i, sl = position_stride[s];
+        const float* kbase = kptr[s] + kv * head_stride[s];
+        const float* vbase = vptr[s] + kv * head_stride[s];
+        const float* q = Q + r * width + h * D;
+        float* o = O + r * H * D + h * D;
+        const int64_t first_visible = starts[s] + i + 1, n = heads_per_task;
+        if (D == 64)
+          attend_rows<8>(q, width, rows, n, kbase, vbase, sl, first_visible, D, sc, p.data(), p_stride, o, H * D);
+        else if (D == 32)
+          attend_rows<4>(q, width, rows, n, kbase, vbase, sl, first_visible, D, sc, p.data(), p_stride, o, H * D);
+        else
+          attend_rows<0>(q, width, rows, n, kbase, vbase, sl, first_visible, D, sc, p.data(), p_stride, o, H * D);
+      }
+  });
+  return out;
+}
+
+// weight * (x * 1 / sqrt(mean(x^2) + eps)) per row (LlamaRMSNorm's order)
+torch::Tensor rms_norm(const torch::Tensor& x_in, const torch::Tensor& weight_in, double eps) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat && weight_in.numel() == x_in.size(1), "rms_norm");
+  const torch::Tensor x = x_in.contiguous(), w = weight_in.contiguous();
+  const int64_t T = x.size(0), d = x.size(1);
+  torch::Tensor y = torch::empty_like(x);
+  const float* X = x.data_ptr<float>();
+  const float* W = w.data_ptr<float>();
+  float* Y = y.data_ptr<float>();
+  for_rows(T, d, [&](int64_t t) {
+    const float* xr = X + t * d;
+    __m256 acc = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 8 <= d; c += 8) { const __m256 v = _mm256_loadu_ps(xr + c); acc = _mm256_fmadd_ps(v, v, acc); }
+    if (c < d) { const __m256 v = load_partial(xr + c, d - c); acc = _mm256_fmadd_ps(v, v, acc); }
+    const float inv = 1.0f / std::sqrt(hsum8(acc) / static_cast<float>(d) + static_cast<float>(eps));
+    const __m256 iv = _mm256_set1_ps(inv);
+    float* yr = Y + t * d;
+    for (c = 0; c + 8 <= d; c += 8)
+      _mm256_storeu_ps(yr + c, _mm256_mul_ps(_mm256_loadu_ps(W + c), _mm256_mul_ps(_mm256_loadu_ps(xr + c), iv)));
+    if (c < d)
+      store_partial(yr + c, _mm256_mul_ps(load_partial(W + c, d - c), _mm256_mul_ps(load_partial(xr + c, d - c), iv)),
+                    d - c);
+  });
+  return y;
+}
+
+// (x - mean) / sqrt(var + eps) * weight + bias per row (GPT-2's LayerNorm), two passes over the row
+torch::Tensor layer_norm(const torch::Tensor& x_in, const torch::Tensor& weight_in, const torch::Tensor& bias_in,
+                         double eps) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat && weight_in.numel() == x_in.size(1) &&
+              bias_in.numel() == x_in.size(1), "layer_norm");
+  const torch::Tensor x = x_in.contiguous(), w = weight_in.contiguous(), b = bias_in.contiguous();
+  const int64_t T = x.size(0), d = x.size(1);
+  torch::Tensor y = torch::empty_like(x);
+  const float* X = x.data_ptr<float>();
+  const float* W = w.data_ptr<float>();
+  const float* B = b.data_ptr<float>();
+  float* Y = y.data_ptr<float>();
+  for_rows(T, d, [&](int64_t t) {
+    const float* xr = X + t * d;
+    __m256 acc = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 8 <= d; c += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(xr + c));
+    if (c < d) acc = _mm256_add_ps(acc, load_partial(xr + c, d - c));
+    const float mean = hsum8(acc) / static_cast<float>(d);
+    const __m256 mv = _mm256_set1_ps(mean);
+    acc = _mm256_setzero_ps();
+    for (c = 0; c + 8 <= d; c += 8) { const __m256 v = _mm256_sub_ps(_mm256_loadu_ps(xr + c), mv); acc = _mm256_fmadd_ps(v, v, acc); }
+    if (c < d) {
+      const __m256 keep = _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7),
+                                        _mm256_set1_ps(static_cast<float>(d - c)), _CMP_LT_OQ);
+      const __m256 v = _mm256_and_ps(_mm256_sub_ps(load_partial(xr + c, d - c), mv), keep);
+      acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    const __m256 iv = _mm256_set1_ps(1.0f / std::sqrt(hsum8(acc) / static_cast<float>(d) + static_cast<float>(eps)));
+    float* yr = Y + t * d;
+    auto norm = [&](__m256 v, __m256 wv, __m256 bv) { return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_sub_ps(v, mv), iv), wv, bv); };
+    for (c = 0; c + 8 <= d; c += 8)
+      _mm256_storeu_ps(yr + c, norm(_mm256_loadu_ps(xr + c), _mm256_loadu_ps(W + c), _mm256_loadu_ps(B + c)));
+    if (c < d)
+      store_partial(yr + c, norm(load_partial(xr + c, d - c), load_partial(W + c, d - c), load_partial(B + c, d - c)),
+                    d - c);
+  });
+  return y;
+}
+
+// silu(gate) * up of a fused [T, 2I] gate/up projection (LlamaMLP's activation)
+torch::Tensor silu_mul(const torch::Tensor& gate_up_in) {
+  TORCH_CHECK(gate_up_in.dim() == 2 && gate_up_in.scalar_type() == at::kFloat && gate_up_in.size(1) % 2 == 0,
+              "silu_mul: [T, 2I] fp32");
+  const torch::Tensor g = gate_up_in.contiguous();
+  const int64_t T = g.size(0), I = g.size(1) / 2;
+  torch::Tensor y = torch::empty({T, I}, g.options());
+  const float* G = g.data_ptr<float>();
+  float* Y = y.data_ptr<float>();
+  for_rows(T, 4 * I, [&](int64_t t) {
+    const float* gate = G + t * 2 * I;
+    const float* up = gate + I;
+    float* yr = Y + t * I;
+    int64_t c = 0;
+    for (; c + 8 <= I; c += 8)
+      _mm256_storeu_ps(yr + c, _mm256_mul_ps(silu8(_mm256_loadu_ps(gate + c)), _mm256_loadu_ps(up + c)));
+    if (c < I)
+      store_partial(yr + c, _mm256_mul_ps(silu8(load_partial(gate + c, I - c)), load_partial(up + c, I - c)), I - c);
+  });
+  return y;
+}
+
+// GELU (tanh approximation) of every element, row by row
+torch::Tensor gelu(const torch::Tensor& x_in) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "gelu: [T, n] fp32");
+  const torch::Tensor x = x_in.contiguous();
+  const int64_t T = x.size(0), n = x.size(1);
+  torch::Tensor y = torch::empty_like(x);
+  const float* X = x.data_ptr<float>();
+  float* Y = y.data_ptr<float>();
+  for_rows(T, 4 * n, [&](int64_t t) { map_row(X + t * n, Y + t * n, n, gelu8); });
+  return y;
+}
+
+// rows `ids` [T] of the fp32 matrix packed as [G, K, 32] (a tied output head serving as the embedding table)
+torch::Tensor panel_rows(const torch::Tensor& packed, const torch::Tensor& ids_in) {
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kPanel && packed.is_contiguous() &&
+              packed.scalar_type() == at::kFloat, "panel_rows: packed [G, K, 32] fp32");
+  const torch::Tensor ids = ids_in.to(at::kLong).contiguous();
+  const int64_t T = ids.numel(), K = packed.size(1), rows = packed.size(0) * kPanel;
+  torch::Tensor out = torch::empty({T, K}, packed.options());
+  const int64_t* I = ids.data_ptr<int64_t>();
+  const float* P = packed.data_ptr<float>();
+  float* O = out.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(I[t] >= 0 && I[t] < rows, "panel_rows: token id out of range");
+    const float* base = P + (I[t] / kPanel) * K * kPanel + I[t] % kPanel;
+    for (int64_t k = 0; k < K; ++k) O[t * K + k] = base[k * kPanel];
+  }
+  return out;
+}
+
+// The machine's fp32 FMA peak as this code can reach it: every thread runs twelve independent chains of 8-lane FMAs
+// for `iterations` steps; returns GFLOPS of all threads together.
+double fma_peak_gflops(int64_t iterations) {
+  const int threads = at::get_num_threads();
+  std::vector<float> sink(threads * 8);
+  const auto start = std::chrono::steady_clock::now();
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      __m256 a0 = _mm256_set1_ps(1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
+             a9 = a0, a10 = a0, a11 = a0;
+      const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+      for (int64_t i = 0; i < iterations; ++i) {
+        a0 = _mm256_fmadd_ps(a0, m, c); a1 = _mm256_fmadd_ps(a1, m, c); a2 = _mm256_fmadd_ps(a2, m, c);
+        a3 = _mm256_fmadd_ps(a3, m, c); a4 = _mm256_fmadd_ps(a4, m, c); a5 = _mm256_fmadd_ps(a5, m, c);
+        a6 = _mm256_fmadd_ps(a6, m, c); a7 = _mm256_fmadd_ps(a7, m, c); a8 = _mm256_fmadd_ps(a8, m, c);
+        a9 = _mm256_fmadd_ps(a9, m, c); a10 = _mm256_fmadd_ps(a10, m, c); a11 = _mm256_fmadd_ps(a11, m, c);
+      }
+      __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                               _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+      s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
+      _mm256_storeu_ps(sink.data() + t * 8, s);
+    }
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  volatile float keep = sink[0];
+  (void)keep;
+  return threads * static_cast<double>(iterations) * 12 * 8 * 2 / seconds / 1e9;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("gemm", &gemm, "y = x W^T (+ bias) (+ residual), W packed in panels of 32 outputs, batch-invariant");
+  m.def("gemm_i8", &gemm_i8, "y = x (W_q scale)^T (+ bias) (+ residual), int8 weights and per-row int8 activations");
+  m.def("int8_dot", &int8_dot, "the int8 dot product instruction this build uses");
+  m.def("attention", &attention, "causal grouped-query attention of every segment of a batched forward, one layer "
+        "(rotary embedding and K/V writes included)");
+  m.def("rms_norm", &rms_norm, "LlamaRMSNorm of each row");
+  m.def("layer_norm", &layer_norm, "LayerNorm of each row");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate/up output");
+  m.def("gelu", &gelu, "GELU, tanh approximation, of every element");
+  m.def("panel_rows", &panel_rows, "rows of a packed fp32 matrix (an embedding lookup in a tied head)");
+  m.def("fma_peak_gflops", &fma_peak_gflops, "fp32 FMA GFLOPS of all threads, twelve chains each");
+}
