@@ -171,9 +171,15 @@ def comparison_sentences(runs: list[list[dict]]) -> str:
                             if b["break_even_alpha"] is not None and b["break_even_settings"] else "")
                          + (f", although the study measured an acceptance of {a['acceptance']:.2f}"
                             if a["acceptance"] is not None else "") + ".")
-        elif a["break_even_alpha"] is not None and b["break_even_alpha"] is not None:
-            sentence += (f" Its break-even acceptance moved from {b['break_even_alpha']:.3f} to "
-                         f"{a['break_even_alpha']:.3f}")
+        elif a["break_even_alpha"] is not None:
+            if b["break_even_alpha"] is not None:
+                sentence += (f" Its break-even acceptance moved from {b['break_even_alpha']:.3f} to "
+                             f"{a['break_even_alpha']:.3f}")
+            else:
+                paying = (f" in {a['break_even_settings'] - a['break_even_never']} of its {a['break_even_settings']}"
+                          " settings" if a["break_even_settings"] else "")
+                sentence += (" Where the cost model found no k that paid before, it now finds one" + paying
+                             + f", at a median break-even acceptance of {a['break_even_alpha']:.3f}")
             if a["acceptance"] is not None:
                 gap = a["break_even_alpha"] - a["acceptance"]
                 sentence += (f"; the study measured an acceptance of {a['acceptance']:.2f}, "
