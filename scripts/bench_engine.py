@@ -239,15 +239,19 @@ def llama_cpp_peer(prompt: str, long_prompt: str, n: int, repeats: int, threads:
 
 def rss_probe(args) -> dict:
     """In a fresh process: load only our pair, generate (AR, spec-k4, a batched step of 8), and compare the peak
-    resident set with the bytes of the weights held plus the most K/V held."""
+    resident set with the bytes of the weights held plus the most K/V held; also the resident set before loading
+    (the interpreter and its libraries) and its peak once the pair is loaded (dequantisation and packing)."""
+    before_load = rss_kib("VmRSS") * 1024
     pair = load_pair(args.pair, device=args.device, threads=args.threads, kernels=args.kernels)
+    loaded_peak = rss_kib("VmHWM") * 1024
     engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30))
     ids = engine.encode(load_humaneval()[2]["prompt"])
     runs = [engine.run(ids, Action.of_strategy(s), args.new_tokens, ignore_eos=True) for s in ("ar", "spec-k4")]
     held = distinct_bytes(model_tensors(pair.target.module) + model_tensors(pair.draft.module))
     kv = max(r.peak_kv_bytes for r in runs)
     return {"peak_rss_bytes": rss_kib("VmHWM") * 1024, "weight_bytes": held, "kv_bytes": kv,
-            "store_bytes": engine.store.stats.bytes}
+            "store_bytes": engine.store.stats.bytes, "rss_before_load_bytes": before_load,
+            "peak_rss_after_load_bytes": loaded_peak}
 
 
 def gemm_table(pair, repeats: int, rows=(1, 2, 4, 5, 8, 12, 16, 32, 64, 128, 256, 512)) -> dict:
@@ -555,7 +559,8 @@ def main() -> int:
     m = report["memory"]
     print(f"memory (fresh process, our pair only): peak RSS {m['peak_rss_bytes'] / 1e6:.0f} MB vs weights "
           f"{m['weight_bytes'] / 1e6:.0f} MB + K/V {m['kv_bytes'] / 1e6:.1f} MB: ratio {m['over_weights_and_kv']:.2f} "
-          "(goal <=1.3)")
+          f"(goal <=1.3); before loading {m['rss_before_load_bytes'] / 1e6:.0f} MB (interpreter and libraries), "
+          f"peak once loaded {m['peak_rss_after_load_bytes'] / 1e6:.0f} MB (dequantisation and packing)")
     peer_row = report["llama_cpp"]
     if peer_row is None:
         print("llama.cpp: not installed (pip install -e '.[peers]', builds from source in 10-15 min) or --no-peer")
