@@ -48,8 +48,9 @@ def requests_of(texts, n: int, new_tokens: int, words: int, seed: int) -> list[T
 def ours(pair, proposer, trace, strategy, c, budget, kv_mib) -> tuple[float, dict, dict]:
     engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30), proposer=proposer)
     with tempfile.TemporaryDirectory() as out:
-        summary = serve(engine, trace, out, ServeOptions(strategy=strategy, token_budget=budget, max_batch=c,
-                                                         kv_budget_mib=kv_mib, ignore_eos=True), progress=False)
+        options = ServeOptions.default(strategy=strategy, token_budget=budget, max_batch=c, kv_budget_mib=kv_mib,
+                                       ignore_eos=True)
+        summary = serve(engine, trace, out, options, progress=False)
         with open(f"{out}/requests.jsonl") as fh:
             outputs = {r["id"]: r["token_ids"] for r in map(json.loads, fh)}
     return summary["output_throughput"], summary, outputs
@@ -106,10 +107,10 @@ def overload(pair, proposer, texts, args) -> dict:
                            prompt_words=args.prompt_words, seed=args.seed + 1)
     engine = Engine(pair, PrefixKVStore(budget_bytes=64 << 20), proposer=proposer)
     with tempfile.TemporaryDirectory() as out:
-        summary = serve(engine, trace, out, ServeOptions(strategy=args.strategy, token_budget=args.token_budget,
-                                                         max_batch=args.max_batch_overload,
-                                                         kv_budget_mib=args.overload_kv_mib, ignore_eos=True),
-                        progress=sys.stderr.isatty())
+        options = ServeOptions.default(strategy=args.strategy, token_budget=args.token_budget,
+                                       max_batch=args.max_batch_overload, kv_budget_mib=args.overload_kv_mib,
+                                       ignore_eos=True)
+        summary = serve(engine, trace, out, options, progress=sys.stderr.isatty())
     return {"requests": len(trace), "completed": summary["completed"], "failed": summary["failed"],
             "duration_s": summary["duration_s"], "arrival_span_s": trace[-1].arrival_s,
             "peak_kv_mib": summary["peak_kv_bytes"] / 2**20, "kv_budget_mib": args.overload_kv_mib,

@@ -1,7 +1,10 @@
 """Compare two study results folders on everything that does not depend on the clock: the plan (run ids), each
 run's action, output tokens, store hit, rounds and acceptance, and the cost model's predictions and the
-controller's state (which depend only on the calibration and the outputs). A behaviour-preserving change
-prints `identical` for every column.
+controller's state (which depend only on the calibration and the outputs). When both folders have a serving stage,
+also what of it does not depend on the clock: every served request's status, prompt and output length, and every
+run's count of outputs equal to batch-one AR (which requests share an iteration, and so preemptions, a rakv-asd
+request's store hit and the load-aware policy's k, follow the clock). A behaviour-preserving change prints
+`identical` for every column.
 
     .venv/bin/python scripts/compare_study_outputs.py results/smoke /tmp/before/results/smoke
 """
@@ -48,7 +51,33 @@ def main() -> int:
         differing += not verdict
         print(f"{column:<22} {'identical' if verdict else 'DIFFERS'}")
     print(f"{len(a)} runs; columns only in a: {sorted(set(a) - set(b))}; only in b: {sorted(set(b) - set(a))}")
+    differing += compare_serving(args.a, args.b)
     return 1 if differing else 0
+
+
+SERVED = ("status", "prompt_tokens", "new_tokens")
+SERVING_KEY = ["family", "rate", "policy", "repeat", "id"]
+
+
+def compare_serving(a_dir: Path, b_dir: Path) -> int:
+    """The serving stage's clock-free columns; the number of differing ones (0 when either folder has none)."""
+    paths = [d / "serving" / "requests.parquet" for d in (a_dir, b_dir)]
+    if not all(p.exists() for p in paths):
+        return 0
+    a, b = (pd.read_parquet(p).set_index(SERVING_KEY).sort_index() for p in paths)
+    if set(a.index) != set(b.index):
+        print(f"serving: requests differ: {len(set(a.index) ^ set(b.index))} in one folder only")
+        return 1
+    cells = [pd.read_parquet(d / "serving" / "cells.parquet").set_index(SERVING_KEY[:-1]).sort_index()
+             for d in (a_dir, b_dir)]
+    differing = 0
+    for name, left, right in [*((c, a[c], b.loc[a.index, c]) for c in SERVED),
+                              ("outputs_equal_ar", cells[0].outputs_equal_ar, cells[1].outputs_equal_ar)]:
+        verdict = same(left, right.reindex(left.index))
+        differing += not verdict
+        print(f"serving {name:<14} {'identical' if verdict else 'DIFFERS'}")
+    print(f"serving: {len(a)} requests in {len(cells[0])} runs")
+    return differing
 
 
 if __name__ == "__main__":

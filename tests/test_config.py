@@ -120,3 +120,35 @@ def test_each_layer_imports_only_the_layers_below_it(layer, path):
 
 def test_the_command_line_never_imports_the_experiments():
     assert imported_modules(SRC / "cli.py") <= {"runtime", "serving"}
+
+
+def module_imports(path: Path) -> set[str]:
+    """The rakv modules a file imports, lazily inside functions too (`rakv.runtime.kernels`, ...)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rakv"):
+            for alias in node.names:  # `from rakv.runtime import kernels` names a module
+                candidate = f"{node.module}.{alias.name}"
+                names.add(candidate if (SRC.parent / (candidate.replace(".", "/") + ".py")).exists() else node.module)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.startswith("rakv."))
+    return names
+
+
+def test_no_module_of_rakv_is_part_of_an_import_cycle():
+    graph = {".".join(p.relative_to(SRC.parent).with_suffix("").parts): module_imports(p) for p in SRC.rglob("*.py")}
+    graph = {m.removesuffix(".__init__"): {d for d in deps if d in graph or f"{d}.__init__" in graph}
+             for m, deps in graph.items()}
+
+    def reaches(start, goal, seen):
+        return any(d == goal or (d not in seen and not seen.add(d) and reaches(d, goal, seen)) for d in graph.get(start, ()))
+
+    cyclic = sorted(m for m in graph if reaches(m, m, set()))
+    assert not cyclic, f"modules in an import cycle: {', '.join(cyclic)}"
+
+
+def test_no_function_of_the_serving_layer_is_over_60_lines():
+    long = [f"{p.stem}.{node.name} ({node.end_lineno - node.lineno + 1})" for p in sorted((SRC / "serving").glob("*.py"))
+            for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 > 60]
+    assert not long, f"functions over 60 lines: {', '.join(long)}"

@@ -17,10 +17,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rakv.runtime.actions import Action
-from rakv.runtime.cache import PrefixKVStore
+from rakv.runtime.cache import Hit, PrefixKVStore
 from rakv.runtime.decoding import DecodeState
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
+from rakv.runtime.strategies import Choice
+from rakv.serving.acceptance import Acceptance
+from rakv.serving.executor import RequestOutput, StepOutput
 from rakv.serving.metrics import parse_goodput
 from rakv.serving.request import ServedRequest, Status
 from rakv.serving.scheduler import Scheduler
@@ -108,52 +111,86 @@ def test_goodput_slos_are_parsed_and_bad_ones_refused():
             parse_goodput(bad)
 
 
-# --- the scheduler, with a fake K/V side ---
+# --- the scheduler through the step contract, with a fake K/V side and a fake executor ---
 
 class FakeKV:
-    def __init__(self, bpt=10, hits=None):
-        self.bpt, self.hits = bpt, hits or {}
+    """The K/V side the scheduler sees: bytes per position, a store offering `hits` (id -> positions), frees and
+    commits recorded."""
+
+    def __init__(self, bpt=10, hits=None, draft_bpt=0):
+        self.bpt, self.draft_bpt, self.hits, self.freed, self.committed = bpt, draft_bpt, hits or {}, [], []
 
     def bytes_per_token(self, request):
-        return self.bpt
+        return self.bpt + (self.draft_bpt if request.max_k else 0)
 
-    def reusable(self, request):
-        request.decided = True
-        return self.hits.get(request.id, 0)
+    def hit(self, request):
+        return Hit(prompt_length=len(request.prompt), prefix_length=self.hits.get(request.id, 0) + 1)
+
+    def free(self, request):
+        self.freed.append(request.id)
+
+    def commit(self, request, acceptance):
+        self.committed.append(request.id)
 
 
-def fake_request(i, prompt, new, k=0):
+class FakeAdmission:
+    """Admission with a fixed action per request id (default: no reuse, no speculation); counts its decisions."""
+
+    def __init__(self, actions=None):
+        self.actions, self.acceptance, self.decided = actions or {}, Acceptance(), []
+
+    def decide(self, request, hit):
+        action = self.actions.get(request.id, Action(False, 0))
+        self.decided.append((request.id, hit.reused_tokens))
+        request.assign(Choice(action), action.k, 0.5, None)
+
+
+def fake_execute(step) -> StepOutput:
+    """What an executor reports, without tensors: a decode confirms 1 + k // 2 tokens, a prefill chunk computes its
+    rows and the last chunk gives the first token; an admission without work holds its store hit."""
+    output = StepOutput(ks=[w.k for w in step.decodes])
+    for request in step.admitted:
+        output.requests[request.id] = RequestOutput(cache_positions=request.computed)
+    for work in step.decodes:
+        n = 1 + work.k // 2
+        output.requests[work.request.id] = RequestOutput([1] * n, len(work.request.tokens) + n - 1)
+    for work in step.prefills:
+        r, done = work.request, work.request.computed + work.rows
+        output.requests[r.id] = RequestOutput([1] if done == len(r.tokens) else [], done)
+    return output
+
+
+def fake_request(i, prompt, new, k=0, decided=True):
     r = ServedRequest(id=str(i), arrival_s=0.0, prompt=list(range(prompt)), state=DecodeState(new, None, True))
-    r.action, r.max_k = Action(False, k), k
+    if decided:
+        r.assign(Choice(Action(False, k)), k, 0.5, None)
     return r
 
 
-def advance(step):
-    """What the runner does to the scheduler's side of the requests: rows become computed, tokens come out."""
-    for work in step.decodes:
-        work.request.state.emit([1] * (1 + work.k // 2))
-        work.request.computed = len(work.request.tokens) - 1
-    for work in step.prefills:
-        r = work.request
-        r.computed += work.rows
-        if r.computed == len(r.tokens):
-            r.state.emit([1])
+def run_to_completion(scheduler, iterations=5000) -> list:
+    steps = []
+    for _ in range(iterations):
+        if not scheduler.waiting and not scheduler.running:
+            break
+        step = scheduler.schedule()  # asserts its own invariants (budget, batch cap, K/V budget)
+        steps.append(step)
+        scheduler.update_from_output(step, fake_execute(step), 0.0)
+    return steps
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 90), st.integers(1, 12), st.sampled_from([0, 2, 4])), min_size=1, max_size=10),
        st.integers(1, 64), st.integers(1, 6), st.integers(150, 3000), st.booleans())
 def test_every_iteration_keeps_the_budgets_and_the_order_and_every_request_finishes(reqs, budget, batch, kv, chunking):
-    scheduler = Scheduler(FakeKV(), budget, batch, kv, chunking)
+    scheduler = Scheduler(FakeKV(), FakeAdmission(), budget, batch, kv, chunking)
     requests = [fake_request(i, p, n, k) for i, (p, n, k) in enumerate(reqs)]
     scheduler.waiting = deque(requests)
     for _ in range(5000):
         if not scheduler.waiting and not scheduler.running:
             break
-        step = scheduler.schedule()  # asserts its own invariants (budget, batch cap, K/V budget)
+        step = scheduler.schedule()
         for r in step.refused:
-            assert (len(r.prompt) + r.state.max_new_tokens + r.max_k) * 10 > kv
-            r.refuse("too big", 0.0)
+            assert (len(r.prompt) + r.state.max_new_tokens + r.max_k) * 10 > kv and r.status == Status.REFUSED
         if not chunking and any(w.request in step.admitted for w in step.prefills):
             assert not step.decodes and len(step.prefills) == 1  # the baseline: a whole prefill alone
             assert step.prefills[0].rows == len(step.prefills[0].request.tokens) - step.prefills[0].request.computed
@@ -161,32 +198,42 @@ def test_every_iteration_keeps_the_budgets_and_the_order_and_every_request_finis
         if chunking and step.prefills:  # decodes first: no decode left out while a prefill got rows
             assert all(r in decoding for r in scheduler.running if r.decoding and r not in step.preempted) \
                 or step.rows == budget
-        assert all(w.request.preempted >= 0 for w in step.decodes)
-        advance(step)
-        for r in list(scheduler.running):
-            if r.state.finished:
-                scheduler.finished(r)
-                r.finish(0.0)
+        for request in scheduler.update_from_output(step, fake_execute(step), 0.0):
+            assert request.status == Status.FINISHED and request not in scheduler.running
     assert all(r.status in (Status.FINISHED, Status.REFUSED) for r in requests)
+    finished = [r.id for r in requests if r.status == Status.FINISHED]
+    assert sorted(scheduler.kv.committed) == sorted(finished)  # each finished request committed once
 
 
-def test_the_newest_request_is_preempted_and_later_recomputed_with_its_output():
-    scheduler = Scheduler(FakeKV(bpt=1), token_budget=64, max_batch=4, kv_budget_bytes=70)
+def test_the_newest_request_is_preempted_its_kv_freed_and_later_recomputed_with_its_output():
+    kv = FakeKV(bpt=1)
+    scheduler = Scheduler(kv, FakeAdmission(), token_budget=64, max_batch=4, kv_budget_bytes=70)
     old, new = fake_request(0, 30, 20), fake_request(1, 30, 20)
     scheduler.waiting = deque([old, new])
-    preempted = []
-    for _ in range(200):
-        if not scheduler.waiting and not scheduler.running:
-            break
-        step = scheduler.schedule()
-        preempted += step.preempted
-        advance(step)
-        for r in list(scheduler.running):
-            if r.state.finished:
-                scheduler.finished(r)
-                r.finish(0.0)
+    preempted = [r for step in run_to_completion(scheduler, 200) for r in step.preempted]
     assert preempted and all(r is new for r in preempted) and new.preempted >= 1
+    assert kv.freed.count(new.id) == new.preempted and old.id not in kv.freed
     assert old.status == new.status == Status.FINISHED and len(new.state.tokens) == 20
+
+
+def test_admission_decides_once_with_the_stores_answer_before_the_request_is_sized():
+    """The action is chosen at the first admission attempt, from the hit the K/V side reports: a reusing request
+    starts with its hit computed, a non-reusing one from zero; a speculating request is sized with its draft's K/V
+    (and refused when that makes it too large alone), which the scheduler could only learn from the decision."""
+    kv = FakeKV(bpt=1, draft_bpt=1, hits={"0": 20, "1": 20})
+    admission = FakeAdmission({"0": Action(True, 0), "1": Action(False, 0), "2": Action(False, 4)})
+    scheduler = Scheduler(kv, admission, token_budget=64, max_batch=4, kv_budget_bytes=100)
+    reuse, fresh, big = (fake_request(i, 30, n, decided=False) for i, n in enumerate((10, 10, 20)))
+    scheduler.waiting = deque([reuse, fresh, big])
+    step = scheduler.schedule()
+    assert [r.id for r in step.admitted] == ["0", "1"] and [r.id for r in step.refused] == ["2"]
+    assert reuse.computed == 20 and reuse.hit_tokens == 20 and fresh.computed == 0
+    assert [(w.request.id, w.rows) for w in step.prefills] == [("0", 10), ("1", 30)]
+    assert big.status == Status.REFUSED and "kv-budget-mib" in big.error  # (30 + 20 + 4) positions x 2 bytes > 100
+    assert FakeKV(bpt=1).bytes_per_token(big) == 1 and kv.bytes_per_token(big) == 2  # sized with its draft
+    run_to_completion(scheduler)
+    assert [d[0] for d in admission.decided] == ["0", "1", "2"]  # once each, however many attempts
+    assert reuse.status == fresh.status == Status.FINISHED
 
 
 # --- exactness on the tiny pair ---
@@ -213,7 +260,7 @@ def alone(pair, proposer, trace, outputs, strategy):
 
 def served(pair, proposer, trace, tmp_path, **options):
     engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30), proposer=proposer)
-    summary = serve(engine, trace, tmp_path, ServeOptions(ignore_eos=True, **options), progress=False)
+    summary = serve(engine, trace, tmp_path, ServeOptions.default(ignore_eos=True, **options), progress=False)
     records = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
     return summary, {r["id"]: r for r in records}
 
@@ -356,7 +403,7 @@ def test_rakv_asd_decides_per_request_at_admission_and_changes_no_output(tiny_pa
     trace = generate_trace(tiny_texts, requests=6, rate=60.0, kind="shared-prefix", max_new_tokens=10,
                            prompt_words=20, groups=2, system_words=30, seed=4)
     engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30), proposer=proposer)
-    serve(engine, trace, tmp_path, ServeOptions(strategy="rakv-asd", token_budget=40, ignore_eos=True),
+    serve(engine, trace, tmp_path, ServeOptions.default(strategy="rakv-asd", token_budget=40, ignore_eos=True),
           controller=controller, progress=False)
     records = {r["id"]: r for r in map(json.loads, (tmp_path / "requests.jsonl").read_text().splitlines())}
     assert controller.decisions == len(trace)
@@ -375,7 +422,7 @@ def test_speculation_policies_cap_each_requests_k_by_the_load(policy, decoding, 
 
     requests = [fake_request(i, 10, 20, k=4 if i != 2 else 2) for i in range(decoding)]
     assert speculation_policy(policy).depths(requests) == expected
-    scheduler = Scheduler(FakeKV(), 256, 8, 10 ** 9, speculation=speculation_policy(policy))
+    scheduler = Scheduler(FakeKV(), FakeAdmission(), 256, 8, 10 ** 9, speculation=speculation_policy(policy))
     for r in requests:
         r.status, r.computed = Status.RUNNING, 10
         r.state.emit([1])

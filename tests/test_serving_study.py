@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rakv.runtime.actions import Action
@@ -20,8 +20,9 @@ from rakv.runtime.decoding import DecodeState
 from rakv.runtime.engine import Engine
 from rakv.runtime.proposers import PromptLookupProposer
 from rakv.serving.batchcost import (BatchCost, BatchPlan, calibrate_batch, fit_pass_terms, fitted_shapes,
-                                    pass_features)
+                                    PassFeatures, pass_features)
 from rakv.serving.policies import Goodput, LoadAware, SloBudget, speculation_policy
+from rakv.runtime.strategies import Choice
 from rakv.serving.replay import lookup_rounds
 from rakv.serving.request import ServedRequest
 from rakv.serving.scheduler import Scheduler, Work
@@ -40,7 +41,7 @@ def linear_cost(per_row=1.0, fixed=10.0, proposer="prompt-lookup", context_cost=
 
 def request(i, prompt=40, new=16, k=4, alpha=None):
     r = ServedRequest(id=str(i), arrival_s=0.0, prompt=list(range(prompt)), state=DecodeState(new, None, True))
-    r.action, r.max_k, r.alpha = Action(False, k), k, alpha
+    r.assign(Choice(Action(False, k)), k, alpha, None)
     return r
 
 
@@ -57,8 +58,8 @@ def test_the_pass_terms_fitted_to_passes_of_other_shapes_recover_the_costs_that_
     unseen = pass_features([(3, 700), (1, 90), (40, 0)])
     refit = BatchCost({}, rows, *fitted, "prompt-lookup", Curve.table([1], [0.0]))
     assert refit.pass_s(unseen) == pytest.approx(cost.pass_s(unseen))
-    assert pass_features([(5, 100), (1, 0)]) == {"rows": 6, "segments": 2, "kv_positions": 100,
-                                                 "attended": 5 * 100 + 10}
+    assert pass_features([(5, 100), (1, 0)]) == PassFeatures(rows=6, segments=2, kv_positions=100,
+                                                             attended=5 * 100 + 10)
     assert cost.pass_s(pass_features([])) == 0.0
 
 
@@ -113,15 +114,10 @@ def test_the_slo_budget_keeps_the_predicted_iteration_under_the_slo_or_gives_the
 
 
 def test_the_scheduler_takes_the_slo_budget_for_prefill_rows():
-    class KV:
-        def bytes_per_token(self, r):
-            return 1
+    from test_serving import FakeAdmission, FakeKV
 
-        def reusable(self, r):
-            r.decided = True
-            return 0
-
-    scheduler = Scheduler(KV(), 512, 8, 1 << 30, True, prefill_budget=SloBudget(linear_cost(), 0.050))
+    scheduler = Scheduler(FakeKV(bpt=1), FakeAdmission(), 512, 8, 1 << 30, True,
+                          prefill_budget=SloBudget(linear_cost(), 0.050))
     scheduler.waiting.extend([request(0, prompt=400, k=0)])
     step = scheduler.schedule()
     # 50 ms of the synthetic pass (10 ms + 1 ms per row) leaves about 40 rows: not the 400 the budget allows
@@ -168,7 +164,7 @@ def test_model_policies_change_no_output(tiny_pair, tmp_path, speculation, accep
     trace = generate_trace(dataset_texts("wikitext2"), requests=8, rate=60.0, kind="multi-turn", turns=2,
                            think_s=0.01, max_new_tokens=10, prompt_words=40, seed=3)
     engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30), proposer="prompt-lookup")
-    options = ServeOptions(strategy="joint-k4", speculation=speculation, acceptance=acceptance, itl_slo_ms=slo,
+    options = ServeOptions.default(strategy="joint-k4", speculation=speculation, acceptance=acceptance, itl_slo_ms=slo,
                            ignore_eos=True, check_alone=True, token_budget=64)
     summary = serve(engine, trace, tmp_path, options, batch_cost=linear_cost(per_row=0.2, fixed=3.0),
                     tracker=AcceptanceTracker(0.6, 0.9), k_set=(0, 1, 2, 4), progress=False)

@@ -160,33 +160,18 @@ def cmd_calibrate(args) -> None:
 
 
 def cmd_serve(args) -> None:
-    from rakv.runtime.actions import ADAPTIVE
     from rakv.runtime.calibration import calibration_for
     from rakv.runtime.decoding import Sampling
     from rakv.serving.metrics import parse_goodput
-    from rakv.serving.policies import MODEL_POLICIES, speculation_policy
     from rakv.serving.server import ServeOptions, serve, serve_parts
     from rakv.serving.trace import read_trace
-    from rakv.runtime.strategies import action_of
 
-    if args.strategy != ADAPTIVE:
-        action_of(args.strategy)  # an unknown strategy fails before any model work
-    if args.temperature < 0 or not 0 < args.top_p <= 1:
-        raise RakvError("--temperature must be >= 0 and --top-p in (0, 1]")
     options = ServeOptions(strategy=args.strategy, token_budget=args.token_budget, chunking=not args.no_chunking,
-                           max_batch=args.max_batch, kv_budget_mib=args.kv_budget_mib,
+                           max_batch=args.max_batch, kv_budget_mib=args.kv_budget_mib, speculation=args.speculation,
+                           itl_slo_ms=args.itl_slo_ms, acceptance=args.acceptance,
                            slos_ms=parse_goodput(args.goodput),
                            sampling=Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed),
-                           ignore_eos=args.ignore_eos, check_alone=args.check_alone, speculation=args.speculation,
-                           itl_slo_ms=args.itl_slo_ms, acceptance=args.acceptance)
-    if not args.speculation.startswith(MODEL_POLICIES):
-        speculation_policy(args.speculation)  # a malformed policy fails before any model work
-    if args.itl_slo_ms is not None and args.itl_slo_ms <= 0:
-        raise RakvError("--itl-slo-ms must be positive")
-    if args.check_alone and not options.sampling.greedy:
-        raise RakvError("--check-alone compares greedy outputs; it needs --temperature 0")
-    if options.token_budget <= 0 or options.max_batch <= 0 or options.kv_budget_mib <= 0:
-        raise RakvError("--token-budget, --max-batch and --kv-budget-mib must be positive")
+                           ignore_eos=args.ignore_eos, check_alone=args.check_alone)  # checked here, once
     trace = read_trace(args.trace)  # the whole trace is checked before the models load
     engine = make_engine(args)
     recalibrate = "never" if args.no_calibrate else "auto"
@@ -360,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices = {"dataset": ("humaneval", "wikitext2"), "kind": KINDS,
                    "arrivals": ("poisson", "gamma")}.get(name)
         tr.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value, choices=choices,
-                        help=f"(default %(default)s)")
+                        help="(default %(default)s)")
     tr.set_defaults(func=cmd_trace)
     return parser
 

@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from rakv.experiments.verdicts import ci_side
 from rakv.runtime.actions import ADAPTIVE, Action
 from rakv.runtime.paths import shown
 
@@ -507,14 +508,13 @@ def verdict_direction(claim: Claim, ci: list) -> str:
     """yes: the CI lies on the reference's side of the null; no: on the other side; else inconclusive."""
     if claim.null is None:
         return "n/a"
-    value, low, high = ci
-    low, high = (value, value) if not np.isfinite(low) or not np.isfinite(high) else (low, high)
-    side = np.sign(claim.reference - claim.null)
-    if side * (low - claim.null) > 0 and side * (high - claim.null) > 0:
-        return "yes"
-    if side * (low - claim.null) < 0 and side * (high - claim.null) < 0:
-        return "no"
-    return "inconclusive"
+    side = ci_side(ci, claim.null)
+    if side == "missing":
+        return "inconclusive"
+    expected = "above" if claim.reference > claim.null else "below" if claim.reference < claim.null else None
+    if expected is None or side == "straddles":
+        return "inconclusive"
+    return "yes" if side == expected else "no"
 
 
 def verdict_band(claim: Claim, ci: list) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from rakv.experiments import analysis
+from rakv.experiments.verdicts import ci_side
 
 BASELINE_NAMES = {"joint-k4": "Joint", "kv-only": "KvOnly", "ar": "Ar", "spec-k4": "Spec",
                   "best-fixed": "BestFixed", "oracle": "Oracle"}
@@ -107,14 +108,10 @@ def claims_discussion(summary: dict) -> str:
 
 def verdict(triple) -> str:
     """A latency reduction's CI in two words: faster than / slower than / not distinguishable from."""
-    value, low, high = triple
-    if missing(value):
+    side = ci_side(triple, 0.0, point_if_no_interval=False)
+    if missing(triple[0]):
         return "not compared with"
-    if not missing(low) and low > 0:
-        return "faster than"
-    if not missing(high) and high < 0:
-        return "slower than"
-    return "not distinguishable from"
+    return {"above": "faster than", "below": "slower than"}.get(side, "not distinguishable from")
 
 
 def introduction_findings(summary: dict) -> str:

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rakv.experiments.config import configuration, cost_table_for, engine_for, results_dir
 from rakv.experiments.records import exclusive, metadata, write_atomic, write_parquet
-from rakv.runtime.actions import ADAPTIVE, Action
+from rakv.runtime.actions import Action
 from rakv.runtime.calibration import calibration_key, load_table
 from rakv.runtime.costmodel import RequestFeatures, acceptance_estimate, estimate_latency
 from rakv.runtime.errors import RakvError
@@ -66,8 +66,6 @@ def cells(cfg: DictConfig) -> list[dict]:
 
 def validate_serving(cfg: DictConfig) -> None:
     """The design's options through ServeOptions' own checks, before any model work."""
-    from rakv.serving.policies import MODEL_POLICIES, speculation_policy
-
     grid = cfg.profile.get("serving")
     if grid is None:
         raise RakvError(f"profile {cfg.profile.name} has no serving section")
@@ -81,15 +79,15 @@ def validate_serving(cfg: DictConfig) -> None:
         unknown = sorted(set(options) - set(OPTION_FIELDS))
         if unknown:
             raise RakvError(f"serving policy {cell['family']}/{cell['policy']}: unknown option(s) {', '.join(unknown)}")
-        if options.get("speculation", "per-request") not in MODEL_POLICIES:
-            speculation_policy(options.get("speculation", "per-request"))
-        if options.get("strategy") != ADAPTIVE:
-            from rakv.runtime.strategies import action_of
-
-            action_of(options["strategy"])
         if cell["rate"] <= 0:
             raise RakvError(f"profile.serving.rates.{cell['family']}: rates must be positive")
+        options_of(cfg, cell)  # ServeOptions' own checks
     parse_goodput(list(grid.goodput))
+
+
+def options_of(cfg: DictConfig, cell: dict, **extra) -> ServeOptions:
+    """A cell's options: conf/serving's, the family's base and the policy's overrides (cells), EOS ignored."""
+    return ServeOptions.from_config(cfg.serving, **cell["options"], ignore_eos=True, **extra)
 
 
 def cell_dir(out: Path, cell: dict, repeat: int) -> Path:
@@ -157,7 +155,7 @@ def _run(cfg: DictConfig, out: Path) -> Path:
                 references[trace_path] = outputs_alone(engine, trace, None, ignore_eos=True, memo=memo)
             started = time.perf_counter()
             engine.store.clear()
-            options = ServeOptions(**cell["options"], slos_ms=slos, ignore_eos=True)
+            options = options_of(cfg, cell, slos_ms=slos)
             parts = serve_parts(engine, options, lambda: table, None, cfg.calibration.recalibrate, progress=False)
             parts["batch_cost"] = batch_cost
             summary = serve(engine, trace, target, options, **parts, progress=False)

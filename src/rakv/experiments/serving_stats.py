@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rakv.experiments.verdicts import ci_side
 from rakv.runtime.costmodel import expected_tokens_per_round
 
 RESAMPLES = 2000
@@ -135,15 +136,16 @@ def paired_difference(data: dict, family: str, rate: float, a: str, b: str, metr
 
 
 def verdict(ci: list[float], threshold: float, above: bool) -> str:
-    value, low, high = ci
-    if not np.isfinite(value):
-        return "missing"
-    low, high = (value, value) if not (np.isfinite(low) and np.isfinite(high)) else (low, high)
-    if (low > threshold) if above else (high < threshold):
-        return "met"
-    if (high < threshold) if above else (low > threshold):
-        return "missed"
-    return "inconclusive"  # the CI straddles or touches the threshold
+    """met: the CI lies wholly on the goal's side of the threshold; missed: wholly on the other; else inconclusive."""
+    side = ci_side(ci, threshold)
+    if side in ("missing", "straddles"):
+        return "missing" if side == "missing" else "inconclusive"  # the CI straddles or touches the threshold
+    return "met" if side == ("above" if above else "below") else "missed"
+
+
+def no_worse(ci: list[float], worse: str) -> str:
+    """A no-worse goal: missed only when the CI lies wholly on the `worse` side of 0 ("above" or "below")."""
+    return "missed" if ci_side(ci, 0.0, point_if_no_interval=False) == worse else "met"
 
 
 def best_fixed(table: pd.DataFrame, family: str, rate: float, policies, metric: str, largest: bool = True) -> str:
@@ -169,8 +171,7 @@ def speculation_goals(data: dict, table: pd.DataFrame, seed: int = 0) -> list[di
                          "key": f"goodput_vs_{'best_fixed' if at_least else rival}", "unit": "req/s",
                          "rate": rate, "rival": rival, "value": ci[0], "ci_low": ci[1], "ci_high": ci[2],
                          # no worse: the CI does not lie wholly below 0; higher: the CI lies above 0
-                         "verdict": ("missed" if np.isfinite(ci[2]) and ci[2] < 0 else "met") if at_least
-                         else verdict(ci, 0.0, above=True)})
+                         "verdict": no_worse(ci, "below") if at_least else verdict(ci, 0.0, above=True)})
     return rows
 
 
@@ -204,7 +205,7 @@ def chunking_goals(data: dict, table: pd.DataFrame, slo_ms: float, seed: int = 0
     ci = paired_difference(data, "chunking", rate, "cost-model-slo", best, "median_ttft_ms", seed)
     rows.append({"goal": f"cost-model budget median TTFT vs {best} at {rate:g} req/s (no worse)",
                  "key": "ttft_vs_best_fixed", "rate": rate, "rival": best, "value": ci[0], "ci_low": ci[1],
-                 "ci_high": ci[2], "verdict": "missed" if np.isfinite(ci[1]) and ci[1] > 0 else "met"})
+                 "ci_high": ci[2], "verdict": no_worse(ci, "above")})
     return rows
 
 

@@ -34,7 +34,7 @@ import torch
 
 from rakv.runtime import kernels
 from rakv.runtime.errors import RakvError
-from rakv.runtime.kernels import on_cpu
+from rakv.runtime.kernels import COMPACT_ATTR, effective_mode, kernels_of, on_cpu
 
 
 @dataclass
@@ -209,7 +209,7 @@ class CompactLM:
             _release([embedding])
         _refuse_own_forward(module)
         self.scale = self.head_dim ** -0.5
-        self._rakv_compact = self  # rakv.runtime.kernels.compact_of: a compact-only model runs itself
+        setattr(self, COMPACT_ATTR, self)  # rakv.runtime.kernels.compact_of: a compact-only model runs itself
 
     def _init_llama(self, module) -> None:
         cfg = module.config
@@ -332,3 +332,13 @@ class CompactLM:
             logits.append(out[row:row + b - a])
             row += b - a
         return logits
+
+
+def apply_kernels(module: torch.nn.Module, mode: str, device: torch.device) -> str:
+    """Prepare `module` (already on `device`, in eval mode) for `mode`; returns the mode that runs. Compact: a
+    CompactLM over the module's weights, found again by rakv.runtime.kernels.compact_of."""
+    mode = effective_mode(mode, device)
+    if mode == "compact" and kernels_of(module) != "compact":
+        with torch.no_grad():
+            setattr(module, COMPACT_ATTR, CompactLM(module))
+    return kernels_of(module)

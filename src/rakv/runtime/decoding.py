@@ -187,17 +187,36 @@ class DecodeState:
         """Rounds that ended at a rejected candidate (the rest accepted all and earned a bonus token)."""
         return sum(a < p for p, a in self.round_log)
 
+    def record_round(self, verified: int, accepted: int, offered: bool) -> None:
+        """Count one speculative round: `verified` candidates of which `accepted` passed; a round that verified none
+        either had candidates a per-round depth declined (`offered`) or none at all."""
+        if verified:
+            self.round_log.append((verified, accepted))
+        elif offered:
+            self.plain_rounds += 1
+        else:
+            self.empty_rounds += 1
+
+    def confirmable(self, new_tokens: list[int]) -> int:
+        """How many of `new_tokens` `emit` would confirm: up to the budget or an end-of-sequence (which is kept)."""
+        if self.finished:
+            return 0
+        room = self.max_new_tokens - len(self.tokens)
+        for n, token in enumerate(new_tokens[:room], 1):
+            if not self.ignore_eos and self.eos_token_id is not None and token == self.eos_token_id:
+                return n
+        return min(len(new_tokens), max(room, 0))
+
     def emit(self, new_tokens: list[int]) -> None:
         """Confirm tokens in order; stops at the budget or at end-of-sequence (which is kept, like `generate`)."""
-        for token in new_tokens:
-            if self.finished:
-                return
+        n = self.confirmable(new_tokens)
+        for token in new_tokens[:n]:
             self.tokens.append(token)
             if self.on_token is not None:
                 self.on_token(token)
-            if len(self.tokens) >= self.max_new_tokens or (
-                    not self.ignore_eos and self.eos_token_id is not None and token == self.eos_token_id):
-                self.finished = True
+        if n and (len(self.tokens) >= self.max_new_tokens or (
+                not self.ignore_eos and self.eos_token_id is not None and self.tokens[-1] == self.eos_token_id)):
+            self.finished = True
 
 
 def decode_autoregressive(target, cache, state: DecodeState, sampling, generator, timer: PhaseTimer,
@@ -218,7 +237,7 @@ def decode_speculative(target, cache, proposer, k: int, prompt: list[int], state
 
     `depth` (rakv.runtime.depth): propose up to its largest k, keep the k it chooses for this round's match.
     A round is `round_depth`, the proposer, `kept_candidates`, one verify forward, `accept_round`, `close_round`;
-    the serving runner (rakv.serving.runner) runs the same pieces with the forwards batched across requests."""
+    the serving executor (rakv.serving.executor) runs the same pieces with the forwards batched across requests."""
     with timer.phase("draft_prefill"):
         proposer.start(prompt + state.tokens)
     while not state.finished:
@@ -262,16 +281,19 @@ def close_round(state: DecodeState, cache, proposer, context_length: int, new_to
                 candidates: list[int], offered: list[int], depth: RoundDepth | None, match: str | None) -> None:
     """Roll the target and the proposer back to the confirmed tokens, log the round, confirm its tokens."""
     state.note_memory(cache, proposer)  # before rollback: the rejected candidates' K/V are still held
+    rollback_round(cache, proposer, context_length, new_tokens, candidates, offered, depth, match)
+    state.record_round(len(candidates), len(new_tokens) - 1, bool(offered))
+    state.emit(new_tokens)
+
+
+def rollback_round(cache, proposer, context_length: int, new_tokens: list[int], candidates: list[int],
+                   offered: list[int], depth: RoundDepth | None, match: str | None) -> None:
+    """The tensor side of closing a round: crop the target's cache and the proposer's to the confirmed tokens, and
+    tell a per-round depth what its match class earned."""
     accepted = len(new_tokens) - 1
     crop_cache(cache, context_length + accepted)
     proposer.rollback(context_length + accepted)
-    if candidates:
-        state.round_log.append((len(candidates), accepted))
-        if depth is not None:
-            depth.observe(match, len(candidates), accepted)
-    elif offered:  # the depth kept none: the target's token still says whether the first would have passed
-        state.plain_rounds += 1
+    if candidates and depth is not None:
+        depth.observe(match, len(candidates), accepted)
+    elif offered and not candidates:  # the depth kept none: the target's token still says whether the first passed
         depth.observe(match, 1, int(new_tokens[0] == offered[0]))
-    else:
-        state.empty_rounds += 1
-    state.emit(new_tokens)

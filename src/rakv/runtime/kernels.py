@@ -30,7 +30,7 @@ from transformers.cache_utils import DynamicLayer
 
 KERNEL_MODES = ("stock", "compact")
 PANEL = 32  # outputs per packed panel (kernels.cpp: kPanel)
-_COMPACT_ATTR = "_rakv_compact"  # the rakv.runtime.compact.CompactLM that runs a compact module's forward
+COMPACT_ATTR = "_rakv_compact"  # the rakv.runtime.compact.CompactLM that runs a compact module's forward
 _SOURCE = Path(__file__).with_name("kernels.cpp")
 
 
@@ -63,7 +63,7 @@ def kernels_of(module) -> str:
 def compact_of(module):
     """The CompactLM that runs `module`'s forward (a compact-only model, such as the int8 draft, is its own),
     or None (stock)."""
-    return getattr(module, _COMPACT_ATTR, None)
+    return getattr(module, COMPACT_ATTR, None)
 
 
 @lru_cache(maxsize=None)
@@ -207,17 +207,6 @@ def attention(qkv: torch.Tensor, layers: list, starts: list[int], lengths: list[
         outputs.append(attended[0].transpose(0, 1).reshape(n, q_width))
         row += n
     return torch.cat(outputs) if len(outputs) > 1 else outputs[0]
-
-
-def apply_kernels(module: torch.nn.Module, mode: str, device: torch.device) -> str:
-    """Prepare `module` (already on `device`, in eval mode) for `mode`; returns the mode that runs."""
-    mode = effective_mode(mode, device)
-    if mode == "compact" and kernels_of(module) != "compact":
-        from rakv.runtime.compact import CompactLM
-
-        with torch.no_grad():
-            setattr(module, _COMPACT_ATTR, CompactLM(module))
-    return kernels_of(module)
 
 
 class GrowingLayer(DynamicLayer):

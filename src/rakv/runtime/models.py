@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from rakv.runtime.errors import RakvError, WeightsUnavailable
-from rakv.runtime.kernels import apply_kernels, compact_of, effective_mode, mode_label
+from rakv.runtime.compact import apply_kernels
+from rakv.runtime.kernels import compact_of, effective_mode, mode_label
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -12,12 +12,18 @@ is at hand, the cost model's prediction for the action that ran.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rakv.runtime.actions import ADAPTIVE, Action
-from rakv.runtime.controller import Controller
+from rakv.runtime.cache import Hit
+from rakv.runtime.controller import Controller, Decision
 from rakv.runtime.costmodel import RequestFeatures
 from rakv.runtime.engine import Engine, RequestResult
 from rakv.runtime.errors import RakvError
+
+if TYPE_CHECKING:
+    from rakv.runtime.depth import RoundDepth
 
 
 def action_of(strategy: str) -> Action:
@@ -25,32 +31,58 @@ def action_of(strategy: str) -> Action:
     return Action.parse(strategy) if Action.is_label(strategy) else Action.of_strategy(strategy)
 
 
+def check_strategy(strategy: str) -> None:
+    """An unknown strategy fails here, before any model work."""
+    if strategy != ADAPTIVE:
+        action_of(strategy)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A request's action and what comes with it: `depth` revises k every round (rakv.runtime.depth, rakv-asd
+    with prompt lookup), `decision` is the controller's (rakv-asd) with its predictions."""
+
+    action: Action
+    depth: RoundDepth | None = None
+    decision: Decision | None = None
+
+
+def choose_action(strategy: str, hit: Hit, prompt_tokens: int, new_tokens: int, proposer: str,
+                  controller: Controller | None = None, alpha: float | None = None) -> Choice:
+    """The one place a request's action is chosen, for `rakv generate` (run_strategy) and `rakv serve` (admission,
+    rakv.serving.admission): a fixed strategy's action, or the controller's decision for what the store's lookup
+    (`hit`) offers; `alpha`: the request's own acceptance estimate when it has one (else the controller's EWMA)."""
+    if strategy != ADAPTIVE:
+        return Choice(action_of(strategy))
+    if controller is None:
+        raise RakvError("strategy rakv-asd needs a controller (and so a calibration)")
+    decision = controller.decide(prompt_tokens, hit, new_tokens, alpha=alpha)
+    depth = controller.round_depth(proposer) if decision.action.k else None
+    return Choice(decision.action, depth, decision)
+
+
 def run_strategy(engine: Engine, strategy: str, token_ids: list[int], new_tokens: int, *,
                  controller: Controller | None = None, **run_kwargs) -> RequestResult:
     """Run one request; `run_kwargs` go to `Engine.run` (sampling, salt, ignore_eos, on_token, ...)."""
-    if strategy == ADAPTIVE:
-        if controller is None:
-            raise RakvError("strategy rakv-asd needs a controller (and so a calibration)")
-        start = time.perf_counter()
-        hit = engine.peek(token_ids, run_kwargs.get("salt"))
-        decision = controller.decide(len(token_ids), hit, new_tokens)
+    start = time.perf_counter()
+    hit = engine.peek(token_ids, run_kwargs.get("salt"))
+    choice = choose_action(strategy, hit, len(token_ids), new_tokens, engine.proposer, controller)
+    decision = choice.decision
+    if decision is not None:
         decision.decision_s = time.perf_counter() - start
-        depth = controller.round_depth(engine.proposer) if decision.action.k else None
-        result = engine.run(token_ids, decision.action, new_tokens, depth=depth, **run_kwargs)
+        result = engine.run(token_ids, choice.action, new_tokens, depth=choice.depth, **run_kwargs)
         # peek and decision are part of serving this request: in its time to first token and latency
         result.ttft_s += decision.decision_s
         result.latency_s += decision.decision_s
         result.tokens_per_s = result.new_tokens / result.latency_s
-        controller.observe(result.round_log, result.empty_rounds, depth)
+        controller.observe(result.round_log, result.empty_rounds, choice.depth)
         decision.alpha_after, decision.tracker_after = controller.alpha, controller.tracker.state
         decision.by_match_after = controller.by_match_state
         result.decision, result.predicted_latency_s = decision, decision.predicted_latency_s
-    else:
-        hit = engine.peek(token_ids, run_kwargs.get("salt"))  # for the prediction and the record; not timed
-        action = action_of(strategy)
-        predicted = (controller.predict(RequestFeatures.from_hit(len(token_ids), hit, new_tokens), action)
+    else:  # the peek is for the prediction and the record; not timed
+        predicted = (controller.predict(RequestFeatures.from_hit(len(token_ids), hit, new_tokens), choice.action)
                      if controller is not None else None)  # made before the run, like the controller's own
-        result = engine.run(token_ids, action, new_tokens, **run_kwargs)
+        result = engine.run(token_ids, choice.action, new_tokens, **run_kwargs)
         result.predicted_latency_s = predicted
     result.strategy, result.available_hit_tokens = strategy, hit.reused_tokens
     return result

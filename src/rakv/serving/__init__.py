@@ -2,11 +2,15 @@
 
     trace.py      the trace format (read and validated whole before any model work) and its generator
     request.py    a served request: its tokens, how many are computed, its state and timings (no tensors)
-    scheduler.py  one iteration's plan under a token budget and a K/V byte budget (no tensors)
-    runner.py     runs a plan: the batched proposer and target forwards, acceptance, per-request rollback
-    server.py     the loop (arrivals, schedule, run, apply), requests.jsonl and summary.json
+    scheduler.py  schedule() -> Step under a token budget and a K/V byte budget; update_from_output() applies it
+    admission.py  a request's action, chosen once at its first admission attempt with the store's answer
+    acceptance.py a request's acceptance estimate at admission, and learning from finished requests' rounds
+    kv.py         the K/V manager: every running request's caches, the prefix store's lookups and inserts
+    executor.py   execute(step) -> StepOutput: batched proposals and target forward, acceptance, rollback
+    server.py     the loop (arrivals, schedule, execute, update), ServeOptions, requests.jsonl and summary.json
     metrics.py    summary.json's statistics, under vLLM benchmark_serving's names
     policies.py   speculation under load: k per decoding request (per-request, disable-by-batch-size, k-by-batch)
+    batchcost.py  the batch cost model: what one iteration costs, measured on this machine
     replay.py     each finished request generated alone: the reference a served trace is held to
 
 The import rule of the layers: serving imports the runtime (rakv.runtime.engine, .decoding, .proposers, .cache,

@@ -1,6 +1,6 @@
 """The batch cost model: what one serving iteration costs, measured on this machine (README: "Serving study").
 
-An iteration (rakv.serving.runner) is one batched target forward over every scheduled request's new rows (decode
+An iteration (rakv.serving.executor) is one batched target forward over every scheduled request's new rows (decode
 and verify rows, prefill chunks), one pass over the weights (rakv.runtime.decoding.forward_rows), after the
 proposer's candidates (a draft model's steps batched across requests, or prompt lookup per request). Its cost is
 priced by what the pass does, each term measured:
@@ -39,7 +39,7 @@ from rakv.runtime.calibration import (CalibrationPlan, Point, calibration_dir, c
                                       measure_interleaved, refuse_if_noisy)
 from rakv.runtime.compact import Segment
 from rakv.runtime.costmodel import Curve
-from rakv.runtime.decoding import crop_cache, forward, forward_rows
+from rakv.runtime.decoding import Sampling, crop_cache, forward, forward_rows
 from rakv.runtime.errors import RakvError
 from rakv.runtime.kernels import new_kv_cache
 from rakv.runtime.proposers import DraftModelProposer
@@ -59,11 +59,26 @@ class BatchPlan:
     repeats: int = 5
 
 
-def pass_features(segments: list[tuple[int, int]]) -> dict:
-    """What the model prices of one pass, from its segments' (new rows, positions held before them)."""
-    return {"rows": sum(n for n, _ in segments), "segments": len(segments),
-            "kv_positions": sum(c for _, c in segments),
-            "attended": sum(n * c + n * (n - 1) // 2 for n, c in segments)}
+@dataclass(frozen=True)
+class PassFeatures:
+    """What the model prices of one batched pass (recorded per iteration in iterations.jsonl)."""
+
+    rows: int  # new tokens of every request together
+    segments: int  # requests in the pass
+    kv_positions: int  # K/V positions the requests held before the pass
+    attended: int  # (row, earlier position of its request) pairs attention reads, its own segment's rows included
+
+    @property
+    def extra_attended(self) -> float:
+        """Attended pairs beyond what R rows of one request on an empty cache attend (the `rows` curve's own)."""
+        return self.attended - self.rows * (self.rows - 1) / 2
+
+
+def pass_features(segments: list[tuple[int, int]]) -> PassFeatures:
+    """The features of one pass, from its segments' (new rows, positions held before them)."""
+    return PassFeatures(rows=sum(n for n, _ in segments), segments=len(segments),
+                        kv_positions=sum(c for _, c in segments),
+                        attended=sum(n * c + n * (n - 1) // 2 for n, c in segments))
 
 
 @dataclass
@@ -79,13 +94,12 @@ class BatchCost:
     measured_s: float = 0.0
     load_average: list[float] = field(default_factory=list)
 
-    def pass_s(self, features: dict) -> float:
-        rows = features["rows"]
-        if rows <= 0:
+    def pass_s(self, features: PassFeatures) -> float:
+        if features.rows <= 0:
             return 0.0
-        extra = (self.segment_s * (features["segments"] - 1) + self.kv_s * features["kv_positions"]
-                 + self.attend_s * (features["attended"] - rows * (rows - 1) / 2))
-        return max(self.rows(rows) + extra, 0.0)
+        extra = (self.segment_s * (features.segments - 1) + self.kv_s * features.kv_positions
+                 + self.attend_s * features.extra_attended)
+        return max(self.rows(features.rows) + extra, 0.0)
 
     def propose_s(self, ks: list[int]) -> float:
         """The proposer's part of an iteration whose decodes propose `ks` candidates each."""
@@ -97,7 +111,7 @@ class BatchCost:
         # a draft round: the catch-up pass, then k - 1 steps over the requests still drafting (propose_batch)
         return sum(self.proposer_step(sum(k > step for k in ks)) for step in range(max(ks)))
 
-    def iteration_s(self, features: dict, ks: list[int] = ()) -> float:
+    def iteration_s(self, features: PassFeatures, ks: list[int] = ()) -> float:
         """An iteration: its pass (`pass_features`) and the proposals of its decodes."""
         return self.pass_s(features) + self.propose_s(list(ks))
 
@@ -123,9 +137,8 @@ def fit_pass_terms(rows: Curve, shapes: list[list[tuple[int, int]]], seconds: li
     """(segment_s, kv_s, attend_s) >= 0 by least squares on what `rows` leaves of each measured pass, and the
     largest relative error of the fitted passes."""
     features = [pass_features(shape) for shape in shapes]
-    design = np.array([[f["segments"] - 1, f["kv_positions"], f["attended"] - f["rows"] * (f["rows"] - 1) / 2]
-                       for f in features], float)
-    base = np.array([rows(f["rows"]) for f in features])
+    design = np.array([[f.segments - 1, f.kv_positions, f.extra_attended] for f in features], float)
+    base = np.array([rows(f.rows) for f in features])
     measured = np.asarray(seconds, float)
     # relative errors matter (a decode pass is 1/30 of a chunk's): weight each pass by 1 / its time
     weight = 1.0 / measured
@@ -177,23 +190,7 @@ def calibrate_batch(engine, plan: BatchPlan = BatchPlan(), progress: bool = True
             points["rows", n] = measured_pass([(n, 0)])
         for i, shape in enumerate(shapes):
             points["shape", i] = measured_pass(shape)
-        context = min(plan.proposer_context, limit // 2)
-        history = filler[0, :context + 1].tolist()
-        for requests in plan.proposer_requests:
-            proposers = [engine.make_proposer() for _ in range(requests)]
-            for p in proposers:
-                p.start(history[:context])
-            if isinstance(proposers[0], DraftModelProposer):
-                model = proposers[0].model
-                points["proposer", requests] = Point(
-                    lambda ps=proposers, m=model, n=context: forward_rows(
-                        m, [Segment(filler[0, n:n + 1], p.cache, 1) for p in ps]),
-                    lambda ps=proposers, n=context: [crop_cache(p.cache, n) for p in ps])
-            else:
-                from rakv.runtime.decoding import Sampling
-
-                points["proposer", requests] = Point(
-                    lambda ps=proposers, h=history: [p.propose(h, 4, Sampling(), None) for p in ps])
+        points.update(proposer_points(engine, plan, filler[0]))
         bar = tqdm(total=len(points) * plan.repeats, unit="measure", disable=not progress,
                    desc=f"calibrating batches {pair.name}/{engine.proposer}")
         measure_interleaved(points, device, CalibrationPlan(**{**asdict(noise), "repeats": plan.repeats}), progress=bar)
@@ -210,6 +207,27 @@ def calibrate_batch(engine, plan: BatchPlan = BatchPlan(), progress: bool = True
     return BatchCost(batch_cost_key(engine), by_rows, float(segment_s), float(kv_s), float(attend_s),
                      engine.proposer, curve("proposer", sorted(plan.proposer_requests)), fit_error,
                      measured_s=time.perf_counter() - started, load_average=[load_before, os.getloadavg()[0]])
+
+
+def proposer_points(engine, plan: BatchPlan, filler: torch.Tensor) -> dict[tuple, Point]:
+    """The proposer's batched step for each number of requests: one draft step over their caches, or one prompt
+    lookup each."""
+    context = min(plan.proposer_context, engine.pair.max_context // 2)
+    history = filler[:context + 1].tolist()
+    points = {}
+    for requests in plan.proposer_requests:
+        proposers = [engine.make_proposer() for _ in range(requests)]
+        for p in proposers:
+            p.start(history[:context])
+        if isinstance(proposers[0], DraftModelProposer):
+            points["proposer", requests] = Point(
+                lambda ps=proposers, m=proposers[0].model, n=context: forward_rows(
+                    m, [Segment(filler[n:n + 1], p.cache, 1) for p in ps]),
+                lambda ps=proposers, n=context: [crop_cache(p.cache, n) for p in ps])
+        else:
+            points["proposer", requests] = Point(
+                lambda ps=proposers, h=history: [p.propose(h, 4, Sampling(), None) for p in ps])
+    return points
 
 
 def batch_cost_path(key: dict) -> Path:

@@ -14,7 +14,7 @@ depth's largest), never raises it, so a request that does not speculate never ge
   for every request (the running EWMA);
 - `load-aware` (RAKV-ASD under load): a k per request, chosen by coordinate ascent on the same objective with
   each request's own acceptance (`ServedRequest.alpha`: prefix-keyed when its prefix has history, else the EWMA;
-  rakv.serving.runner) and the current batch, so a request whose candidates are rarely accepted stops
+  rakv.serving.acceptance) and the current batch, so a request whose candidates are rarely accepted stops
   speculating while its neighbours go on.
 
 Both model rules count prompt lookup's empty rounds: a round confirms m E_k(alpha) + (1 - m) tokens, m the match

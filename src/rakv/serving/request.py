@@ -4,6 +4,16 @@ As in vLLM v1 there is no prefill or decode phase flag: a request knows its toke
 output) and how many of them have K/V in its cache (`computed`); what it needs next is `len(tokens) - computed`
 rows: a prefill chunk, or the last token (plus k candidates when it speculates). A preempted request drops
 its K/V (`computed = 0`) and later recomputes prompt and output in prefill chunks; its output is kept.
+
+Every field changes only through the methods below, each asserting the state it comes from, and each called
+from one place (README: "Serving"):
+
+    assign    the action and its acceptance estimate   admission (rakv.serving.admission.Admission.decide)
+    admit     status, admission order, hit, computed   Scheduler.schedule (a store hit counts as computed)
+    preempt   status, computed = 0                     Scheduler.schedule (the K/V budget)
+    refuse    status, error                            Scheduler.schedule (too large alone), serve's arrival
+    advance   output tokens, round counts, computed    Scheduler.update_from_output (rakv.serving.scheduler)
+    finish    status, finish time                      Scheduler.update_from_output
 """
 
 from __future__ import annotations
@@ -13,6 +23,7 @@ from enum import IntEnum
 
 from rakv.runtime.actions import Action
 from rakv.runtime.decoding import DecodeState
+from rakv.runtime.strategies import Choice
 
 
 class Status(IntEnum):
@@ -29,7 +40,7 @@ class ServedRequest:
     prompt: list[int]  # token ids; a later turn: previous prompt + its output + the new message
     state: DecodeState  # confirmed output, stopping rule, round log (rakv.runtime.decoding)
     salt: str | None = None
-    action: Action = Action(False, 0)  # (reuse, k): fixed by the strategy, or the controller's at admission
+    choice: Choice = Choice(Action(False, 0))  # (reuse, k) and the controller's decision and per-round depth
     decided: bool = False  # the action is chosen (at the first admission attempt, against the store then)
     max_k: int = 0  # candidates a round may propose: k, or a per-round depth's largest
     status: Status = Status.WAITING
@@ -42,10 +53,14 @@ class ServedRequest:
     emitted_s: list[float] = field(default_factory=list)  # when each batch of confirmed tokens came out
     finished_s: float | None = None
     order: int = 0  # admission order: preemption takes the newest first
-    alpha: float | None = None  # its acceptance estimate at admission (prefix-keyed or the EWMA; rakv.serving.runner)
+    alpha: float | None = None  # its acceptance estimate at admission (prefix-keyed or the EWMA; rakv.serving.acceptance)
     prefix_acceptance: tuple[float, float] | None = None  # (accepted, rejections) its store hit carried
     predicted_s: float | None = None  # rakv-asd: the controller's predicted latency of the chosen action
     admitted_s: float | None = None  # when it was first admitted (its service starts)
+
+    @property
+    def action(self) -> Action:
+        return self.choice.action
 
     @property
     def tokens(self) -> list[int]:
@@ -65,18 +80,44 @@ class ServedRequest:
     def remaining_new(self) -> int:
         return self.state.max_new_tokens - len(self.state.tokens)
 
+    def assign(self, choice: Choice, max_k: int, alpha: float, prefix_acceptance) -> None:
+        """The action chosen at its first admission attempt (against the store as it was then)."""
+        assert not self.decided and self.status == Status.WAITING, f"request {self.id}: decided twice"
+        self.decided, self.choice, self.max_k = True, choice, max_k
+        self.alpha, self.prefix_acceptance = alpha, prefix_acceptance
+        self.predicted_s = choice.decision.predicted_latency_s if choice.decision is not None else None
+
     def refuse(self, reason: str, now: float) -> None:
         assert self.status == Status.WAITING, f"request {self.id}: refused while {self.status.name}"
         self.status, self.error, self.finished_s = Status.REFUSED, reason, now
 
-    def admit(self, order: int) -> None:
-        assert self.status == Status.WAITING, f"request {self.id}: admitted while {self.status.name}"
-        self.status, self.order = Status.RUNNING, order
+    def admit(self, order: int, computed: int, now: float) -> None:
+        """Running from now on, its first `computed` positions given by the store (a hit; 0 without)."""
+        assert self.status == Status.WAITING and self.decided, f"request {self.id}: admitted while {self.status.name}"
+        self.status, self.order, self.computed = Status.RUNNING, order, computed
+        if self.preempted == 0:
+            self.hit_tokens = computed
+        if self.admitted_s is None:
+            self.admitted_s = now
 
     def preempt(self) -> None:
         assert self.status == Status.RUNNING, f"request {self.id}: preempted while {self.status.name}"
         self.status, self.computed = Status.WAITING, 0
         self.preempted += 1
+
+    def advance(self, output, now: float) -> None:
+        """What one iteration did for it: its round (if it verified candidates), its confirmed tokens, how many
+        positions its cache now holds (rakv.serving.executor.RequestOutput)."""
+        assert self.status == Status.RUNNING, f"request {self.id}: advanced while {self.status.name}"
+        state = self.state
+        before = len(state.tokens)
+        if output.round is not None:
+            state.record_round(*output.round)
+        state.emit(output.tokens)
+        state.peak_kv_bytes = max(state.peak_kv_bytes, output.held_bytes)
+        if len(state.tokens) > before:
+            self.emitted_s.append(now)
+        self.computed = min(output.cache_positions, len(self.tokens))
 
     def finish(self, now: float) -> None:
         assert self.status == Status.RUNNING and self.state.finished, f"request {self.id}: finished too early"

@@ -12,8 +12,14 @@ iteration is one batched target forward whose rows are filled in a fixed order u
 `chunking=False` is the baseline: an iteration that admits a request runs its whole prefill alone, and the
 decodes wait. K/V: a running request holds `computed` positions (and its draft's); when this iteration's
 rows would take the running requests past `kv_budget_bytes`, the newest is preempted (its K/V dropped, its
-output kept, recomputed later) and nothing is admitted in that iteration. No tensors here: the K/V side is
-the `KVSpace` the runner implements, so the scheduler is tested with a fake.
+output kept, recomputed later) and nothing is admitted in that iteration.
+
+One engine step is three calls, as in vLLM v1: `schedule(now) -> Step` here, `Executor.execute(step) -> StepOutput`
+(rakv.serving.executor: the tensors), then `update_from_output(step, output, now)` here — the one place a request's
+output, computed positions and completion change, its K/V is committed to the store and freed, and its rounds
+teach the acceptance estimate. A request's action is chosen by admission (rakv.serving.admission) at its first
+admission attempt, with the store lookup's answer, before its size is checked. No tensors here: the K/V side is
+a `KVSide` (rakv.serving.kv.KVManager) that answers queries and frees, so the scheduler is tested with fakes.
 """
 
 from __future__ import annotations
@@ -22,16 +28,25 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from rakv.runtime.cache import Hit
 from rakv.serving.policies import PerRequest
 from rakv.serving.request import ServedRequest, Status
 
 
-class KVSpace(Protocol):
-    def bytes_per_token(self, request: ServedRequest) -> int:
-        """K/V bytes one position of this request holds (the target's, and its draft model's if it has one)."""
+class KVSide(Protocol):
+    """What the scheduler asks of the K/V manager (rakv.serving.kv.KVManager)."""
 
-    def reusable(self, request: ServedRequest) -> int:
-        """Positions the prefix store would give it if admitted now (0 when it does not reuse)."""
+    def bytes_per_token(self, request: ServedRequest) -> int:
+        """K/V bytes one position of this request holds (the target's, and its draft model's if it speculates)."""
+
+    def hit(self, request: ServedRequest) -> Hit:
+        """What the prefix store would give it if admitted now (a query)."""
+
+    def free(self, request: ServedRequest) -> None:
+        """Drop its K/V (a preemption)."""
+
+    def commit(self, request: ServedRequest, acceptance) -> None:
+        """A finished request: its positions into the prefix store, then free."""
 
 
 @dataclass(frozen=True)
@@ -45,8 +60,8 @@ class Work:
 class Step:
     decodes: list[Work] = field(default_factory=list)
     prefills: list[Work] = field(default_factory=list)
-    admitted: list[ServedRequest] = field(default_factory=list)  # the runner copies their store hit in first
-    preempted: list[ServedRequest] = field(default_factory=list)  # the runner drops their K/V first
+    admitted: list[ServedRequest] = field(default_factory=list)  # the executor copies their store hit in first
+    preempted: list[ServedRequest] = field(default_factory=list)  # their K/V already dropped (recomputed later)
     refused: list[ServedRequest] = field(default_factory=list)  # larger than the K/V budget on their own
 
     @property
@@ -54,13 +69,16 @@ class Step:
         return sum(w.rows for w in self.decodes) + sum(w.rows for w in self.prefills)
 
     @property
-    def empty(self) -> bool:
-        return not (self.decodes or self.prefills or self.admitted or self.preempted or self.refused)
+    def idle(self) -> bool:
+        """Nothing to execute and nothing preempted (a preemption is an iteration of its own in iterations.jsonl):
+        the loop waits for the next arrival."""
+        return not (self.decodes or self.prefills or self.admitted or self.preempted)
 
 
 @dataclass
 class Scheduler:
-    kv: KVSpace
+    kv: KVSide
+    admission: object  # rakv.serving.admission.Admission: decides a request's action; its `acceptance` learns
     token_budget: int  # rows per iteration (with chunking)
     max_batch: int  # running requests at most
     kv_budget_bytes: int
@@ -75,6 +93,7 @@ class Scheduler:
         assert self.token_budget > 0 and self.max_batch > 0 and self.kv_budget_bytes > 0, "budgets must be positive"
 
     def held_bytes(self, request: ServedRequest, rows: int = 0) -> int:
+        """K/V bytes a running request holds with `rows` more positions: the one account of the K/V budget."""
         return (request.computed + rows) * self.kv.bytes_per_token(request)
 
     def fits_alone(self, request: ServedRequest) -> bool:
@@ -82,11 +101,11 @@ class Scheduler:
         final = len(request.prompt) + request.state.max_new_tokens + request.max_k
         return final * self.kv.bytes_per_token(request) <= self.kv_budget_bytes
 
-    def schedule(self) -> Step:
+    def schedule(self, now: float = 0.0) -> Step:
         step = Step()
         budget = self.token_budget if self.chunking else 1 << 30  # the baseline: no cap on rows
         if not self.chunking and self.waiting and len(self.running) < self.max_batch:
-            if self._admit_whole(step):
+            if self._admit_whole(step, now):
                 return step  # the baseline: one whole prefill, alone
         decoding = [r for r in self.running if r.decoding]
         for request, wanted in zip(decoding, self.speculation.depths(decoding)):  # 1. decodes (+ candidates)
@@ -113,20 +132,33 @@ class Scheduler:
                 step.prefills.append(Work(oldest, int(min(oldest.needed, budget, self._room(step, oldest)))))
         while not step.preempted and self.waiting and budget >= 1 and len(self.running) < self.max_batch:
             request = self.waiting[0]  # 3. admissions
-            computed = self.kv.reusable(request)  # (the action is chosen here, at the first attempt)
+            computed = self._reusable(request)
             if not self.fits_alone(request):
-                self.waiting.popleft()
-                step.refused.append(request)
+                self._refuse(step, now)
                 continue
             chunk = int(min(len(request.tokens) - computed, budget))
             if self._bytes(step) + (computed + chunk) * self.kv.bytes_per_token(request) > self.kv_budget_bytes:
                 break
-            self._admit(step, request, computed)
+            self._admit(step, request, computed, now)
             if chunk:
                 step.prefills.append(Work(request, chunk))
                 budget -= chunk
         self._check(step)
         return step
+
+    def _reusable(self, request: ServedRequest) -> int:
+        """Positions of the store's hit it will reuse; its action is chosen here, at its first admission attempt,
+        for what the store offers then (admission owns the decision; the K/V side only answers the lookup)."""
+        hit = self.kv.hit(request)
+        if not request.decided:
+            self.admission.decide(request, hit)
+        return hit.reused_tokens if request.action.reuse else 0
+
+    def _refuse(self, step: Step, now: float) -> None:
+        request = self.waiting.popleft()
+        request.refuse(f"prompt + max_new_tokens need more K/V than --kv-budget-mib "
+                       f"{self.kv_budget_bytes / (1 << 20):.4g} on their own", now)
+        step.refused.append(request)
 
     def _room(self, step: Step, request: ServedRequest) -> int:
         """Positions `request` can still add in this iteration under the K/V budget."""
@@ -145,6 +177,7 @@ class Scheduler:
         self.running.remove(request)
         step.decodes = [w for w in step.decodes if w.request is not request]
         step.prefills = [w for w in step.prefills if w.request is not request]
+        self.kv.free(request)  # its output and its logits' tokens are kept; prompt and output are recomputed
         request.preempt()
         step.preempted.append(request)
         self.waiting.appendleft(request)
@@ -153,24 +186,22 @@ class Scheduler:
         rows = {id(w.request): w.rows for w in step.decodes + step.prefills}
         return sum(self.held_bytes(r, rows.get(id(r), 0)) for r in self.running)
 
-    def _admit(self, step: Step, request: ServedRequest, computed: int) -> None:
+    def _admit(self, step: Step, request: ServedRequest, computed: int, now: float) -> None:
         self.waiting.popleft()
-        request.computed = computed
-        request.admit(self.admissions)
+        request.admit(self.admissions, computed, now)
         self.admissions += 1
         self.running.append(request)
         step.admitted.append(request)
 
-    def _admit_whole(self, step: Step) -> bool:
+    def _admit_whole(self, step: Step, now: float) -> bool:
         request = self.waiting[0]
-        computed = self.kv.reusable(request)
+        computed = self._reusable(request)
         if not self.fits_alone(request):
-            self.waiting.popleft()
-            step.refused.append(request)
+            self._refuse(step, now)
             return True
         if self._bytes(step) + len(request.tokens) * self.kv.bytes_per_token(request) > self.kv_budget_bytes:
             return False
-        self._admit(step, request, computed)
+        self._admit(step, request, computed, now)
         if len(request.tokens) > computed:
             step.prefills.append(Work(request, len(request.tokens) - computed))
         return True
@@ -184,5 +215,21 @@ class Scheduler:
         assert all(w.request.status == Status.RUNNING for w in step.decodes + step.prefills), \
             "work for a request that is not running"
 
-    def finished(self, request: ServedRequest) -> None:
-        self.running.remove(request)
+    def update_from_output(self, step: Step, output, now: float) -> list[ServedRequest]:
+        """Apply an iteration's output (rakv.serving.executor.StepOutput): each request it touched advances (tokens,
+        rounds, computed positions); a finished one leaves the running set, its K/V goes into the store and is
+        freed, and its rounds teach the acceptance estimate. Returns the requests finished, in admission order."""
+        touched = {r.id: r for r in step.admitted + [w.request for w in step.decodes + step.prefills]}
+        assert set(output.requests) == set(touched), "the output does not answer the step's requests"
+        for request_id, result in output.requests.items():
+            touched[request_id].advance(result, now)
+        finished = [r for r in self.running if r.state.finished]
+        acceptance = self.admission.acceptance
+        for request in finished:
+            self.running.remove(request)
+            log, empty = acceptance.observed_rounds(request)
+            self.kv.commit(request, acceptance.recorded(request, log))
+            acceptance.learn(request, log, empty)
+            request.finish(now)
+        assert all(r.computed <= len(r.tokens) for r in self.running), "more positions computed than tokens"
+        return finished

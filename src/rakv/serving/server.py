@@ -1,6 +1,6 @@
-"""The serving loop: requests arrive on the clock, and every iteration is schedule -> run -> apply.
+"""The serving loop: requests arrive on the clock, and every iteration is schedule -> execute -> update_from_output.
 
-    summary = serve(engine, read_trace("trace.jsonl"), "out/", ServeOptions(strategy="spec-k4"))
+    summary = serve(engine, read_trace("trace.jsonl"), "out/", ServeOptions.default(strategy="spec-k4"))
 
 `requests.jsonl` gets one line per request as soon as it is finished or refused (written with one system call,
 flushed and fsynced: a kill -9 leaves complete lines only); `iterations.jsonl` (per iteration: rows, running
@@ -16,7 +16,7 @@ import os
 import resource
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from tqdm import tqdm
@@ -24,31 +24,69 @@ from tqdm import tqdm
 from rakv.runtime.decoding import DecodeState, Sampling
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
+from rakv.runtime.paths import conf_file
+from rakv.runtime.strategies import check_strategy
+from rakv.serving.acceptance import ACCEPTANCE_SOURCES, Acceptance
+from rakv.serving.admission import Admission
+from rakv.serving.executor import Executor, StepOutput
+from rakv.serving.kv import KVManager
 from rakv.serving.metrics import summarize
-from rakv.serving.policies import SloBudget, speculation_policy
+from rakv.serving.policies import MODEL_POLICIES, SloBudget, speculation_policy
 from rakv.serving.replay import outputs_alone
 from rakv.serving.request import ServedRequest, Status
-from rakv.serving.runner import Runner
-from rakv.serving.scheduler import Scheduler
+from rakv.serving.scheduler import Scheduler, Step
 from rakv.serving.trace import TraceRequest
 
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """conf/serving/default.yaml holds the defaults (the CLI reads them there)."""
+    """How to serve, checked once here (a one-line RakvError) for the CLI, bench_serving.py and the serving study.
+    The fields without a default are conf/serving/default.yaml's, the one source of their defaults
+    (`ServeOptions.default(**overrides)`)."""
 
-    strategy: str = "ar"
-    token_budget: int = 256
-    chunking: bool = True
-    max_batch: int = 16
-    kv_budget_mib: float = 512.0
-    slos_ms: dict = field(default_factory=dict)  # rakv.serving.metrics.parse_goodput
+    strategy: str  # ar, kv-only, spec-kK, joint-kK, an action label (r1k4), or rakv-asd
+    token_budget: int  # rows of one iteration's batched forward (with chunking)
+    chunking: bool  # false: each prompt's whole prefill in an iteration of its own (the baseline)
+    max_batch: int  # running requests at most
+    kv_budget_mib: float  # K/V of the running requests; over it the newest is preempted
+    speculation: str  # k under load: rakv.serving.policies.speculation_policy
+    itl_slo_ms: float | None  # chunking by the batch cost model: each iteration's prefill rows under this SLO
+    acceptance: str  # a request's acceptance at admission: ewma (across requests) or prefix (its store hit's)
+    slos_ms: dict = field(default_factory=dict)  # goodput's SLOs (rakv.serving.metrics.parse_goodput)
     sampling: Sampling = Sampling()
     ignore_eos: bool = False
-    speculation: str = "per-request"  # rakv.serving.policies.speculation_policy
     check_alone: bool = False  # after serving, generate each finished request alone (greedy AR) and count equal ones
-    itl_slo_ms: float | None = None  # chunking by the batch cost model: each iteration's prefill rows under this SLO
-    acceptance: str = "ewma"  # a request's acceptance at admission: ewma (across requests) or prefix (its store hit's)
+
+    def __post_init__(self):
+        check_strategy(self.strategy)
+        if self.token_budget <= 0 or self.max_batch <= 0 or self.kv_budget_mib <= 0:
+            raise RakvError("--token-budget, --max-batch and --kv-budget-mib must be positive")
+        if self.itl_slo_ms is not None and self.itl_slo_ms <= 0:
+            raise RakvError("--itl-slo-ms must be positive")
+        if self.acceptance not in ACCEPTANCE_SOURCES:
+            raise RakvError(f"--acceptance takes {' or '.join(ACCEPTANCE_SOURCES)}, got '{self.acceptance}'")
+        if not self.speculation.startswith(MODEL_POLICIES):
+            speculation_policy(self.speculation)  # a malformed policy fails before any model work
+        if self.sampling.temperature < 0 or not 0 < self.sampling.top_p <= 1:
+            raise RakvError("--temperature must be >= 0 and --top-p in (0, 1]")
+        if self.check_alone and not self.sampling.greedy:
+            raise RakvError("--check-alone compares greedy outputs; it needs --temperature 0")
+
+    @property
+    def needs_batch_cost(self) -> bool:
+        """The model policies and the ITL-SLO chunking price iterations with the batch cost model."""
+        return self.speculation in MODEL_POLICIES or self.itl_slo_ms is not None
+
+    @classmethod
+    def from_config(cls, node, **overrides) -> "ServeOptions":
+        """From a composed `serving` node (conf/serving/default.yaml), its other keys (trace, proposer) ignored."""
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in dict(node).items() if k in names}
+        return cls(**{**values, **overrides})
+
+    @classmethod
+    def default(cls, **overrides) -> "ServeOptions":
+        return cls.from_config(conf_file("serving/default.yaml"), **overrides)
 
 
 def serve_parts(engine: Engine, options: ServeOptions, table_for, controller_config=None,
@@ -59,12 +97,10 @@ def serve_parts(engine: Engine, options: ServeOptions, table_for, controller_con
     from rakv.runtime.actions import ADAPTIVE
     from rakv.runtime.controller import AcceptanceTracker, Controller, ControllerConfig
     from rakv.serving.batchcost import load_or_calibrate_batch
-    from rakv.serving.policies import MODEL_POLICIES
 
     config = controller_config or ControllerConfig.default()
-    model = options.speculation in MODEL_POLICIES or options.itl_slo_ms is not None
     parts: dict = {"k_set": tuple(config.k_set)}
-    if options.strategy == ADAPTIVE or model:
+    if options.strategy == ADAPTIVE or options.needs_batch_cost:
         table = table_for()
         if options.strategy == ADAPTIVE:
             parts["controller"] = Controller(table, config)
@@ -110,131 +146,163 @@ def record_of(request: ServedRequest, text: str) -> dict:
     }
 
 
-def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, options: ServeOptions = ServeOptions(),
-          *, controller=None, batch_cost=None, tracker=None, k_set: tuple[int, ...] = (), progress: bool = True) -> dict:
-    """Serve a (validated) trace; writes out_dir/requests.jsonl and out_dir/summary.json; returns the summary.
+@dataclass
+class Arrivals:
+    """The trace on the clock: first turns at their arrival times, a later turn once the previous one has finished
+    (plus its think time), with the previous prompt and output before its message."""
+
+    engine: Engine
+    trace: list[TraceRequest]
+    ignore_eos: bool
+
+    def __post_init__(self):
+        self.pending = deque(sorted((r for r in self.trace if not r.follows), key=lambda r: r.arrival_s))
+        self.next_turn = {(r.conversation, r.turn): r for r in self.trace if r.follows}
+        self.followers: list[tuple[float, TraceRequest, ServedRequest]] = []  # (arrival, turn, previous turn)
+
+    @property
+    def more(self) -> bool:
+        return bool(self.pending or self.followers)
+
+    def next_s(self) -> float | None:
+        upcoming = [a.arrival_s for a in list(self.pending)[:1]] + [f[0] for f in self.followers]
+        return min(upcoming) if upcoming else None
+
+    def due(self, now: float) -> list[ServedRequest]:
+        """Requests arrived by `now`, tokenised and checked (a bad one comes back refused)."""
+        out = []
+        while self.pending and self.pending[0].arrival_s <= now:
+            source = self.pending.popleft()
+            out.append(self._request(source, source.arrival_s, None))
+        for item in sorted(f for f in self.followers if f[0] <= now):
+            self.followers.remove(item)
+            out.append(self._request(item[1], item[0], item[2]))
+        return out
+
+    def closed(self, request: ServedRequest) -> ServedRequest | None:
+        """A request is done: schedule its conversation's next turn; a refused turn refuses the next (returned)."""
+        successor = self.next_turn.pop((request.conversation, request.turn + 1), None) if request.conversation else None
+        if successor is None:
+            return None
+        if request.status == Status.FINISHED:
+            self.followers.append((request.finished_s + successor.after_s, successor, request))
+            return None
+        refused = self._new(successor, request.finished_s, [])
+        refused.refuse(f"turn {request.turn} of conversation {request.conversation} was refused", request.finished_s)
+        return refused
+
+    def _new(self, source: TraceRequest, arrival: float, prompt: list[int]) -> ServedRequest:
+        state = DecodeState(source.max_new_tokens, self.engine.pair.eos_token_id, self.ignore_eos)
+        return ServedRequest(id=source.id, arrival_s=arrival, prompt=prompt, state=state, salt=source.salt,
+                             conversation=source.conversation, turn=source.turn)
+
+    def _request(self, source: TraceRequest, arrival: float, previous: ServedRequest | None) -> ServedRequest:
+        request = self._new(source, arrival, [])
+        try:
+            request.prompt = (previous.tokens if previous is not None else []) + self.engine.encode(source.prompt)
+            self.engine.check_lengths(len(request.prompt), source.max_new_tokens)
+        except RakvError as exc:
+            request.refuse(str(exc), arrival)
+        return request
+
+
+def iteration_record(at: float, step: Step, output: StepOutput, running: list[ServedRequest], held_bytes, batch_cost,
+                     began: float, scheduled: float, ended: float) -> dict:
+    """One line of iterations.jsonl: what ran, its batch-cost features and prediction, and how long it took;
+    `running`: the requests that ran to the end of the iteration (those it finished included) and the K/V they
+    held then (`held_bytes`, the scheduler's account)."""
+    features = output.features
+    predicted = batch_cost.iteration_s(features, output.ks) if batch_cost is not None and output.rows else None
+    return {"at_s": at, "rows": output.rows, "running": len(running), "segments": features.segments,
+            "kv_positions": features.kv_positions, "attended": features.attended, "predicted_s": predicted,
+            "decodes": len(step.decodes), "prefill_rows": sum(w.rows for w in step.prefills), "k": output.ks,
+            "admitted": len(step.admitted), "preempted": len(step.preempted),
+            "kv_bytes": sum(held_bytes(r) for r in running),
+            "schedule_s": scheduled - began, "iteration_s": ended - began}
+
+
+def build_scheduler(engine: Engine, options: ServeOptions, controller, batch_cost, tracker,
+                    k_set: tuple[int, ...]) -> tuple[Scheduler, Executor]:
+    """The three parts of an engine step for `options`: admission (with the acceptance estimate), the K/V manager,
+    the scheduler with its speculation and chunking policies; and the executor over the same K/V."""
+    if options.itl_slo_ms is not None and batch_cost is None:
+        raise RakvError("--itl-slo-ms needs the batch cost model")
+    load_aware = options.speculation == "load-aware"
+    acceptance = Acceptance(options.acceptance, controller, tracker, options.sampling, engine.proposer,
+                            k_set if load_aware else ())
+    admission = Admission(options.strategy, acceptance, engine.proposer, controller, k_set if load_aware else ())
+    kv = KVManager(engine, options.sampling)
+    policy = speculation_policy(options.speculation, batch_cost, acceptance.tracker, k_set)
+    budget = SloBudget(batch_cost, options.itl_slo_ms / 1e3) if options.itl_slo_ms is not None else None
+    scheduler = Scheduler(kv, admission, options.token_budget, options.max_batch,
+                          int(options.kv_budget_mib * (1 << 20)), options.chunking, policy, budget)
+    return scheduler, Executor(kv, options.sampling)
+
+
+def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, options: ServeOptions, *,
+          controller=None, batch_cost=None, tracker=None, k_set: tuple[int, ...] = (), progress: bool = True) -> dict:
+    """Serve a (validated) trace; writes out_dir/requests.jsonl, iterations.jsonl and summary.json; returns the summary.
 
     controller: rakv-asd's (rakv.runtime.controller.Controller); batch_cost (rakv.serving.batchcost.BatchCost):
     for the model policies (`smartspec`, `load-aware`, `itl_slo_ms`) and the predicted time of every iteration;
     tracker: the acceptance EWMA to start from when there is no controller; k_set: the model policies' depths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if options.token_budget <= 0 or options.max_batch <= 0 or options.kv_budget_mib <= 0:
-        raise RakvError("--token-budget, --max-batch and --kv-budget-mib must be positive")
-    if options.itl_slo_ms is not None and (options.itl_slo_ms <= 0 or batch_cost is None):
-        raise RakvError("--itl-slo-ms needs a positive SLO and the batch cost model")
     k_set = tuple(k_set or (controller.config.k_set if controller is not None else ()))
-    load_aware = options.speculation == "load-aware"
-    runner = Runner(engine, options.strategy, options.sampling, controller, acceptance=options.acceptance,
-                    tracker=tracker, k_by_iteration=k_set if load_aware else ())
-    policy = speculation_policy(options.speculation, batch_cost, runner.tracker, k_set)
-    budget = SloBudget(batch_cost, options.itl_slo_ms / 1e3) if options.itl_slo_ms is not None else None
-    scheduler = Scheduler(runner, options.token_budget, options.max_batch, int(options.kv_budget_mib * (1 << 20)),
-                          options.chunking, policy, budget)
-    tokenizer, max_context = engine.pair.tokenizer, engine.pair.max_context
-    arrivals = deque(sorted((r for r in trace if not r.follows), key=lambda r: r.arrival_s))
-    next_turn = {(r.conversation, r.turn): r for r in trace if r.follows}
-    followers: list[tuple[float, TraceRequest, ServedRequest]] = []  # (arrival, turn, previous turn)
+    scheduler, executor = build_scheduler(engine, options, controller, batch_cost, tracker, k_set)
+    arrivals = Arrivals(engine, trace, options.ignore_eos)
     writer = RecordWriter(out / "requests.jsonl")
     records, iterations = [], []
     bar = tqdm(total=len(trace), desc="serve", unit="req", disable=not progress, leave=False)
 
     def close(request: ServedRequest) -> None:
-        text = tokenizer.decode(request.state.tokens, skip_special_tokens=True)
-        record = record_of(request, text)
-        writer.write(record)
-        records.append(record)
-        bar.update(1)
-        successor = next_turn.pop((request.conversation, request.turn + 1), None) if request.conversation else None
-        if successor is None:
-            return
-        if request.status != Status.FINISHED:
-            refused = new_request(successor, request.finished_s, [])
-            refused.refuse(f"turn {request.turn} of conversation {request.conversation} was refused",
-                           request.finished_s)
-            close(refused)
-        else:
-            followers.append((request.finished_s + successor.after_s, successor, request))
-
-    def new_request(source: TraceRequest, arrival: float, prompt: list[int]) -> ServedRequest:
-        return ServedRequest(id=source.id, arrival_s=arrival, prompt=prompt,
-                             state=DecodeState(source.max_new_tokens, engine.pair.eos_token_id, options.ignore_eos),
-                             salt=source.salt, conversation=source.conversation, turn=source.turn)
-
-    def arrive(source: TraceRequest, arrival: float, previous: ServedRequest | None) -> None:
-        request = new_request(source, arrival, [])
-        try:
-            message = engine.encode(source.prompt)
-            request.prompt = (previous.tokens if previous is not None else []) + message
-            engine.check_lengths(len(request.prompt), source.max_new_tokens)
-        except RakvError as exc:
-            request.refuse(str(exc), arrival)
-            close(request)
-            return
-        scheduler.waiting.append(request)
+        while request is not None:  # a refused turn refuses its conversation's later turns
+            records.append(record_of(request, engine.pair.tokenizer.decode(request.state.tokens,
+                                                                           skip_special_tokens=True)))
+            writer.write(records[-1])
+            bar.update(1)
+            request = arrivals.closed(request)
 
     start = time.perf_counter()
     try:
-        while arrivals or followers or scheduler.waiting or scheduler.running:
+        while arrivals.more or scheduler.waiting or scheduler.running:
             now = time.perf_counter() - start
-            while arrivals and arrivals[0].arrival_s <= now:
-                source = arrivals.popleft()
-                arrive(source, source.arrival_s, None)
-            for item in sorted(f for f in followers if f[0] <= now):
-                followers.remove(item)
-                arrive(item[1], item[0], item[2])
+            for request in arrivals.due(now):
+                close(request) if request.status == Status.REFUSED else scheduler.waiting.append(request)
             began = time.perf_counter()
-            step = scheduler.schedule()
+            step = scheduler.schedule(now)
             scheduled = time.perf_counter()
             for request in step.refused:
-                request.refuse(f"prompt + max_new_tokens need more K/V than --kv-budget-mib "
-                               f"{options.kv_budget_mib:g} on their own", now)
-                runner.release(request)
                 close(request)
-            if not (step.decodes or step.prefills or step.admitted or step.preempted):  # nothing to run yet
-                upcoming = [a.arrival_s for a in list(arrivals)[:1]] + [f[0] for f in followers]
-                if not scheduler.waiting and not scheduler.running and upcoming:
-                    time.sleep(max(0.0, min(upcoming) - (time.perf_counter() - start)))
+            if step.idle:  # nothing to run yet: wait for the next arrival
+                if not scheduler.waiting and not scheduler.running and arrivals.next_s() is not None:
+                    time.sleep(max(0.0, arrivals.next_s() - (time.perf_counter() - start)))
                 continue
-            for request in step.admitted:
-                if request.admitted_s is None:
-                    request.admitted_s = now
-            outcome = runner.run(step)
+            output = executor.execute(step)
             ended = time.perf_counter()
-            at = ended - start
-            features = outcome.features
-            predicted = (batch_cost.iteration_s(features, features["ks"])
-                         if batch_cost is not None and outcome.rows else None)
-            iterations.append({"at_s": at, "rows": outcome.rows, "running": len(scheduler.running),
-                               "segments": features.get("segments", 0),
-                               "kv_positions": features.get("kv_positions", 0),
-                               "attended": features.get("attended", 0), "predicted_s": predicted,
-                               "decodes": len(step.decodes), "prefill_rows": sum(w.rows for w in step.prefills),
-                               "k": [w.k for w in step.decodes], "admitted": len(step.admitted),
-                               "preempted": len(step.preempted),
-                               "kv_bytes": sum(scheduler.held_bytes(r) for r in scheduler.running),
-                               "schedule_s": scheduled - began, "iteration_s": ended - began})
-            for request in list(scheduler.running):
-                if request.id in outcome.emitted:
-                    request.emitted_s.append(at)
-                if request.state.finished:
-                    scheduler.finished(request)
-                    runner.complete(request)
-                    request.finish(at)
-                    close(request)
+            finished = scheduler.update_from_output(step, output, ended - start)
+            iterations.append(iteration_record(ended - start, step, output, scheduler.running + finished,
+                                               scheduler.held_bytes, batch_cost, began, scheduled, ended))
+            for request in finished:
+                close(request)
     finally:
         writer.close()
         bar.close()
-    duration = time.perf_counter() - start
+    return finish_summary(engine, trace, out, options, records, iterations, time.perf_counter() - start)
+
+
+def finish_summary(engine: Engine, trace: list[TraceRequest], out: Path, options: ServeOptions, records: list,
+                   iterations: list, duration: float) -> dict:
+    """summary.json (rakv.serving.metrics, the options served with, the equality check) and iterations.jsonl."""
     summary = summarize(records, duration, options.slos_ms, iterations)
     if options.check_alone:
         served = {r["id"]: r["token_ids"] for r in records if r["status"] == "ok"}
         reference = outputs_alone(engine, trace, served, ignore_eos=options.ignore_eos)
         summary["outputs_equal_alone"] = sum(reference[i] == tokens for i, tokens in served.items())
-    summary.update(strategy=options.strategy, speculation=options.speculation, proposer=engine.proposer, pair=engine.pair.name,
-                   token_budget=options.token_budget if options.chunking else None, chunking=options.chunking,
-                   max_batch=options.max_batch, kv_budget_mib=options.kv_budget_mib, itl_slo_ms=options.itl_slo_ms,
-                   acceptance=options.acceptance,
+    summary.update(strategy=options.strategy, speculation=options.speculation, proposer=engine.proposer,
+                   pair=engine.pair.name, token_budget=options.token_budget if options.chunking else None,
+                   chunking=options.chunking, max_batch=options.max_batch, kv_budget_mib=options.kv_budget_mib,
+                   itl_slo_ms=options.itl_slo_ms, acceptance=options.acceptance,
                    peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     with (out / "iterations.jsonl").open("w") as fh:  # one line per iteration: what ran and how long it took
         fh.writelines(json.dumps(i) + "\n" for i in iterations)

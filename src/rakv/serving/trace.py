@@ -158,6 +158,30 @@ def _clip_words(text: str, words: int) -> str:
     return text[:ends[min(words, len(ends)) - 1]] if ends else ""
 
 
+def _joined(pool: list[str], start: int, words: int) -> str:
+    """Consecutive texts of `pool` from `start` (wrapping round) joined up to `words` words."""
+    parts, count, i = [], 0, start
+    while count < words:
+        part = _clip_words(pool[i % len(pool)].strip(), words - count)
+        parts.append(part)
+        count += len(part.split())
+        i += 1
+    return "\n\n".join(parts)
+
+
+def _conversations(rng, starts, turns: int, think_s: float, text, max_new_tokens: int) -> list[TraceRequest]:
+    """Conversations starting at `starts`, `turns` turns each, a new text per turn; a later turn arrives after the
+    previous one finished plus an exponential think time (mean `think_s`)."""
+    out = []
+    for c, start in enumerate(starts):
+        for t in range(turns):
+            message = ("\n" if t else "") + f"User: {text(c * turns + t)}\nAssistant:"
+            out.append(TraceRequest(id=f"c{c}-t{t}", arrival_s=0.0 if t else float(start), prompt=message,
+                                    max_new_tokens=max_new_tokens, conversation=f"c{c}", turn=t,
+                                    after_s=round(float(rng.exponential(think_s)), 6) if t else 0.0))
+    return out
+
+
 def generate_trace(texts: list[tuple[str, str]], *, requests: int, rate: float, kind: str = "plain",
                    arrivals: str = "poisson", burstiness: float = 1.0, max_new_tokens: int = 32,
                    prompt_words: int = 64, groups: int = 2, system_words: int = 200, turns: int = 3,
@@ -189,26 +213,11 @@ def generate_trace(texts: list[tuple[str, str]], *, requests: int, rate: float, 
             raise RakvError(f"turns must be positive, got {turns}")
         conversations = max(requests // turns, 1)
         starts = arrival_times(rng, conversations, rate, arrivals, burstiness)
-        out = []
-        for c in range(conversations):
-            for t in range(turns):
-                index = c * turns + t
-                message = ("\n" if t else "") + f"User: {text(index)}\nAssistant:"
-                out.append(TraceRequest(id=f"c{c}-t{t}", arrival_s=0.0 if t else float(starts[c]), prompt=message,
-                                        max_new_tokens=max_new_tokens, conversation=f"c{c}", turn=t,
-                                        after_s=round(float(rng.exponential(think_s)), 6) if t else 0.0))
-        return out
+        return _conversations(rng, starts, turns, think_s, text, max_new_tokens)
     times = arrival_times(rng, requests, rate, arrivals, burstiness)
 
     def long_text(start: int, words: int) -> str:
-        """Consecutive texts from `start` joined up to `words` words."""
-        parts, count, i = [], 0, start
-        while count < words:
-            part = _clip_words(pool[order[i % len(pool)]].strip(), words - count)
-            parts.append(part)
-            count += len(part.split())
-            i += 1
-        return "\n\n".join(parts)
+        return _joined([pool[j] for j in order], start, words)
 
     if kind == "plain":
         return [TraceRequest(id=f"r{i}", arrival_s=float(times[i]), prompt=text(i), max_new_tokens=max_new_tokens)

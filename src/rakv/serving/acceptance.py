@@ -1,0 +1,78 @@
+"""What serving knows about acceptance: a request's estimate at admission, and what finished requests teach.
+
+Two sources (`--acceptance`): `ewma`, the running estimate across requests (rakv.runtime.controller.AcceptanceTracker:
+the controller's own under rakv-asd, seeded from the calibration under the model policies, else a neutral prior);
+`prefix`, the rounds recorded with the store entry a request's prompt extends (the EWMA as a prior of
+PRIOR_ROUNDS rejections' weight). Both learn from the same rounds, in `Acceptance.learn`, called once per finished
+request by Scheduler.update_from_output (rakv.serving.scheduler).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rakv.runtime.cache import Hit
+from rakv.runtime.controller import AcceptanceTracker
+from rakv.runtime.decoding import Sampling
+from rakv.runtime.errors import RakvError
+from rakv.runtime.proposers import PromptLookupProposer
+from rakv.serving.replay import lookup_rounds
+from rakv.serving.request import ServedRequest
+
+ACCEPTANCE_SOURCES = ("ewma", "prefix")
+PRIOR_ALPHA = 0.5  # the EWMA's start when no controller (and so no calibrated acceptance) is given
+PRIOR_ROUNDS = 4.0  # weight of the EWMA against a prefix's own recorded rounds
+
+
+@dataclass
+class Acceptance:
+    source: str = "ewma"  # a request's acceptance at admission: the EWMA across requests, or `prefix`-keyed
+    controller: object | None = None  # rakv.runtime.controller.Controller (rakv-asd): its tracker is the EWMA
+    tracker: AcceptanceTracker | None = None  # the EWMA to start from without a controller
+    sampling: Sampling = Sampling()
+    proposer: str = "draft"  # the engine's: prompt lookup's greedy rounds can be replayed without speculating
+    k_by_iteration: tuple[int, ...] = ()  # the load-aware policy's depths (the deepest replays a k = 0 request)
+
+    def __post_init__(self):
+        if self.source not in ACCEPTANCE_SOURCES:
+            raise RakvError(f"--acceptance takes {' or '.join(ACCEPTANCE_SOURCES)}, got '{self.source}'")
+        if self.controller is not None:
+            self.tracker = self.controller.tracker
+        elif self.tracker is None:
+            self.tracker = AcceptanceTracker(PRIOR_ALPHA, 0.9)
+
+    def at_admission(self, hit: Hit) -> float:
+        """Acceptance at admission: with `prefix`, the rounds recorded with the store entry it extends; otherwise,
+        and without history, the EWMA across requests."""
+        alpha = self.tracker.alpha
+        if self.source == "prefix" and hit.acceptance is not None:
+            accepted, rejected = hit.acceptance
+            return (accepted + PRIOR_ROUNDS * alpha) / (accepted + rejected + PRIOR_ROUNDS)
+        return alpha
+
+    def observed_rounds(self, request: ServedRequest) -> tuple[list[tuple[int, int]], int]:
+        """What a finished request tells about acceptance: its speculative rounds; or, when it ran none, with prompt
+        lookup under greedy decoding, the rounds speculation at the deepest k would have run over its output
+        (rakv.serving.replay.lookup_rounds: greedy acceptance is fixed by the output, so it is observed without
+        speculating, and a k = 0 decision does not starve the estimate)."""
+        log, empty = request.state.round_log, request.state.empty_rounds
+        if log or empty or not self.sampling.greedy or self.proposer != "prompt-lookup":
+            return log, empty
+        depth = max(self.k_by_iteration or (self.controller.config.k_set if self.controller else (4,)))
+        return lookup_rounds(PromptLookupProposer(), request.prompt, request.state.tokens, max(depth, 1))
+
+    @staticmethod
+    def recorded(request: ServedRequest, log) -> tuple[float, float] | None:
+        """(accepted, rejections) to record with its store entries: its rounds, added to its prefix's."""
+        accepted, rejected = float(sum(a for _, a in log)), float(sum(a < p for p, a in log))
+        prior = request.prefix_acceptance
+        if prior is not None:
+            accepted, rejected = accepted + prior[0], rejected + prior[1]
+        return (accepted, rejected) if accepted + rejected > 0 else None
+
+    def learn(self, request: ServedRequest, log, empty: int) -> None:
+        """The EWMA (the controller's, with its per-match-class depth) learns from a finished request's rounds."""
+        if self.controller is None:
+            self.tracker.observe(log, empty)
+        elif request.choice.decision is not None:
+            self.controller.observe(log, empty, request.choice.depth)

@@ -1,0 +1,133 @@
+"""Runs one iteration's plan (rakv.serving.scheduler.Step) and reports what happened: `execute(step) -> StepOutput`.
+
+Batched proposals, one batched target forward, acceptance and per-request rollback, all on the tensor side (the
+caches in rakv.serving.kv.KVManager's slots); what each request confirmed comes back typed (`RequestOutput`) and is
+applied to the request by Scheduler.update_from_output, the one place request state changes.
+
+Every piece is the batch-one engine's (rakv.runtime: decoding, proposers, kernels): `propose_batch` batches the draft
+model's steps, `kept_candidates`, `accept_round`, `rollback_round` (crop, proposer rollback, per-round depth),
+`select_token`. What is new is only that the forwards of several requests run together
+(`rakv.runtime.decoding.forward_rows`), whose kernels compute each row as they would alone (batch-invariant), so a
+greedy request's output is the one `rakv generate` gives it alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rakv.runtime.compact import Segment
+from rakv.runtime.decoding import (Sampling, accept_round, cache_nbytes, forward_rows, kept_candidates,
+                                   rollback_round, select_token)
+from rakv.runtime.proposers import DraftModelProposer, propose_batch
+from rakv.serving.batchcost import PassFeatures, pass_features
+from rakv.serving.kv import KVManager, Slot
+from rakv.serving.request import ServedRequest
+from rakv.serving.scheduler import Step
+
+
+@dataclass
+class RequestOutput:
+    """What one iteration did for one request (applied by ServedRequest.advance)."""
+
+    tokens: list[int] = field(default_factory=list)  # tokens it produced, in order (the stopping rule applies later)
+    cache_positions: int = 0  # positions its target cache holds after the iteration (after rollback)
+    round: tuple[int, int, bool] | None = None  # a speculative round: (verified, accepted, candidates offered)
+    held_bytes: int = 0  # K/V it held at its peak in the iteration (before rollback), for its peak_kv_bytes
+
+
+@dataclass
+class StepOutput:
+    requests: dict[str, RequestOutput] = field(default_factory=dict)  # id -> output, for every request it touched
+    rows: int = 0  # rows of the target forward
+    features: PassFeatures | None = None  # what the batch cost model prices (rakv.serving.batchcost)
+    ks: list[int] = field(default_factory=list)  # the decodes' candidates, in the step's order
+
+
+@dataclass
+class Executor:
+    kv: KVManager
+    sampling: Sampling = Sampling()
+
+    def __post_init__(self):
+        pair = self.kv.engine.pair
+        self.device, self.target = pair.device, pair.target.module
+
+    @torch.inference_mode()
+    def execute(self, step: Step) -> StepOutput:
+        """Admissions' K/V (store hits copied in), proposals, one batched target forward, then each request's
+        acceptance and rollback."""
+        output = StepOutput(ks=[w.k for w in step.decodes])
+        for request in step.admitted:
+            output.requests[request.id] = self._allocate(request)
+        proposals = self._propose([w for w in step.decodes if w.k > 0])
+        segments = [self._segment(w.request, [w.request.tokens[-1], *(proposals[w.request.id][1] if w.k else [])],
+                                  0 if w.k else 1) for w in step.decodes]
+        segments += [self._segment(w.request, w.request.tokens[w.request.computed:w.request.computed + w.rows], 1)
+                     for w in step.prefills]
+        output.features = pass_features([(int(s.ids.shape[0]), s.cache.get_seq_length()) for s in segments])
+        logits = forward_rows(self.target, segments) if segments else []
+        for work, rows in zip(step.decodes, logits):
+            output.requests[work.request.id] = self._close_decode(work, rows, proposals.get(work.request.id))
+        for work, rows in zip(step.prefills, logits[len(step.decodes):]):
+            output.requests[work.request.id] = self._close_prefill(work.request, rows)
+        output.rows = sum(int(s.ids.shape[0]) for s in segments)
+        return output
+
+    def _segment(self, request: ServedRequest, ids: list[int], keep: int) -> Segment:
+        return Segment(torch.tensor(ids, dtype=torch.long, device=self.device), self.kv.slot(request).cache, keep)
+
+    def _allocate(self, request: ServedRequest) -> RequestOutput:
+        """A slot holding its store hit; an exact repeat's first token comes from the stored logits, no forward."""
+        stored_logits = self.kv.allocate(request)
+        slot = self.kv.slot(request)
+        if stored_logits is None:
+            return RequestOutput(cache_positions=slot.cache.get_seq_length())
+        slot.prompt_logits = stored_logits
+        return self._select(request, slot, stored_logits)
+
+    def _propose(self, works) -> dict:
+        """Each speculating decode's candidates: (offered, kept, proposal, match), proposers batched."""
+        if not works:
+            return {}
+        slots = [self.kv.slot(w.request) for w in works]
+        for slot in slots:
+            if isinstance(slot.proposer, DraftModelProposer) and not slot.drafting:
+                slot.proposer.reset()  # its first round feeds the whole context, as `start` does alone
+                slot.drafting = True
+        contexts = [w.request.tokens for w in works]
+        offered, proposals = propose_batch([s.proposer for s in slots], contexts, [w.k for w in works],
+                                           self.sampling, [s.generator for s in slots])
+        out = {}
+        for work, slot, context, o, p in zip(works, slots, contexts, offered, proposals):
+            kept, proposal, match = kept_candidates(slot.proposer, work.request.choice.depth, len(context), o, p)
+            out[work.request.id] = (o, kept, proposal, match)
+        return out
+
+    def _close_decode(self, work, logits, proposal) -> RequestOutput:
+        request, slot = work.request, self.kv.slot(work.request)
+        if not work.k:
+            return self._select(request, slot, logits[-1])
+        offered, kept, dists, match = proposal
+        new_tokens = accept_round(kept, dists, logits, self.sampling, slot.generator)
+        held = cache_nbytes(slot.cache) + cache_nbytes(getattr(slot.proposer, "cache", None))  # before rollback
+        rollback_round(slot.cache, slot.proposer, len(request.tokens), new_tokens, kept, offered,
+                       request.choice.depth, match)
+        slot.last_logits = logits[request.state.confirmable(new_tokens) - 1]
+        return RequestOutput(new_tokens, slot.cache.get_seq_length(), (len(kept), len(new_tokens) - 1, bool(offered)),
+                             held)
+
+    def _close_prefill(self, request: ServedRequest, logits) -> RequestOutput:
+        slot = self.kv.slot(request)
+        if slot.cache.get_seq_length() < len(request.tokens):
+            return RequestOutput(cache_positions=slot.cache.get_seq_length())  # a chunk short of the end: no token
+        if not request.state.tokens:
+            slot.prompt_logits = logits[-1]
+        # the prompt's first token, or (a recomputed request) what its next decode step would give
+        return self._select(request, slot, logits[-1])
+
+    def _select(self, request: ServedRequest, slot: Slot, logits) -> RequestOutput:
+        slot.last_logits = logits
+        token = select_token(logits, self.sampling, slot.generator)
+        return RequestOutput([token], slot.cache.get_seq_length(), None, cache_nbytes(slot.cache))

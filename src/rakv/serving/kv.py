@@ -1,0 +1,116 @@
+"""The one owner of serving's K/V: every running request's caches (the target's and its proposer's) and the prefix
+store's entries, with the byte account the scheduler budgets with.
+
+    hit(request)            query: what the store would give the request now (no copy, nothing changes)
+    request_bytes(r, rows)  query: K/V bytes the request holds with `rows` more positions (target + draft per position)
+    allocate(request)       a slot at admission: a cache holding the store's hit (copied in), a proposer, a sampler
+    slot(request)           the running request's slot (the executor appends to and rolls back its caches)
+    free(request)           drop its K/V (preempted: recomputed later; refused: nothing to keep)
+    commit(request, acc)    at completion: insert prompt and prompt + output into the store, then free
+
+Store entries are copied in and out, never shared: a hit is copied into a fresh growing cache (one copy per hit,
+the batch-one engine's `kv_copy_s`), and an insert copies the request's positions (rakv.runtime.cache). The store
+keeps its own byte budget (conf/cache: `budget_mib`, LRU eviction); the running requests' budget is the scheduler's
+`kv_budget_bytes`, counted here. The slot's proposer holds the draft model's cache; the request's per-round depth
+travels with its choice (rakv.serving.request).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rakv.runtime.cache import Hit
+from rakv.runtime.decoding import Sampling, cache_nbytes, forward
+from rakv.runtime.engine import Engine
+from rakv.runtime.kernels import new_kv_cache
+from rakv.serving.request import ServedRequest
+
+
+@dataclass
+class Slot:
+    """The tensor side of a running request."""
+
+    cache: object  # the target's K/V (rakv.runtime.kernels.new_kv_cache)
+    proposer: object | None  # its own proposer (a draft model's cache, or prompt lookup)
+    generator: torch.Generator | None  # its sampler's stream (None: greedy)
+    drafting: bool = False  # the draft has been reset for this run of the request
+    prompt_logits: torch.Tensor | None = None  # the logits after its prompt (what an exact repeat skips to)
+    last_logits: torch.Tensor | None = None  # the logits that produced its latest token (for the store insert)
+
+
+@dataclass
+class KVManager:
+    engine: Engine
+    sampling: Sampling = Sampling()
+
+    def __post_init__(self):
+        pair = self.engine.pair
+        self.slots: dict[str, Slot] = {}
+        self.target_bpt = _bytes_per_token(pair.target.module, pair.device)
+        self.draft_bpt = _bytes_per_token(pair.draft.module, pair.device) if self.engine.proposer == "draft" else 0
+
+    # --- queries ---
+
+    def bytes_per_token(self, request: ServedRequest) -> int:
+        """K/V bytes one position of this request holds: the target's, and its draft model's if it speculates."""
+        return self.target_bpt + (self.draft_bpt if request.max_k else 0)
+
+    def request_bytes(self, request: ServedRequest, rows: int = 0) -> int:
+        return (request.computed + rows) * self.bytes_per_token(request)
+
+    def lookup_ids(self, request: ServedRequest) -> np.ndarray:
+        """What the store is asked: the prompt at first; after a preemption, every token but the last."""
+        tokens = request.tokens if not request.state.tokens else request.tokens[:-1]
+        return np.asarray(tokens, dtype=np.int64)
+
+    def hit(self, request: ServedRequest) -> Hit:
+        return self.engine.store.peek(self.engine.namespace(request.salt), self.lookup_ids(request))
+
+    def slot(self, request: ServedRequest) -> Slot:
+        return self.slots[request.id]
+
+    # --- changes ---
+
+    def allocate(self, request: ServedRequest) -> torch.Tensor | None:
+        """Admission's K/V: a cache holding the `request.computed` positions its hit gives (the scheduler counted them),
+        a proposer when it may speculate. Returns the stored logits of an exact repeat (its first token needs no
+        forward), else None."""
+        engine, reused = self.engine, request.computed
+        kv, stored_logits = None, None
+        if reused:
+            hit, kv, stored_logits = engine.store.lookup(engine.namespace(request.salt), self.lookup_ids(request))
+            assert hit.reused_tokens == reused, f"request {request.id}: the store changed between peek and lookup"
+        generator = None
+        if not self.sampling.greedy:
+            generator = torch.Generator(device=engine.pair.device).manual_seed(self.sampling.seed)
+        proposer = engine.make_proposer() if request.max_k else None
+        self.slots[request.id] = Slot(new_kv_cache(engine.pair.target.module, kv), proposer, generator)
+        return stored_logits if not request.state.tokens else None
+
+    def free(self, request: ServedRequest) -> None:
+        self.slots.pop(request.id, None)
+
+    def commit(self, request: ServedRequest, acceptance: tuple[float, float] | None) -> None:
+        """Insert the prompt and the prompt + output (all but the last token, whose K/V is never computed) into the
+        store, so a repeat is an exact hit and a conversation's next turn an exact-prefix hit; then free."""
+        slot = self.slots.pop(request.id)
+        store, ns = self.engine.store, self.engine.namespace(request.salt)
+        layers = [(layer.keys, layer.values) for layer in slot.cache.layers]
+        held = slot.cache.get_seq_length()
+        exact_repeat = request.hit_tokens == len(request.prompt)
+        if slot.prompt_logits is not None and not exact_repeat and held >= len(request.prompt):
+            store.insert(ns, np.asarray(request.prompt, dtype=np.int64), layers, slot.prompt_logits, acceptance)
+        extended = request.tokens[:-1]
+        if len(extended) > len(request.prompt) and slot.last_logits is not None and held >= len(extended):
+            store.insert(ns, np.asarray(extended, dtype=np.int64), layers, slot.last_logits, acceptance)
+
+
+def _bytes_per_token(model, device) -> int:
+    """K/V bytes one position takes in this model's cache, measured by one token's forward."""
+    cache = new_kv_cache(model)
+    with torch.inference_mode():
+        forward(model, torch.zeros((1, 1), dtype=torch.long, device=device), cache, keep=1)
+    return cache_nbytes(cache)

@@ -1,0 +1,44 @@
+"""The one CI-side rule (rakv.experiments.verdicts) and the three vocabularies read from it."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rakv.experiments import report, serving_stats
+from rakv.experiments.analysis import Claim, verdict_direction
+from rakv.experiments.verdicts import ci_side
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize("ci, threshold, side", [
+    ((1.0, 0.5, 1.5), 0.0, "above"), ((-1.0, -2.0, -0.5), 0.0, "below"), ((0.1, -0.1, 0.3), 0.0, "straddles"),
+    ((0.5, 0.0, 1.0), 0.0, "straddles"), ((-0.5, -1.0, 0.0), 0.0, "straddles"), ((NAN, 0.1, 0.2), 0.0, "missing"),
+    ((0.2, NAN, NAN), 0.1, "above"), ((0.05, None, None), 0.1, "below"), ((0.1, NAN, NAN), 0.1, "straddles"),
+])
+def test_which_side_of_the_threshold_the_interval_lies(ci, threshold, side):
+    assert ci_side(ci, threshold) == side
+
+
+def test_without_an_interval_the_point_decides_only_when_asked():
+    assert ci_side((0.3, NAN, NAN), 0.0) == "above"
+    assert ci_side((0.3, NAN, NAN), 0.0, point_if_no_interval=False) == "missing"
+
+
+finite = st.floats(-10, 10, allow_nan=False)
+
+
+@given(finite, finite, finite)
+def test_claims_goals_and_prose_agree_on_every_interval(a, b, c):
+    value, low, high = sorted((a, b, c))[1], min(a, b, c), max(a, b, c)
+    ci = (value, low, high)
+    side = ci_side(ci, 0.0)
+    claim = Claim("a positive effect", 0.2, "effect", 0.0)
+    assert verdict_direction(claim, ci) == {"above": "yes", "below": "no"}.get(side, "inconclusive")
+    assert serving_stats.verdict(list(ci), 0.0, above=True) == {"above": "met", "below": "missed"}.get(
+        side, "inconclusive")
+    assert report.verdict(ci) == {"above": "faster than", "below": "slower than"}.get(side, "not distinguishable from")
+    assert serving_stats.no_worse(list(ci), "below") == ("missed" if side == "below" else "met")
+    assert not math.isnan(value)
