@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from rakv.runtime.actions import Action
 from rakv.runtime.cache import Hit, PrefixKVStore
-from rakv.runtime.decoding import DecodeState
+from rakv.runtime.decoding import DecodeState, Sampling
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
 from rakv.runtime.strategies import Choice
@@ -437,3 +437,25 @@ def test_a_malformed_speculation_policy_is_refused(bad):
 
     with pytest.raises(RakvError, match="--speculation takes"):
         speculation_policy(bad)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"token_budget": 0}, "must be positive"), ({"kv_budget_mib": -1}, "must be positive"),
+    ({"itl_slo_ms": 0}, "--itl-slo-ms must be positive"), ({"acceptance": "oracle"}, "--acceptance takes"),
+    ({"speculation": "always"}, "--speculation takes"), ({"strategy": "spec-kx"}, "strategy"),
+    ({"check_alone": True, "sampling": Sampling(temperature=0.7)}, "--check-alone"),
+    ({"sampling": Sampling(top_p=0.0)}, "--top-p"),
+])
+def test_serve_options_check_themselves_once_with_one_line(overrides, message):
+    with pytest.raises(RakvError, match=message):
+        ServeOptions.default(**overrides)
+
+
+def test_serve_options_take_their_defaults_from_conf_serving():
+    from rakv.runtime.paths import conf_file
+
+    node, options = conf_file("serving/default.yaml"), ServeOptions.default()
+    for name in ("strategy", "token_budget", "chunking", "max_batch", "kv_budget_mib", "speculation", "itl_slo_ms",
+                 "acceptance"):
+        assert getattr(options, name) == node[name], name
+    assert ServeOptions.from_config(node, max_batch=3).max_batch == 3
