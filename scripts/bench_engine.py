@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench_engine.py [--pair smollm2] [--kernels compact] [--new-tokens 64] [--repeats 3] [--json]
     .venv/bin/python scripts/bench_engine.py --gemm   # only the GEMM table (rakv.runtime.kernels.cpp) by row count
+    .venv/bin/python scripts/bench_engine.py --draft-reuse   # only the draft's prefill with and without its stored state
     pip install -e '.[peers]'   # optional: llama.cpp beside us (llama-cpp-python builds from source, 10-15 min)
 
 Our engine runs the pair with `--kernels` (rakv.runtime.kernels; default compact); transformers' `generate` and
@@ -21,6 +22,8 @@ Printed, each a median of interleaved repeats, with the goal beside it:
 - prefill of 64, 128, 256 and 512 tokens, target and draft, against the previous engine's calibration
   (data/reference/offline-fast-kernels: goal faster at every point; measured on the reference machine);
 - TTFT with the prefix store (exact repeat / cold <= 0.05, 50 % partial hit / cold <= 0.6, ~512 tokens);
+- the draft's prefill before a joint-k4 request's first round, with the draft's state in the store and without
+  (exact repeat: goal <= 0.05 of it without; 50 % partial hit);
 - memory: the peak increase while each generation runs (fresh processes), and a fresh process's peak
   resident set against the bytes of the weights it holds plus its K/V (goal <= 1.3).
 """
@@ -254,6 +257,44 @@ def rss_probe(args) -> dict:
             "peak_rss_after_load_bytes": loaded_peak}
 
 
+def reuse_prompts(engine, problems, tokens: int) -> tuple[list[int], list[int]]:
+    """A ~`tokens`-token prompt of HumanEval text, and one sharing its first half."""
+    prompts = list(problems["prompt"])
+    long_ids = engine.encode("\n".join(prompts))[:tokens]
+    half = len(long_ids) // 2
+    return long_ids, long_ids[:half] + engine.encode("\n".join(reversed(prompts)))[: len(long_ids) - half]
+
+
+def print_draft_reuse(rows: dict, tokens: int) -> None:
+    for case, row in rows.items():
+        print(f"joint-k4 draft prefill before the first round, {case} ({tokens} tokens): with the draft's "
+              f"state in the store {row['with_ms']:.2f} ms, without {row['without_ms']:.1f} ms (ratio "
+              f"{row['ratio']:.3f}{', goal <=0.05' if case == 'exact repeat' else ''}); draft positions reused "
+              f"{row['draft_hit_tokens']}")
+
+
+def draft_reuse_rows(engine, prompt: list[int], partial: list[int], repeats: int) -> dict:
+    """A joint-k4 request's draft prefill (the time before its first round that is the draft's) on an exact repeat
+    and on a 50 % partial hit of a speculating earlier request, with the draft's K/V in the store entry and without
+    (conf/cache: reuse_draft), interleaved; medians."""
+    rows = {}
+    for case, ids in (("exact repeat", prompt), ("50 % partial hit", partial)):
+        seconds, hits = {True: [], False: []}, {}
+        for _ in range(repeats):
+            for reuse_draft in (True, False):
+                engine.reuse_draft = reuse_draft
+                engine.store.clear()
+                engine.run(prompt, Action(False, 1), 1)  # the earlier request: the draft prefills, nothing verified
+                result = engine.run(ids, Action.of_strategy("joint-k4"), 2, ignore_eos=True)
+                seconds[reuse_draft].append(result.draft_prefill_s)
+                hits[reuse_draft] = result.draft_hit_tokens
+        engine.reuse_draft = True
+        with_s, without_s = statistics.median(seconds[True]), statistics.median(seconds[False])
+        rows[case] = {"with_ms": with_s * 1e3, "without_ms": without_s * 1e3, "ratio": with_s / without_s,
+                      "draft_hit_tokens": hits[True]}
+    return rows
+
+
 def gemm_table(pair, repeats: int, rows=(1, 2, 4, 5, 8, 12, 16, 32, 64, 128, 256, 512)) -> dict:
     """kernels.cpp's GEMM by row count: one pass through every projection of the pair's compact target (fp32) and
     of its int8 draft (when it has one), on random inputs; and the FMA peak the kernels measure on this machine."""
@@ -356,6 +397,9 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--no-peer", action="store_true", help="skip llama.cpp even when it is installed")
     parser.add_argument("--gemm", action="store_true", help="only the GEMM table by row count (kernels.cpp)")
+    parser.add_argument("--draft-reuse", action="store_true",
+                        help="only the draft's prefill before a joint-k4 request's first round, with and without "
+                             "the draft's state in the store")
     parser.add_argument("--probe", choices=("ours-ar", "hf-ar", "ours-spec-k4", "hf-spec-k4", "rss"),
                         help=argparse.SUPPRESS)  # internal: one memory measurement in a fresh process
     args = parser.parse_args()
@@ -372,6 +416,18 @@ def main() -> int:
         print(json.dumps(table) if args.json else "", end="\n" if args.json else "")
         if not args.json:
             print_gemm_table(table)
+        return 0
+    if args.draft_reuse:
+        try:
+            engine = Engine(load_pair(args.pair, device=args.device, threads=args.threads, kernels=args.kernels),
+                            PrefixKVStore(budget_bytes=1 << 30))
+        except RakvError as exc:
+            print(f"bench_engine: error: {exc}", file=sys.stderr)
+            return 2
+        long_ids, other = reuse_prompts(engine, load_humaneval(), args.long_prompt_tokens)
+        engine.run(long_ids, Action.of_strategy("joint-k4"), 2)  # warm-up of every path
+        rows = draft_reuse_rows(engine, long_ids, other, args.repeats)
+        print(json.dumps(rows)) if args.json else print_draft_reuse(rows, len(long_ids))
         return 0
     try:
         pair = load_pair(args.pair, device=args.device, threads=args.threads, kernels=args.kernels)
@@ -414,10 +470,7 @@ def main() -> int:
     alpha = acceptance_estimate(spec.round_log)
 
     # TTFT with the store: a ~512-token prompt cold, as an exact repeat, and after a 50 % shared prefix.
-    prompts = list(problems["prompt"])
-    long_ids = engine.encode("\n".join(prompts))[: args.long_prompt_tokens]
-    half = len(long_ids) // 2
-    other = long_ids[:half] + engine.encode("\n".join(reversed(prompts)))[: len(long_ids) - half]
+    long_ids, other = reuse_prompts(engine, problems, args.long_prompt_tokens)
 
     def ttft(prompt, warm=None):
         engine.store.clear()
@@ -428,6 +481,8 @@ def main() -> int:
     cold = statistics.median(ttft(long_ids) for _ in range(args.repeats))
     exact = statistics.median(ttft(long_ids, warm=long_ids) for _ in range(args.repeats))
     partial = statistics.median(ttft(other, warm=long_ids) for _ in range(args.repeats))
+
+    draft_reuse = draft_reuse_rows(engine, long_ids, other, args.repeats) if engine.proposer == "draft" else None
 
     ratios = verify_ratios(engine, long_ids[:265], args.repeats * 4)
     bandwidth = streaming_bandwidth(device)
@@ -449,6 +504,7 @@ def main() -> int:
     draft_floor = draft_bytes / bandwidth * 1e3
 
     # a batched decode step of b requests, each with its own 256-token context, against one request
+    prompts = list(problems["prompt"])
     contexts = [engine.encode("\n".join(prompts[i::16]))[:257] for i in range(16)]
     batch = batched_steps_ms(target_model, device, contexts, (1, 2, 4, 8, 16), args.repeats * 2)
     chunked = chunk_beside_decodes_ms(target_model, device, contexts[:5], 32, args.repeats * 2)
@@ -486,6 +542,7 @@ def main() -> int:
                    "monotone": all(a <= b for a, b in zip(steps, steps[1:]))},
         "ttft": {"prompt_tokens": len(long_ids), "cold_ms": cold * 1e3, "exact_ms": exact * 1e3,
                  "partial_ms": partial * 1e3, "exact_over_cold": exact / cold, "partial_over_cold": partial / cold},
+        "draft_reuse": draft_reuse,
         "spec_k4_acceptance": {"accepted_over_proposed": accepted_share, "alpha": alpha, "rounds": spec.rounds},
         "draft": {"context_tokens": 256, "target_step_ms": target_step, "draft_step_ms": draft_step,
                   "draft_over_target": draft_step / target_step, "goal_over_target": 0.30,
@@ -535,6 +592,8 @@ def main() -> int:
     print(f"TTFT on a {len(long_ids)}-token prompt: cold {cold * 1e3:.1f} ms, exact repeat {exact * 1e3:.2f} ms "
           f"(ratio {exact / cold:.3f}, goal <=0.05), 50 % partial hit {partial * 1e3:.1f} ms "
           f"(ratio {partial / cold:.3f}, goal <=0.6)")
+    if draft_reuse is not None:
+        print_draft_reuse(draft_reuse, len(long_ids))
     print(f"spec-k4 on this prompt: accepted/proposed {accepted_share:.3f}, per-token acceptance alpha "
           f"{alpha:.3f} (accepted / (accepted + rejecting rounds)) over {spec.rounds} rounds")
     d = report["draft"]

@@ -20,7 +20,7 @@ DETERMINISTIC = ("configuration", "dataset", "prompt_id", "scenario", "kind", "s
                  "reuse", "k", "prompt_tokens", "hit_tokens", "available_hit_tokens", "exact_hit", "new_tokens",
                  "rounds", "proposed", "accepted", "rejections", "output_hash", "equal_to_ar", "order",
                  "predicted_latency_s", "predictions", "alpha_before", "alpha_after", "reuse_rate",
-                 "reuse_rate_target")
+                 "reuse_rate_target", "draft_hit_tokens", "available_draft_tokens", "reuse_draft")
 
 
 def same(a: pd.Series, b: pd.Series) -> bool:

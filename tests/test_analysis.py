@@ -260,3 +260,34 @@ def test_acceptance_mape_separates_the_requests_acceptance_from_the_costs():
     result = analysis.acceptance_mape(pd.DataFrame(rows), {"c": table}, resamples=200)["c"]
     assert result["prompt"][0] == pytest.approx(0.0, abs=1e-12)
     assert result["calibrated"][0] > 0.05  # p1 and p3 are mispredicted at alpha 0.5 (p2 is exact)
+
+
+def joint_rows(joint_factor, reprefilled_factor=None, prompts=6, noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in range(prompts):
+        base = 1.0 + 0.2 * p
+        for repeat in range(2):
+            latencies = {"kv-only": base, "joint-k4": base * joint_factor}
+            if reprefilled_factor is not None:
+                latencies["joint-k4-draft-reprefilled"] = base * reprefilled_factor
+            for strategy, latency in latencies.items():
+                rows.append({"configuration": "c", "dataset": "d", "prompt_id": f"p{p}", "scenario": "exact",
+                             "new_tokens": 32, "strategy": strategy, "repeat": repeat,
+                             "latency_s": latency * (1 + noise * rng.standard_normal()),
+                             "draft_prefill_s": 0.01, "hit_tokens": 100,
+                             "draft_hit_tokens": 100 if strategy == "joint-k4" else 0, "reuse_draft": True})
+    return pd.DataFrame(rows)
+
+
+def test_speculation_on_top_of_reuse_is_judged_by_its_ci_both_ways():
+    from rakv.experiments.analysis import joint_reuse_by_length
+
+    pays = joint_reuse_by_length(joint_rows(0.8, 1.1), resamples=300)[0]
+    assert pays["verdict"] == "pays" and pays["latency_reduction"][0] == pytest.approx(0.2)
+    assert pays["latency_reduction"][1] > 0 and pays["draft_reuse_reduction"][1] > 0
+    assert pays["draft_hit_share"] == 1.0 and pays["reprefilled_s"] > pays["joint_s"]
+    assert joint_reuse_by_length(joint_rows(1.25), resamples=300)[0]["verdict"] == "costs"
+    unclear = joint_reuse_by_length(joint_rows(1.0, noise=0.2, seed=3), resamples=300)[0]
+    assert unclear["verdict"] == "inconclusive" and unclear["reprefilled_s"] is None
+    assert joint_reuse_by_length(joint_rows(0.8, prompts=1), resamples=300)[0]["verdict"] == "inconclusive"

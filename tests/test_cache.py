@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rakv.runtime.cache import BUCKET_TOKENS, PrefixKVStore, namespace
+from rakv.runtime.cache import BUCKET_TOKENS, PrefixKVStore, kv_nbytes, namespace
 
 
 def fake_kv(length, layers=2, heads=2, dim=4, seed=0):
@@ -30,14 +30,14 @@ def filled_store(budget=1 << 30):
 
 def test_exact_repeat_reuses_everything_and_logits():
     store = filled_store()
-    hit, kv, logits = store.lookup(NS, BASE.copy())
+    hit, kv, logits, _ = store.lookup(NS, BASE.copy())
     assert hit.exact and hit.reused_tokens == 40 and kv[0][0].shape[2] == 40 and logits is not None
 
 
 def test_partial_hit_reuses_q_minus_one():
     store = filled_store()
     prompt = np.concatenate([BASE[:25], [7, 8, 9]])
-    hit, kv, logits = store.lookup(NS, prompt)
+    hit, kv, logits, _ = store.lookup(NS, prompt)
     assert hit.prefix_length == 25 and hit.reused_tokens == 24 and not hit.exact
     assert kv[0][0].shape[2] == 24 and logits is None
 
@@ -71,11 +71,11 @@ def test_stored_tensors_are_copied_in_and_out():
     store = PrefixKVStore(budget_bytes=1 << 30)
     store.insert(NS, BASE, kv, torch.zeros(10))
     kv[0][0].fill_(7.0)  # the caller's tensors change; the entry must not
-    _, out, logits = store.lookup(NS, BASE)
+    _, out, logits, _ = store.lookup(NS, BASE)
     assert not torch.equal(out[0][0], kv[0][0])
     out[0][0].fill_(9.0)
     logits.fill_(3.0)
-    _, again, logits_again = store.lookup(NS, BASE)
+    _, again, logits_again, _ = store.lookup(NS, BASE)
     assert not torch.equal(again[0][0], out[0][0]) and torch.equal(logits_again, torch.zeros(10))
 
 
@@ -117,7 +117,7 @@ def test_budget_and_lru_order_under_random_operations(ops, capacity_entries):
             while sum(entry_bytes(len(p)) for p in model) > budget:
                 model.pop(0)
         else:
-            hit, _, _ = store.lookup(NS, arr)
+            hit, _, _, _ = store.lookup(NS, arr)
             # the best entry is the one with the longest common prefix (exact preferred); it becomes newest
             if hit.is_hit:
                 best = max(model, key=lambda p: (len(prompt) if p == prompt else _lcp(p, prompt) - 1,
@@ -142,13 +142,43 @@ def test_snapshot_restores_entries_order_and_hits_without_copying_kv():
     store.insert(NS, other, fake_kv(len(other), seed=1), torch.randn(10))
     snapshot = store.snapshot()
     order, hit = store.lru_order(), store.peek(NS, BASE[:30])
-    _, kv, _ = store.lookup(NS, BASE)
+    _, kv, _, _ = store.lookup(NS, BASE)
     kv[0][0].zero_()  # a request's copy may be written; the snapshot's tensors must not change
     store.insert(NS, np.arange(500, 540, dtype=np.int64), fake_kv(40, seed=2), torch.randn(10))
     store.restore(snapshot)
     assert store.lru_order() == order and store.peek(NS, BASE[:30]) == hit
     assert store.stats.entries == 2 and store.stats.bytes == sum(entry.nbytes for _, entry in snapshot)
-    _, again, _ = store.lookup(NS, BASE)
+    _, again, _, _ = store.lookup(NS, BASE)
     assert torch.equal(again[0][0], fake_kv(len(BASE))[0][0])
     store.restore([])
     assert store.lru_order() == [] and store.stats.bytes == 0
+
+
+def test_the_draft_part_is_found_under_its_own_identity_counted_copied_and_evicted_with_its_entry():
+    from rakv.runtime.cache import DraftPart
+
+    store = PrefixKVStore(budget_bytes=1 << 30)
+    target, draft = fake_kv(40), fake_kv(40, seed=3)
+    store.insert(NS, BASE, target, torch.zeros(10), draft=DraftPart("draft-a", draft))
+    with_draft = store.stats.bytes
+    assert with_draft == kv_nbytes(target) + kv_nbytes(draft) + 10 * 4
+    assert store.peek(NS, BASE, "draft-a").draft_tokens == 40 and store.peek(NS, BASE).draft_tokens == 0
+    assert store.peek(NS, BASE, "draft-b").exact and store.peek(NS, BASE, "draft-b").draft_tokens == 0
+    partial = BASE.copy()
+    partial[30:] += 1000
+    hit, kv, _, dkv = store.lookup(NS, partial, "draft-a")
+    assert hit.reused_tokens == hit.draft_tokens == 29 and dkv[0][0].shape[2] == 29
+    assert torch.equal(dkv[0][0], draft[0][0][:, :, :29])
+    dkv[0][0].fill_(5.0)  # copied out: the entry is unchanged
+    draft[1][0].fill_(7.0)  # copied in: the caller's tensors changing leave it unchanged
+    again = store.lookup(NS, BASE, "draft-b")
+    assert again.draft_kv is None and again.kv is not None
+    fresh = store.lookup(NS, BASE, "draft-a").draft_kv
+    assert not torch.equal(fresh[0][0], dkv[0][0]) and not torch.equal(fresh[1][0], draft[1][0])
+    store.insert(NS, BASE, target, torch.zeros(10), draft=DraftPart("draft-b", fake_kv(40, seed=4)))  # replaced
+    assert store.peek(NS, BASE, "draft-b").draft_tokens == 40 and store.peek(NS, BASE, "draft-a").draft_tokens == 0
+    assert store.stats.bytes == with_draft and store.stats.entries == 1
+    small = PrefixKVStore(budget_bytes=with_draft + 10)
+    small.insert(NS, BASE, target, torch.zeros(10), draft=DraftPart("draft-a", draft))
+    small.insert(NS, np.arange(500, 540, dtype=np.int64), fake_kv(40), torch.zeros(10))  # evicts the first, whole
+    assert not small.peek(NS, BASE, "draft-a").is_hit and small.stats.bytes <= small.budget_bytes

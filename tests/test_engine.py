@@ -205,3 +205,41 @@ def test_per_round_depth_refuses_a_proposer_without_match_classes(engine):
     costs = SimpleNamespace(target_step=lambda c: 0.020, verify={4: lambda c: 0.024})
     with pytest.raises(RakvError, match="needs a proposer with match classes"):
         engine.run(BASE, Action(False, 4), N, depth=RoundDepth(costs, (0, 4), {"unigram": 0.5, "ngram": 0.5}, 4.0))
+
+
+# --- the draft's state in the store (joint reuse of the proposer) ---
+
+@pytest.mark.parametrize("case", variants(), ids=lambda c: c[0])
+def test_a_hit_reuses_the_drafts_positions_too_and_changes_no_round(tiny_pair, case):
+    """A speculating warm-up stores the draft's K/V beside the target's; a joint-k2 request then takes the draft's
+    first positions from the store (as many as the target's) and prefills only the rest, and its rounds — the draft's
+    candidates, so the draft's logits — are the same as without draft reuse, under every reuse case."""
+    name, warm, prompt = case
+    results = {}
+    for reuse_draft in (False, True):
+        engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30), reuse_draft=reuse_draft)
+        if warm is not None:
+            engine.run(warm, Action(False, 1), 1, ignore_eos=True)  # the draft prefills the warm-up, nothing verified
+        results[reuse_draft] = engine.run(prompt, Action(True, 2), N, ignore_eos=True)
+    off, on = results[False], results[True]
+    assert on.token_ids == off.token_ids and on.round_log == off.round_log, name
+    assert off.draft_hit_tokens == 0 and not off.reuse_draft and on.reuse_draft
+    assert on.draft_hit_tokens == on.hit_tokens, name  # the draft reuses exactly the target's positions
+
+
+def test_the_draft_part_belongs_to_the_drafts_identity(tiny_pair):
+    """Another draft (here: another identity key) finds the target's positions but not the draft's; the entry then
+    takes this draft's state; draft reuse off never asks for it."""
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30))
+    engine.run(BASE, Action(False, 1), 1, ignore_eos=True)
+    assert engine.peek(BASE).draft_tokens == len(BASE)
+    other = engine.store.peek(engine.namespace(None), np.asarray(BASE), "another-draft")
+    assert other.exact and other.draft_tokens == 0
+    assert Engine(tiny_pair, engine.store, reuse_draft=False).peek(BASE).draft_tokens == 0
+    assert Engine(tiny_pair, engine.store, proposer="prompt-lookup").peek(BASE).draft_tokens == 0
+    cold = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30))
+    cold.run(BASE, Action(False, 0), 1, ignore_eos=True)  # an AR request stores no draft state
+    assert cold.peek(BASE).exact and cold.peek(BASE).draft_tokens == 0
+    result = cold.run(BASE, Action(True, 2), N, ignore_eos=True)  # an exact repeat speculating: it adds its draft's
+    assert result.draft_hit_tokens == 0 and cold.peek(BASE).draft_tokens == len(BASE)
+    assert cold.run(BASE, Action(True, 2), N, ignore_eos=True).draft_hit_tokens == len(BASE)

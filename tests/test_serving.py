@@ -459,3 +459,30 @@ def test_serve_options_take_their_defaults_from_conf_serving():
                  "acceptance"):
         assert getattr(options, name) == node[name], name
     assert ServeOptions.from_config(node, max_batch=3).max_batch == 3
+
+
+def test_a_served_hit_reuses_the_drafts_state_and_keeps_the_output(tiny_pair, tiny_texts, tmp_path):
+    """Entries a speculating request left in the store (target and draft K/V) are reused by a served joint-k2
+    request on an exact repeat and on a partial hit: its draft starts from the stored positions, its output is
+    the one it gets alone, and with draft reuse off the same requests find no draft state."""
+    trace = generate_trace(tiny_texts, requests=4, rate=1000.0, kind="plain", seed=2, prompt_words=30,
+                           max_new_tokens=8)
+    trace = [TraceRequest(r.id, 0.0, r.prompt, r.max_new_tokens) for r in trace]
+    draft_hits = {}
+    for reuse_draft in (True, False):
+        engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30), reuse_draft=reuse_draft)
+        first = engine.encode(trace[0].prompt)
+        engine.run(first, Action(False, 1), 1, ignore_eos=True)  # an earlier speculating request: exact repeat
+        second = engine.encode(trace[1].prompt)
+        engine.run(second[:20] + [t + 1 for t in second[20:40]], Action(False, 1), 1, ignore_eos=True)  # q = 20
+        out = tmp_path / str(reuse_draft)
+        summary = serve(engine, trace, out, ServeOptions.default(strategy="joint-k2", ignore_eos=True,
+                                                                 check_alone=True), progress=False)
+        records = {r["id"]: r for r in map(json.loads, (out / "requests.jsonl").read_text().splitlines())}
+        assert summary["outputs_equal_alone"] == len(trace)
+        draft_hits[reuse_draft] = {i: (r["hit_tokens"], r["draft_hit_tokens"]) for i, r in records.items()}
+    first_id, second_id = trace[0].id, trace[1].id
+    hit, draft = draft_hits[True][first_id]
+    assert hit == draft == len(engine.encode(trace[0].prompt))  # exact repeat: every position, both models
+    assert draft_hits[True][second_id] == (19, 19)  # a partial hit of q = 20: q - 1 positions, both models
+    assert all(d == 0 for _, d in draft_hits[False].values())

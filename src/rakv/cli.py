@@ -40,7 +40,8 @@ def make_engine(args):
     from rakv.runtime.engine import open_engine
 
     return open_engine(args.pair, args.proposer, cache_budget_mib=args.cache_budget_mib, salt=args.salt,
-                       device=args.device, dtype=args.dtype, threads=args.threads, kernels=args.kernels)
+                       device=args.device, dtype=args.dtype, threads=args.threads, kernels=args.kernels,
+                       reuse_draft=not args.no_draft_reuse)
 
 
 def controller_config(args):
@@ -144,12 +145,13 @@ def cmd_calibrate(args) -> None:
           f"over {table.acceptance_rounds} rounds")
     lam = args.memory_penalty
     lengths = [args.prompt_length] if args.prompt_length else [64, 256, 512]
-    print(f"\nbreak-even alpha per k (N = {args.new_tokens} new tokens, reuse {args.reuse_rate:.0%}; "
-          f"'-' = never, even at alpha = 1)")
+    draft = engine.draft_key is not None
+    print(f"\nbreak-even alpha per k (N = {args.new_tokens} new tokens, reuse {args.reuse_rate:.0%}"
+          f"{'; r = 1 reuses the draft state too' if draft else ''}; '-' = never, even at alpha = 1)")
     print(f"{'prompt':>7} {'r':>2} " + " ".join(f"{'k=' + str(k):>7}" for k in SPEC_K)
           + f" {'C(r,0) s':>9} {'best k at alpha=' + format(table.acceptance, '.2f'):>20}")
     for length in lengths:
-        features = scenario_features(scenario_for_rate(args.reuse_rate), length, args.new_tokens)
+        features = scenario_features(scenario_for_rate(args.reuse_rate), length, args.new_tokens, draft)
         for reuse in ((False, True) if features.hit_tokens else (False,)):
             alphas = [break_even_alpha(table, features, reuse, k, lam) for k in SPEC_K]
             costs = {k: estimate_latency(table, features, reuse, k, table.acceptance, lam) for k in (0, *SPEC_K)}
@@ -247,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "prompts file's \"salt\" overrides it per request")
     gen.add_argument("--cache-budget-mib", type=float, default=store.budget_mib,
                      help=f"byte budget of the prefix KV store (default {store.budget_mib})")
+    gen.add_argument("--no-draft-reuse", action="store_true", default=not store.reuse_draft,
+                     help="store entries without the draft model's K/V (the ablation; conf/cache: reuse_draft)")
     gen.add_argument("--ignore-eos", action="store_true", help="generate exactly N tokens")
     gen.add_argument("--json", action="store_true", help="one JSON object per request on stdout")
     gen.add_argument("--k-set", default=",".join(map(str, defaults.k_set)),
@@ -276,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--memory-penalty", type=float, default=defaults.memory_penalty_s_per_byte, metavar="LAMBDA")
     cal.add_argument("--cache-budget-mib", type=float, default=store.budget_mib, help=argparse.SUPPRESS)
     cal.add_argument("--salt", default=store.salt, help=argparse.SUPPRESS)
+    cal.add_argument("--no-draft-reuse", action="store_true", default=not store.reuse_draft, help=argparse.SUPPRESS)
     add_model_options(cal)
     cal.set_defaults(func=cmd_calibrate)
 
@@ -319,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--salt", default=store.salt, help="isolation salt of requests that name none")
     srv.add_argument("--cache-budget-mib", type=float, default=store.budget_mib,
                      help=f"byte budget of the prefix KV store (default {store.budget_mib})")
+    srv.add_argument("--no-draft-reuse", action="store_true", default=not store.reuse_draft,
+                     help="store entries without the draft model's K/V (the ablation; conf/cache: reuse_draft)")
     srv.add_argument("--k-set", default=",".join(map(str, defaults.k_set)), help="rakv-asd: depths it may choose")
     srv.add_argument("--beta", type=float, default=defaults.beta, help=argparse.SUPPRESS)
     srv.add_argument("--memory-penalty", type=float, default=defaults.memory_penalty_s_per_byte,

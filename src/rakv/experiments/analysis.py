@@ -325,7 +325,9 @@ def acceptance_mape(meas: pd.DataFrame, tables: dict, seed=0, resamples=2000) ->
     if not any(t is not None for t in tables.values()):
         return out  # nothing calibrated to re-evaluate
     own = prompt_acceptance(meas)
-    features = ["prompt_tokens", "available_hit_tokens", "new_tokens", "exact_hit"]
+    features = ["prompt_tokens", "available_hit_tokens", "new_tokens", "exact_hit", "available_draft_tokens"]
+    if "available_draft_tokens" not in meas:  # a study from before the draft's state was stored
+        meas = meas.assign(available_draft_tokens=0)
     for name, part in meas.groupby("configuration"):
         table = tables.get(name)
         if table is None:
@@ -335,7 +337,7 @@ def acceptance_mape(meas: pd.DataFrame, tables: dict, seed=0, resamples=2000) ->
         predicted = {"calibrated": [], "prompt": []}
         for r in rows.itertuples(index=False):
             request = RequestFeatures(int(r.prompt_tokens), int(r.available_hit_tokens) if r.reuse else 0,
-                                      int(r.new_tokens), bool(r.exact_hit))
+                                      int(r.new_tokens), bool(r.exact_hit), int(r.available_draft_tokens))
             key = (name, r.dataset, r.prompt_id)
             alpha, match = own.loc[key] if key in own.index else (table.acceptance, 1.0)
             for variant, (a, m) in (("calibrated", (table.acceptance, 1.0)), ("prompt", (alpha, match))):
@@ -666,6 +668,8 @@ def summarize(results: Path, seed: int = 0, resamples: int = 2000) -> dict:
     summary["crossover_measured"] = measured_crossover(controlled) if controlled is not None else {}
     summary["crossover_predicted_controlled"] = (measured_crossover(controlled, "predicted_speedup")
                                                  if controlled is not None else {})
+    joint = sens / "reuse_output_length.parquet"
+    summary["joint_reuse"] = joint_reuse_by_length(pd.read_parquet(joint), **ci) if joint.exists() else []
     feas = results / "feasibility" / "summary.json"
     summary["feasibility"] = json.loads(feas.read_text()) if feas.exists() else {"status": "missing"}
     summary["feasibility_verdict"] = feasibility_verdict(summary["feasibility"])
@@ -675,6 +679,40 @@ def summarize(results: Path, seed: int = 0, resamples: int = 2000) -> dict:
     if serving_stats.available(results):  # the serving study (stage `serving`): its own statistics and goals
         summary["serving"] = serving_stats.serving_summary(results, seed)
     return summary
+
+
+NO_DRAFT_REUSE = "joint-k4-draft-reprefilled"  # rakv.experiments.sensitivity: joint-k4 with draft reuse off
+JOINT_VERDICTS = {"above": "pays", "below": "costs", "straddles": "inconclusive", "missing": "inconclusive"}
+
+
+def joint_reuse_by_length(rows: pd.DataFrame, seed: int = 0, resamples: int = 2000) -> list[dict]:
+    """Whether speculating pays once the prefix is reused (the sensitivity stage's reuse_output_length part): per
+    configuration, scenario and output length, 1 - mean latency(r = 1, k = 4) / mean latency(r = 1, k = 0) over the
+    same prompts and repeats, with a cluster-bootstrap CI over prompts; `verdict` pays (the CI above 0), costs (below)
+    or inconclusive. `draft_hit_share`: the share of the reused positions whose draft state came from the store."""
+    out = []
+    for (name, scenario, n), part in rows.groupby(["configuration", "scenario", "new_tokens"], sort=True):
+        wide = part.pivot_table(index=["dataset", "prompt_id", "repeat"], columns="strategy", values="latency_s")
+        wide = wide.dropna(subset=[c for c in ("joint-k4", "kv-only") if c in wide.columns]).reset_index()
+        if wide.empty or not {"joint-k4", "kv-only"} <= set(wide.columns):
+            continue
+        ci = cluster_ci(prompt_keys(wide), wide["joint-k4"], wide["kv-only"], transform=lambda r: 1.0 - r,
+                        seed=seed, resamples=resamples)
+        joint = part[part.strategy == "joint-k4"]
+        ablated = NO_DRAFT_REUSE in wide.columns and wide[NO_DRAFT_REUSE].notna().any()
+        draft_gain = (cluster_ci(prompt_keys(wide), wide["joint-k4"], wide[NO_DRAFT_REUSE],
+                                 transform=lambda r: 1.0 - r, seed=seed, resamples=resamples)
+                      if ablated else [float("nan")] * 3)
+        out.append({"configuration": name, "scenario": scenario, "new_tokens": int(n), "pairs": len(wide),
+                    "prompts": int(wide.prompt_id.nunique()), "latency_reduction": ci,
+                    "joint_s": float(wide["joint-k4"].mean()), "reuse_s": float(wide["kv-only"].mean()),
+                    "reprefilled_s": float(wide[NO_DRAFT_REUSE].mean()) if ablated else None,
+                    "draft_reuse_reduction": draft_gain,
+                    "draft_prefill_s": float(joint.draft_prefill_s.mean()),
+                    "draft_hit_share": float(joint.draft_hit_tokens.sum() / max(joint.hit_tokens.sum(), 1)),
+                    "reuse_draft": bool(joint.reuse_draft.all()),
+                    "verdict": JOINT_VERDICTS[ci_side(ci, 0.0, point_if_no_interval=False)]})
+    return out
 
 
 def json_ready(value):

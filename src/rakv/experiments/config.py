@@ -61,7 +61,7 @@ def controller_config(cfg: DictConfig) -> ControllerConfig:
 def engine_for(cfg: DictConfig, configuration: Configuration) -> Engine:
     return open_engine(configuration.pair, configuration.proposer, cache_budget_mib=cfg.cache.budget_mib,
                        salt=cfg.cache.salt, device=cfg.device, dtype=cfg.dtype, threads=cfg.threads,
-                       kernels=cfg.kernels)
+                       kernels=cfg.kernels, reuse_draft=cfg.cache.reuse_draft)
 
 
 def cost_table_for(cfg: DictConfig, engine: Engine) -> CostTable:

@@ -475,6 +475,63 @@ def serving_goals_table(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+SCENARIO_TEXT = {"exact": "exact repeat", "partial-50": "50\\,\\% partial hit"}
+
+
+def joint_reuse_table(summary: dict) -> str:
+    """Speculation on top of reuse, by output length: r = 1 with k = 4 against r = 1 with k = 0."""
+    rows = summary.get("joint_reuse", [])
+    lines = ["\\begin{tabular}{llrrrlrl}", "\\toprule",
+             "Configuration & Store hit & $N$ & $r{=}1,k{=}0$ (s) & $r{=}1,k{=}4$ (s) & $k{=}4$ vs $k{=}0$ [95\\,\\% CI] "
+             "& draft re-prefilled (s) & draft reuse saves [95\\,\\% CI] \\\\", "\\midrule"]
+    for r in rows:
+        ablated = r.get("reprefilled_s") is not None
+        reprefilled = f"{r['reprefilled_s']:.3f}" if ablated else "--"
+        saved = ci_text(r["draft_reuse_reduction"]) if ablated else "--"
+        lines.append(f"{tex_escape(r['configuration'])} & {SCENARIO_TEXT.get(r['scenario'], r['scenario'])} & "
+                     f"{r['new_tokens']} & {r['reuse_s']:.3f} & {r['joint_s']:.3f} & "
+                     f"{ci_text(r['latency_reduction'])} ({r['verdict']}) & {reprefilled} & {saved} \\\\")
+    if not rows:
+        lines.append("\\multicolumn{8}{l}{the sensitivity stage did not run} \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def joint_reuse_text(summary: dict) -> str:
+    """The sentences on speculation with reuse, worded from each row's CI (no sign presupposed)."""
+    rows = summary.get("joint_reuse", [])
+    if not rows:
+        return "The sensitivity stage did not run, so speculation on top of reuse is not measured here.\n"
+    draft = [r for r in rows if r["reuse_draft"] and r["draft_hit_share"] > 0]
+    names = sorted({tex_escape(r['configuration']) for r in rows})
+    lengths = sorted({r['new_tokens'] for r in rows})
+    text = [f"Table~\\ref{{tab:joint-reuse}} sets $r = 1$ with $k = 4$ against $r = 1$ with $k = 0$ on the same store "
+            f"state (an exact repeat and a 50\\,\\% partial hit of an earlier speculating request) for "
+            f"{', '.join(names)}, at {' and '.join(str(n) for n in lengths)} new tokens."]
+    if draft:
+        low, high = min(r["draft_hit_share"] for r in draft), max(r["draft_hit_share"] for r in draft)
+        share = pct(low, 0) if low == high else f"{pct(low, 0)} to {pct(high, 0)}"
+        text.append(f"With the draft model, the store entries carry the draft's K/V too, so its prefill covers only "
+                    f"the part not reused ({share} of the reused positions came with the draft's state).")
+    for verdict, words in (("pays", "speculation on top of reuse lowers latency (the CI lies above zero)"),
+                           ("costs", "it raises latency (the CI lies below zero)"),
+                           ("inconclusive", "the CI includes zero")):
+        cells = [f"{tex_escape(r['configuration'])}, {SCENARIO_TEXT.get(r['scenario'], r['scenario'])}, "
+                 f"$N={r['new_tokens']}$" for r in rows if r["verdict"] == verdict]
+        if cells:
+            text.append(f"In {len(cells)} of {len(rows)} cells {words}: {'; '.join(cells)}.")
+    ablated = [r for r in rows if r.get("reprefilled_s") is not None]
+    if ablated:
+        sides = [ci_side(r["draft_reuse_reduction"], 0.0, point_if_no_interval=False) for r in ablated]
+        text.append(f"Against the same $k = 4$ requests with the draft's state kept out of the store (the draft "
+                    f"re-prefills the whole prompt), reusing it lowers latency in {sides.count('above')} of "
+                    f"{len(ablated)} cells, raises it in {sides.count('below')}, and the CI includes zero in "
+                    f"{len(ablated) - sides.count('above') - sides.count('below')} (reductions from "
+                    f"{pct(min(r['draft_reuse_reduction'][0] for r in ablated))} to "
+                    f"{pct(max(r['draft_reuse_reduction'][0] for r in ablated))}).")
+    return " ".join(text) + "\n"
+
+
 def write_generated(summary: dict, results: Path, out_dir: Path) -> list[Path]:
     """paper/generated/<name>/: macros, tables, and the generated abstract, claims discussion and limitations."""
     results, out_dir = Path(results), Path(out_dir)
@@ -496,6 +553,8 @@ def write_generated(summary: dict, results: Path, out_dir: Path) -> list[Path]:
         "strategy_table.tex": strategy_table(runs),
         "serving.tex": serving_text(summary),
         "serving_goals_table.tex": serving_goals_table(summary),
+        "joint_reuse_table.tex": joint_reuse_table(summary),
+        "joint_reuse.tex": joint_reuse_text(summary),
     }
     paths = []
     for name, text in files.items():

@@ -6,6 +6,9 @@ Each part writes one Parquet table under results/<profile>/sensitivity/ (or feas
 - controlled:     measured speedup of spec-k over AR at chosen acceptance (controlled proposer) vs predicted;
 - cache_budget:   hit rate, latency and evictions of a shared-prefix trace under several store budgets;
 - output_length / prompt_length / reuse_rate: measured latency and TTFT as one factor varies;
+- reuse_output_length: joint reuse of the proposer by output length: on an exact repeat and a 50 % partial hit of
+  an earlier speculating request, r = 1 with k = 4 (the draft's state reused too, when the store holds it)
+  against r = 1 with k = 0, per output length;
 - beta_lambda:    the controller replayed over the main study's action sweep for several beta and lambda.
 The stage writes complete.json when every part is done and is skipped while that file exists.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from itertools import zip_longest
 
 import numpy as np
 import pandas as pd
@@ -39,9 +43,10 @@ def alpha_model_tables(cfg, name, table) -> tuple[list[dict], list[dict]]:
     exp, lam = cfg.experiment, cfg.controller.memory_penalty_s_per_byte
     new_tokens = cfg.profile.sensitivity.new_tokens
     curve, crossover = [], []
+    draft = bool(cfg.cache.reuse_draft) and table.proposer_kv_bytes_per_token > 0  # a draft model's state is stored
     for scenario in exp.scenario_classes:
         for length in exp.model_prompt_lengths:
-            features = scenario_features(scenario, length, new_tokens)
+            features = scenario_features(scenario, length, new_tokens, draft)
             reuse = features.hit_tokens > 0
             for k in cfg.controller.k_set:
                 for alpha in exp.alpha_grid:
@@ -171,11 +176,60 @@ def factor_rows(cfg, name, engine, controller, prompts, tick=lambda n=1: None) -
     return out
 
 
-def hit_from(prompt_tokens: int, reused: int, exact: bool) -> Hit:
-    """The store hit a study scenario offered, rebuilt from the reused-token count its runs recorded."""
+JOINT_SCENARIOS = ("exact", "partial-50")
+JOINT_STRATEGIES = ("kv-only", "joint-k4")
+NO_DRAFT_REUSE = "joint-k4-draft-reprefilled"  # joint-k4 with the draft's state kept out of the store (the ablation)
+
+
+def mixed_prompts(prompts, count: int) -> list:
+    """The first `count` prompts taking the datasets in turn (prompts come grouped by dataset)."""
+    by_dataset: dict[str, list] = {}
+    for prompt in prompts:
+        by_dataset.setdefault(prompt.dataset, []).append(prompt)
+    mixed = [p for group in zip_longest(*by_dataset.values()) for p in group if p is not None]
+    return mixed[:count]
+
+
+def reuse_length_rows(cfg, name, engine, prompts, tick=lambda n=1: None) -> list[dict]:
+    """r = 1 with k = 4 against r = 1 with k = 0 on the same store state, per output length (see the module's
+    docstring); the two strategies alternate within each (prompt, scenario, length, repeat)."""
+    sens = cfg.profile.sensitivity
+    chosen = mixed_prompts(prompts, sens.reuse_prompts)
+    configured = engine.reuse_draft
+    variants = [(s, configured) for s in JOINT_STRATEGIES]
+    if engine.draft_key is not None:  # what reusing the draft's state buys: the same request with it kept out
+        variants.append((NO_DRAFT_REUSE, False))
+    rows = []
+    try:
+        for repeat in range(sens.reuse_repeats):
+            for index, prompt in enumerate(chosen):
+                donor = chosen[(index + 1) % len(chosen)].token_ids if len(chosen) > 1 else prompts[-1].token_ids
+                for scenario_name in JOINT_SCENARIOS:
+                    scenario = build_scenario(scenario_name, prompt.token_ids, donor)
+                    for n in sens.reuse_output_lengths:
+                        for label, reuse_draft in variants:
+                            engine.reuse_draft = reuse_draft
+                            strategy = "joint-k4" if label == NO_DRAFT_REUSE else label
+                            r = _timed(engine, None, list(prompt.token_ids), strategy, n, scenario.warmups)
+                            tick()
+                            rows.append({"configuration": name, "dataset": prompt.dataset,
+                                         "prompt_id": prompt.id, "scenario": scenario_name, "new_tokens": n,
+                                         "strategy": label, "repeat": repeat, "k": r.k, "latency_s": r.latency_s,
+                                         "ttft_s": r.ttft_s, "hit_tokens": r.hit_tokens,
+                                         "draft_hit_tokens": r.draft_hit_tokens,
+                                         "draft_prefill_s": r.draft_prefill_s, "reuse_draft": r.reuse_draft,
+                                         "accepted": r.accepted, "rounds": r.rounds})
+    finally:
+        engine.reuse_draft = configured
+    return rows
+
+
+def hit_from(prompt_tokens: int, reused: int, exact: bool, draft: int = 0) -> Hit:
+    """The store hit a study scenario offered, rebuilt from the reused-token counts its runs recorded (`draft`: the
+    positions for which the store also held the draft's state)."""
     if exact:
-        return Hit(prompt_tokens, prompt_tokens, True)
-    return Hit(prompt_tokens, reused + 1 if reused else 0, False)
+        return Hit(prompt_tokens, prompt_tokens, True, draft_tokens=draft)
+    return Hit(prompt_tokens, reused + 1 if reused else 0, False, draft_tokens=draft)
 
 
 def replay_rows(cfg, tables: dict) -> list[dict]:
@@ -184,11 +238,14 @@ def replay_rows(cfg, tables: dict) -> list[dict]:
     if not path.exists():
         raise RakvError(f"{path} is missing: run the study stage first")
     runs = pd.read_parquet(path)
+    if "available_draft_tokens" not in runs:  # a study from before the draft's state was stored
+        runs["available_draft_tokens"] = 0
     sweep = measurements(runs)  # an r = 0 action measured once per prompt stands in every scenario
     measured = sweep.groupby(["configuration", "dataset", "prompt_id", "scenario", "action"]).agg(
         latency_s=("latency_s", "mean"), accepted=("accepted", "sum"), rejections=("rejections", "sum"),
         rounds=("rounds", "sum"), prompt_tokens=("prompt_tokens", "first"),
-        available=("available_hit_tokens", "max"), exact=("exact_hit", "max"), new_tokens=("new_tokens", "first"))
+        available=("available_hit_tokens", "max"), exact=("exact_hit", "max"), new_tokens=("new_tokens", "first"),
+        available_draft=("available_draft_tokens", "max"))
     rows = []
     exp = cfg.experiment
     instances = measured.reset_index().groupby(["configuration", "dataset", "prompt_id", "scenario"], sort=False)
@@ -201,7 +258,8 @@ def replay_rows(cfg, tables: dict) -> list[dict]:
                 groups = [(key, g) for key, g in instances if key[0] == configuration]
                 for (_, dataset, prompt_id, scenario), group in groups:
                     first = group.iloc[0]
-                    hit = hit_from(int(first.prompt_tokens), int(group.available.max()), bool(group.exact.max()))
+                    hit = hit_from(int(first.prompt_tokens), int(group.available.max()), bool(group.exact.max()),
+                                   int(group.available_draft.max()))
                     decision = controller.decide(int(first.prompt_tokens), hit, int(first.new_tokens))
                     by_action = group.set_index("action")
                     oracle = by_action.latency_s.idxmin()
@@ -247,6 +305,10 @@ def planned_requests(cfg, configuration, table, prompts) -> dict[str, tuple[int,
     parts["prompt_length"] = (count, count * cost(n))
     count = 3 * len(sens.reuse_rates) * sens.repeats
     parts["reuse_rate"] = (count, count * cost(n))
+    variants = len(JOINT_STRATEGIES) + (configuration.proposer == "draft" and bool(cfg.cache.reuse_draft))
+    count = len(JOINT_SCENARIOS) * variants * sens.reuse_prompts * sens.reuse_repeats
+    parts["reuse_output_length"] = (count * len(sens.reuse_output_lengths),
+                                    count * sum(cost(m) for m in sens.reuse_output_lengths))
     return parts
 
 
@@ -284,6 +346,8 @@ def run_sensitivity(cfg: DictConfig) -> None:
                                                                 bar.update))
         for key, rows in factor_rows(cfg, configuration.name, engine, controller, prompts, bar.update).items():
             parts.setdefault(key, []).extend(rows)
+        parts.setdefault("reuse_output_length", []).extend(
+            reuse_length_rows(cfg, configuration.name, engine, prompts, bar.update))
         bar.close()
     parts["beta_lambda"] = replay_rows(cfg, tables)
     for part, rows in parts.items():

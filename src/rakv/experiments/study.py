@@ -38,7 +38,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from rakv.runtime.actions import ADAPTIVE, Action
-from rakv.runtime.cache import PrefixKVStore
+from rakv.runtime.cache import DraftPart, PrefixKVStore
 from rakv.runtime.calibration import calibration_key
 from rakv.experiments.config import (Configuration, configurations, controller_config, cost_table_for, engine_for,
                                      prompts_for, results_dir)
@@ -120,10 +120,12 @@ def plan_runs(cfg, configuration: Configuration, prompts: dict[str, list[Prompt]
 def hit_after_warmups(engine: Engine, scenario, prompt: Prompt):
     """What the store would offer the prompt in this scenario: computed on token ids alone, without a model."""
     store = PrefixKVStore(budget_bytes=engine.store.budget_bytes)
-    ns = engine.namespace(None)
+    ns, draft = engine.namespace(None), engine.draft_key
     for warm in scenario.warmups:  # placeholder tensors: only the token ids matter for matching
-        store.insert(ns, np.asarray(warm), [(torch.zeros(1, 1, len(warm), 1),) * 2], torch.zeros(1))
-    return store.peek(ns, np.asarray(prompt.token_ids))
+        placeholder = [(torch.zeros(1, 1, len(warm), 1),) * 2]
+        store.insert(ns, np.asarray(warm), placeholder, torch.zeros(1),
+                     draft=DraftPart(draft, placeholder) if draft is not None else None)
+    return store.peek(ns, np.asarray(prompt.token_ids), draft)
 
 
 def predicted_seconds(controller: Controller, engine: Engine, planned: PlannedRun, prompt: Prompt, scenario,
@@ -167,10 +169,13 @@ def output_hash(tokens: list[int]) -> str:
 
 
 def reset_store(engine: Engine, warmups) -> None:
-    """A defined store state before a timed request: empty, then the scenario's warm-ups replayed (untimed)."""
+    """A defined store state before a timed request: empty, then the scenario's warm-ups replayed (untimed); with
+    draft reuse the warm-ups run the draft too (k = 1 and one new token: the draft prefills, nothing is verified),
+    so their entries carry the draft's state as a speculating earlier request's would."""
     engine.store.clear()
+    warm_action = Action(False, 1 if engine.draft_key is not None else 0)
     for warm in warmups:
-        engine.run(list(warm), Action(False, 0), 1, ignore_eos=True)
+        engine.run(list(warm), warm_action, 1, ignore_eos=True)
 
 
 def timed_run(engine: Engine, controller: Controller, planned: PlannedRun, prompt: Prompt, snapshot,

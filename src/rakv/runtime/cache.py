@@ -4,6 +4,11 @@ Layout follows vLLM's prefix cache in miniature: a namespace (model identity + i
 and a BLAKE2b digest of the first `BUCKET_TOKENS` token ids pick a bucket; the bucket's entries
 are validated by exact longest-common-prefix over token ids. Nothing approximate ever authorises
 reuse. Entries live in an LRU queue under a byte budget.
+
+An entry may also carry the proposer's state for the same token ids (`DraftPart`: a draft model's K/V), under the
+draft's own identity: a request whose draft has another identity (revision, dtype, quantisation, kernels) reuses
+the target's positions and misses the draft's. The draft part counts in the entry's bytes and is evicted with it;
+like the target's K/V it is copied in and out, never aliased.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -30,12 +36,21 @@ def bucket_digest(token_ids: np.ndarray) -> bytes:
     return hashlib.blake2b(head.tobytes(), digest_size=12).digest()
 
 
+@dataclass(frozen=True)
+class DraftPart:
+    """A draft model's K/V for an entry's token ids, and that draft's identity (its fingerprint key)."""
+
+    key: str
+    kv: KV
+
+
 @dataclass
 class CacheEntry:
     token_ids: np.ndarray
     kv: KV
     next_logits: torch.Tensor  # logits after the last prompt token, [vocab]
-    nbytes: int
+    nbytes: int  # the target's K/V, the logits and the draft part's K/V
+    draft: DraftPart | None = None
     last_use: int = 0  # store clock at the last insert or lookup; breaks ties between equal matches
     # (accepted candidates, rejections) of the speculative rounds run while generating from this prefix, when a
     # server recorded them (rakv.serving: prefix-keyed acceptance); evicted with the entry, under its namespace
@@ -55,6 +70,7 @@ class Hit:
     prefix_length: int = 0
     exact: bool = False
     acceptance: tuple[float, float] | None = None  # the matched entry's recorded acceptance (CacheEntry)
+    draft_tokens: int = 0  # positions of the asked-for draft's K/V the entry gives (reused_tokens, or 0: no draft part)
 
     @property
     def reused_tokens(self) -> int:
@@ -82,6 +98,17 @@ class StoreStats:
 
 def kv_nbytes(kv: KV) -> int:
     return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+
+
+class Lookup(NamedTuple):
+    hit: Hit
+    kv: KV | None  # the target's reused positions, copied out (None on a miss)
+    logits: torch.Tensor | None  # the next-token logits, on an exact repeat only
+    draft_kv: KV | None = None  # the asked-for draft's K/V for the same positions, when the entry carries it
+
+
+def _cropped(kv: KV, length: int) -> KV:
+    return [(k[:, :, :length].clone(), v[:, :, :length].clone()) for k, v in kv]
 
 
 @dataclass
@@ -113,7 +140,7 @@ class PrefixKVStore:
             cached = self._matrices[key] = (ids, matrix, lengths)
         return cached
 
-    def _match(self, ns: str, token_ids: np.ndarray) -> tuple[Hit, int | None]:
+    def _match(self, ns: str, token_ids: np.ndarray, draft: str | None = None) -> tuple[Hit, int | None]:
         no_hit = Hit(prompt_length=len(token_ids))
         key = (ns, bucket_digest(token_ids))
         if key not in self._buckets:
@@ -129,9 +156,13 @@ class PrefixKVStore:
             return no_hit, None
         entries = self._buckets[key]
         last_use = np.array([entries[i].last_use for i in ids])
-        best = max(range(len(ids)), key=lambda r: (reused[r], exact[r], last_use[r]))
+        with_draft = np.array([draft is not None and entries[i].draft is not None and entries[i].draft.key == draft
+                               for i in ids])
+        # the most positions; then an exact repeat, then the asked-for draft's state, then the most recently used
+        best = max(range(len(ids)), key=lambda r: (reused[r], exact[r], with_draft[r], last_use[r]))
         return (Hit(prompt_length=n, prefix_length=int(prefix[best]), exact=bool(exact[best]),
-                    acceptance=entries[ids[best]].acceptance), ids[best])
+                    acceptance=entries[ids[best]].acceptance,
+                    draft_tokens=int(reused[best]) if with_draft[best] else 0), ids[best])
 
     def _touch(self, entry_id: int) -> CacheEntry:
         self._clock += 1
@@ -140,39 +171,45 @@ class PrefixKVStore:
         entry.last_use = self._clock
         return entry
 
-    def peek(self, ns: str, token_ids: np.ndarray) -> Hit:
-        """What a lookup would reuse, without copying, counting or touching the LRU order."""
-        return self._match(ns, token_ids)[0]
+    def peek(self, ns: str, token_ids: np.ndarray, draft: str | None = None) -> Hit:
+        """What a lookup would reuse, without copying, counting or touching the LRU order; `draft`: the identity of
+        the draft whose state is asked for too (Hit.draft_tokens)."""
+        return self._match(ns, token_ids, draft)[0]
 
-    def lookup(self, ns: str, token_ids: np.ndarray) -> tuple[Hit, KV | None, torch.Tensor | None]:
-        """Match and copy out the reusable K/V (and the next-token logits on an exact repeat)."""
+    def lookup(self, ns: str, token_ids: np.ndarray, draft: str | None = None) -> Lookup:
+        """Match and copy out the reusable K/V (and the next-token logits on an exact repeat; and the `draft`'s
+        K/V for the same positions when the entry carries that draft's)."""
         self.stats.lookups += 1
-        hit, entry_id = self._match(ns, token_ids)
+        hit, entry_id = self._match(ns, token_ids, draft)
         if not hit.is_hit:
-            return hit, None, None
+            return Lookup(hit, None, None)
         entry = self._touch(entry_id)
         n = hit.reused_tokens
-        kv = [(k[:, :, :n].clone(), v[:, :, :n].clone()) for k, v in entry.kv]
         logits = entry.next_logits.clone() if hit.exact else None
         self.stats.hits += 1
         self.stats.exact_hits += int(hit.exact)
         self.stats.hit_tokens += n
-        return hit, kv, logits
+        return Lookup(hit, _cropped(entry.kv, n), logits, _cropped(entry.draft.kv, n) if hit.draft_tokens else None)
 
     def insert(self, ns: str, token_ids: np.ndarray, kv: KV, next_logits: torch.Tensor,
-               acceptance: tuple[float, float] | None = None) -> bool:
+               acceptance: tuple[float, float] | None = None, draft: DraftPart | None = None) -> bool:
         """Store a copy of a prompt's K/V (cropped to the prompt), with the acceptance observed while generating
-        from it when given (an exact repeat's entry takes the newer one). Returns whether it is stored."""
+        from it when given (an exact repeat's entry takes the newer one) and the draft's K/V (`draft`, cropped the
+        same way; an exact repeat's entry without that draft's state gets it). Returns whether it is stored."""
         length = len(token_ids)
-        hit, entry_id = self._match(ns, token_ids)
+        hit, entry_id = self._match(ns, token_ids, draft.key if draft is not None else None)
+        draft = DraftPart(draft.key, _cropped(draft.kv, length)) if draft is not None else None
         if hit.exact:
             entry = self._touch(entry_id)
             if acceptance is not None:
                 entry.acceptance = acceptance
+            if draft is not None and not hit.draft_tokens:
+                self._attach(entry_id, entry, draft)
             return True
-        kv = [(k[:, :, :length].clone(), v[:, :, :length].clone()) for k, v in kv]
+        kv = _cropped(kv, length)
         next_logits = next_logits.detach().reshape(-1).clone()
-        nbytes = kv_nbytes(kv) + next_logits.numel() * next_logits.element_size()
+        nbytes = (kv_nbytes(kv) + next_logits.numel() * next_logits.element_size()
+                  + (kv_nbytes(draft.kv) if draft is not None else 0))
         if nbytes > self.budget_bytes:
             self.stats.rejected_oversize += 1
             return False
@@ -180,10 +217,24 @@ class PrefixKVStore:
             self._evict_oldest()
         key = (ns, bucket_digest(token_ids))
         entry = CacheEntry(token_ids=np.array(token_ids, dtype=np.int64), kv=kv,
-                           next_logits=next_logits, nbytes=nbytes, acceptance=acceptance)
+                           next_logits=next_logits, nbytes=nbytes, acceptance=acceptance, draft=draft)
         self._add(key, entry)
         self.stats.inserts += 1
         return True
+
+    def _attach(self, entry_id: int, entry: CacheEntry, draft: DraftPart) -> None:
+        """Give an entry (just touched: the newest) a draft part, replacing another draft's, within the budget."""
+        old = kv_nbytes(entry.draft.kv) if entry.draft is not None else 0
+        extra = kv_nbytes(draft.kv) - old
+        if entry.nbytes + extra > self.budget_bytes:
+            self.stats.rejected_oversize += 1
+            return
+        while self.stats.bytes + extra > self.budget_bytes and next(iter(self._lru)) != entry_id:
+            self._evict_oldest()
+        if self.stats.bytes + extra > self.budget_bytes:
+            return
+        entry.draft, entry.nbytes = draft, entry.nbytes + extra
+        self.stats.bytes += extra
 
     def _add(self, key: tuple[str, bytes], entry: CacheEntry) -> None:
         self._lru[self._next_id] = (key, entry)

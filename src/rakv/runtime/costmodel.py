@@ -108,11 +108,12 @@ class RequestFeatures:
     hit_tokens: int  # reusable positions if the store is used (0 on a miss)
     new_tokens: int
     exact_hit: bool = False
+    draft_hit_tokens: int = 0  # positions of the draft's K/V the store also holds (reused with r = 1, k > 0)
 
     @classmethod
     def from_hit(cls, prompt_tokens: int, hit, new_tokens: int) -> "RequestFeatures":
         """The features of a request that the store would offer `hit` (a rakv.runtime.cache.Hit)."""
-        return cls(prompt_tokens, hit.reused_tokens, new_tokens, hit.exact)
+        return cls(prompt_tokens, hit.reused_tokens, new_tokens, hit.exact, hit.draft_tokens)
 
 
 def expected_tokens_per_round(alpha: float, k: int) -> float:
@@ -133,7 +134,9 @@ def action_kv_bytes(table: CostTable, features: RequestFeatures, k: int) -> floa
 
 def estimate_latency(table: CostTable, features: RequestFeatures, reuse: bool, k: int, alpha: float,
                      memory_penalty_s_per_byte: float = 0.0, match_rate: float = 1.0) -> float:
-    """C(r, k): prefill of the non-reused part (+ proposer prefill when k > 0) + copy cost when r = 1
+    """C(r, k): prefill of the non-reused part (+ the proposer's prefill of its own non-reused part when k > 0:
+    with r = 1 the draft's K/V for `draft_hit_tokens` positions comes from the store, copied at the target's
+    per-position copy cost scaled by the draft's K/V bytes) + copy cost when r = 1
     + decode (N - 1 target steps for k = 0; for k > 0, rounds of propose + verify until N - 1 tokens)
     + lambda * bytes. The first token comes from the prefill logits, hence N - 1.
 
@@ -151,7 +154,10 @@ def estimate_latency(table: CostTable, features: RequestFeatures, reuse: bool, k
     if k == 0:
         cost += steps * table.target_step(mid_context)
     else:
-        cost += table.proposer_prefill(features.prompt_tokens + 1)
+        draft_hit = features.draft_hit_tokens if reuse else 0
+        cost += table.proposer_prefill(features.prompt_tokens + 1 - draft_hit)
+        if draft_hit:
+            cost += table.kv_copy(draft_hit) * table.proposer_kv_bytes_per_token / table.target_kv_bytes_per_token
         m = min(max(match_rate, 0.0), 1.0)
         tokens = m * expected_tokens_per_round(alpha, k) + (1 - m)
         per_round = (table.propose[k](mid_context) + m * table.verify[k](mid_context)

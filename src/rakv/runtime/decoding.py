@@ -232,14 +232,15 @@ def decode_autoregressive(target, cache, state: DecodeState, sampling, generator
 
 
 def decode_speculative(target, cache, proposer, k: int, prompt: list[int], state: DecodeState, sampling,
-                       generator, timer: PhaseTimer, device, depth: RoundDepth | None = None) -> None:
+                       generator, timer: PhaseTimer, device, depth: RoundDepth | None = None, draft_kv=None) -> None:
     """Speculative rounds until done. Invariant: `cache` holds prompt + all confirmed tokens but the last.
 
-    `depth` (rakv.runtime.depth): propose up to its largest k, keep the k it chooses for this round's match.
+    `depth` (rakv.runtime.depth): propose up to its largest k, keep the k it chooses for this round's match;
+    `draft_kv`: a draft model's K/V for the prompt's first positions (a store hit), so it prefills only the rest.
     A round is `round_depth`, the proposer, `kept_candidates`, one verify forward, `accept_round`, `close_round`;
     the serving executor (rakv.serving.executor) runs the same pieces with the forwards batched across requests."""
-    with timer.phase("draft_prefill"):
-        proposer.start(prompt + state.tokens)
+    with timer.phase("draft_prefill"):  # `draft_kv`: the draft's K/V of the prompt's first positions, from the store
+        proposer.start(prompt + state.tokens, draft_kv)
     while not state.finished:
         context = prompt + state.tokens
         k_round = round_depth(state, depth.max_k if depth else k)

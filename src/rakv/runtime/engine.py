@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from rakv.runtime.actions import Action
-from rakv.runtime.cache import Hit, PrefixKVStore, namespace
+from rakv.runtime.cache import DraftPart, Hit, PrefixKVStore, namespace
 from rakv.runtime.decoding import (DecodeState, PhaseTimer, Sampling, crop_cache, decode_autoregressive,
                            decode_speculative, forward, select_token)
 from rakv.runtime.costmodel import acceptance_estimate
@@ -31,12 +31,14 @@ PROPOSERS = ("draft", "prompt-lookup")
 
 
 def open_engine(pair: str, proposer: str, *, cache_budget_mib: float, salt: str | None = None, device: str = "cpu",
-                dtype: str = "float32", threads: int | None = None, kernels: str = "compact") -> "Engine":
+                dtype: str = "float32", threads: int | None = None, kernels: str = "compact",
+                reuse_draft: bool = True) -> "Engine":
     """Load a pair and give it an empty prefix store of the given budget (conf/cache/default.yaml)."""
     if cache_budget_mib <= 0:
         raise RakvError(f"the cache budget must be positive, got {cache_budget_mib} MiB")
     return Engine(load_pair(pair, device=device, dtype=dtype, threads=threads, kernels=kernels),
-                  PrefixKVStore(budget_bytes=int(cache_budget_mib * (1 << 20))), proposer=proposer, salt=salt)
+                  PrefixKVStore(budget_bytes=int(cache_budget_mib * (1 << 20))), proposer=proposer, salt=salt,
+                  reuse_draft=reuse_draft)
 
 
 @dataclass
@@ -68,10 +70,13 @@ class RequestResult:
     decode_s: float
     store_insert_s: float  # after the response is complete; not part of latency
     exact_hit: bool = False
+    draft_hit_tokens: int = 0  # positions of the draft model's K/V taken from the store (its prefill skipped them)
+    reuse_draft: bool = False  # whether store entries carry the draft's state in this run (conf/cache: reuse_draft)
     peak_kv_bytes: int = 0  # most K/V bytes held at once during the request, the proposer's included
     round_log: list[tuple[int, int]] = field(default_factory=list)
     strategy: str = ""  # set by rakv.runtime.strategies.run_strategy: ar, spec-k4, rakv-asd, or a sweep's action label
     available_hit_tokens: int = 0  # what the store offered, whether or not the action reused it
+    available_draft_tokens: int = 0  # of those, positions for which it also held the draft's state
     predicted_latency_s: float | None = None  # the cost model's estimate for the action that ran
     decision: Decision | None = None  # rakv-asd only: the controller's choice and what it saw
 
@@ -116,6 +121,7 @@ class Engine:
     store: PrefixKVStore
     proposer: str = "draft"
     salt: str | None = None  # the namespace salt of requests that name none (conf/cache: salt)
+    reuse_draft: bool = True  # store entries carry the draft model's K/V too (conf/cache: reuse_draft)
 
     def __post_init__(self):
         if self.proposer not in PROPOSERS:
@@ -129,8 +135,22 @@ class Engine:
     def namespace(self, salt: str | None) -> str:
         return namespace(self.pair.target.fingerprint.key(), salt if salt is not None else self.salt)
 
+    @property
+    def draft_key(self) -> str | None:
+        """The identity under which the draft's state is stored and found (None: no draft state reused)."""
+        if self.proposer != "draft" or not self.reuse_draft:
+            return None
+        return self.pair.draft.fingerprint.key()
+
     def peek(self, token_ids: list[int], salt: str | None = None) -> Hit:
-        return self.store.peek(self.namespace(salt), np.asarray(token_ids, dtype=np.int64))
+        return self.store.peek(self.namespace(salt), np.asarray(token_ids, dtype=np.int64), self.draft_key)
+
+    def draft_part(self, proposer, token_ids: list[int]) -> DraftPart | None:
+        """The draft's K/V for `token_ids` to store beside the target's, when it holds them (None otherwise)."""
+        if (self.draft_key is None or not isinstance(proposer, DraftModelProposer) or proposer.cache is None
+                or proposer.fed[:len(token_ids)] != list(token_ids)):
+            return None
+        return DraftPart(self.draft_key, [(layer.keys, layer.values) for layer in proposer.cache.layers])
 
     def make_proposer(self):
         if self.proposer == "prompt-lookup":
@@ -167,10 +187,12 @@ class Engine:
         state = DecodeState(max_new_tokens, self.pair.eos_token_id, ignore_eos, on_token)
 
         start = timer.now()
-        hit, kv, stored_logits = Hit(prompt_length=len(prompt)), None, None
+        hit, kv, stored_logits, draft_kv = Hit(prompt_length=len(prompt)), None, None, None
+        drafting = isinstance(proposer, DraftModelProposer) and action.k > 0
         with timer.phase("kv_copy"):
             if action.reuse:
-                hit, kv, stored_logits = self.store.lookup(ns, prompt_array)
+                hit, kv, stored_logits, draft_kv = self.store.lookup(ns, prompt_array,
+                                                                     self.draft_key if drafting else None)
             cache = new_kv_cache(target, kv)
         with timer.phase("prefill"):
             if stored_logits is not None:  # exact repeat: no forward pass before the first decode step
@@ -184,14 +206,15 @@ class Engine:
             decode_autoregressive(target, cache, state, sampling, generator, timer, device)
         else:
             decode_speculative(target, cache, proposer, action.k, prompt, state, sampling, generator, timer, device,
-                               depth)
+                               depth, draft_kv)
         latency = timer.now() - start
 
         with timer.phase("store_insert"):
-            if not hit.exact:
+            draft = self.draft_part(proposer, prompt)
+            if not hit.exact or (draft is not None and not hit.draft_tokens):
                 crop_cache(cache, len(prompt))
                 self.store.insert(ns, prompt_array, [(layer.keys, layer.values) for layer in cache.layers],
-                                  prompt_logits)
+                                  prompt_logits, draft=draft)
         s = timer.seconds
         return RequestResult(
             id=str(request_id), prompt_tokens=len(prompt), hit_tokens=hit.reused_tokens,
@@ -204,4 +227,6 @@ class Engine:
             prefill_s=s["prefill"], kv_copy_s=s["kv_copy"], draft_prefill_s=s["draft_prefill"],
             propose_s=s["propose"], verify_s=s["verify"], rollback_s=s["rollback"], decode_s=s["decode"],
             store_insert_s=s["store_insert"], exact_hit=hit.exact, peak_kv_bytes=state.peak_kv_bytes,
+            draft_hit_tokens=hit.draft_tokens if draft_kv is not None else 0,
+            reuse_draft=self.draft_key is not None,
             round_log=state.round_log)

@@ -25,8 +25,9 @@ from rakv.runtime.kernels import new_kv_cache
 class Proposer(Protocol):
     name: str
 
-    def start(self, context: list[int]) -> None:
-        """Begin a request whose confirmed context is `context` (a draft model prefills here)."""
+    def start(self, context: list[int], kv=None) -> None:
+        """Begin a request whose confirmed context is `context` (a draft model prefills here; `kv`: its K/V for
+        the context's first positions, from the prefix store, so that it prefills only the rest)."""
 
     def propose(self, context: list[int], k: int, sampling: Sampling,
                 generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
@@ -47,9 +48,17 @@ class DraftModelProposer:
     fed: list[int] = field(default_factory=list)  # tokens whose K/V is in `cache`
     pending_logits: torch.Tensor | None = None  # draft logits after the last fed token
 
-    def start(self, context: list[int]) -> None:
-        self.reset()
+    def start(self, context: list[int], kv=None) -> None:
+        self.resume(context, kv)
         catch_up([self], [context])
+
+    def resume(self, context: list[int], kv=None) -> None:
+        """An empty cache, or one holding `kv` (per layer (keys, values), copied in) for the context's first
+        positions; the next proposal (or `start`) feeds what is missing."""
+        self.reset()
+        if kv:
+            self.cache = new_kv_cache(self.model, kv)
+            self.fed = list(context[:self.cache.get_seq_length()])
 
     def reset(self) -> None:
         """An empty cache: the next proposal feeds the whole context first."""
@@ -148,7 +157,7 @@ class PromptLookupProposer:
     name: str = "prompt-lookup"
     matched_ngram: int = 0  # length of the n-gram the last proposal continues (0: none found)
 
-    def start(self, context):
+    def start(self, context, kv=None):
         pass
 
     @property
@@ -192,8 +201,8 @@ class ControlledAcceptanceProposer:
     def __post_init__(self):
         self._rng = random.Random(self.seed)
 
-    def start(self, context):
-        self.draft.start(context)
+    def start(self, context, kv=None):
+        self.draft.start(context, kv)
 
     def propose(self, context, k, sampling, generator):
         drafted, _ = self.draft.propose(context, k, sampling, generator)

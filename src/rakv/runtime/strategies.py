@@ -85,4 +85,5 @@ def run_strategy(engine: Engine, strategy: str, token_ids: list[int], new_tokens
         result = engine.run(token_ids, choice.action, new_tokens, **run_kwargs)
         result.predicted_latency_s = predicted
     result.strategy, result.available_hit_tokens = strategy, hit.reused_tokens
+    result.available_draft_tokens = hit.draft_tokens
     return result

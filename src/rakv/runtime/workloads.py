@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -156,8 +156,11 @@ def scenario_hit(name: str, prompt_length: int) -> Hit:
     return Hit(prompt_length, min(_shared_tokens(rate, prompt_length), prompt_length))
 
 
-def scenario_features(name: str, prompt_tokens: int, new_tokens: int) -> RequestFeatures:
-    return RequestFeatures.from_hit(prompt_tokens, scenario_hit(name, prompt_tokens), new_tokens)
+def scenario_features(name: str, prompt_tokens: int, new_tokens: int, draft: bool = False) -> RequestFeatures:
+    """`draft`: the store holds the draft's state for the same positions (draft reuse, conf/cache: reuse_draft)."""
+    hit = scenario_hit(name, prompt_tokens)
+    return replace(RequestFeatures.from_hit(prompt_tokens, hit, new_tokens),
+                   draft_hit_tokens=hit.reused_tokens if draft else 0)
 
 
 def build_scenario(name: str, prompt: tuple[int, ...], donor: tuple[int, ...]) -> Scenario:

@@ -35,6 +35,7 @@ class RequestOutput:
     cache_positions: int = 0  # positions its target cache holds after the iteration (after rollback)
     round: tuple[int, int, bool] | None = None  # a speculative round: (verified, accepted, candidates offered)
     held_bytes: int = 0  # K/V it held at its peak in the iteration (before rollback), for its peak_kv_bytes
+    draft_hit_tokens: int | None = None  # at admission: positions of the draft's K/V the store gave
 
 
 @dataclass
@@ -72,6 +73,8 @@ class Executor:
             output.requests[work.request.id] = self._close_decode(work, rows, proposals.get(work.request.id))
         for work, rows in zip(step.prefills, logits[len(step.decodes):]):
             output.requests[work.request.id] = self._close_prefill(work.request, rows)
+        for request in step.admitted:  # (after any prefill chunk of theirs replaced their admission's output)
+            output.requests[request.id].draft_hit_tokens = self.kv.slot(request).draft_hit_tokens
         output.rows = sum(int(s.ids.shape[0]) for s in segments)
         return output
 
@@ -80,12 +83,13 @@ class Executor:
 
     def _allocate(self, request: ServedRequest) -> RequestOutput:
         """A slot holding its store hit; an exact repeat's first token comes from the stored logits, no forward."""
-        stored_logits = self.kv.allocate(request)
-        slot = self.kv.slot(request)
-        if stored_logits is None:
-            return RequestOutput(cache_positions=slot.cache.get_seq_length())
-        slot.prompt_logits = stored_logits
-        return self._select(request, slot, stored_logits)
+        slot = self.kv.allocate(request)
+        if slot.stored_logits is None:
+            output = RequestOutput(cache_positions=slot.cache.get_seq_length())
+        else:
+            slot.prompt_logits = slot.stored_logits
+            output = self._select(request, slot, slot.stored_logits)
+        return output
 
     def _propose(self, works) -> dict:
         """Each speculating decode's candidates: (offered, kept, proposal, match), proposers batched."""

@@ -9,7 +9,9 @@ store's entries, with the byte account the scheduler budgets with.
     commit(request, acc)    at completion: insert prompt and prompt + output into the store, then free
 
 Store entries are copied in and out, never shared: a hit is copied into a fresh growing cache (one copy per hit,
-the batch-one engine's `kv_copy_s`), and an insert copies the request's positions (rakv.runtime.cache). The store
+the batch-one engine's `kv_copy_s`), and an insert copies the request's positions (rakv.runtime.cache). With the
+draft configuration an entry also carries the draft model's K/V (rakv.runtime.cache.DraftPart, under the draft's
+identity), so a speculating request's draft starts from the store's positions as its target does. The store
 keeps its own byte budget (conf/cache: `budget_mib`, LRU eviction); the running requests' budget is the scheduler's
 `kv_budget_bytes`, counted here. The slot's proposer holds the draft model's cache; the request's per-round depth
 travels with its choice (rakv.serving.request).
@@ -36,7 +38,9 @@ class Slot:
     cache: object  # the target's K/V (rakv.runtime.kernels.new_kv_cache)
     proposer: object | None  # its own proposer (a draft model's cache, or prompt lookup)
     generator: torch.Generator | None  # its sampler's stream (None: greedy)
-    drafting: bool = False  # the draft has been reset for this run of the request
+    drafting: bool = False  # the draft has been reset (or resumed from the store) for this run of the request
+    draft_hit_tokens: int = 0  # positions of the draft's K/V that came from the store at admission
+    stored_logits: torch.Tensor | None = None  # an exact repeat's next-token logits: its first token needs no forward
     prompt_logits: torch.Tensor | None = None  # the logits after its prompt (what an exact repeat skips to)
     last_logits: torch.Tensor | None = None  # the logits that produced its latest token (for the store insert)
 
@@ -67,28 +71,34 @@ class KVManager:
         return np.asarray(tokens, dtype=np.int64)
 
     def hit(self, request: ServedRequest) -> Hit:
-        return self.engine.store.peek(self.engine.namespace(request.salt), self.lookup_ids(request))
+        engine = self.engine
+        return engine.store.peek(engine.namespace(request.salt), self.lookup_ids(request), engine.draft_key)
 
     def slot(self, request: ServedRequest) -> Slot:
         return self.slots[request.id]
 
     # --- changes ---
 
-    def allocate(self, request: ServedRequest) -> torch.Tensor | None:
+    def allocate(self, request: ServedRequest) -> Slot:
         """Admission's K/V: a cache holding the `request.computed` positions its hit gives (the scheduler counted them),
-        a proposer when it may speculate. Returns the stored logits of an exact repeat (its first token needs no
-        forward), else None."""
+        a proposer when it may speculate (its draft's K/V from the same entry when the entry has it)."""
         engine, reused = self.engine, request.computed
-        kv, stored_logits = None, None
+        kv, stored_logits, draft_kv = None, None, None
         if reused:
-            hit, kv, stored_logits = engine.store.lookup(engine.namespace(request.salt), self.lookup_ids(request))
+            hit, kv, stored_logits, draft_kv = engine.store.lookup(
+                engine.namespace(request.salt), self.lookup_ids(request), engine.draft_key if request.max_k else None)
             assert hit.reused_tokens == reused, f"request {request.id}: the store changed between peek and lookup"
         generator = None
         if not self.sampling.greedy:
             generator = torch.Generator(device=engine.pair.device).manual_seed(self.sampling.seed)
         proposer = engine.make_proposer() if request.max_k else None
-        self.slots[request.id] = Slot(new_kv_cache(engine.pair.target.module, kv), proposer, generator)
-        return stored_logits if not request.state.tokens else None
+        slot = Slot(new_kv_cache(engine.pair.target.module, kv), proposer, generator)
+        if draft_kv is not None:  # the draft starts from the store's positions too; its first round feeds the rest
+            proposer.resume(request.tokens, draft_kv)
+            slot.drafting, slot.draft_hit_tokens = True, reused
+        slot.stored_logits = stored_logits if not request.state.tokens else None
+        self.slots[request.id] = slot
+        return slot
 
     def free(self, request: ServedRequest) -> None:
         self.slots.pop(request.id, None)
@@ -101,11 +111,15 @@ class KVManager:
         layers = [(layer.keys, layer.values) for layer in slot.cache.layers]
         held = slot.cache.get_seq_length()
         exact_repeat = request.hit_tokens == len(request.prompt)
-        if slot.prompt_logits is not None and not exact_repeat and held >= len(request.prompt):
-            store.insert(ns, np.asarray(request.prompt, dtype=np.int64), layers, slot.prompt_logits, acceptance)
+        draft = self.engine.draft_part(slot.proposer, request.prompt)
+        if (slot.prompt_logits is not None and held >= len(request.prompt)
+                and (not exact_repeat or (draft is not None and not slot.draft_hit_tokens))):  # (an exact repeat: its draft)
+            store.insert(ns, np.asarray(request.prompt, dtype=np.int64), layers, slot.prompt_logits, acceptance,
+                         draft)
         extended = request.tokens[:-1]
         if len(extended) > len(request.prompt) and slot.last_logits is not None and held >= len(extended):
-            store.insert(ns, np.asarray(extended, dtype=np.int64), layers, slot.last_logits, acceptance)
+            store.insert(ns, np.asarray(extended, dtype=np.int64), layers, slot.last_logits, acceptance,
+                         self.engine.draft_part(slot.proposer, extended))
 
 
 def _bytes_per_token(model, device) -> int:

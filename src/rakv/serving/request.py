@@ -46,6 +46,7 @@ class ServedRequest:
     status: Status = Status.WAITING
     computed: int = 0  # positions of `tokens` whose K/V is in the request's cache
     hit_tokens: int = 0  # positions copied from the prefix store at (first) admission
+    draft_hit_tokens: int = 0  # of those, positions whose draft K/V came from the store too (the draft skipped them)
     preempted: int = 0  # times its K/V was dropped to stay under the K/V budget
     error: str | None = None
     conversation: str | None = None
@@ -115,6 +116,8 @@ class ServedRequest:
             state.record_round(*output.round)
         state.emit(output.tokens)
         state.peak_kv_bytes = max(state.peak_kv_bytes, output.held_bytes)
+        if output.draft_hit_tokens is not None and self.preempted == 0:
+            self.draft_hit_tokens = output.draft_hit_tokens
         if len(state.tokens) > before:
             self.emitted_s.append(now)
         self.computed = min(output.cache_positions, len(self.tokens))

@@ -132,7 +132,8 @@ def record_of(request: ServedRequest, text: str) -> dict:
     e2el = request.finished_s - request.arrival_s if ok else None
     return {
         "id": request.id, "status": "ok" if ok else "refused", "error": request.error,
-        "prompt_tokens": len(request.prompt), "hit_tokens": request.hit_tokens, "new_tokens": len(state.tokens),
+        "prompt_tokens": len(request.prompt), "hit_tokens": request.hit_tokens,
+        "draft_hit_tokens": request.draft_hit_tokens, "new_tokens": len(state.tokens),
         "token_ids": state.tokens, "text": text, "arrival_s": request.arrival_s, "ttft_s": ttft,
         "tpot_s": (e2el - ttft) / (len(state.tokens) - 1) if ok and len(state.tokens) > 1 else None,
         "itl_s": [b - a for a, b in zip(times, times[1:])] if ok else [], "e2el_s": e2el,
