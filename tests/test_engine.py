@@ -243,3 +243,17 @@ def test_the_draft_part_belongs_to_the_drafts_identity(tiny_pair):
     result = cold.run(BASE, Action(True, 2), N, ignore_eos=True)  # an exact repeat speculating: it adds its draft's
     assert result.draft_hit_tokens == 0 and cold.peek(BASE).draft_tokens == len(BASE)
     assert cold.run(BASE, Action(True, 2), N, ignore_eos=True).draft_hit_tokens == len(BASE)
+
+
+@pytest.mark.parametrize("change", [{"weights": "another-revision"}, {"dtype": "float16"}, {"quantisation": "int4"}])
+def test_another_drafts_revision_dtype_or_quantisation_misses_the_draft_part_only(tiny_pair, change):
+    from dataclasses import replace
+
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30))
+    engine.run(BASE, Action(False, 1), 1, ignore_eos=True)
+    other_draft = replace(tiny_pair.draft, fingerprint=replace(tiny_pair.draft.fingerprint, **change))
+    other = Engine(replace(tiny_pair, draft=other_draft), engine.store)
+    hit = other.peek(BASE)
+    assert hit.exact and hit.draft_tokens == 0 and engine.peek(BASE).draft_tokens == len(BASE)
+    result = other.run(BASE, Action(True, 2), N, ignore_eos=True)  # target reused, the draft prefills
+    assert result.hit_tokens == len(BASE) and result.draft_hit_tokens == 0
