@@ -22,7 +22,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("a", type=Path)
     parser.add_argument("b", type=Path)
+    parser.add_argument("--ignore", nargs="*", default=[], metavar="KEY",
+                        help="keys left out too (a field one version adds, such as draft_hit_tokens)")
     args = parser.parse_args()
+    CLOCK.update(args.ignore)
     runs = sorted(p.parent.relative_to(args.a) for p in args.a.rglob("requests.jsonl"))
     if not runs:
         print(f"compare_served: error: no requests.jsonl under {args.a}", file=sys.stderr)

@@ -182,3 +182,13 @@ def test_the_draft_part_is_found_under_its_own_identity_counted_copied_and_evict
     small.insert(NS, BASE, target, torch.zeros(10), draft=DraftPart("draft-a", draft))
     small.insert(NS, np.arange(500, 540, dtype=np.int64), fake_kv(40), torch.zeros(10))  # evicts the first, whole
     assert not small.peek(NS, BASE, "draft-a").is_hit and small.stats.bytes <= small.budget_bytes
+
+
+def test_an_entry_whose_draft_part_does_not_fit_is_stored_without_it():
+    from rakv.runtime.cache import DraftPart
+
+    target = fake_kv(40)
+    store = PrefixKVStore(budget_bytes=kv_nbytes(target) + 40 + 100)
+    assert store.insert(NS, BASE, target, torch.zeros(10), draft=DraftPart("draft-a", fake_kv(40, seed=3)))
+    hit = store.peek(NS, BASE, "draft-a")
+    assert hit.exact and hit.draft_tokens == 0 and store.stats.rejected_oversize == 0

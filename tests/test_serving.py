@@ -486,3 +486,20 @@ def test_a_served_hit_reuses_the_drafts_state_and_keeps_the_output(tiny_pair, ti
     assert hit == draft == len(engine.encode(trace[0].prompt))  # exact repeat: every position, both models
     assert draft_hits[True][second_id] == (19, 19)  # a partial hit of q = 20: q - 1 positions, both models
     assert all(d == 0 for _, d in draft_hits[False].values())
+
+
+def test_a_preempted_request_still_stores_its_prompt_when_it_completes(tiny_pair, tiny_texts, tmp_path):
+    """Preemption drops a request's K/V, not what its completion stores: its prompt (from the logits its first
+    prefill gave) and its prompt + output are in the store afterwards, as for a request never preempted."""
+    trace = generate_trace(tiny_texts, requests=16, rate=1000.0, kind="shared-prefix", seed=3, groups=2,
+                           system_words=60, prompt_words=30, max_new_tokens=12)
+    trace = [TraceRequest(r.id, 0.0, r.prompt, r.max_new_tokens) for r in trace]
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30))
+    serve(engine, trace, tmp_path, ServeOptions.default(strategy="joint-k2", token_budget=24, kv_budget_mib=1.6,
+                                                        ignore_eos=True), progress=False)
+    records = {r["id"]: r for r in map(json.loads, (tmp_path / "requests.jsonl").read_text().splitlines())}
+    preempted = [r for r in records.values() if r["preempted"]]
+    assert preempted, "the K/V budget should preempt at least one request"
+    for r in records.values():
+        assert engine.peek(r["prompt_ids"]).exact, f"{r['id']} (preempted {r['preempted']}): prompt not stored"
+        assert engine.peek(r["prompt_ids"] + r["token_ids"][:-1]).exact

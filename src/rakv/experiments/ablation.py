@@ -83,7 +83,8 @@ def replay(runs: pd.DataFrame, meas: pd.DataFrame, table, config: ControllerConf
     rows = []
     for row in live.sort_values("order").itertuples(index=False):
         exact = row.scenario == "exact"
-        draft = int(getattr(row, "available_draft_tokens", 0) or 0)  # 0 in a study from before draft state was stored
+        draft = getattr(row, "available_draft_tokens", 0)  # none offered in a study from before draft state was stored
+        draft = int(draft) if draft == draft and draft is not None else 0
         hit = Hit(row.prompt_tokens, row.prompt_tokens if exact else row.available_hit_tokens + 1, exact,
                   draft_tokens=draft) if row.available_hit_tokens else Hit(row.prompt_tokens)
         decision = controller.decide(row.prompt_tokens, hit, row.new_tokens)

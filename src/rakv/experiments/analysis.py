@@ -326,8 +326,9 @@ def acceptance_mape(meas: pd.DataFrame, tables: dict, seed=0, resamples=2000) ->
         return out  # nothing calibrated to re-evaluate
     own = prompt_acceptance(meas)
     features = ["prompt_tokens", "available_hit_tokens", "new_tokens", "exact_hit", "available_draft_tokens"]
-    if "available_draft_tokens" not in meas:  # a study from before the draft's state was stored
-        meas = meas.assign(available_draft_tokens=0)
+    # a study (or its resumed part) from before the draft's state was stored: none offered
+    meas = meas.assign(available_draft_tokens=meas.get("available_draft_tokens",
+                                                       pd.Series(0, index=meas.index)).fillna(0))
     for name, part in meas.groupby("configuration"):
         table = tables.get(name)
         if table is None:
@@ -682,14 +683,14 @@ def summarize(results: Path, seed: int = 0, resamples: int = 2000) -> dict:
 
 
 NO_DRAFT_REUSE = "joint-k4-draft-reprefilled"  # rakv.experiments.sensitivity: joint-k4 with draft reuse off
-JOINT_VERDICTS = {"above": "pays", "below": "costs", "straddles": "inconclusive", "missing": "inconclusive"}
+JOINT_VERDICTS = {"above": "pays", "below": "costs", "straddles": "inconclusive", "missing": "no interval"}
 
 
 def joint_reuse_by_length(rows: pd.DataFrame, seed: int = 0, resamples: int = 2000) -> list[dict]:
     """Whether speculating pays once the prefix is reused (the sensitivity stage's reuse_output_length part): per
     configuration, scenario and output length, 1 - mean latency(r = 1, k = 4) / mean latency(r = 1, k = 0) over the
-    same prompts and repeats, with a cluster-bootstrap CI over prompts; `verdict` pays (the CI above 0), costs (below)
-    or inconclusive. `draft_hit_share`: the share of the reused positions whose draft state came from the store."""
+    same prompts and repeats, with a cluster-bootstrap CI over prompts; `verdict` pays (the CI above 0), costs (below),
+    inconclusive (it includes 0) or no interval (fewer than two prompts). `draft_hit_share`: the share of the reused positions whose draft state came from the store."""
     out = []
     for (name, scenario, n), part in rows.groupby(["configuration", "scenario", "new_tokens"], sort=True):
         wide = part.pivot_table(index=["dataset", "prompt_id", "repeat"], columns="strategy", values="latency_s")

@@ -515,7 +515,8 @@ def joint_reuse_text(summary: dict) -> str:
                     f"the part not reused ({share} of the reused positions came with the draft's state).")
     for verdict, words in (("pays", "speculation on top of reuse lowers latency (the CI lies above zero)"),
                            ("costs", "it raises latency (the CI lies below zero)"),
-                           ("inconclusive", "the CI includes zero")):
+                           ("inconclusive", "the CI includes zero"),
+                           ("no interval", "there is no CI (fewer than two prompts)")):
         cells = [f"{tex_escape(r['configuration'])}, {SCENARIO_TEXT.get(r['scenario'], r['scenario'])}, "
                  f"$N={r['new_tokens']}$" for r in rows if r["verdict"] == verdict]
         if cells:
@@ -525,8 +526,8 @@ def joint_reuse_text(summary: dict) -> str:
         sides = [ci_side(r["draft_reuse_reduction"], 0.0, point_if_no_interval=False) for r in ablated]
         text.append(f"Against the same $k = 4$ requests with the draft's state kept out of the store (the draft "
                     f"re-prefills the whole prompt), reusing it lowers latency in {sides.count('above')} of "
-                    f"{len(ablated)} cells, raises it in {sides.count('below')}, and the CI includes zero in "
-                    f"{len(ablated) - sides.count('above') - sides.count('below')} (reductions from "
+                    f"{len(ablated)} cells, raises it in {sides.count('below')}, the CI includes zero in "
+                    f"{sides.count('straddles')} and there is no CI in {sides.count('missing')} (reductions from "
                     f"{pct(min(r['draft_reuse_reduction'][0] for r in ablated))} to "
                     f"{pct(max(r['draft_reuse_reduction'][0] for r in ablated))}).")
     return " ".join(text) + "\n"

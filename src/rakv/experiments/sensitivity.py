@@ -238,8 +238,8 @@ def replay_rows(cfg, tables: dict) -> list[dict]:
     if not path.exists():
         raise RakvError(f"{path} is missing: run the study stage first")
     runs = pd.read_parquet(path)
-    if "available_draft_tokens" not in runs:  # a study from before the draft's state was stored
-        runs["available_draft_tokens"] = 0
+    # a study (or its resumed part) from before the draft's state was stored: none offered
+    runs["available_draft_tokens"] = runs.get("available_draft_tokens", pd.Series(0, index=runs.index)).fillna(0)
     sweep = measurements(runs)  # an r = 0 action measured once per prompt stands in every scenario
     measured = sweep.groupby(["configuration", "dataset", "prompt_id", "scenario", "action"]).agg(
         latency_s=("latency_s", "mean"), accepted=("accepted", "sum"), rejections=("rejections", "sum"),

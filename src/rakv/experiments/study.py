@@ -169,11 +169,12 @@ def output_hash(tokens: list[int]) -> str:
 
 
 def reset_store(engine: Engine, warmups) -> None:
-    """A defined store state before a timed request: empty, then the scenario's warm-ups replayed (untimed); with
-    draft reuse the warm-ups run the draft too (k = 1 and one new token: the draft prefills, nothing is verified),
-    so their entries carry the draft's state as a speculating earlier request's would."""
+    """A defined store state before a timed request: empty, then the scenario's warm-ups replayed (untimed); with a
+    draft model the warm-ups run it too (k = 1 and one new token: the draft prefills, nothing is verified), so with
+    draft reuse their entries carry the draft's state as a speculating earlier request's would, and without it the
+    draft is as recently used as with it."""
     engine.store.clear()
-    warm_action = Action(False, 1 if engine.draft_key is not None else 0)
+    warm_action = Action(False, 1 if engine.proposer == "draft" else 0)
     for warm in warmups:
         engine.run(list(warm), warm_action, 1, ignore_eos=True)
 

@@ -208,8 +208,10 @@ class PrefixKVStore:
             return True
         kv = _cropped(kv, length)
         next_logits = next_logits.detach().reshape(-1).clone()
-        nbytes = (kv_nbytes(kv) + next_logits.numel() * next_logits.element_size()
-                  + (kv_nbytes(draft.kv) if draft is not None else 0))
+        nbytes = kv_nbytes(kv) + next_logits.numel() * next_logits.element_size()
+        if draft is not None and nbytes + kv_nbytes(draft.kv) > self.budget_bytes:
+            draft = None  # the target's part alone fits: stored without the draft's
+        nbytes += kv_nbytes(draft.kv) if draft is not None else 0
         if nbytes > self.budget_bytes:
             self.stats.rejected_oversize += 1
             return False
@@ -227,8 +229,7 @@ class PrefixKVStore:
         old = kv_nbytes(entry.draft.kv) if entry.draft is not None else 0
         extra = kv_nbytes(draft.kv) - old
         if entry.nbytes + extra > self.budget_bytes:
-            self.stats.rejected_oversize += 1
-            return
+            return  # the entry stays as it is
         while self.stats.bytes + extra > self.budget_bytes and next(iter(self._lru)) != entry_id:
             self._evict_oldest()
         if self.stats.bytes + extra > self.budget_bytes:

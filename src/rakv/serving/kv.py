@@ -53,6 +53,7 @@ class KVManager:
     def __post_init__(self):
         pair = self.engine.pair
         self.slots: dict[str, Slot] = {}
+        self.kept_prompt_logits: dict[str, torch.Tensor] = {}  # a preempted request's: its prompt entry at completion
         self.target_bpt = _bytes_per_token(pair.target.module, pair.device)
         self.draft_bpt = _bytes_per_token(pair.draft.module, pair.device) if self.engine.proposer == "draft" else 0
 
@@ -97,16 +98,22 @@ class KVManager:
             proposer.resume(request.tokens, draft_kv)
             slot.drafting, slot.draft_hit_tokens = True, reused
         slot.stored_logits = stored_logits if not request.state.tokens else None
+        slot.prompt_logits = self.kept_prompt_logits.pop(request.id, None)  # recomputed after a preemption
         self.slots[request.id] = slot
         return slot
 
     def free(self, request: ServedRequest) -> None:
-        self.slots.pop(request.id, None)
+        """Drop its K/V; a preempted request's prompt logits are kept (a recompute does not produce them again), so
+        its prompt is still stored when it completes."""
+        slot = self.slots.pop(request.id, None)
+        if slot is not None and slot.prompt_logits is not None and not request.state.finished:
+            self.kept_prompt_logits[request.id] = slot.prompt_logits
 
     def commit(self, request: ServedRequest, acceptance: tuple[float, float] | None) -> None:
         """Insert the prompt and the prompt + output (all but the last token, whose K/V is never computed) into the
         store, so a repeat is an exact hit and a conversation's next turn an exact-prefix hit; then free."""
         slot = self.slots.pop(request.id)
+        self.kept_prompt_logits.pop(request.id, None)
         store, ns = self.engine.store, self.engine.namespace(request.salt)
         layers = [(layer.keys, layer.values) for layer in slot.cache.layers]
         held = slot.cache.get_seq_length()

@@ -88,6 +88,7 @@ class Scheduler:
     waiting: deque = field(default_factory=deque)  # arrived, not running; preempted ones at the front
     running: list = field(default_factory=list)  # in admission order
     admissions: int = 0
+    kv_budget_mib: float | None = None  # the budget as the user gave it, for the refusal message
 
     def __post_init__(self):
         assert self.token_budget > 0 and self.max_batch > 0 and self.kv_budget_bytes > 0, "budgets must be positive"
@@ -157,7 +158,7 @@ class Scheduler:
     def _refuse(self, step: Step, now: float) -> None:
         request = self.waiting.popleft()
         request.refuse(f"prompt + max_new_tokens need more K/V than --kv-budget-mib "
-                       f"{self.kv_budget_bytes / (1 << 20):.4g} on their own", now)
+                       f"{self.kv_budget_mib or self.kv_budget_bytes / (1 << 20):g} on their own", now)
         step.refused.append(request)
 
     def _room(self, step: Step, request: ServedRequest) -> int:

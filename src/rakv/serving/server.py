@@ -65,7 +65,7 @@ class ServeOptions:
             raise RakvError("--itl-slo-ms must be positive")
         if self.acceptance not in ACCEPTANCE_SOURCES:
             raise RakvError(f"--acceptance takes {' or '.join(ACCEPTANCE_SOURCES)}, got '{self.acceptance}'")
-        if not self.speculation.startswith(MODEL_POLICIES):
+        if self.speculation not in MODEL_POLICIES:
             speculation_policy(self.speculation)  # a malformed policy fails before any model work
         if self.sampling.temperature < 0 or not 0 < self.sampling.top_p <= 1:
             raise RakvError("--temperature must be >= 0 and --top-p in (0, 1]")
@@ -236,7 +236,8 @@ def build_scheduler(engine: Engine, options: ServeOptions, controller, batch_cos
     policy = speculation_policy(options.speculation, batch_cost, acceptance.tracker, k_set)
     budget = SloBudget(batch_cost, options.itl_slo_ms / 1e3) if options.itl_slo_ms is not None else None
     scheduler = Scheduler(kv, admission, options.token_budget, options.max_batch,
-                          int(options.kv_budget_mib * (1 << 20)), options.chunking, policy, budget)
+                          int(options.kv_budget_mib * (1 << 20)), options.chunking, policy, budget,
+                          kv_budget_mib=options.kv_budget_mib)
     return scheduler, Executor(kv, options.sampling)
 
 
