@@ -297,3 +297,17 @@ def test_compact_on_cuda_gives_stock_logits():
     stock = load_pair("tiny", device="cuda", kernels="stock")
     _same_steps(compact.target.module, stock.target.module, torch.arange(100, 140, device="cuda").unsqueeze(0),
                 atol=1e-3)
+
+
+def test_a_lock_file_left_by_a_killed_build_does_not_stop_the_kernels_loading():
+    """torch's build lock is a file: a process killed mid-compile leaves it, and torch's own `load` then waits for it
+    forever (a CI run hung so). The kernels load past one within a bounded time (a fresh process; already built)."""
+    import subprocess
+    import sys
+
+    kernels.native()  # built and cached before the leftover appears
+    (kernels.build_directory() / "lock").touch()
+    done = subprocess.run([sys.executable, "-c", "from rakv.runtime import kernels; print(kernels.int8_dot())"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == kernels.int8_dot(), done.stderr[-500:]
+    assert not (kernels.build_directory() / "lock").exists()

@@ -18,8 +18,12 @@ so K/V computed by different kernels never share prefix-store entries or calibra
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
+import re
 import subprocess
+import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -47,7 +51,8 @@ def mode_label(mode: str) -> str:
     """The kernels part of a model's identity: the mode, and for compact the digest of the kernels' source."""
     if mode != "compact":
         return mode
-    return f"compact:{hashlib.blake2b(_SOURCE.read_bytes(), digest_size=4).hexdigest()}"
+    digest = hashlib.blake2b(_SOURCE.read_bytes(), digest_size=4).hexdigest()
+    return f"compact:{digest}" if target_arch() == "native" else f"compact:{digest}@{target_arch()}"
 
 
 def int8_dot() -> str:
@@ -66,16 +71,42 @@ def compact_of(module):
     return getattr(module, COMPACT_ATTR, None)
 
 
+def target_arch() -> str:
+    """The -march the kernels compile for: this machine's (`native`), or $RAKV_KERNELS_MARCH, e.g. `x86-64-v3`
+    (AVX2 + FMA, no AVX-512) to run and test the AVX2 code paths on a machine that has AVX-512."""
+    return os.environ.get("RAKV_KERNELS_MARCH", "native")
+
+
+def build_directory() -> Path:
+    """Where the kernels compile and stay: one folder per source digest, -march, Python and torch (a .so built
+    against another torch is never loaded), under torch's extension root ($TORCH_EXTENSIONS_DIR if set)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    digest = hashlib.blake2b(_SOURCE.read_bytes(), digest_size=4).hexdigest()
+    tag = f"{sys.implementation.cache_tag}-torch{torch.__version__}-{target_arch()}-{digest}"
+    return Path(get_default_build_root()) / "rakv" / re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
+
+
 @lru_cache(maxsize=None)
 def native():
     """The C++ kernels of `kernels.cpp`, compiled on first use for this machine's instruction set (about a minute,
-    then cached under $TORCH_EXTENSIONS_DIR; a changed source compiles again). -ffp-contract=off: scalar code
-    computes exactly the operations written, as the vector code does."""
+    then kept in `build_directory()`; a changed source compiles again). -ffp-contract=off: scalar code computes
+    exactly the operations written, as the vector code does.
+
+    torch's `load` serialises builds with a lock *file* that a process killed while compiling leaves behind, after
+    which every later `load` waits for it forever (a CI run hung so). Here builds are serialised by an flock, which
+    the OS releases when its holder dies, and a lock file found while holding it can only be such a leftover."""
     from torch.utils.cpp_extension import load
 
+    folder = build_directory()
     try:
-        return load(name="rakv_kernels", sources=[str(_SOURCE)],
-                    extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"], verbose=False)
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "rakv.flock", "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            (folder / "lock").unlink(missing_ok=True)
+            return load(name="rakv_kernels", sources=[str(_SOURCE)], build_directory=str(folder),
+                        extra_cflags=["-O3", f"-march={target_arch()}", "-fopenmp", "-ffp-contract=off"],
+                        verbose=False)
     except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
         from rakv.runtime.errors import RakvError
 
