@@ -87,7 +87,7 @@ class DraftModelProposer:
         self.pending_logits = logits
 
     def propose(self, context, k, sampling, generator):
-        tokens, proposals = propose_batch([self], [context], [k], sampling, [generator])
+        tokens, proposals = propose_batch([self], [context], [k], [sampling], [generator])
         return tokens[0], proposals[0]
 
     def rollback(self, confirmed_length: int) -> None:
@@ -108,9 +108,10 @@ def catch_up(drafts: list[DraftModelProposer], contexts: list[list[int]]) -> Non
         draft.fed_tokens(tokens, logits[-1])
 
 
-def propose_batch(proposers: list, contexts: list[list[int]], ks: list[int], sampling: Sampling,
+def propose_batch(proposers: list, contexts: list[list[int]], ks: list[int], samplings: list[Sampling],
                   generators: list) -> tuple[list[list[int]], list[torch.Tensor | None]]:
-    """Each proposer's up-to-k candidates for its context; the draft models' steps batched across requests.
+    """Each proposer's up-to-k candidates for its context, drawn with its request's sampling; the draft models'
+    steps batched across requests.
 
     The drafts of one batch share a model: every draft step is one forward over one row per request still
     drafting, and each request draws from its own generator in the order it would alone, so each request's
@@ -120,7 +121,8 @@ def propose_batch(proposers: list, contexts: list[list[int]], ks: list[int], sam
     drafts = [i for i, p in enumerate(proposers) if isinstance(p, DraftModelProposer) and ks[i] > 0]
     for i, p in enumerate(proposers):
         if i not in drafts:
-            tokens[i], proposals[i] = p.propose(contexts[i], ks[i], sampling, generators[i]) if ks[i] else ([], None)
+            tokens[i], proposals[i] = (p.propose(contexts[i], ks[i], samplings[i], generators[i]) if ks[i]
+                                        else ([], None))
     if not drafts:
         return tokens, proposals
     catch_up([proposers[i] for i in drafts], [contexts[i] for i in drafts])
@@ -129,10 +131,10 @@ def propose_batch(proposers: list, contexts: list[list[int]], ks: list[int], sam
         for i in drafts:
             if step < ks[i]:
                 logits = proposers[i].pending_logits
-                if sampling.greedy:
+                if samplings[i].greedy:
                     tokens[i].append(int(logits.argmax()))
                 else:
-                    dist = probabilities(logits, sampling)
+                    dist = probabilities(logits, samplings[i])
                     tokens[i].append(int(torch.multinomial(dist, 1, generator=generators[i])))
                     dists[i].append(dist)
         # the last candidate's K/V is only needed if it is accepted

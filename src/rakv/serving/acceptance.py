@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from rakv.runtime.cache import Hit
 from rakv.runtime.controller import AcceptanceTracker
-from rakv.runtime.decoding import Sampling
 from rakv.runtime.errors import RakvError
 from rakv.runtime.proposers import PromptLookupProposer
 from rakv.serving.replay import lookup_rounds
@@ -29,7 +28,6 @@ class Acceptance:
     source: str = "ewma"  # a request's acceptance at admission: the EWMA across requests, or `prefix`-keyed
     controller: object | None = None  # rakv.runtime.controller.Controller (rakv-asd): its tracker is the EWMA
     tracker: AcceptanceTracker | None = None  # the EWMA to start from without a controller
-    sampling: Sampling = Sampling()
     proposer: str = "draft"  # the engine's: prompt lookup's greedy rounds can be replayed without speculating
     k_by_iteration: tuple[int, ...] = ()  # the load-aware policy's depths (the deepest replays a k = 0 request)
 
@@ -56,7 +54,7 @@ class Acceptance:
         (rakv.serving.replay.lookup_rounds: greedy acceptance is fixed by the output, so it is observed without
         speculating, and a k = 0 decision does not starve the estimate)."""
         log, empty = request.state.round_log, request.state.empty_rounds
-        if log or empty or not self.sampling.greedy or self.proposer != "prompt-lookup":
+        if log or empty or not request.sampling.greedy or self.proposer != "prompt-lookup":
             return log, empty
         depth = max(self.k_by_iteration or (self.controller.config.k_set if self.controller else (4,)))
         return lookup_rounds(PromptLookupProposer(), request.prompt, request.state.tokens, max(depth, 1))

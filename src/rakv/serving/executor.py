@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rakv.runtime.compact import Segment
-from rakv.runtime.decoding import (Sampling, accept_round, cache_nbytes, forward_rows, kept_candidates,
+from rakv.runtime.decoding import (accept_round, cache_nbytes, forward_rows, kept_candidates,
                                    rollback_round, select_token)
 from rakv.runtime.proposers import DraftModelProposer, propose_batch
 from rakv.serving.batchcost import PassFeatures, pass_features
@@ -48,8 +48,7 @@ class StepOutput:
 
 @dataclass
 class Executor:
-    kv: KVManager
-    sampling: Sampling = Sampling()
+    kv: KVManager  # (each request samples with its own `sampling`)
 
     def __post_init__(self):
         pair = self.kv.engine.pair
@@ -102,7 +101,7 @@ class Executor:
                 slot.drafting = True
         contexts = [w.request.tokens for w in works]
         offered, proposals = propose_batch([s.proposer for s in slots], contexts, [w.k for w in works],
-                                           self.sampling, [s.generator for s in slots])
+                                           [w.request.sampling for w in works], [s.generator for s in slots])
         out = {}
         for work, slot, context, o, p in zip(works, slots, contexts, offered, proposals):
             kept, proposal, match = kept_candidates(slot.proposer, work.request.choice.depth, len(context), o, p)
@@ -114,7 +113,7 @@ class Executor:
         if not work.k:
             return self._select(request, slot, logits[-1])
         offered, kept, dists, match = proposal
-        new_tokens = accept_round(kept, dists, logits, self.sampling, slot.generator)
+        new_tokens = accept_round(kept, dists, logits, request.sampling, slot.generator)
         held = cache_nbytes(slot.cache) + cache_nbytes(getattr(slot.proposer, "cache", None))  # before rollback
         rollback_round(slot.cache, slot.proposer, len(request.tokens), new_tokens, kept, offered,
                        request.choice.depth, match)
@@ -133,5 +132,5 @@ class Executor:
 
     def _select(self, request: ServedRequest, slot: Slot, logits) -> RequestOutput:
         slot.last_logits = logits
-        token = select_token(logits, self.sampling, slot.generator)
+        token = select_token(logits, request.sampling, slot.generator)
         return RequestOutput([token], slot.cache.get_seq_length(), None, cache_nbytes(slot.cache))

@@ -25,10 +25,10 @@ import numpy as np
 import torch
 
 from rakv.runtime.cache import Hit
-from rakv.runtime.decoding import Sampling, cache_nbytes, forward
+from rakv.runtime.decoding import cache_nbytes, forward
 from rakv.runtime.engine import Engine
 from rakv.runtime.kernels import new_kv_cache
-from rakv.serving.request import ServedRequest
+from rakv.serving.request import ServedRequest, Status
 
 
 @dataclass
@@ -48,7 +48,6 @@ class Slot:
 @dataclass
 class KVManager:
     engine: Engine
-    sampling: Sampling = Sampling()
 
     def __post_init__(self):
         pair = self.engine.pair
@@ -90,8 +89,8 @@ class KVManager:
                 engine.namespace(request.salt), self.lookup_ids(request), engine.draft_key if request.max_k else None)
             assert hit.reused_tokens == reused, f"request {request.id}: the store changed between peek and lookup"
         generator = None
-        if not self.sampling.greedy:
-            generator = torch.Generator(device=engine.pair.device).manual_seed(self.sampling.seed)
+        if not request.sampling.greedy:
+            generator = torch.Generator(device=engine.pair.device).manual_seed(request.sampling.seed)
         proposer = engine.make_proposer() if request.max_k else None
         slot = Slot(new_kv_cache(engine.pair.target.module, kv), proposer, generator)
         if draft_kv is not None:  # the draft starts from the store's positions too; its first round feeds the rest
@@ -104,9 +103,11 @@ class KVManager:
 
     def free(self, request: ServedRequest) -> None:
         """Drop its K/V; a preempted request's prompt logits are kept (a recompute does not produce them again), so
-        its prompt is still stored when it completes."""
+        its prompt is still stored when it completes; an aborted request's go too."""
         slot = self.slots.pop(request.id, None)
-        if slot is not None and slot.prompt_logits is not None and not request.state.finished:
+        if request.status == Status.ABORTED:
+            self.kept_prompt_logits.pop(request.id, None)
+        elif slot is not None and slot.prompt_logits is not None and not request.state.finished:
             self.kept_prompt_logits[request.id] = slot.prompt_logits
 
     def commit(self, request: ServedRequest, acceptance: tuple[float, float] | None) -> None:

@@ -14,6 +14,7 @@ from one place (README: "Serving"):
     refuse    status, error                            Scheduler.schedule (too large alone), serve's arrival
     advance   output tokens, round counts, computed    Scheduler.update_from_output (rakv.serving.scheduler)
     finish    status, finish time                      Scheduler.update_from_output
+    abort     status, error, finish time               Scheduler.abort (its client went away)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from rakv.runtime.actions import Action
-from rakv.runtime.decoding import DecodeState
+from rakv.runtime.decoding import DecodeState, Sampling
 from rakv.runtime.strategies import Choice
 
 
@@ -31,6 +32,7 @@ class Status(IntEnum):
     RUNNING = 1  # admitted: holds K/V, gets rows in iterations
     FINISHED = 2
     REFUSED = 3  # bad request (empty, longer than the context or the K/V budget): refused alone
+    ABORTED = 4  # its client went away (rakv serve --http): dropped where it was, its K/V freed
 
 
 @dataclass
@@ -39,6 +41,7 @@ class ServedRequest:
     arrival_s: float  # seconds from the start of serving (a later turn: when the previous one finished + think)
     prompt: list[int]  # token ids; a later turn: previous prompt + its output + the new message
     state: DecodeState  # confirmed output, stopping rule, round log (rakv.runtime.decoding)
+    sampling: Sampling = Sampling()  # greedy, or temperature / top-p with its own seeded stream
     salt: str | None = None
     choice: Choice = Choice(Action(False, 0))  # (reuse, k) and the controller's decision and per-round depth
     decided: bool = False  # the action is chosen (at the first admission attempt, against the store then)
@@ -121,6 +124,10 @@ class ServedRequest:
         if len(state.tokens) > before:
             self.emitted_s.append(now)
         self.computed = min(output.cache_positions, len(self.tokens))
+
+    def abort(self, reason: str, now: float) -> None:
+        assert self.status in (Status.WAITING, Status.RUNNING), f"request {self.id}: aborted while {self.status.name}"
+        self.status, self.error, self.finished_s = Status.ABORTED, reason, now
 
     def finish(self, now: float) -> None:
         assert self.status == Status.RUNNING and self.state.finished, f"request {self.id}: finished too early"

@@ -216,6 +216,16 @@ class Scheduler:
         assert all(w.request.status == Status.RUNNING for w in step.decodes + step.prefills), \
             "work for a request that is not running"
 
+    def abort(self, request: ServedRequest, reason: str, now: float) -> None:
+        """Between iterations: drop a waiting or running request (its client went away) and free its K/V; nothing
+        of it goes into the store."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.abort(reason, now)
+        self.kv.free(request)  # (a preempted one's kept logits too)
+
     def update_from_output(self, step: Step, output, now: float) -> list[ServedRequest]:
         """Apply an iteration's output (rakv.serving.executor.StepOutput): each request it touched advances (tokens,
         rounds, computed positions); a finished one leaves the running set, its K/V goes into the store and is

@@ -155,6 +155,7 @@ class Arrivals:
     engine: Engine
     trace: list[TraceRequest]
     ignore_eos: bool
+    sampling: Sampling = Sampling()
 
     def __post_init__(self):
         self.pending = deque(sorted((r for r in self.trace if not r.follows), key=lambda r: r.arrival_s))
@@ -194,8 +195,8 @@ class Arrivals:
 
     def _new(self, source: TraceRequest, arrival: float, prompt: list[int]) -> ServedRequest:
         state = DecodeState(source.max_new_tokens, self.engine.pair.eos_token_id, self.ignore_eos)
-        return ServedRequest(id=source.id, arrival_s=arrival, prompt=prompt, state=state, salt=source.salt,
-                             conversation=source.conversation, turn=source.turn)
+        return ServedRequest(id=source.id, arrival_s=arrival, prompt=prompt, state=state, sampling=self.sampling,
+                             salt=source.salt, conversation=source.conversation, turn=source.turn)
 
     def _request(self, source: TraceRequest, arrival: float, previous: ServedRequest | None) -> ServedRequest:
         request = self._new(source, arrival, [])
@@ -229,16 +230,16 @@ def build_scheduler(engine: Engine, options: ServeOptions, controller, batch_cos
     if options.itl_slo_ms is not None and batch_cost is None:
         raise RakvError("--itl-slo-ms needs the batch cost model")
     load_aware = options.speculation == "load-aware"
-    acceptance = Acceptance(options.acceptance, controller, tracker, options.sampling, engine.proposer,
+    acceptance = Acceptance(options.acceptance, controller, tracker, engine.proposer,
                             k_set if load_aware else ())
     admission = Admission(options.strategy, acceptance, engine.proposer, controller, k_set if load_aware else ())
-    kv = KVManager(engine, options.sampling)
+    kv = KVManager(engine)
     policy = speculation_policy(options.speculation, batch_cost, acceptance.tracker, k_set)
     budget = SloBudget(batch_cost, options.itl_slo_ms / 1e3) if options.itl_slo_ms is not None else None
     scheduler = Scheduler(kv, admission, options.token_budget, options.max_batch,
                           int(options.kv_budget_mib * (1 << 20)), options.chunking, policy, budget,
                           kv_budget_mib=options.kv_budget_mib)
-    return scheduler, Executor(kv, options.sampling)
+    return scheduler, Executor(kv)
 
 
 def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, options: ServeOptions, *,
@@ -252,7 +253,7 @@ def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, option
     out.mkdir(parents=True, exist_ok=True)
     k_set = tuple(k_set or (controller.config.k_set if controller is not None else ()))
     scheduler, executor = build_scheduler(engine, options, controller, batch_cost, tracker, k_set)
-    arrivals = Arrivals(engine, trace, options.ignore_eos)
+    arrivals = Arrivals(engine, trace, options.ignore_eos, options.sampling)
     writer = RecordWriter(out / "requests.jsonl")
     records, iterations = [], []
     bar = tqdm(total=len(trace), desc="serve", unit="req", disable=not progress, leave=False)
