@@ -174,6 +174,10 @@ def cmd_serve(args) -> None:
                            slos_ms=parse_goodput(args.goodput),
                            sampling=Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed),
                            ignore_eos=args.ignore_eos, check_alone=args.check_alone)  # checked here, once
+    if args.http is not None:
+        return serve_over_http(args, options)
+    if args.out is None:
+        raise RakvError("rakv serve --trace needs --out DIR")
     trace = read_trace(args.trace)  # the whole trace is checked before the models load
     engine = make_engine(args)
     recalibrate = "never" if args.no_calibrate else "auto"
@@ -181,6 +185,34 @@ def cmd_serve(args) -> None:
                         recalibrate, progress=not args.quiet)
     summary = serve(engine, trace, args.out, options, **parts, progress=not args.quiet)
     print(json.dumps({k: summary[k] for k in SHOWN_SUMMARY if k in summary}))
+
+
+def serve_over_http(args, options) -> None:
+    """rakv serve --http: the OpenAI-compatible endpoint (rakv.serving.http) until Ctrl-C or SIGTERM."""
+    import signal
+    from pathlib import Path
+
+    from rakv.runtime.calibration import calibration_for
+    from rakv.serving.http import parse_address, serve_http
+    from rakv.serving.server import serve_parts
+
+    address = parse_address(args.http)
+    if args.check_alone:
+        raise RakvError("--check-alone replays a trace; it does not apply to --http")
+    engine = make_engine(args)
+    recalibrate = "never" if args.no_calibrate else "auto"
+    parts = serve_parts(engine, options, lambda: calibration_for(engine, recalibrate), controller_config(args),
+                        recalibrate, progress=not args.quiet)
+    name = args.served_model_name or engine.pair.target.fingerprint.name
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    ready = lambda where: print(f"rakv serve: {name} on http://{where[0]}:{where[1]}/v1 (Ctrl-C stops)", flush=True)
+    summary = serve_http(engine, options, address, name, Path(args.out) if args.out else None, parts, ready)
+    if summary is not None:
+        print(json.dumps({k: summary[k] for k in SHOWN_SUMMARY if k in summary}))
 
 
 SHOWN_SUMMARY = ("completed", "failed", "outputs_equal_alone", "duration_s", "request_throughput", "output_throughput",
@@ -291,8 +323,14 @@ def build_parser() -> argparse.ArgumentParser:
                                      "per request as it finishes) and OUT/summary.json (vLLM benchmark_serving's "
                                      "names). Defaults: conf/serving/default.yaml.")
     srv.add_argument("--pair", required=True, help=f"model pair: {', '.join(PAIR_NAMES)}")
-    srv.add_argument("--trace", required=True, metavar="FILE.jsonl")
-    srv.add_argument("--out", required=True, metavar="DIR")
+    source = srv.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", metavar="FILE.jsonl", help="replay a trace's arrivals")
+    source.add_argument("--http", metavar="HOST:PORT",
+                        help="serve an OpenAI-compatible /v1/completions endpoint instead (README: Against vLLM); "
+                             "bind to 127.0.0.1 unless the host is meant to be reachable")
+    srv.add_argument("--out", metavar="DIR", help="where requests.jsonl and summary.json go (required with --trace)")
+    srv.add_argument("--served-model-name", default=None, help="--http: the model name clients ask for "
+                                                                "(default: the target's, e.g. SmolLM2-135M-Instruct)")
     srv.add_argument("--strategy", default=serving.strategy,
                      help=f"per request: {', '.join(FIXED_STRATEGIES)}, rakv-asd (default %(default)s)")
     srv.add_argument("--proposer", default=serving.proposer, choices=PROPOSERS)

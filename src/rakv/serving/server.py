@@ -127,11 +127,12 @@ class RecordWriter:
 def record_of(request: ServedRequest, text: str) -> dict:
     state = request.state
     ok = request.status == Status.FINISHED
+    status = {Status.FINISHED: "ok", Status.ABORTED: "aborted"}.get(request.status, "refused")
     times = request.emitted_s
     ttft = times[0] - request.arrival_s if ok and times else None
     e2el = request.finished_s - request.arrival_s if ok else None
     return {
-        "id": request.id, "status": "ok" if ok else "refused", "error": request.error,
+        "id": request.id, "status": status, "error": request.error,
         "prompt_tokens": len(request.prompt), "hit_tokens": request.hit_tokens,
         "draft_hit_tokens": request.draft_hit_tokens, "new_tokens": len(state.tokens),
         "token_ids": state.tokens, "text": text, "arrival_s": request.arrival_s, "ttft_s": ttft,
@@ -242,6 +243,32 @@ def build_scheduler(engine: Engine, options: ServeOptions, controller, batch_cos
     return scheduler, Executor(kv)
 
 
+@dataclass
+class Iteration:
+    """One engine step's results: the plan, what the executor returned (None: idle), the requests it finished (in
+    admission order) and its iterations.jsonl line."""
+
+    step: Step
+    output: StepOutput | None = None
+    finished: list[ServedRequest] = field(default_factory=list)
+    record: dict | None = None
+
+
+def step_once(scheduler: Scheduler, executor: Executor, start: float, now: float, batch_cost) -> Iteration:
+    """One engine step, the same for trace replay and the HTTP endpoint: schedule -> execute -> update_from_output
+    (`start`: time.perf_counter() when serving began; `now`: seconds since then, the scheduler's clock)."""
+    began = time.perf_counter()
+    step = scheduler.schedule(now)
+    scheduled = time.perf_counter()
+    if step.idle:
+        return Iteration(step)
+    output = executor.execute(step)
+    ended = time.perf_counter()
+    finished = scheduler.update_from_output(step, output, ended - start)
+    return Iteration(step, output, finished, iteration_record(ended - start, step, output, scheduler.running + finished,
+                                                              scheduler.held_bytes, batch_cost, began, scheduled, ended))
+
+
 def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, options: ServeOptions, *,
           controller=None, batch_cost=None, tracker=None, k_set: tuple[int, ...] = (), progress: bool = True) -> dict:
     """Serve a (validated) trace; writes out_dir/requests.jsonl, iterations.jsonl and summary.json; returns the summary.
@@ -272,21 +299,15 @@ def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, option
             now = time.perf_counter() - start
             for request in arrivals.due(now):
                 close(request) if request.status == Status.REFUSED else scheduler.waiting.append(request)
-            began = time.perf_counter()
-            step = scheduler.schedule(now)
-            scheduled = time.perf_counter()
-            for request in step.refused:
+            done = step_once(scheduler, executor, start, now, batch_cost)
+            for request in done.step.refused:
                 close(request)
-            if step.idle:  # nothing to run yet: wait for the next arrival
+            if done.output is None:  # nothing to run yet: wait for the next arrival
                 if not scheduler.waiting and not scheduler.running and arrivals.next_s() is not None:
                     time.sleep(max(0.0, arrivals.next_s() - (time.perf_counter() - start)))
                 continue
-            output = executor.execute(step)
-            ended = time.perf_counter()
-            finished = scheduler.update_from_output(step, output, ended - start)
-            iterations.append(iteration_record(ended - start, step, output, scheduler.running + finished,
-                                               scheduler.held_bytes, batch_cost, began, scheduled, ended))
-            for request in finished:
+            iterations.append(done.record)
+            for request in done.finished:
                 close(request)
     finally:
         writer.close()
