@@ -119,6 +119,7 @@ class FakeKV:
 
     def __init__(self, bpt=10, hits=None, draft_bpt=0):
         self.bpt, self.draft_bpt, self.hits, self.freed, self.committed = bpt, draft_bpt, hits or {}, [], []
+        self.published = []
 
     def bytes_per_token(self, request):
         return self.bpt + (self.draft_bpt if request.max_k else 0)
@@ -131,6 +132,9 @@ class FakeKV:
 
     def commit(self, request, acceptance):
         self.committed.append(request.id)
+
+    def publish(self, request):
+        self.published.append(request.id)
 
 
 class FakeAdmission:
@@ -203,6 +207,7 @@ def test_every_iteration_keeps_the_budgets_and_the_order_and_every_request_finis
     assert all(r.status in (Status.FINISHED, Status.REFUSED) for r in requests)
     finished = [r.id for r in requests if r.status == Status.FINISHED]
     assert sorted(scheduler.kv.committed) == sorted(finished)  # each finished request committed once
+    assert sorted(scheduler.kv.published) == sorted(finished)  # and its prompt published once, when computed
 
 
 def test_the_newest_request_is_preempted_its_kv_freed_and_later_recomputed_with_its_output():
@@ -234,6 +239,23 @@ def test_admission_decides_once_with_the_stores_answer_before_the_request_is_siz
     run_to_completion(scheduler)
     assert [d[0] for d in admission.decided] == ["0", "1", "2"]  # once each, however many attempts
     assert reuse.status == fresh.status == Status.FINISHED
+
+
+def test_a_prompt_is_shared_as_soon_as_it_is_computed_not_only_when_its_request_ends(tiny_pair, tmp_path):
+    """A request sharing a running request's prompt reuses it while the first still decodes (the prompt's K/V is
+    published when its first token comes out); both outputs stay the requests' alone."""
+    from rakv.serving.trace import TraceRequest
+
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30))
+    prompt = "The tower is 324 metres tall, about the same height as an 81-storey building, and the tallest"
+    # the second arrives after the first's one-iteration prefill (a few ms), long before its 200 tokens are out
+    trace = [TraceRequest("first", 0.0, prompt, 200), TraceRequest("second", 0.05, prompt + " structure in Paris", 4)]
+    options = ServeOptions.default(strategy="kv-only", max_batch=2, ignore_eos=True, check_alone=True)
+    summary = serve(engine, trace, tmp_path, options, progress=False)
+    lines = {r["id"]: r for r in map(json.loads, (tmp_path / "requests.jsonl").read_text().splitlines())}
+    assert lines["second"]["hit_tokens"] == lines["first"]["prompt_tokens"] - 1  # all but the next-token position
+    assert lines["second"]["e2el_s"] + lines["second"]["arrival_s"] < lines["first"]["e2el_s"]  # ended first
+    assert summary["outputs_equal_alone"] == 2
 
 
 # --- exactness on the tiny pair ---

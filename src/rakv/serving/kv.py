@@ -6,6 +6,7 @@ store's entries, with the byte account the scheduler budgets with.
     allocate(request)       a slot at admission: a cache holding the store's hit (copied in), a proposer, a sampler
     slot(request)           the running request's slot (the executor appends to and rolls back its caches)
     free(request)           drop its K/V (preempted: recomputed later; refused: nothing to keep)
+    publish(request)        its prompt just computed: the prompt's K/V into the store now (shared while it decodes)
     commit(request, acc)    at completion: insert prompt and prompt + output into the store, then free
 
 Store entries are copied in and out, never shared: a hit is copied into a fresh growing cache (one copy per hit,
@@ -109,6 +110,18 @@ class KVManager:
             self.kept_prompt_logits.pop(request.id, None)
         elif slot is not None and slot.prompt_logits is not None and not request.state.finished:
             self.kept_prompt_logits[request.id] = slot.prompt_logits
+
+    def publish(self, request: ServedRequest) -> None:
+        """The prompt's K/V into the store as soon as it is computed (its first token out), so that requests sharing
+        its prefix that arrive while it decodes reuse it, as vLLM shares a block as soon as it is computed. Without
+        acceptance yet and without the draft's K/V (the draft has not run): `commit` adds both to the same entry
+        at completion. An exact repeat's prompt is in the store already."""
+        slot = self.slots[request.id]
+        if slot.prompt_logits is None or request.hit_tokens == len(request.prompt):
+            return
+        layers = [(layer.keys, layer.values) for layer in slot.cache.layers]
+        self.engine.store.insert(self.engine.namespace(request.salt), np.asarray(request.prompt, dtype=np.int64),
+                                 layers, slot.prompt_logits)
 
     def commit(self, request: ServedRequest, acceptance: tuple[float, float] | None) -> None:
         """Insert the prompt and the prompt + output (all but the last token, whose K/V is never computed) into the

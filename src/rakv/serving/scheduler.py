@@ -16,8 +16,8 @@ output kept, recomputed later) and nothing is admitted in that iteration.
 
 One engine step is three calls, as in vLLM v1: `schedule(now) -> Step` here, `Executor.execute(step) -> StepOutput`
 (rakv.serving.executor: the tensors), then `update_from_output(step, output, now)` here — the one place a request's
-output, computed positions and completion change, its K/V is committed to the store and freed, and its rounds
-teach the acceptance estimate. A request's action is chosen by admission (rakv.serving.admission) at its first
+output, computed positions and completion change, its prompt's K/V is published to the store once computed, its
+K/V is committed to the store and freed at completion, and its rounds teach the acceptance estimate. A request's action is chosen by admission (rakv.serving.admission) at its first
 admission attempt, with the store lookup's answer, before its size is checked. No tensors here: the K/V side is
 a `KVSide` (rakv.serving.kv.KVManager) that answers queries and frees, so the scheduler is tested with fakes.
 """
@@ -44,6 +44,10 @@ class KVSide(Protocol):
 
     def free(self, request: ServedRequest) -> None:
         """Drop its K/V (a preemption)."""
+
+    def publish(self, request: ServedRequest) -> None:
+        """Its prompt has just been computed: the prompt's K/V into the prefix store now, for requests that arrive
+        while it decodes."""
 
     def commit(self, request: ServedRequest, acceptance) -> None:
         """A finished request: its positions into the prefix store, then free."""
@@ -233,7 +237,11 @@ class Scheduler:
         touched = {r.id: r for r in step.admitted + [w.request for w in step.decodes + step.prefills]}
         assert set(output.requests) == set(touched), "the output does not answer the step's requests"
         for request_id, result in output.requests.items():
-            touched[request_id].advance(result, now)
+            request = touched[request_id]
+            prefilling = not request.state.tokens
+            request.advance(result, now)
+            if prefilling and request.state.tokens:  # its prompt is computed: shared from now, as vLLM's blocks are
+                self.kv.publish(request)
         finished = [r for r in self.running if r.state.finished]
         acceptance = self.admission.acceptance
         for request in finished:
