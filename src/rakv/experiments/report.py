@@ -533,6 +533,74 @@ def joint_reuse_text(summary: dict) -> str:
     return " ".join(text) + "\n"
 
 
+def peer_folder() -> Path | None:
+    """The vLLM peer's results: this machine's (results/peer/, from scripts/bench_vllm_serve.py and tune_vllm.py) if
+    any, else the shipped ones (data/reference/peer/, scripts/ship_peer.sh); None without either."""
+    from rakv.runtime.paths import REFERENCE_DIR, ROOT
+
+    for folder in (ROOT / "results" / "peer", REFERENCE_DIR / "peer"):
+        if (folder / "bench_vllm_serve" / "summary.json").exists():
+            return folder
+    return None
+
+
+def peer_section(folder: Path | None) -> str:
+    """The paper's rows against vLLM: both servers driven by vLLM's benchmark client on the same prompts and
+    arrivals, and (if measured) the speculation schedule tune_vllm.py chose with its check. Numbers only; the
+    sentences carry no sign of their own."""
+    if folder is None:
+        return "% no vLLM peer results: scripts/bench_vllm_serve.py (README: Against vLLM)\n"
+    serve = json.loads((folder / "bench_vllm_serve" / "summary.json").read_text())
+    machine = serve["machine"]
+    rows = []
+    for label, rate in serve["workloads"].items():
+        for engine, name in (("rakv", "rakv serve"), ("vllm", f"vLLM {serve['vllm']}")):
+            r = serve["engines"][engine][label]
+            hit = "--" if missing(r.get("prefix_hit_rate")) else pct(r["prefix_hit_rate"], 0)
+            rows.append(f"{tex_escape(label.rsplit('-', 1)[0])} & {rate:g} & {tex_escape(name)} & {r['completed']} & "
+                        f"{r['failed']} & {r['output_throughput']:.1f} & {r['p50_ttft_ms']:.0f} & {r['p99_ttft_ms']:.0f} & "
+                        f"{r['p50_tpot_ms']:.0f} & {r['p99_tpot_ms']:.0f} & {r['p99_itl_ms']:.0f} & {hit} \\\\")
+    agreed = serve["agreement"]
+    equal, total = sum(a["equal"] for a in agreed.values()), sum(a["requests"] for a in agreed.values())
+    text = (f"\\paragraph{{Against vLLM.}} The same prompts, at the same seeded Poisson arrivals, were sent by vLLM's "
+            f"own benchmark client (\\texttt{{vllm bench serve}}) to \\texttt{{rakv serve --http}} (strategy "
+            f"\\texttt{{{tex_escape(serve['strategy'])}}}) and to vLLM {tex_escape(serve['vllm'])}'s CPU build serving the same "
+            f"fp32 weights, each with its defaults (prefix caching on in both), {serve['requests']} requests of "
+            f"{serve['new_tokens']} new tokens per workload (Table~\\ref{{tab:peer}}; "
+            f"\\texttt{{scripts/bench\\_vllm\\_serve.py}}, {tex_escape(machine['cpu'])}, {machine['cores']} cores, "
+            f"{machine['date']}). Greedy outputs were equal token for token on {equal} of {total} requests.\n")
+    table = ("\\begin{table}[h]\\centering\\scriptsize\n\\begin{tabular}{llllrrrrrrrr}\\toprule\n"
+             "workload & req/s & engine & done & failed & tok/s & TTFT p50 & p99 & TPOT p50 & p99 & ITL p99 & hits \\\\\n"
+             "\\midrule\n" + "\n".join(rows) + "\n\\bottomrule\\end{tabular}\n"
+             "\\caption{rakv serve and vLLM under vLLM's benchmark client (times in ms; hits: prompt tokens reused, "
+             "vLLM in blocks of 16 tokens, rakv at token granularity).}\\label{tab:peer}\n\\end{table}\n")
+    return text + table + tune_text(folder)
+
+
+def tune_text(folder: Path) -> str:
+    path = folder / "tune_vllm" / "tune.json"
+    if not path.exists():
+        return ""
+    tune = json.loads(path.read_text())
+    model = tune["model"]
+    configs = sorted({r["config"] for r in tune["check"]}, key=lambda c: (c != "tuned", c))
+    cs = sorted({r["c"] for r in tune["check"]})
+    rate = {(r["config"], r["c"]): r["tok_s"] for r in tune["check"]}
+    rows = [f"{tex_escape(config)} & " + " & ".join(f"{rate[(config, c)]:.1f}" for c in cs) + " \\\\" for config in configs]
+    return (f"\\texttt{{scripts/tune\\_vllm.py}} measured vLLM's own step on this machine per batch size and $k$ apart "
+            f"from acceptance, fitted the batch cost model's pass form to it (a step = {1e3 * model['fixed_s']:.1f} ms + "
+            f"{1e3 * model['per_request_s']:.2f} ms per request + {1e3 * model['per_row_s']:.2f} ms per row) and chose "
+            f"vLLM's \\texttt{{num\\_speculative\\_tokens\\_per\\_batch\\_size}} for acceptance "
+            f"{tune['alpha']:.2f} and n-gram match rate {tune['match_rate']:.2f}: "
+            + ", ".join(f"$k={k}$ for batches {a}--{b if b < 1024 else 'up'}" for a, b, k in tune["schedule"])
+            + ". Table~\\ref{tab:tune} serves the same requests through vLLM with it, with fixed $k$ and with a "
+            "hand-set table.\n\\begin{table}[h]\\centering\\scriptsize\n\\begin{tabular}{l" + "r" * len(cs)
+            + "}\\toprule\nschedule & " + " & ".join(f"$c={c}$" for c in cs) + " \\\\\n\\midrule\n"
+            + "\n".join(rows) + "\n\\bottomrule\\end{tabular}\n\\caption{vLLM's output tokens/s with each "
+            "speculation schedule, batches of $c$ requests (n-gram drafts, real acceptance).}\\label{tab:tune}\n"
+            "\\end{table}\n")
+
+
 def write_generated(summary: dict, results: Path, out_dir: Path) -> list[Path]:
     """paper/generated/<name>/: macros, tables, and the generated abstract, claims discussion and limitations."""
     results, out_dir = Path(results), Path(out_dir)
@@ -556,6 +624,7 @@ def write_generated(summary: dict, results: Path, out_dir: Path) -> list[Path]:
         "serving_goals_table.tex": serving_goals_table(summary),
         "joint_reuse_table.tex": joint_reuse_table(summary),
         "joint_reuse.tex": joint_reuse_text(summary),
+        "peer.tex": peer_section(peer_folder()),
     }
     paths = []
     for name, text in files.items():
