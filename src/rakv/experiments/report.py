@@ -533,12 +533,15 @@ def joint_reuse_text(summary: dict) -> str:
     return " ".join(text) + "\n"
 
 
-def peer_folder() -> Path | None:
-    """The vLLM peer's results: this machine's (results/peer/, from scripts/bench_vllm_serve.py and tune_vllm.py) if
-    any, else the shipped ones (data/reference/peer/, scripts/ship_peer.sh); None without either."""
+def peer_folder(results: Path) -> Path | None:
+    """The vLLM peer's results for the paper of `results`: the shipped ones (data/reference/peer/,
+    scripts/ship_peer.sh) for a shipped run; for a run of one's own, this machine's (results/peer/, from
+    scripts/bench_vllm_serve.py and tune_vllm.py) if any, else the shipped ones; None without either."""
     from rakv.runtime.paths import REFERENCE_DIR, ROOT
 
-    for folder in (ROOT / "results" / "peer", REFERENCE_DIR / "peer"):
+    shipped = Path(REFERENCE_DIR) / "peer"
+    own_run = not Path(results).resolve().is_relative_to(Path(REFERENCE_DIR).resolve())
+    for folder in ((ROOT / "results" / "peer", shipped) if own_run else (shipped,)):
         if (folder / "bench_vllm_serve" / "summary.json").exists():
             return folder
     return None
@@ -624,7 +627,7 @@ def write_generated(summary: dict, results: Path, out_dir: Path) -> list[Path]:
         "serving_goals_table.tex": serving_goals_table(summary),
         "joint_reuse_table.tex": joint_reuse_table(summary),
         "joint_reuse.tex": joint_reuse_text(summary),
-        "peer.tex": peer_section(peer_folder()),
+        "peer.tex": peer_section(peer_folder(results)),
     }
     paths = []
     for name, text in files.items():
