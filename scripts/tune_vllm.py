@@ -55,7 +55,11 @@ def run_peer(job: dict, args) -> dict:
         done = subprocess.run([str(python), str(Path(__file__).with_name("vllm_peer.py")), f"{folder}/job.json",
                                f"{folder}/result.json"], capture_output=True, text=True)
         if done.returncode != 0:
-            raise RakvError(f"the vLLM peer failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+            lines = done.stderr.strip().splitlines() or ["no output"]
+            reason = next((line for line in reversed(lines) if "Error" in line), lines[-1])
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "peer_stderr.log").write_text(done.stderr)
+            raise RakvError(f"the vLLM peer failed: {reason.strip()} (whole log: {args.out}/peer_stderr.log)")
         return json.loads(Path(folder, "result.json").read_text())
 
 

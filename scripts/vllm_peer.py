@@ -18,12 +18,13 @@ import sys
 import time
 
 
-def engine(job: dict, max_num_seqs: int, speculative: dict | None):
+def engine(job: dict, max_num_seqs: int, speculative: dict | None, stats: bool = False):
+    """One vLLM engine; `stats`: keep its metrics (LLM.get_metrics), which the offline API turns off by default."""
     from vllm import LLM
 
     return LLM(model=job["model"], dtype="float32", max_model_len=2048, max_num_seqs=max_num_seqs, seed=0,
                max_num_batched_tokens=2048, enable_prefix_caching=job.get("prefix_caching", False),
-               enforce_eager=job.get("eager", False), speculative_config=speculative)
+               enforce_eager=job.get("eager", False), speculative_config=speculative, disable_log_stats=not stats)
 
 
 def counters(llm) -> dict[str, float]:
@@ -36,10 +37,11 @@ def counters(llm) -> dict[str, float]:
 
 
 def steps(job: dict) -> dict:
-    """Step cost per (batch b, k), apart from acceptance: ngram drafts of k tokens verified with vLLM's synthetic
-    rejection sampler at acceptance 0, so every step confirms exactly one token per request and a run of T new
-    tokens is T steps after the prefill; the step time is the difference of a long and a short run over the
-    difference of their lengths. Also the draft tokens verified per step (the n-gram finds no match sometimes)."""
+    """Step cost per (batch b, k), apart from acceptance: b requests at once, n-gram drafts of k tokens, a short and
+    a long run; the engine's steps are counted from its own counters (each step confirms the accepted drafts + 1
+    per request, so steps = (new tokens - accepted) / b), and the step time is the difference of the two runs' times
+    over the difference of their steps (the prefill cancels). Also the draft rows each step verified (the n-gram
+    finds no match sometimes). (vLLM's synthetic rejection sampler, which would fix acceptance, is GPU-only.)"""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -48,28 +50,31 @@ def steps(job: dict) -> dict:
     rows = []
     for k in job["ks"]:
         speculative = None if k == 0 else {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1,
-                                           "prompt_lookup_max": job["max_ngram"],
-                                           "rejection_sample_method": "synthetic",
-                                           "synthetic_acceptance_rates": [0.0] * k}
-        llm = engine(job, max(job["batches"]), speculative)
+                                           "prompt_lookup_max": job["max_ngram"]}
+        llm = engine(job, max(job["batches"]), speculative, stats=True)
         llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=short, ignore_eos=True), use_tqdm=False)
         for b in job["batches"]:
             timed = {}
             for length in (short, long):
                 params = SamplingParams(temperature=0.0, max_tokens=length, ignore_eos=True)
-                seconds, drafts = [], []
+                runs = []
                 for _ in range(job["repeats"]):
                     before = counters(llm)
                     t0 = time.perf_counter()
                     llm.generate(prompts[:b], params, use_tqdm=False)
-                    seconds.append(time.perf_counter() - t0)
+                    seconds = time.perf_counter() - t0
                     after = counters(llm)
-                    drafts.append(sum(after.get(n, 0) - before.get(n, 0) for n in after if "num_draft_tokens" in n))
-                timed[length] = (sorted(seconds)[len(seconds) // 2], sorted(drafts)[len(drafts) // 2])
-            step_s = (timed[long][0] - timed[short][0]) / (long - short)
-            draft_rows = (timed[long][1] - timed[short][1]) / (long - short)  # per step, all b requests together
-            rows.append({"k": k, "b": b, "step_s": step_s, "draft_rows_per_step": draft_rows})
-            print(f"vllm_peer: k={k} b={b} step {step_s * 1e3:.1f} ms, {draft_rows:.2f} draft rows/step", flush=True)
+                    delta = {n: after.get(n, 0) - before.get(n, 0) for n in after}
+                    drafts = sum(v for n, v in delta.items() if n.endswith("num_draft_tokens"))
+                    accepted = sum(v for n, v in delta.items() if n.endswith("num_accepted_tokens"))
+                    runs.append((seconds, (length * b - accepted) / b, drafts))
+                timed[length] = sorted(runs)[len(runs) // 2]
+            steps_ = timed[long][1] - timed[short][1]
+            step_s = (timed[long][0] - timed[short][0]) / steps_
+            draft_rows = (timed[long][2] - timed[short][2]) / steps_  # per step, all b requests together
+            rows.append({"k": k, "b": b, "step_s": step_s, "draft_rows_per_step": draft_rows, "steps": steps_})
+            print(f"vllm_peer: k={k} b={b} step {step_s * 1e3:.1f} ms over {steps_:.0f} steps, "
+                  f"{draft_rows:.2f} draft rows/step", flush=True)
         del llm
     return {"steps": rows}
 
