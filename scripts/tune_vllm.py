@@ -5,9 +5,10 @@
 
 vLLM 0.32 takes `speculative_config.num_speculative_tokens_per_batch_size`, a list of (batch_start, batch_end, k)
 ranges, usually set by hand. Here:
-1. measure: vLLM's own step time per (batch b, k) on this machine, apart from acceptance (n-gram drafts verified
-   by its synthetic rejection sampler at acceptance 0: every step confirms one token per request), with the draft
-   rows each step actually verified (scripts/vllm_peer.py, mode "steps");
+1. measure: vLLM's own step time per (batch b, k) on this machine, apart from acceptance: its steps are counted
+   from its own counters (a step confirms the accepted drafts + 1 per request) over a long and a short run, with
+   the draft rows each step actually verified (scripts/vllm_peer.py, mode "steps"; vLLM's synthetic rejection
+   sampler, which would fix acceptance, is GPU-only);
 2. fit: the batch cost model's pass form (rakv.serving.batchcost: a fixed part, a part per request, a part per
    row) to those steps by non-negative least squares;
 3. choose: for each batch size the k that maximises expected tokens per second, b * (m * E_k(alpha) + 1 - m) /
