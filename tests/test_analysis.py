@@ -291,3 +291,25 @@ def test_speculation_on_top_of_reuse_is_judged_by_its_ci_both_ways():
     unclear = joint_reuse_by_length(joint_rows(1.0, noise=0.2, seed=3), resamples=300)[0]
     assert unclear["verdict"] == "inconclusive" and unclear["reprefilled_s"] is None
     assert joint_reuse_by_length(joint_rows(0.8, prompts=1), resamples=300)[0]["verdict"] == "no interval"
+
+
+def test_claims_are_judged_by_their_kind():
+    """An equivalence claim has no direction, only its band; an extreme over scenarios (one value) gets no interval
+    and no verdict; a finding is read from the stage that tests it; one count covers them all."""
+    equivalence = analysis.claim_row("latency_reduction_vs_kv_only", "c", [0.15, 0.12, 0.18])
+    assert equivalence["direction"] == "n/a" and equivalence["magnitude"] == "no"  # +15 % is not "within 0.45 %"
+    extreme = analysis.claim_row("spec_slowdown_min", "c", -0.5)
+    assert extreme["ci_low"] is None or np.isnan(extreme["ci_low"])
+    assert extreme["direction"] == extreme["magnitude"] == "n/a"
+    never = analysis.claim_row("crossover_alpha_min", "c", None, "never (not even alpha = 1)")
+    assert never["text"].startswith("never") and never["magnitude"] == "n/a"
+    effect = analysis.claim_row("latency_reduction_vs_joint_k4", "c", [0.5, 0.4, 0.6])
+    assert (effect["direction"], effect["magnitude"]) == ("yes", "yes")
+    cost_only = analysis.larger_pair_row({"feasibility": {"status": "cost side only: weights unavailable"},
+                                          "feasibility_verdict": "cost side only"})
+    ran = analysis.larger_pair_row({"feasibility": {"status": "ran", "crossed": True, "configuration": "l"}})
+    assert cost_only["direction"] == "not tested" and ran["direction"] == "no" and ran["text"] == "crosses"
+    counts = analysis.claim_counts([equivalence, extreme, never, effect, cost_only])
+    assert counts == {"rows": 5, "signed": 1, "banded": 2, "unjudged": 3,
+                      "direction": {"yes": 1, "no": 0, "inconclusive": 0},
+                      "magnitude": {"yes": 1, "no": 1, "inconclusive": 0}}

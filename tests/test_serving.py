@@ -143,7 +143,7 @@ class FakeAdmission:
     def __init__(self, actions=None):
         self.actions, self.acceptance, self.decided = actions or {}, Acceptance(), []
 
-    def decide(self, request, hit):
+    def decide(self, request, hit, company=(), load=0.0):
         action = self.actions.get(request.id, Action(False, 0))
         self.decided.append((request.id, hit.reused_tokens))
         request.assign(Choice(action), action.k, 0.5, None)

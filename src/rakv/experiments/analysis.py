@@ -23,11 +23,15 @@ Confidence intervals
     whole prompts resamples their units' sums.
 
 Claims
-    `claims` sets each reproduced statistic beside the reference study's value with two verdicts:
-    *direction reproduced* (the CI lies on the reference's side of the statistic's null value) and
-    *magnitude within band* (the CI lies inside a two-sided tolerance band around the reference; the
-    bands are defined once, in TOLERANCE, with their rationale). Each verdict is yes, no, or
-    inconclusive (the CI straddles the boundary).
+    `claims` sets each reproduced statistic beside the reference study's value, judged by its kind (Claim.kind):
+    an *effect* gets two verdicts, *direction reproduced* (the CI lies on the reference's side of the statistic's
+    null value) and *magnitude within band* (the CI lies inside a two-sided tolerance band around the reference;
+    the bands are defined once, in TOLERANCE, with their rationale); an *equivalence* claim ("within 0.45 % of
+    KV-only") and an *estimate* (a share, an error) only the band (a direction means nothing for them); an
+    *extreme* over cells (a least or most) is one value with no interval, shown without a verdict; the reference's
+    qualitative claim on the larger pair is a *finding* read from the feasibility stage. Each verdict is yes, no,
+    inconclusive (the CI straddles the boundary), or n/a where the kind has none; `claim_counts` is the one count
+    the paper and the README quote.
 """
 
 from __future__ import annotations
@@ -481,35 +485,48 @@ def measured_crossover(controlled: pd.DataFrame, column: str = "measured_speedup
 # Claims
 
 
+KINDS = ("effect", "equivalence", "estimate", "extreme", "finding")
+
+
 @dataclass(frozen=True)
 class Claim:
     label: str
-    reference: float
-    band: str  # a key of TOLERANCE
+    reference: float | None
+    band: str | None  # a key of TOLERANCE (None: no band)
     null: float | None  # the value meaning "no effect"; direction = the reference's side of it
     unit: str = "%"
+    kind: str = "effect"  # KINDS: which verdicts the claim gets
 
 
 CLAIMS = {
     "latency_reduction_vs_joint_k4": Claim("RAKV-ASD vs Joint-k4: latency reduction", 0.640, "effect", 0.0),
     "throughput_gain_vs_joint_k4": Claim("RAKV-ASD vs Joint-k4: throughput gain", 1.708, "effect", 0.0),
-    "latency_reduction_vs_kv_only": Claim("RAKV-ASD vs KV-only: latency reduction", 0.0045, "effect", 0.0),
-    "throughput_gain_vs_kv_only": Claim("RAKV-ASD vs KV-only: throughput gain", 0.0081, "effect", 0.0),
-    "accuracy_k": Claim("controller: oracle's k chosen", 1.0, "share", None),
-    "accuracy_action": Claim("controller: oracle's action chosen (strict)", 0.833, "share", None),
-    "mape": Claim("latency prediction MAPE", 0.321, "error", None),
+    # the reference: "within 0.45 % of KV-only": an equivalence, judged by the band alone
+    "latency_reduction_vs_kv_only": Claim("RAKV-ASD vs KV-only: latency reduction (equivalence)", 0.0045, "effect",
+                                          None, kind="equivalence"),
+    "throughput_gain_vs_kv_only": Claim("RAKV-ASD vs KV-only: throughput gain (equivalence)", 0.0081, "effect", None,
+                                        kind="equivalence"),
+    "accuracy_k": Claim("controller: oracle's k chosen (in-sample oracle)", 1.0, "share", None, kind="estimate"),
+    "accuracy_action": Claim("controller: oracle's action chosen (strict, in-sample oracle)", 0.833, "share", None,
+                             kind="estimate"),
+    "mape": Claim("latency prediction MAPE", 0.321, "error", None, kind="estimate"),
     "spearman": Claim("Spearman rho, predicted vs measured (mean per scenario)", 0.780, "share", 0.0, ""),
-    "mean_regret": Claim("mean regret vs the (cross-fitted) oracle", 0.0032, "effect", None),
-    "spec_slowdown_min": Claim("best k != 0 vs best k = 0: slowdown, least", 0.14, "effect", 0.0),
-    "spec_slowdown_max": Claim("best k != 0 vs best k = 0: slowdown, most", 2.35, "effect", 0.0),
-    "crossover_alpha_min": Claim("break-even acceptance (cost model), least", 0.894, "alpha", None, ""),
-    "crossover_alpha_max": Claim("break-even acceptance (cost model), most", 0.973, "alpha", None, ""),
+    "mean_regret": Claim("mean regret vs the cross-fitted oracle", 0.0032, "effect", None, kind="estimate"),
+    "spec_slowdown_min": Claim("best k > 0 vs best k = 0: slowdown, least over scenarios", 0.14, None, None,
+                               kind="extreme"),
+    "spec_slowdown_max": Claim("best k > 0 vs best k = 0: slowdown, most over scenarios", 2.35, None, None,
+                               kind="extreme"),
+    "crossover_alpha_min": Claim("break-even acceptance (cost model), least", 0.894, None, None, "", kind="extreme"),
+    "crossover_alpha_max": Claim("break-even acceptance (cost model), most", 0.973, None, None, "", kind="extreme"),
+    "larger_pair": Claim("GPT-2 Large/Medium: the gap narrows, speculation does not cross k = 0", None, None, None,
+                         "", kind="finding"),
 }
 
 
 def verdict_direction(claim: Claim, ci: list) -> str:
-    """yes: the CI lies on the reference's side of the null; no: on the other side; else inconclusive."""
-    if claim.null is None:
+    """yes: the CI lies on the reference's side of the null; no: on the other side; else inconclusive (n/a: the
+    claim's kind has no direction)."""
+    if claim.null is None or claim.kind != "effect":
         return "n/a"
     side = ci_side(ci, claim.null)
     if side == "missing":
@@ -521,9 +538,11 @@ def verdict_direction(claim: Claim, ci: list) -> str:
 
 
 def verdict_band(claim: Claim, ci: list) -> str:
-    """yes: the CI lies inside the tolerance band; no: it lies wholly outside; else inconclusive."""
+    """yes: the CI lies inside the tolerance band; no: it lies wholly outside; else inconclusive. A value without
+    an interval is not judged (n/a)."""
     value, low, high = ci
-    low, high = (value, value) if not np.isfinite(low) or not np.isfinite(high) else (low, high)
+    if claim.band is None or not (np.isfinite(low) and np.isfinite(high)):
+        return "n/a"
     lo, hi = TOLERANCE[claim.band](claim.reference)
     if lo <= low and high <= hi:
         return "yes"
@@ -532,21 +551,41 @@ def verdict_band(claim: Claim, ci: list) -> str:
     return "inconclusive"
 
 
-def claim_row(key: str, configuration: str, ci) -> dict:
+def claim_row(key: str, configuration: str, ci, text: str | None = None) -> dict:
+    """One claim's row: a CI [value, low, high] (an extreme: one value, no interval), or for a finding its `text`
+    and verdict (`ci` then the verdict string)."""
     claim = CLAIMS[key]
-    ci = [float("nan") if v is None else float(v) for v in (ci if isinstance(ci, (list, tuple)) else [ci] * 3)]
+    if claim.kind == "finding":
+        return {"claim": claim.label, "key": key, "configuration": configuration, "unit": claim.unit,
+                "kind": claim.kind, "reference": None, "reproduced": None, "ci_low": None, "ci_high": None,
+                "band_low": None, "band_high": None, "null": None, "text": text, "direction": ci, "magnitude": "n/a"}
+    if claim.kind == "extreme" or not isinstance(ci, (list, tuple)):
+        ci = [ci, None, None]  # one value: no interval is invented for it
+    ci = [float("nan") if v is None else float(v) for v in ci]
     if not np.isfinite(ci[0]):
-        direction = band = "missing"
+        direction = band = "missing" if text is None else "n/a"
     else:
         direction, band = verdict_direction(claim, ci), verdict_band(claim, ci)
-    lo, hi = TOLERANCE[claim.band](claim.reference)
-    return {"claim": claim.label, "key": key, "configuration": configuration, "unit": claim.unit,
+    lo, hi = TOLERANCE[claim.band](claim.reference) if claim.band else (None, None)
+    return {"claim": claim.label, "key": key, "configuration": configuration, "unit": claim.unit, "kind": claim.kind,
             "reference": claim.reference, "reproduced": ci[0], "ci_low": ci[1], "ci_high": ci[2],
-            "band_low": lo, "band_high": hi, "null": claim.null, "direction": direction, "magnitude": band}
+            "band_low": lo, "band_high": hi, "null": claim.null, "text": text, "direction": direction,
+            "magnitude": band}
+
+
+def larger_pair_row(summary: dict) -> dict:
+    """The reference's claim on GPT-2 Large/Medium, from the feasibility stage: reproduced where the pair ran
+    (yes if speculation did not cross k = 0), not tested where only its cost side could be measured."""
+    feas = summary.get("feasibility") or {}
+    name = feas.get("configuration") or "gpt2large-gpt2medium"
+    if feas.get("status") == "ran":
+        return claim_row("larger_pair", name, "no" if feas.get("crossed") else "yes",
+                         "crosses" if feas.get("crossed") else "does not cross")
+    return claim_row("larger_pair", name, "not tested", summary.get("feasibility_verdict") or "not run")
 
 
 def claims(summary: dict) -> list[dict]:
-    """Per configuration: each reference figure beside the reproduced one, its CI, band and two verdicts."""
+    """Per configuration: each reference figure beside the reproduced one, its CI, band and verdicts by kind."""
     rows = []
     for name, s in summary["per_configuration"].items():
         values = {
@@ -556,13 +595,34 @@ def claims(summary: dict) -> list[dict]:
             "throughput_gain_vs_kv_only": s["throughput_gain"]["kv-only"],
             "accuracy_k": s["accuracy_k"], "accuracy_action": s["accuracy_action"], "mape": s["mape"],
             "spearman": s["spearman"], "mean_regret": s["mean_regret"],
-            "spec_slowdown_min": s["spec_slowdown"]["min"], "spec_slowdown_max": s["spec_slowdown"]["max"],
         }
+        rows.extend(claim_row(key, name, value) for key, value in values.items())
+        for key in ("spec_slowdown_min", "spec_slowdown_max"):
+            value = s["spec_slowdown"][key.rsplit("_", 1)[1]]
+            # no scenario where both a k > 0 and a k = 0 action were measured: nothing to compare
+            rows.append(claim_row(key, name, value, None if value is not None else "no scenario compared"))
         cross = summary.get("crossover_model_per_configuration", {}).get(name)
         if cross:
-            values.update(crossover_alpha_min=cross["min"], crossover_alpha_max=cross["max"])
-        rows.extend(claim_row(key, name, value) for key, value in values.items())
+            for key in ("crossover_alpha_min", "crossover_alpha_max"):
+                value = cross[key.rsplit("_", 1)[1]]
+                rows.append(claim_row(key, name, value, None if value is not None else "never (not even alpha = 1)"))
+    rows.append(larger_pair_row(summary))
     return rows
+
+
+def claim_counts(rows: list[dict]) -> dict:
+    """The one count of claims the paper and the README quote: rows, and per verdict the direction's (signed claims:
+    effects) and the magnitude's (banded claims)."""
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return {"rows": 0, "signed": 0, "banded": 0, "unjudged": 0, "direction": {}, "magnitude": {}}
+    signed = frame[frame.direction.isin(["yes", "no", "inconclusive"])]
+    banded = frame[frame.magnitude.isin(["yes", "no", "inconclusive"])]
+    unjudged = frame[~frame.index.isin(signed.index) & ~frame.index.isin(banded.index)]
+    return {"rows": int(len(frame)), "signed": int(len(signed)), "banded": int(len(banded)),
+            "unjudged": int(len(unjudged)),
+            "direction": {v: int((signed.direction == v).sum()) for v in ("yes", "no", "inconclusive")},
+            "magnitude": {v: int((banded.magnitude == v).sum()) for v in ("yes", "no", "inconclusive")}}
 
 
 def cost_side_sentence(feas: dict) -> str:

@@ -56,10 +56,15 @@ def legend_beside(ax, title: str | None = None, handles=None, labels=None) -> No
                   frameon=False, fontsize=8, title_fontsize=8)
 
 
-def plain_log(axis) -> None:
-    """A log axis labelled 0.5, 1, 2, 5 ... instead of 5 x 10^-1."""
-    axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+def plain_log(axis, at=None) -> None:
+    """A log axis labelled 0.5, 1, 2, 5 ... instead of 5 x 10^-1; with `at`, ticks at those values only (the data's
+    own rates, say)."""
+    if at is not None:
+        axis.set_major_locator(ticker.FixedLocator(sorted(set(float(v) for v in at))))
+    else:
+        axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_locator(ticker.NullLocator())
     axis.set_minor_formatter(ticker.NullFormatter())
 
 
@@ -320,6 +325,9 @@ def serving_chunking(cells: pd.DataFrame, slo_ms: float, out_dir: Path):
     right.set(xlabel="arrival rate (requests/s)", ylabel="median time to first token (ms)", yscale="log")
     plain_log(left.yaxis)
     plain_log(right.yaxis)
+    for ax in (left, right):
+        ax.set_xscale("log")
+        plain_log(ax.xaxis, at=part.rate)
     legend_beside(right, "chunking", *left.get_legend_handles_labels())
     if left.get_legend() is not None:
         left.get_legend().remove()
@@ -345,23 +353,34 @@ def serving_itl_distribution(requests: pd.DataFrame, out_dir: Path):
     return save(fig, out_dir, "serving_itl_distribution")
 
 
-def serving_goodput(cells: pd.DataFrame, slos: list[str], out_dir: Path):
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    for policy, rows in cells[cells.family == "speculation"].groupby("policy", sort=False):
-        _errorbars(ax, rows, "rate", "goodput", policy, linewidth=2.5 if policy == "rakv-asd" else 1.2)
-    ax.set(xlabel="arrival rate (requests/s)", ylabel="goodput (requests/s within SLOs)", xscale="log",
-           title="SLOs: " + ", ".join(slos))
-    plain_log(ax.xaxis)
-    legend_beside(ax, "speculation")
+def serving_goodput(cells: pd.DataFrame, slos_ms: dict, out_dir: Path):
+    """Goodput vs arrival rate per speculation policy, one panel per speculation family (CIs over repeats)."""
+    families = [f for f in ("speculation", "speculation-draft") if (cells.family == f).any()]
+    fig, axes = panels(max(len(families), 1), width=4.6, height=3.8)
+    for ax, family in zip(axes, families):
+        part = cells[cells.family == family]
+        for policy, rows in part.groupby("policy", sort=False):
+            _errorbars(ax, rows, "rate", "goodput", policy, linewidth=2.5 if policy == "rakv-asd" else 1.2)
+        slo = slos_ms.get(part.configuration.iloc[0], {}) if "configuration" in part else {}
+        title = family + (f"\n(TTFT {slo['slo_ttft_ms']:.0f} ms, TPOT {slo['slo_tpot_ms']:.0f} ms)" if slo else "")
+        ax.set(xlabel="arrival rate (requests/s)", ylabel="goodput (requests/s within SLOs)", xscale="log",
+               title=title)
+        plain_log(ax.xaxis, at=part.rate)
+    legend_beside(axes[-1], "policy", *axes[0].get_legend_handles_labels())
+    for ax in axes[:-1]:
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
     return save(fig, out_dir, "serving_goodput")
 
 
 def serving_chosen_k(chosen: pd.DataFrame, out_dir: Path):
+    """Mean k per decoding request by batch size: SmartSpec's rule and RAKV-ASD under load, per family."""
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    for policy, rows in chosen.groupby("policy") if len(chosen) else ():
-        ax.plot(rows.batch, rows.mean_k, marker="o", label=policy)
+    for (family, policy), rows in chosen.groupby(["family", "policy"]) if len(chosen) else ():
+        ax.plot(rows.batch, rows.mean_k, marker="o", label=f"{policy} ({family})",
+                linestyle="-" if family == "speculation" else "--")
     ax.set(xlabel="decoding requests in the iteration", ylabel="mean k chosen", ylim=(-0.1, None))
-    legend_beside(ax, "policy")
+    legend_beside(ax, "policy (family)")
     return save(fig, out_dir, "serving_chosen_k")
 
 
@@ -382,23 +401,27 @@ def serving_break_even(break_even: pd.DataFrame, acceptance: float | None, out_d
     return save(fig, out_dir, "serving_break_even")
 
 
-def serving_mape(acceptance: dict, iteration_mape: dict, out_dir: Path):
-    """The controller's latency MAPE with global vs prefix-keyed acceptance, and the batch cost model's."""
-    fig, ax = plt.subplots(figsize=(6, 3.4))
-    labels, values, lows, highs = [], [], [], []
-    for name, stats in acceptance.items():
-        labels.append(f"latency, {name}")
-        values.append(stats["mape"][0])
-        lows.append(stats["mape"][1])
-        highs.append(stats["mape"][2])
+def serving_mape(latency: dict, iteration_mape: dict, threshold: float, out_dir: Path):
+    """Admission's service-time prediction under load, per family (and the batch-one prediction where there is
+    one), and the batch cost model's per-iteration prediction (online-scaled and the table's alone): MAPE with CIs
+    over repeats, the goal's threshold dashed."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    labels, triples = [], []
+    for family, stats in latency.items():
+        labels.append(f"service, {family}")
+        triples.append(stats["served"])
+        if stats["batch_one"][0] is not None and np.isfinite(stats["batch_one"][0]):
+            labels.append(f"service, {family}, batch-one")
+            triples.append(stats["batch_one"])
     if "all" in iteration_mape:
-        labels.append("iteration time (batch cost model)")
-        values.append(iteration_mape["all"][0])
-        lows.append(iteration_mape["all"][1])
-        highs.append(iteration_mape["all"][2])
-    values = np.asarray(values, float) * 100
-    err = [np.nan_to_num(values - np.asarray(lows, float) * 100), np.nan_to_num(np.asarray(highs, float) * 100 - values)]
+        labels += ["iteration, online scale", "iteration, table alone"]
+        triples += [iteration_mape["all"]["scaled"], iteration_mape["all"]["table"]]
+    values = np.asarray([np.nan if t[0] is None else t[0] for t in triples], float) * 100
+    lows, highs = (np.asarray([np.nan if t[i] is None else t[i] for t in triples], float) * 100 for i in (1, 2))
+    err = [np.nan_to_num(np.clip(values - lows, 0, None)), np.nan_to_num(np.clip(highs - values, 0, None))]
     ax.barh(labels, values, xerr=err, capsize=3, color=sns.color_palette("colorblind", len(labels)))
-    ax.axvline(10, color="grey", linestyle="--", linewidth=1)
-    ax.set(xlabel="MAPE (%)")
+    ax.axvline(threshold * 100, color="grey", linestyle="--", linewidth=1, label=f"goal {threshold:.0%}")
+    ax.invert_yaxis()
+    ax.set(xlabel="mean absolute percentage error (%)")
+    ax.legend(fontsize=8, frameon=False, loc="lower right")
     return save(fig, out_dir, "serving_mape")

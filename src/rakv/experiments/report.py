@@ -85,24 +85,33 @@ def abstract(summary: dict, meta: dict) -> str:
     return " ".join(text) + "\n"
 
 
+def counts_sentence(counts: dict) -> str:
+    """The one wording of the claim counts (rakv.experiments.analysis.claim_counts), for the introduction and
+    Section "Claims"."""
+    d, m = counts["direction"], counts["magnitude"]
+    return (f"Of {counts['rows']} claim rows (each reference claim per configuration), {counts['signed']} are signed "
+            f"effects, whose direction is reproduced for {d.get('yes', 0)}, reversed for {d.get('no', 0)} and "
+            f"inconclusive for {d.get('inconclusive', 0)}; {counts['banded']} have a tolerance band, which "
+            f"{m.get('yes', 0)} lie inside, {m.get('no', 0)} outside and {m.get('inconclusive', 0)} straddle; "
+            f"{counts['unjudged']} (extremes over scenarios without an interval, and findings) carry no such verdict")
+
+
 def claims_discussion(summary: dict) -> str:
+    from rakv.experiments.analysis import claim_counts
+
     rows = pd.DataFrame(summary["claims"])
     if rows.empty:
         return "No claims could be evaluated.\n"
-    parts = []
+    parts = [counts_sentence(claim_counts(summary["claims"])) + "."]
+    parts.append("Claims are judged by kind: an effect by its direction and band, an equivalence (the reference's "
+                 "``within 0.45\\,\\% of KV-only'') and an estimate by the band alone, an extreme over scenarios "
+                 "(a least or a most, one value) is shown without an interval and without a verdict, and a finding "
+                 "by what the stage that tests it found.")
     for name, part in rows.groupby("configuration", sort=False):
-        direction = part[part.direction != "n/a"].direction.value_counts()
-        magnitude = part.magnitude.value_counts()
-        parts.append(
-            f"On \\texttt{{{tex_escape(name)}}}, of {int(direction.sum())} signed claims the direction is reproduced "
-            f"for {direction.get('yes', 0)}, reversed for {direction.get('no', 0)} and inconclusive for "
-            f"{direction.get('inconclusive', 0)}; of {len(part)} magnitudes, {magnitude.get('yes', 0)} "
-            f"{'lies' if magnitude.get('yes', 0) == 1 else 'lie'} within "
-            f"their tolerance band, {magnitude.get('no', 0)} outside it and {magnitude.get('inconclusive', 0)} "
-            "straddle its edge.")
         reversed_ = part[part.direction == "no"].claim.tolist()
         if reversed_:
-            parts.append("Reversed: " + "; ".join(tex_escape(c) for c in reversed_) + ".")
+            parts.append(f"Reversed on \\texttt{{{tex_escape(name)}}}: " + "; ".join(tex_escape(c) for c in reversed_)
+                         + ".")
     return " ".join(parts) + "\n"
 
 
@@ -126,11 +135,9 @@ def introduction_findings(summary: dict) -> str:
         text.append(f"On \\texttt{{{tex_escape(name)}}}, RAKV-ASD is {verdicts} (95\\% CIs in the abstract and "
                     "Table~\\ref{tab:statistics}).")
     if not rows.empty:
-        signed = rows[~rows.direction.isin(["n/a", "missing"])]
-        counts = signed.direction.value_counts()
-        text.append(f"Of the reference's {len(signed)} signed claims (counted per configuration), the direction is "
-                    f"reproduced for {counts.get('yes', 0)}, reversed for {counts.get('no', 0)} and inconclusive for "
-                    f"{counts.get('inconclusive', 0)} (Section~\\ref{{sec:claims}}).")
+        from rakv.experiments.analysis import claim_counts
+
+        text.append(counts_sentence(claim_counts(summary["claims"])) + " (Section~\\ref{sec:claims}).")
     feas = summary["feasibility"]
     if feas.get("status") != "missing":
         text.append(f"On the larger pair: {tex_escape(summary.get('feasibility_verdict', 'missing'))}.")
@@ -282,35 +289,49 @@ def statistics_table(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def claim_cells(row: dict, fmt) -> tuple[str, str, str]:
+    """A claim row's reference, reproduced value (with its CI when it has one, else the value alone or the finding's
+    text) and band, each through `fmt`."""
+    reference = "--" if row["reference"] is None else fmt(row["reference"])
+    if row.get("text") and missing(row["reproduced"]):
+        reproduced = row["text"]
+    elif missing(row["ci_low"]):
+        reproduced = fmt(row["reproduced"])
+    else:
+        reproduced = f"{fmt(row['reproduced'])} [{fmt(row['ci_low'])}, {fmt(row['ci_high'])}]"
+    band = "--" if row["band_low"] is None else f"[{fmt(row['band_low'])}, {fmt(row['band_high'])}]"
+    return reference, reproduced, band
+
+
 def claims_table(rows: list[dict]) -> str:
-    lines = [r"\begin{tabular}{p{5.2cm}lrrrcc}", r"\toprule",
-             r"Claim & Configuration & Reference & Reproduced [95\% CI] & Band & Direction & Magnitude \\",
+    lines = [r"\begin{tabular}{p{5.2cm}llrp{3.6cm}rcc}", r"\toprule",
+             r"Claim & Configuration & Kind & Reference & Reproduced [95\% CI] & Band & Direction & Magnitude \\",
              r"\midrule"]
     for row in rows:
         fmt = (lambda v: pct(v)) if row["unit"] == "%" else (lambda v: num(v))
+        reference, reproduced, band = claim_cells(row, fmt)
         lines.append(f"{tex_escape(row['claim'])} & \\texttt{{{tex_escape(row['configuration'])}}} & "
-                     f"{fmt(row['reference'])} & {ci_text((row['reproduced'], row['ci_low'], row['ci_high']), fmt)} & "
-                     f"[{fmt(row['band_low'])}, {fmt(row['band_high'])}] & {row['direction']} & {row['magnitude']} \\\\")
+                     f"{row.get('kind', 'effect')} & {reference} & "
+                     f"{tex_escape(reproduced) if row.get('text') and missing(row['reproduced']) else reproduced} & "
+                     f"{band} & {row['direction']} & {row['magnitude']} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
 
 def markdown_value(value, unit: str) -> str:
     if missing(value):
-        return "n/a"
+        return "--"
     return f"{100 * value:.1f} %" if unit == "%" else f"{value:.3f}"
 
 
 def claims_markdown(rows: list[dict]) -> str:
     """The claims table (as claims_table) in Markdown, for the README."""
-    lines = ["| claim | configuration | reference | reproduced [95 % CI] | band | direction | magnitude |",
-             "|---|---|---:|---:|---:|:---:|:---:|"]
+    lines = ["| claim | configuration | kind | reference | reproduced [95 % CI] | band | direction | magnitude |",
+             "|---|---|---|---:|---:|---:|:---:|:---:|"]
     for row in rows:
-        value = lambda v: markdown_value(v, row["unit"])  # noqa: E731
-        interval = "" if missing(row["ci_low"]) else f" [{value(row['ci_low'])}, {value(row['ci_high'])}]"
-        lines.append(f"| {row['claim']} | `{row['configuration']}` | {value(row['reference'])} | "
-                     f"{value(row['reproduced'])}{interval} | [{value(row['band_low'])}, {value(row['band_high'])}] | "
-                     f"{row['direction']} | {row['magnitude']} |")
+        reference, reproduced, band = claim_cells(row, lambda v: markdown_value(v, row["unit"]))
+        lines.append(f"| {row['claim']} | `{row['configuration']}` | {row.get('kind', 'effect')} | {reference} | "
+                     f"{reproduced} | {band} | {row['direction']} | {row['magnitude']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -323,18 +344,31 @@ def between_markers(text: str, name: str, body: str) -> str:
     return head + start + "\n" + body + end + rest.split(end, 1)[1]
 
 
+def goal_value(g: dict, fmt_pct=None) -> tuple[str, str]:
+    """A serving goal's value and interval as text: a load in req/s (no interval), an acceptance difference, or a
+    share; '--' where absent."""
+    fmt_pct = fmt_pct or pct
+    unit = g.get("unit")
+    fmt = {"alpha": lambda v: f"{v:+.3f}", "req/s": lambda v: f"{v:g} req/s"}.get(unit, fmt_pct)
+    value = "--" if missing(g["value"]) else fmt(g["value"])
+    interval = ("--" if g.get("ci_low") is None or missing(g["ci_low"])
+                else f"[{fmt(g['ci_low'])}, {fmt(g['ci_high'])}]")
+    return value, interval
+
+
 def serving_goals_markdown(summary: dict) -> str:
     """The serving study's goals (as serving_goals_table) in Markdown, for the README."""
     goals = summary.get("serving", {}).get("goals", [])
     if not goals:
         return "The serving stage has not run for the shipped reference run.\n"
-    lines = ["| goal | value [95 % CI] | verdict |", "|---|---:|:---:|"]
+    lines = ["| goal | value | 95 % CI | verdict |", "|---|---:|---:|:---:|"]
     for g in goals:
-        fmt = (lambda v: f"{v:+.3f}") if g.get("unit") == "req/s" else (lambda v: markdown_value(v, "%"))
-        value = "n/a" if missing(g["value"]) else (f"{g['value']:g} req/s" if g["key"] == "slo_rate"
-                                                    else fmt(g["value"]))
-        interval = "" if missing(g.get("ci_low")) else f" [{fmt(g['ci_low'])}, {fmt(g['ci_high'])}]"
-        lines.append(f"| {g['goal']} | {value}{interval} | {g['verdict']} |")
+        value, interval = goal_value(g, lambda v: markdown_value(v, "%"))
+        lines.append(f"| {g['goal']} | {value} | {interval} | {g['verdict']} |")
+    counts = {v: sum(g["verdict"] == v for g in goals) for v in ("met", "missed", "inconclusive")}
+    lines.append("")
+    lines.append(f"{counts['met']} met, {counts['missed']} missed, {counts['inconclusive']} inconclusive of "
+                 f"{len(goals)}; each row's rule is in `summary.json` (`serving.goals[].rule`).")
     return "\n".join(lines) + "\n"
 
 
@@ -425,52 +459,76 @@ def signed_change(row: dict) -> str:
     return f"did not measurably change {metric} ({ci_text(triple)})"
 
 
+FAMILY_TEXT = {"chunking": "Under the interference trace", "speculation": "Under the structured-output trace with "
+               "prompt lookup", "speculation-draft": "With the draft model proposing"}
+
+
 def serving_text(summary: dict) -> str:
     """The paper's section "Serving under load", from summary.json's `serving` (its sentences follow the CIs)."""
     serving = summary.get("serving")
     if not serving:
         return ("The serving stage did not run for this results folder (\\texttt{./reproduce.sh stages=serving}); "
                 "its section is empty.\n")
+    steps = serving["slo_steps"]
+    slos = "; ".join(f"\\texttt{{{tex_escape(name)}}}: ITL {v['slo_itl_ms']:.0f}\\,ms, TTFT {v['slo_ttft_ms']:.0f}\\,ms, "
+                     f"TPOT {v['slo_tpot_ms']:.0f}\\,ms" for name, v in serving["slos_ms"].items())
     text = [f"The serving study ran {serving['runs']} served traces ({serving['repeats']} repeats per cell, "
-            f"{serving['requests']} requests) on \\texttt{{{tex_escape(serving['configuration'])}}}; "
-            f"{serving['exact']['equal']} of {serving['exact']['total']} served outputs were identical to the "
-            "request's batch-one greedy AR output. Intervals are 95\\,\\% bootstrap intervals over repeats. "
+            f"{serving['requests']} requests) on "
+            + ", ".join(f"\\texttt{{{tex_escape(c)}}}" for c in serving["configurations"])
+            + f"; {serving['exact']['equal']} of {serving['exact']['total']} served outputs were identical to the "
+            "request's batch-one greedy AR output. Each repeat ran a cell's policies back to back in a shuffled order; "
+            "intervals are 95\\,\\% Student-t intervals over repeats of per-run values (paired by repeat for a "
+            "difference). The SLOs are multiples of the machine's calibrated one-request decode step "
+            f"(ITL {steps['itl']}, TTFT {steps['ttft']}, TPOT {steps['tpot']} steps): {slos}. "
             f"The serving stage ran at commit \\texttt{{{tex_escape((serving.get('commit') or 'unknown')[:12])}}}."]
-    names = {"chunking": "Under the interference trace", "speculation": "Under the structured-output trace"}
-    for family in ("chunking", "speculation"):
+    concurrency = {}
+    for cell in serving["cells"]:
+        concurrency.setdefault((cell["family"], cell["rate"]), []).append(cell.get("concurrency"))
+    spans = "; ".join(f"{family} at {rate:g} req/s {min(v):.1f}--{max(v):.1f}"
+                      for (family, rate), v in sorted(concurrency.items()) if family.startswith("speculation")
+                      and all(x is not None for x in v))
+    if spans:
+        text.append(f"Measured mean concurrency (requests in the system, over policies): {spans}.")
+    for family, name in FAMILY_TEXT.items():
         rows = [r for r in serving["comparisons"] if r["family"] == family]
         if rows:
             parts = [f"at {r['rate']:g} requests/s, \\texttt{{{tex_escape(r['policy'])}}} against "
                      f"\\texttt{{{tex_escape(r['against'])}}} {signed_change(r)}" for r in rows]
-            text.append(f"{names[family]}, " + "; ".join(parts) + ".")
+            text.append(f"{name}, " + "; ".join(parts) + ".")
     mape = serving["iteration_mape"].get("all")
     if mape:
-        text.append(f"The batch cost model predicted the time of {serving['iteration_mape']['all_iterations']} "
-                    f"served iterations with a MAPE of {ci_text(mape)}.")
+        text.append(f"The batch cost model predicted the time of {mape['iterations']} served iterations with a "
+                    f"MAPE of {ci_text(mape['scaled'])} with its online scale and {ci_text(mape['table'])} from the "
+                    "table alone.")
+    for family, stats in serving.get("latency", {}).items():
+        text.append(f"Admission's service-time prediction under load ({tex_escape(family)}, {stats['requests']} "
+                    f"requests) had a MAPE of {ci_text(stats['served'])}"
+                    + (f", the batch-one prediction {ci_text(stats['batch_one'])}"
+                       if not missing(stats["batch_one"][0]) else "") + ".")
     for name, stats in serving["acceptance"].items():
-        if not missing(stats["mape"][0]):
-            text.append(f"With the {tex_escape(name)} acceptance, the controller's latency prediction on the "
-                        f"multi-turn trace had a MAPE of {ci_text(stats['mape'])}"
-                        + (f" and an ex-post regret of {ci_text(stats['regret'])}" if not missing(stats["regret"][0])
-                           else "") + ".")
-    met = [g for g in serving["goals"] if g["verdict"] == "met"]
-    text.append(f"Of the {len(serving['goals'])} goals in Table~\\ref{{tab:serving-goals}}, {len(met)} "
-                f"{'is' if len(met) == 1 else 'are'} met; the others are missed or inconclusive at these repeats.")
+        text.append(f"With the {tex_escape(name)} acceptance the mean |alpha at admission $-$ realised| was "
+                    f"{num(stats['acceptance_error'][0])} [{num(stats['acceptance_error'][1])}, "
+                    f"{num(stats['acceptance_error'][2])}]"
+                    + (f" and the ex-post regret {ci_text(stats['regret'])}" if not missing(stats["regret"][0])
+                       else "") + ".")
+    counts = {v: sum(g["verdict"] == v for g in serving["goals"]) for v in ("met", "missed", "inconclusive")}
+    text.append(f"Of the {len(serving['goals'])} goals in Table~\\ref{{tab:serving-goals}}, {counts['met']} "
+                f"{'is' if counts['met'] == 1 else 'are'} met, {counts['missed']} missed and "
+                f"{counts['inconclusive']} inconclusive; each goal's rule, with its margin, is in the table.")
     return " ".join(text) + "\n"
 
 
 def serving_goals_table(summary: dict) -> str:
-    goals = summary.get("serving", {}).get("goals", [])
-    lines = ["\\begin{tabular}{p{9cm}rrl}", "\\toprule", "Goal & Value & 95\\,\\% CI & Verdict \\\\", "\\midrule"]
+    serving = summary.get("serving", {})
+    goals = serving.get("goals", [])
+    lines = ["\\begin{tabular}{p{6.2cm}rrlp{4.2cm}}", "\\toprule",
+             "Goal & Value & 95\\,\\% CI & Verdict & Rule \\\\", "\\midrule"]
     for g in goals:
-        value = g["value"]
-        fmt = (lambda v: f"{v:+.3f}") if g.get("unit") == "req/s" else pct
-        shown = "--" if missing(value) else (f"{value:g} req/s" if g["key"] == "slo_rate" else fmt(value))
-        interval = (f"[{fmt(g['ci_low'])}, {fmt(g['ci_high'])}]" if g.get("ci_low") is not None
-                    and not missing(g["ci_low"]) else "--")
-        lines.append(f"{tex_escape(g['goal'])} & {shown} & {interval} & {g['verdict']} \\\\")
+        value, interval = goal_value(g)
+        lines.append(f"{tex_escape(g['goal'])} & {value} & {interval} & {g['verdict']} & "
+                     f"{{\\footnotesize {tex_escape(g.get('rule') or '')}}} \\\\")
     if not goals:
-        lines.append("\\multicolumn{4}{l}{the serving stage did not run} \\\\")
+        lines.append("\\multicolumn{5}{l}{the serving stage did not run} \\\\")
     lines += ["\\bottomrule", "\\end{tabular}"]
     return "\n".join(lines) + "\n"
 

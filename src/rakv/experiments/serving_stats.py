@@ -1,30 +1,37 @@
 """Statistics of the serving study (results/<name>/serving/, rakv.experiments.serving), as pure functions.
 
-Units and CIs: a run serves one trace once; its requests share that run's machine state, so every CI is a
-bootstrap over *repeats* (95 %, percentile), each resample drawing whole repeats and pooling their requests (a
-percentile of ITL over the pooled gaps, a goodput as requests meeting the SLOs over the runs' summed durations).
-A comparison of two policies in the same cell is paired by repeat (the same draw of repeats for both). With three
-repeats a CI is wide: it says what these runs can and cannot tell apart.
+Units and CIs: a run serves one trace once, and its requests share that run's machine state and each other's
+iterations, so the unit is the run: every metric is computed per run (its goodput, p99 ITL, median TTFT, mean
+concurrency, the mean error of its requests' predictions) and every CI is a Student-t interval over repeats (95 %).
+A comparison of two policies in one cell is paired by repeat (the two ran back to back, rakv.experiments.serving
+.run_order): the t interval of the per-repeat differences, relative to the baseline's mean where the goal is relative.
+With few repeats a percentile bootstrap over repeats covers far less than it says (3 repeats give 10 distinct
+resamples: about 75 %); the t interval holds its level for normal differences at any count and close to it for
+skewed ones (tests/test_serving_stats.py simulates both at the study's repeat count).
 
-Goals (`goals`): each a statistic with its CI and a verdict from the CI's side of a threshold: `met` (the CI
-lies on the goal's side), `missed` (wholly on the other side) or `inconclusive`.
+Goals (`goals`): each a statistic with its CI, read by a rule named in the design (rakv.experiments.verdicts):
+non-inferiority within an equivalence margin against baselines named before the run, superiority at some load,
+an SLO met at a load at least every fixed budget's, errors below a threshold, and every served output identical to
+batch-one greedy AR. Every rule can answer met, missed or inconclusive.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
-from rakv.experiments.verdicts import ci_side
+from rakv.experiments.verdicts import all_of, any_of, below, ci_side, higher, non_inferior
 from rakv.runtime.costmodel import expected_tokens_per_round
+from rakv.serving.batchcost import shape_class
 
-RESAMPLES = 2000
-FIXED_K = ("k0", "k2", "k4")  # the fixed speculation policies
-FIXED_BUDGETS = ("fixed-32", "fixed-128", "fixed-512")
+CONFIDENCE = 0.95
+POWER = 0.80
+METRICS = ("goodput", "output_throughput", "p99_itl_ms", "median_ttft_ms", "concurrency")
 
 
 def load(results: Path) -> dict[str, pd.DataFrame]:
@@ -36,267 +43,322 @@ def available(results: Path) -> bool:
     return (Path(results) / "serving" / "cells.parquet").exists()
 
 
-def bootstrap(groups: list, statistic, seed: int = 0, resamples: int = RESAMPLES) -> list[float]:
-    """[value, low, high]: statistic(list of groups) and its 95 % CI over resampled groups (repeats)."""
-    value = float(statistic(groups))
-    if len(groups) < 2 or not np.isfinite(value):
-        return [value, float("nan"), float("nan")]
-    rng = np.random.default_rng(seed)
-    # every statistic here depends on the multiset of groups drawn, and with a few repeats there are few
-    # multisets (10 for 3 repeats): each is evaluated once
-    seen: dict[tuple, float] = {}
-    draws = []
-    for _ in range(resamples):
-        key = tuple(sorted(rng.integers(len(groups), size=len(groups)).tolist()))
-        if key not in seen:
-            seen[key] = statistic([groups[i] for i in key])
-        draws.append(seen[key])
-    draws = np.asarray([d for d in draws if np.isfinite(d)], float)
-    if not len(draws):
-        return [value, float("nan"), float("nan")]
-    low, high = np.percentile(draws, [2.5, 97.5])
-    return [value, float(low), float(high)]
+def t_interval(values, confidence: float = CONFIDENCE) -> list[float]:
+    """[mean, low, high]: the mean of per-repeat values and its Student-t interval (no interval from one value)."""
+    x = np.asarray([v for v in values if v is not None and np.isfinite(v)], float)
+    if not len(x):
+        return [float("nan")] * 3
+    mean = float(x.mean())
+    if len(x) < 2:
+        return [mean, float("nan"), float("nan")]
+    half = float(stats.t.ppf(0.5 + confidence / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return [mean, mean - half, mean + half]
 
 
-@dataclass(frozen=True)
-class Run:
-    """One served trace, as the statistics need it (parsed once: the bootstrap resamples these)."""
-
-    gaps_s: np.ndarray  # every inter-token gap of its finished requests
-    ttft_s: np.ndarray
-    goodput: float
-    output_throughput: float
-    duration_s: float
+def minimum_detectable(sd: float, repeats: int, confidence: float = CONFIDENCE, power: float = POWER) -> float:
+    """The smallest true paired difference a t interval over `repeats` excludes 0 for with probability `power`,
+    when the per-repeat differences have standard deviation `sd`."""
+    if repeats < 2:
+        return float("inf")
+    df = repeats - 1
+    return float((stats.t.ppf(0.5 + confidence / 2, df) + stats.t.ppf(power, df)) * sd / math.sqrt(repeats))
 
 
-def p99_itl_ms(parts) -> float:
-    gaps = np.concatenate([p.gaps_s for p in parts]) if parts else np.array([])
-    return float(np.percentile(gaps, 99) * 1e3) if gaps.size else float("nan")
+def paired_sd(cells: pd.DataFrame, metric: str = "goodput") -> dict[str, float]:
+    """Per family: the pooled standard deviation of per-repeat relative differences between two policies of a cell
+    (every pair of policies, every rate): what one paired comparison's noise is in this design."""
+    out = {}
+    for family, part in cells.groupby("family"):
+        variances = []
+        for _, cell in part.groupby("rate"):
+            wide = cell.pivot_table(index="repeat", columns="policy", values=metric)
+            policies = list(wide.columns)
+            for i, a in enumerate(policies):
+                for b in policies[i + 1:]:
+                    both = wide[[a, b]].dropna()
+                    if len(both) >= 2 and both[b].mean() > 0:
+                        variances.append(float(((both[a] - both[b]) / both[b].mean()).var(ddof=1)))
+        if variances:
+            out[family] = math.sqrt(float(np.mean(variances)))
+    return out
 
 
-def median_ttft_ms(parts) -> float:
-    values = np.concatenate([p.ttft_s for p in parts]) if parts else np.array([])
-    return float(np.median(values) * 1e3) if values.size else float("nan")
+def power(pilot: Path, repeats: int) -> list[str]:
+    """The plan's power lines: from a pilot's cells.parquet, each family's paired noise and the minimum detectable
+    relative difference in goodput (and p99 ITL for chunking) at `repeats` repeats."""
+    path = Path(pilot) / "cells.parquet"
+    if not path.exists():
+        return [f"no pilot at {path}"]
+    cells = pd.read_parquet(path)
+    lines = []
+    for metric in ("goodput", "p99_itl_ms"):
+        for family, sd in paired_sd(cells, metric).items():
+            if metric == "p99_itl_ms" and family != "chunking":
+                continue
+            pilot_repeats = int(cells[cells.family == family].repeat.nunique())
+            lines.append(f"{family} {metric}: paired sd {sd:.1%}; minimum detectable difference (95 % CI, power "
+                         f"{POWER:.0%}) {minimum_detectable(sd, repeats):.1%} at {repeats} repeats "
+                         f"({minimum_detectable(sd, pilot_repeats):.1%} at the pilot's {pilot_repeats})")
+    return lines
 
 
-def goodput(parts) -> float:
-    return float(sum(p.goodput * p.duration_s for p in parts) / sum(p.duration_s for p in parts))
+def runs(data: dict) -> pd.DataFrame:
+    """One row per run with its metrics (cells.parquet has them: summary.json of each run)."""
+    return data["cells"]
 
 
-def throughput(parts) -> float:
-    return float(sum(p.output_throughput * p.duration_s for p in parts) / sum(p.duration_s for p in parts))
-
-
-METRICS = {"p99_itl_ms": p99_itl_ms, "median_ttft_ms": median_ttft_ms, "goodput": goodput,
-           "output_throughput": throughput}
-
-
-def runs_of(data: dict, family: str, rate: float, policy: str) -> dict[int, Run]:
-    """repeat -> its Run, for one cell (parsed once per data set)."""
-    cache = data.setdefault("_runs", {})
-    if not cache:
-        requests = data["requests"][data["requests"].status == "ok"]
-        grouped = {key: part for key, part in requests.groupby(["family", "rate", "policy", "repeat"])}
-        for row in data["cells"].itertuples(index=False):
-            key = (row.family, row.rate, row.policy, int(row.repeat))
-            part = grouped.get(key, requests.iloc[:0])
-            gaps = np.asarray([g for text in part.itl_s for g in json.loads(text)], float)
-            cache[key] = Run(gaps, part.ttft_s.dropna().to_numpy(float), float(row.goodput or 0.0),
-                             float(row.output_throughput), float(row.duration_s))
-    return {key[3]: run for key, run in cache.items() if key[:3] == (family, rate, policy)}
-
-
-def cell_table(data: dict, seed: int = 0) -> pd.DataFrame:
-    """Every cell's metrics with CIs over repeats."""
+def cell_table(data: dict) -> pd.DataFrame:
+    """Every cell's metrics: the mean over repeats and its t interval."""
     rows = []
-    cells = data["cells"]
-    for (family, rate, policy), _ in cells.groupby(["family", "rate", "policy"], sort=False):
-        parts = list(runs_of(data, family, rate, policy).values())
-        row = {"family": family, "rate": rate, "policy": policy, "repeats": len(parts)}
-        for name, fn in METRICS.items():
-            row[name], row[f"{name}_low"], row[f"{name}_high"] = bootstrap(parts, fn, seed)
+    for (family, rate, policy), part in runs(data).groupby(["family", "rate", "policy"], sort=False):
+        row = {"family": family, "rate": float(rate), "policy": policy, "repeats": int(len(part)),
+               "configuration": part.configuration.iloc[0] if "configuration" in part else None}
+        for metric in METRICS:
+            if metric in part:
+                row[metric], row[f"{metric}_low"], row[f"{metric}_high"] = t_interval(part[metric].astype(float))
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def paired_difference(data: dict, family: str, rate: float, a: str, b: str, metric: str, seed: int = 0,
+def paired_difference(data: dict, family: str, rate: float, a: str, b: str, metric: str,
                       relative: bool = True) -> list[float]:
-    """metric(a) - metric(b) (relative to b's when `relative`) in one cell, resampling the repeats both ran."""
-    runs_a, runs_b = runs_of(data, family, rate, a), runs_of(data, family, rate, b)
-    common = sorted(set(runs_a) & set(runs_b))
-    fn = METRICS[metric]
-
-    def stat(repeats):
-        va, vb = fn([runs_a[r] for r in repeats]), fn([runs_b[r] for r in repeats])
-        if not relative:
-            return va - vb
-        return (va - vb) / vb if vb > 0 else float("nan")  # a resample where b scores 0 has no ratio
-
-    return bootstrap(common, stat, seed)
+    """metric(a) - metric(b) per repeat both ran (relative to b's mean over those repeats), with its t interval."""
+    cells = runs(data)
+    part = cells[(cells.family == family) & (cells.rate == rate) & cells.policy.isin([a, b])]
+    wide = part.pivot_table(index="repeat", columns="policy", values=metric)
+    if a not in wide or b not in wide:
+        return [float("nan")] * 3
+    both = wide[[a, b]].dropna()
+    if not len(both):
+        return [float("nan")] * 3
+    differences = both[a] - both[b]
+    if relative:
+        scale = float(both[b].mean())
+        if not scale > 0:
+            return [float("nan")] * 3
+        differences = differences / scale
+    return t_interval(differences)
 
 
 def verdict(ci: list[float], threshold: float, above: bool) -> str:
     """met: the CI lies wholly on the goal's side of the threshold; missed: wholly on the other; else inconclusive."""
     side = ci_side(ci, threshold)
     if side in ("missing", "straddles"):
-        return "missing" if side == "missing" else "inconclusive"  # the CI straddles or touches the threshold
+        return "missing" if side == "missing" else "inconclusive"
     return "met" if side == ("above" if above else "below") else "missed"
 
 
-def no_worse(ci: list[float], worse: str) -> str:
-    """A no-worse goal: missed only when the CI lies wholly on the `worse` side of 0 ("above" or "below")."""
-    return "missed" if ci_side(ci, 0.0, point_if_no_interval=False) == worse else "met"
+def _goal(goal: str, key: str, ci: list[float], verdict_: str, rule: str, **extra) -> dict:
+    return {"goal": goal, "key": key, "value": ci[0], "ci_low": ci[1], "ci_high": ci[2], "verdict": verdict_,
+            "rule": rule, **extra}
 
 
-def best_fixed(table: pd.DataFrame, family: str, rate: float, policies, metric: str, largest: bool = True) -> str:
-    """The fixed policy with the best point value in a cell (chosen on the same runs it is judged on)."""
-    rows = table[(table.family == family) & (table.rate == rate) & table.policy.isin(policies)]
-    return rows.sort_values(metric, ascending=not largest).policy.iloc[0]
+def _rates(data: dict, family: str) -> list[float]:
+    cells = runs(data)
+    return sorted(float(r) for r in cells[cells.family == family].rate.unique())
 
 
-def speculation_goals(data: dict, table: pd.DataFrame, seed: int = 0) -> list[dict]:
-    rows = []
-    spec = table[table.family == "speculation"]
-    for rate in sorted(spec.rate.unique()):
-        best = best_fixed(table, "speculation", rate, FIXED_K, "goodput")
-        for rival, goal in ((best, "no worse than the best fixed k"), ("disable-by-batch-size", "higher than"),
-                            ("smartspec", "higher than")):
-            if rival not in set(spec.policy) or "rakv-asd" not in set(spec.policy):
-                continue
-            # in requests/s: a relative difference is undefined where the rival's goodput is 0
-            ci = paired_difference(data, "speculation", rate, "rakv-asd", rival, "goodput", seed, relative=False)
-            at_least = goal.startswith("no worse")
-            rows.append({"goal": f"RAKV-ASD under load goodput vs {rival} ({'best fixed' if at_least else goal}) "
-                                 f"at {rate:g} req/s, difference in req/s",
-                         "key": f"goodput_vs_{'best_fixed' if at_least else rival}", "unit": "req/s",
-                         "rate": rate, "rival": rival, "value": ci[0], "ci_low": ci[1], "ci_high": ci[2],
-                         # no worse: the CI does not lie wholly below 0; higher: the CI lies above 0
-                         "verdict": no_worse(ci, "below") if at_least else verdict(ci, 0.0, above=True)})
-    return rows
+def speculation_goals(data: dict, design: dict, margins: dict) -> tuple[list[dict], list[dict]]:
+    """Per speculation family (one naming `no_worse_than`): RAKV-ASD's goodput against each named baseline, no worse
+    within the margin at every load, and higher than the field's rules at some load. Returns (goals, the per-rate
+    pairs they are read from)."""
+    goals, pairs = [], []
+    margin = float(margins["goodput"])
+    for family, spec in design.items():
+        named = spec.get("goals") or {}
+        if "no_worse_than" not in named or family not in set(runs(data).family):
+            continue
+        ours = named["ours"]
+        for kind, rivals in (("no worse", named["no_worse_than"]), ("higher", named.get("higher_than", []))):
+            for rival in rivals:
+                per_rate = []
+                for rate in _rates(data, family):
+                    ci = paired_difference(data, family, rate, ours, rival, "goodput")
+                    one = non_inferior(ci, margin) if kind == "no worse" else higher(ci, margin)
+                    per_rate.append((rate, ci, one))
+                    pairs.append({"family": family, "rate": rate, "policy": ours, "against": rival, "metric": "goodput",
+                                  "kind": kind, "value": ci[0], "ci_low": ci[1], "ci_high": ci[2], "verdict": one})
+                if not per_rate:
+                    continue
+                if kind == "no worse":
+                    rate, ci, _ = min(per_rate, key=lambda p: p[1][0] if np.isfinite(p[1][0]) else -np.inf)
+                    goals.append(_goal(f"{family}: {ours} goodput no worse than {rival} (margin {margin:.0%}) at every "
+                                       f"load; worst at {rate:g} req/s", f"{family}/no_worse/{rival}", ci,
+                                       all_of([p[2] for p in per_rate]),
+                                       f"per load: met if the CI of the relative difference lies above -{margin:.0%}, "
+                                       f"missed if below it; met at every load", family=family, rival=rival, rate=rate,
+                                       unit="relative"))
+                else:
+                    rate, ci, _ = max(per_rate, key=lambda p: p[1][1] if np.isfinite(p[1][1]) else -np.inf)
+                    goals.append(_goal(f"{family}: {ours} goodput higher than {rival} at some load; best at {rate:g} "
+                                       f"req/s", f"{family}/higher/{rival}", ci, any_of([p[2] for p in per_rate]),
+                                       f"per load: met if the CI lies above 0, missed if below +{margin:.0%}; met at "
+                                       f"some load, missed at every load", family=family, rival=rival, rate=rate,
+                                       unit="relative"))
+    return goals, pairs
 
 
-def slo_rate(table: pd.DataFrame, policy: str, slo_ms: float) -> float | None:
-    """The highest rate up to which the policy's p99 ITL point value meets the SLO (None: not even the lowest)."""
-    rows = table[(table.family == "chunking") & (table.policy == policy)].sort_values("rate")
-    met = None
-    for row in rows.itertuples(index=False):
-        if not row.p99_itl_ms <= slo_ms:
-            break
-        met = row.rate
-    return met
-
-
-def chunking_goals(data: dict, table: pd.DataFrame, slo_ms: float, seed: int = 0) -> list[dict]:
-    policies = set(table[table.family == "chunking"].policy)
-    if "cost-model-slo" not in policies:
-        return []
-    fixed = [p for p in FIXED_BUDGETS if p in policies]
-    reach = {p: slo_rate(table, p, slo_ms) for p in fixed + ["cost-model-slo"]}
-    # the best fixed budget: the one meeting the SLO to the highest rate, then the lowest median TTFT there
-    ranked = sorted(fixed, key=lambda p: (-(reach[p] or 0), _at(table, p, reach[p], "median_ttft_ms")))
-    best = ranked[0] if ranked else None
-    rows = [{"goal": f"cost-model budget meets the ITL SLO ({slo_ms:g} ms) up to a rate >= the best fixed budget's "
-                     f"({best}: {reach[best] or 'none'})", "key": "slo_rate", "rival": best,
-             "value": reach["cost-model-slo"], "ci_low": None, "ci_high": None,
-             "verdict": ("missed" if reach["cost-model-slo"] is None
-                         else "met" if reach["cost-model-slo"] >= (reach[best] or 0) else "missed")}]
-    rates = sorted(table[table.family == "chunking"].rate.unique())
-    rate = reach[best] or rates[0]
-    ci = paired_difference(data, "chunking", rate, "cost-model-slo", best, "median_ttft_ms", seed)
-    rows.append({"goal": f"cost-model budget median TTFT vs {best} at {rate:g} req/s (no worse)",
-                 "key": "ttft_vs_best_fixed", "rate": rate, "rival": best, "value": ci[0], "ci_low": ci[1],
-                 "ci_high": ci[2], "verdict": no_worse(ci, "above")})
-    return rows
-
-
-def _at(table, policy, rate, metric) -> float:
-    rows = table[(table.family == "chunking") & (table.policy == policy) & (table.rate == rate)]
-    return float(rows[metric].iloc[0]) if len(rows) else float("inf")
-
-
-def request_errors(requests: pd.DataFrame, policy: str, column: str) -> dict[int, np.ndarray]:
-    """repeat -> per-request values of the acceptance family under `policy`: `mape` (|predicted - service| /
-    service, the controller's predicted latency against first admission to last token) or `regret` (ex-post)."""
-    rows = requests[(requests.family == "acceptance") & (requests.policy == policy) & (requests.status == "ok")]
-    if column == "mape":
-        rows = rows[rows.predicted_s.notna() & rows.service_s.notna()]
-        values = ((rows.predicted_s - rows.service_s).abs() / rows.service_s)
-    else:
-        if "expost_regret" not in rows:
-            return {}
-        rows = rows[rows.expost_regret.notna()]
-        values = rows.expost_regret
-    return {int(r): values[rows.repeat == r].to_numpy(float) for r in sorted(rows.repeat.unique())}
-
-
-def _mean_of(parts) -> float:
-    return float(np.concatenate(parts).mean()) if parts else float("nan")
-
-
-def request_mean(requests: pd.DataFrame, policy: str, column: str, seed: int = 0) -> list[float]:
-    groups = list(request_errors(requests, policy, column).values())
-    return bootstrap(groups, _mean_of, seed) if groups else [float("nan")] * 3
-
-
-def request_mean_difference(requests: pd.DataFrame, a: str, b: str, column: str, seed: int = 0) -> list[float]:
-    """mean(a) - mean(b), paired by repeat (a resample draws the same repeats for both)."""
-    ga, gb = request_errors(requests, a, column), request_errors(requests, b, column)
-    common = sorted(set(ga) & set(gb))
-    if not common:
-        return [float("nan")] * 3
-    return bootstrap(common, lambda rs: _mean_of([ga[r] for r in rs]) - _mean_of([gb[r] for r in rs]), seed)
-
-
-def acceptance_goals(requests: pd.DataFrame, seed: int = 0) -> tuple[list[dict], dict]:
-    stats = {p: {"mape": request_mean(requests, p, "mape", seed), "regret": request_mean(requests, p, "regret", seed)}
-             for p in ("ewma", "prefix-keyed") if ((requests.family == "acceptance") & (requests.policy == p)).any()}
-    if "prefix-keyed" not in stats:
-        return [], stats
-    prefix = stats["prefix-keyed"]
-    rows = [{"goal": "prefix-keyed acceptance: latency MAPE on the multi-turn trace < 10 %", "key": "mape_prefix",
-             "value": prefix["mape"][0], "ci_low": prefix["mape"][1], "ci_high": prefix["mape"][2],
-             "verdict": verdict(prefix["mape"], 0.10, above=False)}]
-    if "ewma" in stats:
-        for column, label in (("mape", "latency MAPE"), ("regret", "ex-post regret")):
-            ci = request_mean_difference(requests, "prefix-keyed", "ewma", column, seed)
-            if not np.isfinite(ci[0]):
-                continue
-            stats["prefix-keyed"][f"{column}_vs_ewma"] = ci
-            # below the EWMA's: the CI of (prefix-keyed - EWMA) lies below 0; equal values are inconclusive
-            rows.append({"goal": f"prefix-keyed acceptance: {label} below the global EWMA's "
-                                 f"({stats['ewma'][column][0]:.1%}), difference", "key": f"{column}_vs_ewma",
-                         "value": ci[0], "ci_low": ci[1], "ci_high": ci[2],
-                         "verdict": verdict(ci, 0.0, above=False)})
-    return rows, stats
-
-
-def iteration_mape(iterations: pd.DataFrame, seed: int = 0) -> dict:
-    """The batch cost model's held-out check: |predicted - measured| / measured per served iteration, by family."""
-    known = iterations[iterations.predicted_s.notna() & (iterations.iteration_s > 0)].copy()
-    known["error"] = (known.predicted_s - known.iteration_s).abs() / known.iteration_s
+def slo_status(table: pd.DataFrame, family: str, policy: str, slo_ms: float) -> dict[float, str]:
+    """rate -> "meets" (p99 ITL CI wholly under the SLO), "fails" (wholly over) or "unclear"."""
+    rows = table[(table.family == family) & (table.policy == policy)].sort_values("rate")
     out = {}
-    for name, part in [("all", known), *known.groupby("family")]:
-        groups = [g.error.to_numpy() for _, g in part.groupby("repeat")]
-        out[name] = bootstrap(groups, lambda parts: float(np.concatenate(parts).mean()), seed)
-        out[f"{name}_iterations"] = int(len(part))
+    for row in rows.itertuples(index=False):
+        side = ci_side((row.p99_itl_ms, row.p99_itl_ms_low, row.p99_itl_ms_high), slo_ms, point_if_no_interval=False)
+        out[float(row.rate)] = {"below": "meets", "above": "fails"}.get(side, "unclear")
+    return out
+
+
+def reach(status: dict[float, str], sure: bool) -> float:
+    """The highest rate up to which every rate `meets` the SLO (sure) or does not `fail` it (not sure); 0: none."""
+    best = 0.0
+    for rate in sorted(status):
+        if status[rate] == "meets" or (not sure and status[rate] == "unclear"):
+            best = rate
+        else:
+            break
+    return best
+
+
+def chunking_goals(data: dict, table: pd.DataFrame, design: dict, margins: dict) -> list[dict]:
+    spec = design.get("chunking") or {}
+    named = spec.get("goals") or {}
+    cells = runs(data)
+    if "ours" not in named or "chunking" not in set(cells.family):
+        return []
+    ours, fixed, baseline = named["ours"], list(named["fixed"]), named["ttft_baseline"]
+    slo = float(cells[cells.family == "chunking"].slo_itl_ms.median())
+    status = {p: slo_status(table, "chunking", p, slo) for p in [ours, *fixed]}
+    sure = {p: reach(s, True) for p, s in status.items()}
+    maybe = {p: reach(s, False) for p, s in status.items()}
+    if all(sure[ours] >= maybe[f] for f in fixed):
+        reached = "met"
+    elif any(sure[f] > maybe[ours] for f in fixed):
+        reached = "missed"
+    else:
+        reached = "inconclusive"
+    rival = max(fixed, key=lambda f: (maybe[f], sure[f]))
+    goals = [{"goal": f"chunking: {ours} meets the ITL SLO ({slo:.0f} ms p99) up to a load >= every fixed budget's "
+                      f"(it: {sure[ours]:g} req/s surely; best fixed {rival}: {maybe[rival]:g} at most)",
+              "key": "chunking/slo_reach", "value": sure[ours], "ci_low": None, "ci_high": None, "verdict": reached,
+              "rule": "per load the p99 ITL CI wholly under the SLO (meets) or over (fails); met if the loads it "
+                      "surely meets reach every fixed budget's possible ones, missed if a fixed budget surely meets "
+                      "where it surely fails", "rival": rival, "unit": "req/s", "status": status}]
+    margin = float(margins["ttft"])
+    rate = sure[baseline] or _rates(data, "chunking")[0]
+    ci = paired_difference(data, "chunking", rate, ours, baseline, "median_ttft_ms")
+    goals.append(_goal(f"chunking: {ours} median TTFT no worse than {baseline} (margin {margin:.0%}) at {rate:g} "
+                       f"req/s, the highest load {baseline} meets the SLO", "chunking/ttft", ci,
+                       non_inferior(ci, margin, worse="above"),
+                       f"met if the CI of the relative difference lies below +{margin:.0%}, missed if above it",
+                       rival=baseline, rate=rate, unit="relative"))
+    return goals
+
+
+def request_values(requests: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Per finished request, `error`: `latency` |served prediction - service| / service (admission's load-aware
+    prediction, rakv.serving.admission.service_prediction), `batch_one` the controller's batch-one prediction the
+    same way, `acceptance` |alpha at admission - realised alpha|, or `regret` (ex post)."""
+    rows = requests[requests.status == "ok"]
+    if column == "latency":
+        rows = rows[rows.served_predicted_s.notna() & rows.service_s.notna() & (rows.service_s > 0)]
+        error = (rows.served_predicted_s - rows.service_s).abs() / rows.service_s
+    elif column == "batch_one":
+        rows = rows[rows.predicted_s.notna() & rows.service_s.notna() & (rows.service_s > 0)]
+        error = (rows.predicted_s - rows.service_s).abs() / rows.service_s
+    elif column == "acceptance":
+        rows = rows[rows.alpha.notna() & rows.realised_alpha.notna()] if "realised_alpha" in rows else rows.iloc[:0]
+        error = (rows.alpha - rows.realised_alpha).abs()
+    else:
+        rows = rows[rows.expost_regret.notna()] if "expost_regret" in rows else rows.iloc[:0]
+        error = rows.expost_regret
+    return rows.assign(error=error.astype(float))
+
+
+def per_repeat_mean(frame: pd.DataFrame) -> pd.Series:
+    return frame.groupby("repeat").error.mean()
+
+
+def latency_goals(requests: pd.DataFrame, threshold: float) -> tuple[list[dict], dict]:
+    """Per family: the mean relative error of admission's load-aware service prediction, under `threshold`."""
+    goals, detail = [], {}
+    latency, batch_one = request_values(requests, "latency"), request_values(requests, "batch_one")
+    for family in sorted(requests.family.unique()):
+        part = latency[latency.family == family]
+        if not len(part):
+            continue
+        ci = t_interval(per_repeat_mean(part))
+        one = batch_one[batch_one.family == family]
+        detail[family] = {"served": ci, "requests": int(len(part)),
+                          "batch_one": t_interval(per_repeat_mean(one)) if len(one) else [float("nan")] * 3,
+                          "by_rate": {f"{rate:g}": t_interval(per_repeat_mean(g)) for rate, g in part.groupby("rate")}}
+        goals.append(_goal(f"{family}: serving latency MAPE (admission's prediction under load) < {threshold:.0%}",
+                           f"{family}/latency_mape", ci, below(ci, threshold),
+                           f"met if the CI lies below {threshold:.0%}, missed if above", family=family,
+                           unit="fraction"))
+    return goals, detail
+
+
+def acceptance_goals(requests: pd.DataFrame, design: dict) -> tuple[list[dict], dict]:
+    """The acceptance family: |alpha at admission - realised| under the prefix-keyed source against the EWMA
+    (paired by repeat), and each source's mean error and ex-post regret."""
+    named = (design.get("acceptance") or {}).get("goals") or {}
+    part = requests[requests.family == "acceptance"]
+    if "ours" not in named or not len(part):
+        return [], {}
+    ours, baseline = named["ours"], named["baseline"]
+    errors, regret = request_values(part, "acceptance"), request_values(part, "regret")
+    stats_ = {}
+    for policy in (baseline, ours):
+        stats_[policy] = {"acceptance_error": t_interval(per_repeat_mean(errors[errors.policy == policy])),
+                          "regret": t_interval(per_repeat_mean(regret[regret.policy == policy]))
+                          if len(regret) else [float("nan")] * 3}
+    a, b = per_repeat_mean(errors[errors.policy == ours]), per_repeat_mean(errors[errors.policy == baseline])
+    common = sorted(set(a.index) & set(b.index))
+    ci = t_interval([a[r] - b[r] for r in common])
+    stats_[ours]["vs_baseline"] = ci
+    side = ci_side(ci, 0.0, point_if_no_interval=False)
+    rule = {"below": "met", "above": "missed", "missing": "missing"}.get(side, "inconclusive")
+    goal = _goal(f"acceptance: |alpha at admission - realised| lower with {ours} than with {baseline} "
+                 f"({stats_[baseline]['acceptance_error'][0]:.3f}), difference", "acceptance/error", ci, rule,
+                 "met if the CI of the paired difference lies below 0, missed if above", rival=baseline,
+                 unit="alpha")
+    return [goal], stats_
+
+
+def iteration_mape(iterations: pd.DataFrame) -> dict:
+    """The batch cost model's held-out check: |predicted - measured| / measured per served iteration, the online-
+    scaled prediction (`predicted_s`) and the table's alone (`model_s`), by family and by iteration shape; CIs over
+    repeats of the per-repeat means."""
+    known = iterations[iterations.predicted_s.notna() & (iterations.iteration_s > 0)].copy()
+    out = {}
+    if not len(known):
+        return out
+    known["scaled"] = (known.predicted_s - known.iteration_s).abs() / known.iteration_s
+    has_model = "model_s" in known and known.model_s.notna().any()
+    known["table"] = ((known.model_s - known.iteration_s).abs() / known.iteration_s) if has_model else np.nan
+    known["shape"] = (known.prefill_context.map(lambda c: shape_class(None if pd.isna(c) else int(c)))
+                      if "prefill_context" in known else "decode")
+    groups = [("all", known), *known.groupby("family"), *[(f"shape: {s}", g) for s, g in known.groupby("shape")]]
+    for name, part in groups:
+        out[name] = {"scaled": t_interval(part.groupby("repeat").scaled.mean()),
+                     "table": t_interval(part.groupby("repeat").table.mean()), "iterations": int(len(part))}
     return out
 
 
 def chosen_k(iterations: pd.DataFrame, policies=("smartspec", "rakv-asd")) -> pd.DataFrame:
-    """Mean candidates per decoding request by the number of decoding requests, per policy (speculation family)."""
+    """Mean candidates per decoding request by the number of decoding requests, per family and policy."""
     rows = []
-    part = iterations[(iterations.family == "speculation") & iterations.policy.isin(policies)]
+    part = iterations[iterations.family.str.startswith("speculation") & iterations.policy.isin(policies)]
     for row in part.itertuples(index=False):
         ks = json.loads(row.k)
         if ks:
-            rows.append({"policy": row.policy, "rate": row.rate, "batch": len(ks), "mean_k": float(np.mean(ks)),
-                         "speculating": float(np.mean([k > 0 for k in ks]))})
+            rows.append({"family": row.family, "policy": row.policy, "rate": row.rate, "batch": len(ks),
+                         "mean_k": float(np.mean(ks)), "speculating": float(np.mean([k > 0 for k in ks]))})
     frame = pd.DataFrame(rows)
     if not len(frame):
         return frame
-    return frame.groupby(["policy", "batch"], as_index=False).agg(mean_k=("mean_k", "mean"),
-                                                                 speculating=("speculating", "mean"),
-                                                                 iterations=("mean_k", "size"))
+    return frame.groupby(["family", "policy", "batch"], as_index=False).agg(
+        mean_k=("mean_k", "mean"), speculating=("speculating", "mean"), iterations=("mean_k", "size"))
 
 
 def break_even_by_batch(cost, k_values=(1, 2, 4), batches=(1, 2, 4, 8, 16), context: int = 256,
@@ -328,21 +390,24 @@ def break_even_by_batch(cost, k_values=(1, 2, 4), batches=(1, 2, 4, 8, 16), cont
 COMPARISONS = (  # (family, policy, against, metric): the paper's sentences, one per rate
     ("chunking", "cost-model-slo", "none", "p99_itl_ms"),
     ("chunking", "cost-model-slo", "none", "median_ttft_ms"),
-    ("chunking", "fixed-128", "none", "p99_itl_ms"),
+    ("chunking", "fixed-32", "none", "p99_itl_ms"),
     ("speculation", "rakv-asd", "k0", "goodput"),
-    ("speculation", "k4", "k0", "goodput"),
+    ("speculation", "k2", "k0", "goodput"),
     ("speculation", "smartspec", "k0", "goodput"),
+    ("speculation-draft", "rakv-asd", "k0", "goodput"),
+    ("speculation-draft", "k2", "k0", "goodput"),
+    ("speculation-draft", "smartspec", "k0", "goodput"),
 )
 
 
-def comparisons(data: dict, seed: int = 0) -> list[dict]:
-    """Relative paired differences (policy over `against`, minus 1) per rate, with CIs over repeats."""
-    cells, rows = data["cells"], []
+def comparisons(data: dict) -> list[dict]:
+    """Relative paired differences (policy over `against`, minus 1) per rate, with t intervals over repeats."""
+    cells, rows = runs(data), []
     for family, a, b, metric in COMPARISONS:
-        for rate in sorted(cells[cells.family == family].rate.unique()):
+        for rate in _rates(data, family):
             present = set(cells[(cells.family == family) & (cells.rate == rate)].policy)
             if {a, b} <= present:
-                ci = paired_difference(data, family, rate, a, b, metric, seed)
+                ci = paired_difference(data, family, rate, a, b, metric)
                 rows.append({"family": family, "rate": float(rate), "policy": a, "against": b, "metric": metric,
                              "value": ci[0], "ci_low": ci[1], "ci_high": ci[2]})
     return rows
@@ -357,23 +422,34 @@ def serving_summary(results: Path, seed: int = 0) -> dict:
     data = load(results)
     meta = json.loads((results / "serving" / "metadata.json").read_text())
     grid = meta["config"]["profile"]["serving"]
-    table = cell_table(data, seed)
-    cells = data["cells"]
-    goals = speculation_goals(data, table, seed) + chunking_goals(data, table, grid["itl_slo_ms"], seed)
-    acceptance_rows, acceptance = acceptance_goals(data["requests"], seed)
-    goals += acceptance_rows
+    design = meta["config"]["experiment"]["families"]
+    margins = meta["config"]["experiment"]["margins"]
+    threshold = float(meta["config"]["experiment"]["mape_goal"])
+    table = cell_table(data)
+    cells = runs(data)
+    spec_goals, pairs = speculation_goals(data, design, margins)
+    goals = spec_goals + chunking_goals(data, table, design, margins)
+    latency_rows, latency = latency_goals(data["requests"], threshold)
+    acceptance_rows, acceptance = acceptance_goals(data["requests"], design)
+    goals += latency_rows + acceptance_rows
     equal, total = int(cells.outputs_equal_ar.sum()), int((cells.completed + cells.failed).sum())
     goals.append({"goal": "every served output identical to batch-one greedy AR", "key": "exact", "value": equal / total,
-                  "ci_low": None, "ci_high": None, "verdict": "met" if equal == total else "missed"})
-    cost = BatchCost.from_json(json.loads((results / "serving" / "batch_cost.json").read_text()))
+                  "ci_low": None, "ci_high": None, "verdict": "met" if equal == total else "missed",
+                  "rule": "met if every one is, missed otherwise", "unit": "fraction"})
     chosen = configuration(grid["configuration"])
+    cost = BatchCost.from_json(json.loads(
+        (results / "serving" / f"batch_cost-{grid['configuration']}.json").read_text()))
     calibration = results / "calibration" / f"{chosen.pair}-{chosen.proposer}.json"
     alpha = json.loads(calibration.read_text())["acceptance"] if calibration.exists() else None
-    return {"configuration": grid["configuration"], "calibrated_acceptance": alpha, "runs": int(len(cells)), "requests": int(len(data["requests"])),
+    slos = (cells.groupby("configuration")[["slo_itl_ms", "slo_ttft_ms", "slo_tpot_ms"]].median()
+            .to_dict("index"))
+    return {"configuration": grid["configuration"], "configurations": sorted(cells.configuration.unique()),
+            "calibrated_acceptance": alpha, "runs": int(len(cells)), "requests": int(len(data["requests"])),
             "repeats": int(cells.repeat.nunique()), "commit": meta.get("git_commit"),
-            "itl_slo_ms": grid["itl_slo_ms"], "goodput_slos": list(grid["goodput"]),
-            "exact": {"equal": equal, "total": total}, "cells": table.to_dict("records"),
-            "iteration_mape": iteration_mape(data["iterations"], seed), "acceptance": acceptance,
+            "slo_steps": meta["config"]["experiment"]["slo_steps"], "slos_ms": slos, "margins": margins,
+            "mape_goal": threshold, "itl_slo_ms": float(cells.slo_itl_ms.median()),
+            "exact": {"equal": equal, "total": total}, "cells": table.to_dict("records"), "pairs": pairs,
+            "iteration_mape": iteration_mape(data["iterations"]), "latency": latency, "acceptance": acceptance,
             "chosen_k": chosen_k(data["iterations"]).to_dict("records"),
             "break_even_by_batch": break_even_by_batch(cost).to_dict("records"), "goals": goals,
-            "comparisons": comparisons(data, seed)}
+            "comparisons": comparisons(data)}

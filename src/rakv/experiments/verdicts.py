@@ -31,3 +31,49 @@ def ci_side(ci, threshold: float, *, point_if_no_interval: bool = True) -> str:
     if high < threshold:
         return "below"
     return "straddles"
+
+
+def below(ci, threshold: float) -> str:
+    """A goal "below `threshold`": met when the CI lies wholly below it, missed when wholly above, else
+    inconclusive (no interval: missing)."""
+    side = ci_side(ci, threshold, point_if_no_interval=False)
+    return {"below": "met", "above": "missed", "missing": "missing"}.get(side, "inconclusive")
+
+
+def non_inferior(ci, margin: float, worse: str = "below") -> str:
+    """"No worse than the baseline" with an equivalence margin, on a difference (ours - baseline, relative): met
+    when the CI excludes a loss as large as the margin, missed when it lies wholly beyond it, else inconclusive.
+    `worse`: the direction of a loss ("below" for goodput, "above" for a latency)."""
+    bound = -margin if worse == "below" else margin
+    side = ci_side(ci, bound, point_if_no_interval=False)
+    if side == "missing":
+        return "missing"
+    better = "above" if worse == "below" else "below"
+    return {better: "met", worse: "missed"}.get(side, "inconclusive")
+
+
+def higher(ci, margin: float) -> str:
+    """"Higher than the baseline" on a difference (ours - baseline): met when the CI lies above 0, missed when it
+    lies wholly below the margin (any gain smaller than what would matter), else inconclusive."""
+    if ci_side(ci, 0.0, point_if_no_interval=False) == "above":
+        return "met"
+    side = ci_side(ci, margin, point_if_no_interval=False)
+    return {"below": "missed", "missing": "missing"}.get(side, "inconclusive")
+
+
+def all_of(verdicts: list[str]) -> str:
+    """A goal that must hold at every load: met if met everywhere, missed if missed anywhere, else inconclusive."""
+    if not verdicts or "missing" in verdicts:
+        return "missing"
+    if "missed" in verdicts:
+        return "missed"
+    return "met" if all(v == "met" for v in verdicts) else "inconclusive"
+
+
+def any_of(verdicts: list[str]) -> str:
+    """A goal that must hold at some load: met if met anywhere, missed if missed everywhere, else inconclusive."""
+    if not verdicts:
+        return "missing"
+    if "met" in verdicts:
+        return "met"
+    return "missed" if all(v == "missed" for v in verdicts) else "inconclusive"

@@ -6,6 +6,11 @@ a query). What serving adds: the request's acceptance estimate at admission (rak
 load-aware speculation policy the depth a speculating request may reach in any iteration (the largest of the set).
 Called by Scheduler.schedule (rakv.serving.scheduler) before it sizes the request, so the K/V the request needs
 (its draft's included when it speculates) is known when it is admitted or refused.
+
+With the batch cost model, admission also predicts the request's service time (admission to last token) under the
+load it sees (`service_prediction`): the controller's own prediction (`predicted_s`) prices every step at batch one,
+which under load compares a batch-one latency with a batched service time; this one prices its prefill chunks and
+its decode iterations with the requests running beside it.
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ from dataclasses import dataclass
 
 from rakv.runtime.actions import ADAPTIVE
 from rakv.runtime.cache import Hit
+from rakv.runtime.costmodel import expected_tokens_per_round
+from rakv.serving.batchcost import pass_features
 from rakv.runtime.strategies import check_strategy, choose_action
 from rakv.serving.acceptance import Acceptance
-from rakv.serving.request import ServedRequest
+from rakv.serving.request import ServedRequest, Status
 
 
 @dataclass
@@ -26,16 +33,60 @@ class Admission:
     proposer: str = "draft"  # the engine's proposer (a per-round depth exists for prompt lookup only)
     controller: object | None = None  # rakv.runtime.controller.Controller, for rakv-asd
     k_by_iteration: tuple[int, ...] = ()  # the load-aware policy's depths: k per iteration from these
+    cost: object | None = None  # rakv.serving.batchcost.ScaledCost: for the service prediction under load
+    token_budget: int = 1 << 30  # rows per iteration (its prefill's chunks)
 
     def __post_init__(self):
         check_strategy(self.strategy)
 
-    def decide(self, request: ServedRequest, hit: Hit) -> None:
-        """Choose the request's action for what the store offers it now (`hit`), and assign it."""
+    def decide(self, request: ServedRequest, hit: Hit, company: list[ServedRequest] = (), load=None) -> None:
+        """Choose the request's action for what the store offers it now (`hit`), and assign it with its predicted
+        service time beside its `company` (the running and waiting requests) under the `load` recent iterations
+        ran (rakv.serving.scheduler.Load)."""
         alpha = self.acceptance.at_admission(hit)
         choice = choose_action(self.strategy, hit, len(request.prompt), request.state.max_new_tokens, self.proposer,
                                self.controller, alpha=alpha if self.strategy == ADAPTIVE else None)
         max_k = choice.depth.max_k if choice.depth else choice.action.k
         if self.k_by_iteration and (self.strategy == ADAPTIVE or choice.action.k):
             max_k = max(self.k_by_iteration)
-        request.assign(choice, max_k, alpha, hit.acceptance if hit.is_hit else None)
+        reused = hit.reused_tokens if choice.action.reuse else 0
+        predicted, concurrency = None, len(company) + 1
+        if self.cost is not None:
+            running, prefill_rows = (load.running, load.prefill_rows) if load is not None else (0.0, 0.0)
+            others = [(len(r.tokens), r.action.k) for r in company]
+            typical = others[0] if others else (len(request.prompt), choice.action.k)
+            others += [typical] * max(int(round(running)) - 1 - len(others), 0)  # a burst's load, kept up
+            ahead = sum(r.needed for r in company if r.status == Status.RUNNING and not r.decoding)
+            match = self.acceptance.tracker.match_rate if self.proposer == "prompt-lookup" else 1.0
+            predicted = service_prediction(self.cost, len(request.prompt) - reused, len(request.prompt),
+                                           request.state.max_new_tokens, choice.action.k, alpha, match,
+                                           others, self.token_budget, ahead, prefill_rows)
+            concurrency = len(others) + 1
+        request.assign(choice, max_k, alpha, hit.acceptance if hit.is_hit else None, predicted, concurrency)
+
+
+def service_prediction(cost, prefill: int, prompt: int, new_tokens: int, k: int, alpha: float, match: float,
+                       others: list[tuple[int, int]], token_budget: int, ahead: int = 0,
+                       prefill_rows: float = 0.0) -> float:
+    """Seconds from admission to a request's last token, priced by the batch cost model beside `others` (each
+    running request's (tokens, k), assumed to keep decoding throughout): its `prefill` rows, after the `ahead` rows
+    of prompts admitted before it, in chunks of what the token budget leaves beside their decode rows; then
+    `new_tokens - 1` tokens at the expected tokens per round (`match` the share of rounds with candidates), every
+    round an iteration with theirs and, on average, `prefill_rows` rows of prompts arriving meanwhile."""
+    beside = [(1 + kk, n) for n, kk in others]
+    ks = [kk for _, kk in others]
+    left = max(token_budget - sum(rows for rows, _ in beside), 1)
+    seconds, done = 0.0, prompt - prefill - ahead
+    while done < prompt:
+        chunk = min(left, prompt - done)
+        seconds += cost.iteration_s(pass_features(beside + [(chunk, max(done, 0))]), ks, max(done, 0))
+        done += chunk
+    tokens = match * expected_tokens_per_round(alpha, k) + (1 - match) if k else 1.0
+    middle = new_tokens // 2  # contexts half-way through its output
+    decodes = [(1 + k, prompt + middle)] + [(rows, n + middle) for rows, n in beside]
+    arriving = int(round(min(prefill_rows, left)))
+    if arriving >= 1:
+        step = cost.iteration_s(pass_features(decodes + [(arriving, 0)]), [k] + ks, 0)
+    else:
+        step = cost.decode_s(decodes, [k] + ks)
+    return seconds + max(new_tokens - 1, 0) / tokens * step

@@ -111,8 +111,9 @@ class BatchCost:
         # a draft round: the catch-up pass, then k - 1 steps over the requests still drafting (propose_batch)
         return sum(self.proposer_step(sum(k > step for k in ks)) for step in range(max(ks)))
 
-    def iteration_s(self, features: PassFeatures, ks: list[int] = ()) -> float:
-        """An iteration: its pass (`pass_features`) and the proposals of its decodes."""
+    def iteration_s(self, features: PassFeatures, ks: list[int] = (), prefill_context: int | None = 0) -> float:
+        """An iteration: its pass (`pass_features`) and the proposals of its decodes (`prefill_context`, the shape
+        class ScaledCost scales by, does not change the table's price)."""
         return self.pass_s(features) + self.propose_s(list(ks))
 
     def decode_s(self, decodes: list[tuple[int, int]], ks: list[int] | None = None) -> float:
@@ -256,3 +257,50 @@ def load_or_calibrate_batch(engine, *, recalibrate: str = "auto", plan: BatchPla
     tmp.write_text(json.dumps(table.to_json(), indent=1))
     tmp.replace(path)
     return table
+
+
+DEEP_CONTEXT = 512  # a prefill chunk after this many positions of its prompt: priced on a scale of its own
+
+
+def shape_class(prefill_context: int | None) -> str:
+    """An iteration's kind for the online scale: decode-only (None), with a prefill chunk, or with a chunk deep in
+    a long prompt (where the table's attention term misses most: 1.4-1.6x on consecutive chunks of a
+    1,000-token prompt in the serving pilot)."""
+    if prefill_context is None:
+        return "decode"
+    return "prefill-deep" if prefill_context >= DEEP_CONTEXT else "prefill"
+
+
+@dataclass
+class ScaledCost:
+    """The batch cost table times what this run's own iterations measured: the machine's speed moves from run to
+    run (measured / predicted 0.86-1.23 between the reference run's runs), so one scale per kind of iteration
+    (`shape_class`) follows the measured / table ratio by an EWMA of its logarithm.
+
+    Everything that prices an iteration while serving (the speculation policies, the ITL-SLO budget, admission's
+    latency prediction) reads this object; `observe` is its one update, called by the serving loop
+    (rakv.serving.server.step_once) after each executed iteration, so a prediction never sees its own
+    iteration's time (iterations.jsonl keeps both `predicted_s`, scaled, and `model_s`, the table's)."""
+
+    table: BatchCost
+    beta: float = 0.8  # weight of the past: about five iterations' memory (a long prompt's chunks come in a run)
+    scale: dict = field(default_factory=lambda: {"decode": 1.0, "prefill": 1.0, "prefill-deep": 1.0})
+
+    @property
+    def proposer(self) -> str:
+        return self.table.proposer
+
+    def iteration_s(self, features: PassFeatures, ks: list[int] = (), prefill_context: int | None = 0) -> float:
+        """An iteration's time; `prefill_context`: the positions before its prefill chunk (None: decode-only)."""
+        return self.table.iteration_s(features, ks) * self.scale[shape_class(prefill_context)]
+
+    def decode_s(self, decodes: list[tuple[int, int]], ks: list[int] | None = None) -> float:
+        return self.table.decode_s(decodes, ks) * self.scale["decode"]
+
+    def observe(self, features: PassFeatures, ks: list[int], prefill_context: int | None, measured_s: float) -> None:
+        predicted = self.table.iteration_s(features, ks)
+        if predicted <= 0 or measured_s <= 0:
+            return
+        kind = shape_class(prefill_context)
+        ratio = float(np.clip(measured_s / predicted, 0.25, 4.0))  # one stalled iteration does not swing it
+        self.scale[kind] = float(np.exp(self.beta * np.log(self.scale[kind]) + (1 - self.beta) * np.log(ratio)))

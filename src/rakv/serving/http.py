@@ -36,6 +36,7 @@ from rakv.runtime.decoding import DecodeState, Sampling
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
 from rakv.serving.request import ServedRequest, Status
+from rakv.serving.batchcost import ScaledCost
 from rakv.serving.server import RecordWriter, ServeOptions, build_scheduler, finish_summary, record_of, step_once
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
@@ -126,7 +127,8 @@ class EngineLoop:
 
     def __init__(self, engine: Engine, options: ServeOptions, out: Path | None, parts: dict):
         self.engine, self.options, self.out = engine, options, out
-        self.batch_cost = parts.get("batch_cost")
+        cost = parts.get("batch_cost")
+        self.batch_cost = ScaledCost(cost) if cost is not None else None  # its scale follows this server's iterations
         k_set = tuple(parts.get("k_set") or ())
         self.scheduler, self.executor = build_scheduler(engine, options, parts.get("controller"), self.batch_cost,
                                                         parts.get("tracker"), k_set)

@@ -8,12 +8,12 @@ its K/V (`computed = 0`) and later recomputes prompt and output in prefill chunk
 Every field changes only through the methods below, each asserting the state it comes from, and each called
 from one place (README: "Serving"):
 
-    assign    the action and its acceptance estimate   admission (rakv.serving.admission.Admission.decide)
+    assign    action, acceptance and service estimates admission (rakv.serving.admission.Admission.decide)
     admit     status, admission order, hit, computed   Scheduler.schedule (a store hit counts as computed)
     preempt   status, computed = 0                     Scheduler.schedule (the K/V budget)
     refuse    status, error                            Scheduler.schedule (too large alone), serve's arrival
     advance   output tokens, round counts, computed    Scheduler.update_from_output (rakv.serving.scheduler)
-    finish    status, finish time                      Scheduler.update_from_output
+    finish    status, finish time, realised acceptance Scheduler.update_from_output
     abort     status, error, finish time               Scheduler.abort (its client went away)
 """
 
@@ -59,7 +59,10 @@ class ServedRequest:
     order: int = 0  # admission order: preemption takes the newest first
     alpha: float | None = None  # its acceptance estimate at admission (prefix-keyed or the EWMA; rakv.serving.acceptance)
     prefix_acceptance: tuple[float, float] | None = None  # (accepted, rejections) its store hit carried
-    predicted_s: float | None = None  # rakv-asd: the controller's predicted latency of the chosen action
+    predicted_s: float | None = None  # rakv-asd: the controller's predicted latency of the chosen action (batch one)
+    served_predicted_s: float | None = None  # its service time predicted at admission with the running requests
+    concurrency_at_admission: int = 0  # requests running with it when it was decided (itself included)
+    realised_alpha: float | None = None  # at its end: the acceptance its own rounds (or their replay) showed
     admitted_s: float | None = None  # when it was first admitted (its service starts)
 
     @property
@@ -84,12 +87,15 @@ class ServedRequest:
     def remaining_new(self) -> int:
         return self.state.max_new_tokens - len(self.state.tokens)
 
-    def assign(self, choice: Choice, max_k: int, alpha: float, prefix_acceptance) -> None:
-        """The action chosen at its first admission attempt (against the store as it was then)."""
+    def assign(self, choice: Choice, max_k: int, alpha: float, prefix_acceptance, served_predicted_s=None,
+               concurrency: int = 0) -> None:
+        """The action chosen at its first admission attempt (against the store as it was then), with what admission
+        predicted of its service under the load it saw."""
         assert not self.decided and self.status == Status.WAITING, f"request {self.id}: decided twice"
         self.decided, self.choice, self.max_k = True, choice, max_k
         self.alpha, self.prefix_acceptance = alpha, prefix_acceptance
         self.predicted_s = choice.decision.predicted_latency_s if choice.decision is not None else None
+        self.served_predicted_s, self.concurrency_at_admission = served_predicted_s, concurrency
 
     def refuse(self, reason: str, now: float) -> None:
         assert self.status == Status.WAITING, f"request {self.id}: refused while {self.status.name}"
@@ -129,6 +135,6 @@ class ServedRequest:
         assert self.status in (Status.WAITING, Status.RUNNING), f"request {self.id}: aborted while {self.status.name}"
         self.status, self.error, self.finished_s = Status.ABORTED, reason, now
 
-    def finish(self, now: float) -> None:
+    def finish(self, now: float, realised_alpha: float | None = None) -> None:
         assert self.status == Status.RUNNING and self.state.finished, f"request {self.id}: finished too early"
-        self.status, self.finished_s = Status.FINISHED, now
+        self.status, self.finished_s, self.realised_alpha = Status.FINISHED, now, realised_alpha

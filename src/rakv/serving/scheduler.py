@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from rakv.runtime.cache import Hit
+from rakv.runtime.costmodel import acceptance_estimate
 from rakv.serving.policies import PerRequest
 from rakv.serving.request import ServedRequest, Status
 
@@ -51,6 +52,22 @@ class KVSide(Protocol):
 
     def commit(self, request: ServedRequest, acceptance) -> None:
         """A finished request: its positions into the prefix store, then free."""
+
+
+LOAD_BETA = 0.9  # the load forecast's memory: about ten iterations
+
+
+@dataclass
+class Load:
+    """What recent iterations ran, per iteration (EWMAs): admission's forecast of the iterations a new request will
+    share (rakv.serving.admission.service_prediction). Changed only by `observe`, from update_from_output."""
+
+    running: float = 0.0  # requests running
+    prefill_rows: float = 0.0  # prefill rows (other requests' prompts, arriving while one decodes)
+
+    def observe(self, running: int, prefill_rows: int) -> None:
+        self.running = LOAD_BETA * self.running + (1 - LOAD_BETA) * running
+        self.prefill_rows = LOAD_BETA * self.prefill_rows + (1 - LOAD_BETA) * prefill_rows
 
 
 @dataclass(frozen=True)
@@ -93,6 +110,7 @@ class Scheduler:
     running: list = field(default_factory=list)  # in admission order
     admissions: int = 0
     kv_budget_mib: float | None = None  # the budget as the user gave it, for the refusal message
+    load: Load = field(default_factory=Load)  # what recent iterations ran (update_from_output): admission's forecast
 
     def __post_init__(self):
         assert self.token_budget > 0 and self.max_batch > 0 and self.kv_budget_bytes > 0, "budgets must be positive"
@@ -156,7 +174,9 @@ class Scheduler:
         for what the store offers then (admission owns the decision; the K/V side only answers the lookup)."""
         hit = self.kv.hit(request)
         if not request.decided:
-            self.admission.decide(request, hit)
+            # the company it will decode with: the running requests and those waiting (admitted soon after it)
+            company = (self.running + [r for r in self.waiting if r is not request])[:self.max_batch - 1]
+            self.admission.decide(request, hit, company, self.load)
         return hit.reused_tokens if request.action.reuse else 0
 
     def _refuse(self, step: Step, now: float) -> None:
@@ -249,6 +269,7 @@ class Scheduler:
             log, empty = acceptance.observed_rounds(request)
             self.kv.commit(request, acceptance.recorded(request, log))
             acceptance.learn(request, log, empty)
-            request.finish(now)
+            request.finish(now, acceptance_estimate(log))
         assert all(r.computed <= len(r.tokens) for r in self.running), "more positions computed than tokens"
+        self.load.observe(len(self.running) + len(finished), sum(w.rows for w in step.prefills))
         return finished

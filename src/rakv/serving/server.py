@@ -28,6 +28,7 @@ from rakv.runtime.paths import conf_file
 from rakv.runtime.strategies import check_strategy
 from rakv.serving.acceptance import ACCEPTANCE_SOURCES, Acceptance
 from rakv.serving.admission import Admission
+from rakv.serving.batchcost import ScaledCost
 from rakv.serving.executor import Executor, StepOutput
 from rakv.serving.kv import KVManager
 from rakv.serving.metrics import summarize
@@ -142,7 +143,9 @@ def record_of(request: ServedRequest, text: str) -> dict:
         "accepted": state.accepted, "preempted": request.preempted, "conversation": request.conversation,
         "turn": request.turn, "peak_kv_bytes": state.peak_kv_bytes, "alpha": request.alpha,
         "prefix_acceptance": list(request.prefix_acceptance) if request.prefix_acceptance else None,
-        "predicted_s": request.predicted_s,
+        "predicted_s": request.predicted_s, "served_predicted_s": request.served_predicted_s,
+        "concurrency_at_admission": request.concurrency_at_admission, "realised_alpha": request.realised_alpha,
+        "admitted_s": request.admitted_s,
         "service_s": request.finished_s - request.admitted_s if ok and request.admitted_s is not None else None,
         "empty_rounds": state.empty_rounds, "prompt_ids": request.prompt,
     }
@@ -209,15 +212,24 @@ class Arrivals:
         return request
 
 
+def prefill_context(step: Step) -> int | None:
+    """The deepest prefill chunk's starting position in the iteration (None: decodes only): its shape class."""
+    return max((w.request.computed for w in step.prefills), default=None)
+
+
 def iteration_record(at: float, step: Step, output: StepOutput, running: list[ServedRequest], held_bytes, batch_cost,
                      began: float, scheduled: float, ended: float) -> dict:
-    """One line of iterations.jsonl: what ran, its batch-cost features and prediction, and how long it took;
+    """One line of iterations.jsonl: what ran, its batch-cost features and prediction (`predicted_s`: scaled by the
+    iterations before it, rakv.serving.batchcost.ScaledCost; `model_s`: the table's alone), and how long it took;
     `running`: the requests that ran to the end of the iteration (those it finished included) and the K/V they
     held then (`held_bytes`, the scheduler's account)."""
-    features = output.features
-    predicted = batch_cost.iteration_s(features, output.ks) if batch_cost is not None and output.rows else None
+    features, context = output.features, prefill_context(step)
+    priced = batch_cost is not None and output.rows
+    predicted = batch_cost.iteration_s(features, output.ks, context) if priced else None
+    model = batch_cost.table.iteration_s(features, output.ks) if priced else None
     return {"at_s": at, "rows": output.rows, "running": len(running), "segments": features.segments,
             "kv_positions": features.kv_positions, "attended": features.attended, "predicted_s": predicted,
+            "model_s": model, "mixed": context is not None, "prefill_context": context,
             "decodes": len(step.decodes), "prefill_rows": sum(w.rows for w in step.prefills), "k": output.ks,
             "admitted": len(step.admitted), "preempted": len(step.preempted),
             "kv_bytes": sum(held_bytes(r) for r in running),
@@ -227,13 +239,15 @@ def iteration_record(at: float, step: Step, output: StepOutput, running: list[Se
 def build_scheduler(engine: Engine, options: ServeOptions, controller, batch_cost, tracker,
                     k_set: tuple[int, ...]) -> tuple[Scheduler, Executor]:
     """The three parts of an engine step for `options`: admission (with the acceptance estimate), the K/V manager,
-    the scheduler with its speculation and chunking policies; and the executor over the same K/V."""
+    the scheduler with its speculation and chunking policies; and the executor over the same K/V. `batch_cost`:
+    the run's rakv.serving.batchcost.ScaledCost (or None)."""
     if options.itl_slo_ms is not None and batch_cost is None:
         raise RakvError("--itl-slo-ms needs the batch cost model")
     load_aware = options.speculation == "load-aware"
     acceptance = Acceptance(options.acceptance, controller, tracker, engine.proposer,
                             k_set if load_aware else ())
-    admission = Admission(options.strategy, acceptance, engine.proposer, controller, k_set if load_aware else ())
+    admission = Admission(options.strategy, acceptance, engine.proposer, controller, k_set if load_aware else (),
+                          batch_cost, options.token_budget if options.chunking else 1 << 30)
     kv = KVManager(engine)
     policy = speculation_policy(options.speculation, batch_cost, acceptance.tracker, k_set)
     budget = SloBudget(batch_cost, options.itl_slo_ms / 1e3) if options.itl_slo_ms is not None else None
@@ -265,8 +279,11 @@ def step_once(scheduler: Scheduler, executor: Executor, start: float, now: float
     output = executor.execute(step)
     ended = time.perf_counter()
     finished = scheduler.update_from_output(step, output, ended - start)
-    return Iteration(step, output, finished, iteration_record(ended - start, step, output, scheduler.running + finished,
-                                                              scheduler.held_bytes, batch_cost, began, scheduled, ended))
+    record = iteration_record(ended - start, step, output, scheduler.running + finished, scheduler.held_bytes,
+                              batch_cost, began, scheduled, ended)
+    if batch_cost is not None and output.rows:  # the scale learns this iteration only after its prediction
+        batch_cost.observe(output.features, output.ks, prefill_context(step), ended - began)
+    return Iteration(step, output, finished, record)
 
 
 def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, options: ServeOptions, *,
@@ -279,6 +296,7 @@ def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, option
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     k_set = tuple(k_set or (controller.config.k_set if controller is not None else ()))
+    batch_cost = ScaledCost(batch_cost) if batch_cost is not None else None  # this run's scale starts at 1
     scheduler, executor = build_scheduler(engine, options, controller, batch_cost, tracker, k_set)
     arrivals = Arrivals(engine, trace, options.ignore_eos, options.sampling)
     writer = RecordWriter(out / "requests.jsonl")

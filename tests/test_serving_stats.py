@@ -1,0 +1,113 @@
+"""The serving study's statistics (rakv.experiments.serving_stats): the interval method's coverage at the study's
+repeat count (simulated), the power arithmetic, and the goal rules answering met, missed and inconclusive."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rakv.experiments import serving_stats as ss
+from rakv.experiments.verdicts import all_of, any_of, below, higher, non_inferior
+from rakv.runtime.paths import conf_file
+
+REPEATS = int(conf_file("profile/offline.yaml").profile.serving.repeats)  # the study's repeat count
+
+
+def coverage(draw, repeats, truth, trials=4000, seed=0):
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for _ in range(trials):
+        _, low, high = ss.t_interval(draw(rng, repeats))
+        hits += low <= truth <= high
+    return hits / trials
+
+
+def test_the_t_interval_holds_its_level_at_the_studys_repeat_count():
+    assert REPEATS >= 5
+    normal = coverage(lambda rng, n: rng.normal(0.3, 1.0, n), REPEATS, 0.3)
+    assert 0.93 <= normal <= 0.97, normal
+    # skewed per-repeat differences (a lognormal, centred on its mean): somewhat below the level, not far
+    mean = np.exp(0.5 * 0.5 ** 2)
+    skewed = coverage(lambda rng, n: rng.lognormal(0.0, 0.5, n) - mean, REPEATS, 0.0)
+    assert skewed >= 0.88, skewed
+
+
+def test_the_percentile_bootstrap_over_three_repeats_covers_far_less_than_it_says():
+    """Why the study left it: 3 repeats give 10 distinct resamples and the range of the three as the interval."""
+    rng = np.random.default_rng(1)
+    hits = 0
+    for _ in range(2000):
+        x = rng.normal(0.0, 1.0, 3)
+        draws = [rng.choice(x, 3).mean() for _ in range(200)]
+        low, high = np.percentile(draws, [2.5, 97.5])
+        hits += low <= 0.0 <= high
+    assert hits / 2000 < 0.85
+
+
+def test_the_minimum_detectable_difference_is_detected_with_the_stated_power():
+    sd, n = 0.08, REPEATS
+    mdd = ss.minimum_detectable(sd, n)
+    rng = np.random.default_rng(2)
+    detected = np.mean([ss.t_interval(rng.normal(mdd, sd, n))[1] > 0 for _ in range(4000)])
+    assert abs(detected - ss.POWER) < 0.04, detected
+    assert ss.minimum_detectable(sd, 10) < mdd and ss.minimum_detectable(sd, 1) == float("inf")
+
+
+finite = st.floats(-1, 1, allow_nan=False)
+
+
+@given(finite, finite, finite, st.floats(0.01, 0.3))
+def test_every_goal_rule_can_say_met_missed_or_inconclusive(a, b, c, margin):
+    low, value, high = sorted((a, b, c))
+    ci = [value, low, high]
+    ni = non_inferior(ci, margin)
+    assert ni == ("met" if low > -margin else "missed" if high < -margin else "inconclusive")
+    assert non_inferior([-v for v in (value, high, low)], margin, worse="above") == ni  # the mirror image
+    hi = higher(ci, margin)
+    assert hi == ("met" if low > 0 else "missed" if high < margin else "inconclusive")
+    assert below(ci, 0.1) == ("met" if high < 0.1 else "missed" if low > 0.1 else "inconclusive")
+
+
+def test_the_rules_over_loads():
+    assert all_of(["met", "met"]) == "met" and all_of(["met", "inconclusive"]) == "inconclusive"
+    assert all_of(["met", "missed"]) == "missed"
+    assert any_of(["missed", "met"]) == "met" and any_of(["missed", "missed"]) == "missed"
+    assert any_of(["missed", "inconclusive"]) == "inconclusive"
+    assert non_inferior([0.0, float("nan"), float("nan")], 0.1) == "missing"  # a scalar is not judged
+
+
+def cells_frame(values: dict) -> pd.DataFrame:
+    """cells.parquet-like rows: values[(rate, policy)] = per-repeat goodput / p99 ITL / median TTFT."""
+    rows = []
+    for (rate, policy), per_repeat in values.items():
+        for repeat, (goodput, itl, ttft) in enumerate(per_repeat):
+            rows.append({"family": "chunking", "rate": rate, "policy": policy, "repeat": repeat, "goodput": goodput,
+                         "p99_itl_ms": itl, "median_ttft_ms": ttft, "output_throughput": 1.0, "concurrency": 1.0,
+                         "configuration": "x", "slo_itl_ms": 100.0})
+    return pd.DataFrame(rows)
+
+
+def test_paired_differences_are_per_repeat_and_relative_to_the_baseline():
+    frame = cells_frame({(1.0, "a"): [(2.0, 0, 0), (3.0, 0, 0), (4.0, 0, 0)],
+                         (1.0, "b"): [(1.0, 0, 0), (2.0, 0, 0), (3.0, 0, 0)]})
+    ci = ss.paired_difference({"cells": frame}, "chunking", 1.0, "a", "b", "goodput")
+    assert ci[0] == pytest.approx(0.5) and ci[1] == ci[2] == pytest.approx(0.5)  # +1 every repeat over a mean of 2
+
+
+def test_the_slo_reach_rule_can_meet_miss_and_be_unsure():
+    design = {"chunking": {"goals": {"ours": "ours", "fixed": ["f"], "ttft_baseline": "f"}}}
+    margins = {"ttft": 0.1}
+
+    def verdict(ours_itl, fixed_itl):
+        frame = cells_frame({(1.0, "ours"): [(1, i, 100) for i in ours_itl[0]],
+                             (4.0, "ours"): [(1, i, 100) for i in ours_itl[1]],
+                             (1.0, "f"): [(1, i, 100) for i in fixed_itl[0]],
+                             (4.0, "f"): [(1, i, 100) for i in fixed_itl[1]]})
+        data = {"cells": frame}
+        return ss.chunking_goals(data, ss.cell_table(data), design, margins)[0]["verdict"]
+
+    under, over, around = [50, 52, 51], [150, 152, 151], [60, 140, 100]
+    assert verdict((under, under), (under, over)) == "met"
+    assert verdict((under, over), (under, under)) == "missed"
+    assert verdict((under, around), (under, under)) == "inconclusive"
