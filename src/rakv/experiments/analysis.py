@@ -232,6 +232,21 @@ def is_tie(a, b) -> bool:
 # Cluster bootstrap
 
 
+def strategy_means(runs: pd.DataFrame, seed: int = 0, resamples: int = 2000) -> pd.DataFrame:
+    """Per (configuration, strategy): instances, mean latency and mean throughput with 95 % cluster-bootstrap CIs
+    over prompts (Table 1 and Figure 1; the oracle is the cross-fitted one, as the regret's)."""
+    lat = strategy_latencies(runs)
+    rows = []
+    for (name, strategy), part in lat.groupby(["configuration", "strategy"]):
+        clusters = part.dataset.astype(str) + "/" + part.prompt_id.astype(str)
+        row = {"configuration": name, "strategy": strategy, "instances": int(len(part))}
+        for metric in ("latency_s", "tokens_per_s"):
+            row[metric], row[f"{metric}_low"], row[f"{metric}_high"] = cluster_ci(
+                clusters, part[metric], seed=seed, resamples=resamples)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def cluster_ci(clusters, numerator, denominator=None, *, transform=lambda x: x, seed: int = 0,
                resamples: int = 2000) -> list[float]:
     """[value, low, high]: transform(sum(numerator) / sum(denominator)) with a 95 % percentile CI from a

@@ -84,18 +84,25 @@ def save(fig, out_dir: Path, name: str) -> list[Path]:
 
 
 def strategy_latency_throughput(runs: pd.DataFrame, out_dir: Path, seed: int = 0):
-    s = analysis.strategy_latencies(runs)
+    """Mean latency and throughput per strategy and configuration, with the 95 % cluster-bootstrap CIs over prompts
+    of Table 1 (rakv.experiments.analysis.strategy_means; seaborn's own bootstrap would resample rows, which the
+    prompts' repeats and scenarios make dependent)."""
+    table = analysis.strategy_means(runs, seed=seed)
+    names = sorted(table.configuration.unique())
+    order = [s for s in STRATEGY_ORDER if s in set(table.strategy)]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    width = 0.8 / max(len(names), 1)
     for ax, metric, label in ((axes[0], "latency_s", "latency per request (s)"),
                               (axes[1], "tokens_per_s", "throughput (tokens/s)")):
-        sns.barplot(data=s, x="strategy", y=metric, hue="configuration", order=STRATEGY_ORDER, ax=ax,
-                    errorbar=("ci", 95), seed=seed, n_boot=1000)
-        ax.set_xlabel("strategy")
-        ax.tick_params(axis="x", labelrotation=30)
-        ax.set_ylabel(label)
-    handles, labels = axes[0].get_legend_handles_labels()
-    axes[0].get_legend().remove()
-    legend_beside(axes[1], "configuration", handles, labels)
+        for i, name in enumerate(names):
+            rows = table[table.configuration == name].set_index("strategy").reindex(order)
+            x = np.arange(len(order)) + (i - (len(names) - 1) / 2) * width
+            low = (rows[metric] - rows[f"{metric}_low"]).clip(lower=0).fillna(0)
+            high = (rows[f"{metric}_high"] - rows[metric]).clip(lower=0).fillna(0)
+            ax.bar(x, rows[metric], width, yerr=[low, high], capsize=2, label=name)
+        ax.set_xticks(np.arange(len(order)), order, rotation=30)
+        ax.set(xlabel="strategy", ylabel=label)
+    legend_beside(axes[1], "configuration", *axes[0].get_legend_handles_labels())
     return save(fig, out_dir, "strategy_latency_throughput")
 
 
@@ -230,17 +237,29 @@ def cache_budget(budget: pd.DataFrame, out_dir: Path):
     return save(fig, out_dir, "cache_budget")
 
 
+PAIR_NAMES = {  # calibration and twin names as the paper's text names them
+    "gpt2large-gpt2medium-twin": "GPT-2 Large/Medium (twins)", "gpt2medium-gpt2-twin": "GPT-2 Medium/GPT-2 (twins)",
+    "gpt2-distilgpt2-twin": "GPT-2/DistilGPT-2 (twins)", "smollm2-draft": "smollm2 (int8 self-draft)",
+    "smollm2-prompt-lookup": "smollm2-lookup (prompt lookup)",
+    "gpt2large-gpt2medium-twin-draft": "GPT-2 Large/Medium (twins)", "gpt2medium-gpt2-twin-draft":
+    "GPT-2 Medium/GPT-2 (twins)", "gpt2-distilgpt2-twin-draft": "GPT-2/DistilGPT-2 (twins)"}
+
+
+def pair_name(name: str) -> str:
+    return PAIR_NAMES.get(name, name)
+
+
 def feasibility_gap(gap: pd.DataFrame | None, summary: dict, out_dir: Path):
     fig, ax = plt.subplots(figsize=(6, 3.6))
     break_even = pd.DataFrame(summary.get("break_even", []))
     if len(break_even):  # cost side only: break-even alpha per k on the twins; never-paying k drawn at the top
         for pair, rows in break_even.groupby("pair"):
             alpha = rows.break_even_alpha.astype(float)
-            line, = ax.plot(rows.k[alpha.notna()], alpha[alpha.notna()], marker="o", label=pair)
+            line, = ax.plot(rows.k[alpha.notna()], alpha[alpha.notna()], marker="o", label=pair_name(pair))
             ax.scatter(rows.k[alpha.isna()], [1.04] * int(alpha.isna().sum()), marker="^", color=line.get_color())
         ax.set(ylim=(0, 1.08), xticks=sorted(break_even.k.unique()), xlabel="k (draft tokens)",
                ylabel="break-even acceptance alpha")
-        ax.set_title(f"{summary.get('configuration', '')}: cost side only (twins); ^ = never pays", fontsize=9)
+        ax.set_title("cost side only, on architecture twins (^: never pays)", fontsize=9)
         legend_beside(ax, "twin pair")
     elif gap is None or not len(gap):
         ax.axis("off")
@@ -262,6 +281,8 @@ def break_even_vs_cost_ratio(break_even: pd.DataFrame, acceptance: dict[str, flo
     `acceptance` maps a pair/proposer to its measured per-token acceptance, drawn as a horizontal mark
     over its points (speculation pays where the mark lies above the point)."""
     fig, ax = plt.subplots(figsize=(8.4, 4.4))
+    break_even = break_even.assign(pair=break_even.pair.map(pair_name))
+    acceptance = {pair_name(pair): alpha for pair, alpha in acceptance.items()}
     never = break_even.break_even_alpha.isna()
     sns.scatterplot(data=break_even[~never], x="draft_target_cost_ratio", y="break_even_alpha", hue="pair",
                     style="k", s=60, ax=ax)
@@ -271,9 +292,10 @@ def break_even_vs_cost_ratio(break_even: pd.DataFrame, acceptance: dict[str, flo
     for pair, alpha in acceptance.items():
         ratio = break_even[break_even.pair == pair].draft_target_cost_ratio
         if len(ratio):
-            ax.hlines(alpha, ratio.min() * 0.8, ratio.max() * 1.25 + 0.02, color="black", linewidth=1.5)
-            ax.annotate(f"measured alpha {alpha:.2f} ({pair})", (ratio.min() * 0.8, alpha + 0.012), fontsize=7,
-                        va="bottom")
+            # the measured acceptance as a mark over its pair's points, named in the legend (a text label beside
+            # it would sit on the markers)
+            ax.hlines(alpha, ratio.min() * 0.8, ratio.max() * 1.25 + 0.02, linewidth=1.5, linestyles="dashed",
+                      color="black", label=f"measured alpha {alpha:.2f}: {pair}")
     ax.set(xlabel="draft step cost / target step cost", ylabel="break-even acceptance alpha", ylim=(0, 1.08))
     legend_beside(ax)
     return save(fig, out_dir, "break_even_vs_cost_ratio")

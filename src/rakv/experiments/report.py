@@ -8,6 +8,7 @@ confidence interval, and the grid it describes is the one the profile actually r
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -22,23 +23,34 @@ BASELINE_TEXT = {"joint-k4": "fixed Joint-k4", "kv-only": "KV-only", "ar": "AR",
 
 
 def tex_escape(text) -> str:
+    """Plain text as LaTeX: its special characters escaped, comparisons and `alpha` as math (the default font
+    encoding prints a bare < or > as an inverted mark), a break allowed after the dots of a module name."""
     out = str(text)
     for char, repl in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"), ("#", r"\#"),
                        ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"), ("^", r"\^{}")):
         out = out.replace(char, repl)
-    return out
+    for plain, math in (("<=", r"$\le$"), (">=", r"$\ge$"), ("!=", r"$\ne$"), ("<", r"$<$"), (">", r"$>$")):
+        out = out.replace(plain, math)
+    out = re.sub(r"\balpha = ([0-9.]+[0-9])", r"$\\alpha = \1$", out)
+    out = re.sub(r"\balpha\b(?![^$]*\$)", r"$\\alpha$", out)
+    return re.sub(r"\b(rakv(?:\.[a-z_\\]+)+)", lambda m: m.group(1).replace(".", r".\allowbreak{}"), out)
 
 
 def missing(value) -> bool:
     return value is None or value != value
 
 
+def _unsigned_zero(text: str) -> str:
+    """'-0.0' -> '0.0': a value that rounds to zero has no sign to print."""
+    return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+
 def pct(value, digits: int = 1) -> str:
-    return "n/a" if missing(value) else f"{100 * value:.{digits}f}\\%"
+    return "--" if missing(value) else _unsigned_zero(f"{100 * value:.{digits}f}") + "\\%"
 
 
 def num(value, digits: int = 3) -> str:
-    return "n/a" if missing(value) else f"{value:.{digits}f}"
+    return "--" if missing(value) else _unsigned_zero(f"{value:.{digits}f}")
 
 
 def ci_text(triple, fmt=pct) -> str:
@@ -289,6 +301,11 @@ def statistics_table(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def shown(verdict: str) -> str:
+    """A verdict as printed: '--' where the claim's kind has none."""
+    return "--" if verdict == "n/a" else verdict
+
+
 def claim_cells(row: dict, fmt) -> tuple[str, str, str]:
     """A claim row's reference, reproduced value (with its CI when it has one, else the value alone or the finding's
     text) and band, each through `fmt`."""
@@ -313,7 +330,7 @@ def claims_table(rows: list[dict]) -> str:
         lines.append(f"{tex_escape(row['claim'])} & \\texttt{{{tex_escape(row['configuration'])}}} & "
                      f"{row.get('kind', 'effect')} & {reference} & "
                      f"{tex_escape(reproduced) if row.get('text') and missing(row['reproduced']) else reproduced} & "
-                     f"{band} & {row['direction']} & {row['magnitude']} \\\\")
+                     f"{band} & {shown(row['direction'])} & {shown(row['magnitude'])} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
@@ -331,7 +348,7 @@ def claims_markdown(rows: list[dict]) -> str:
     for row in rows:
         reference, reproduced, band = claim_cells(row, lambda v: markdown_value(v, row["unit"]))
         lines.append(f"| {row['claim']} | `{row['configuration']}` | {row.get('kind', 'effect')} | {reference} | "
-                     f"{reproduced} | {band} | {row['direction']} | {row['magnitude']} |")
+                     f"{reproduced} | {band} | {shown(row['direction'])} | {shown(row['magnitude'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -397,16 +414,20 @@ def acceptance_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+STRATEGY_NAMES = {"oracle": "oracle (cross-fitted)", "best-fixed": "best fixed action (in hindsight)"}
+
+
 def strategy_table(runs: pd.DataFrame) -> str:
-    lat = analysis.strategy_latencies(runs)
-    table = (lat.groupby(["configuration", "strategy"])
-             .agg(runs=("latency_s", "size"), latency_s=("latency_s", "mean"), tokens_per_s=("tokens_per_s", "mean"))
-             .reset_index())
+    """Table 1: mean latency and throughput per strategy with 95 % cluster-bootstrap CIs over prompts."""
+    table = analysis.strategy_means(runs)
     lines = [r"\begin{tabular}{llrrr}", r"\toprule",
-             r"Configuration & Strategy & Instances & Latency (s) & Throughput (tok/s) \\", r"\midrule"]
+             r"Configuration & Strategy & Instances & Latency (s) [95\% CI] & Throughput (tok/s) [95\% CI] \\",
+             r"\midrule"]
     for row in table.itertuples():
-        lines.append(f"{tex_escape(row.configuration)} & {tex_escape(row.strategy)} & {row.runs} & "
-                     f"{row.latency_s:.3f} & {row.tokens_per_s:.1f} \\\\")
+        latency = ci_text((row.latency_s, row.latency_s_low, row.latency_s_high), lambda v: num(v, 3))
+        throughput = ci_text((row.tokens_per_s, row.tokens_per_s_low, row.tokens_per_s_high), lambda v: num(v, 1))
+        lines.append(f"{tex_escape(row.configuration)} & {tex_escape(STRATEGY_NAMES.get(row.strategy, row.strategy))} "
+                     f"& {row.instances} & {latency} & {throughput} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
@@ -610,7 +631,7 @@ def peer_section(folder: Path | None) -> str:
     arrivals, and (if measured) the speculation schedule tune_vllm.py chose with its check. Numbers only; the
     sentences carry no sign of their own."""
     if folder is None:
-        return "% no vLLM peer results: scripts/bench_vllm_serve.py (README: Against vLLM)\n"
+        return "% no vLLM peer results: scripts/bench_vllm_serve.py (docs/peers.md)\n"
     serve = json.loads((folder / "bench_vllm_serve" / "summary.json").read_text())
     machine = serve["machine"]
     rows = []
@@ -672,6 +693,8 @@ def write_generated(summary: dict, results: Path, out_dir: Path) -> list[Path]:
         "macros.tex": "% generated by rakv.experiments.report from summary.json; do not edit\n" + "".join(
             f"\\newcommand{{\\{name}}}{{{value}}}\n" for name, value in macros(summary, meta).items()),
         "abstract.tex": abstract(summary, meta),
+        "substitutions.tex": substitutions(summary, meta, results),
+        "conclusion.tex": conclusion(summary),
         "claims_discussion.tex": claims_discussion(summary),
         "limitations.tex": limitations(summary, meta),
         "introduction.tex": introduction_findings(summary),

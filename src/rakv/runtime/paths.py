@@ -11,7 +11,7 @@ CONF_DIR = ROOT / "conf"
 DATA_DIR = ROOT / "data"
 PAPER_DIR = ROOT / "paper"
 # The shipped reference run: raw tables of one full run per profile (data/reference/<profile>/), laid out as a
-# results folder; ./reproduce.sh writes results/<profile>/ and never this folder (README, "The reference run").
+# results folder; ./reproduce.sh writes results/<profile>/ and never this folder (README: "A reviewer's first minute").
 REFERENCE_DIR = DATA_DIR / "reference"
 
 

@@ -1,4 +1,4 @@
-"""Serving: several requests in flight through one engine (README: "Serving").
+"""Serving: several requests in flight through one engine (docs/serving.md).
 
     trace.py      the trace format (read and validated whole before any model work) and its generator
     request.py    a served request: its tokens, how many are computed, its state and timings (no tensors)

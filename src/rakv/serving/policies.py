@@ -1,7 +1,7 @@
 """Speculation policies under load: how many candidates each decoding request may propose this iteration.
 
 Sibling policies with one interface, so that the field's rules and ours are compared like with like
-(README: "Serving"). Each caps a request's own depth (`ServedRequest.max_k`: its strategy's k, or a per-round
+(docs/serving.md). Each caps a request's own depth (`ServedRequest.max_k`: its strategy's k, or a per-round
 depth's largest), never raises it, so a request that does not speculate never gets a proposer:
 
 - `per-request`: the request's own k whatever the load (the batch-one behaviour; the default);

@@ -6,7 +6,7 @@ rows: a prefill chunk, or the last token (plus k candidates when it speculates).
 its K/V (`computed = 0`) and later recomputes prompt and output in prefill chunks; its output is kept.
 
 Every field changes only through the methods below, each asserting the state it comes from, and each called
-from one place (README: "Serving"):
+from one place (docs/serving.md):
 
     assign    action, acceptance and service estimates admission (rakv.serving.admission.Admission.decide)
     admit     status, admission order, hit, computed   Scheduler.schedule (a store hit counts as computed)

@@ -1,6 +1,6 @@
 """One iteration's plan: which requests get how many rows, under a token budget and a K/V byte budget.
 
-In the style of Sarathi-Serve's stall-free batching and vLLM v1's scheduler (README: "Serving"): every
+In the style of Sarathi-Serve's stall-free batching and vLLM v1's scheduler (docs/serving.md): every
 iteration is one batched target forward whose rows are filled in a fixed order under `token_budget` —
 
 1. decodes: one row per decoding request, plus its k candidates when it speculates (k from the speculation
