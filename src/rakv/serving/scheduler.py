@@ -24,6 +24,7 @@ a `KVSide` (rakv.serving.kv.KVManager) that answers queries and frees, so the sc
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -54,20 +55,28 @@ class KVSide(Protocol):
         """A finished request: its positions into the prefix store, then free."""
 
 
-LOAD_BETA = 0.9  # the load forecast's memory: about ten iterations
+LOAD_SECONDS = 1.0  # the load forecast's memory: the last second or so of iterations
 
 
 @dataclass
 class Load:
-    """What recent iterations ran, per iteration (EWMAs): admission's forecast of the iterations a new request will
-    share (rakv.serving.admission.service_prediction). Changed only by `observe`, from update_from_output."""
+    """What recent iterations ran, averaged over time with a memory of LOAD_SECONDS (an EWMA weighted by each
+    iteration's duration, and idle time counting as nothing running): admission's forecast of the iterations a new
+    request will share (rakv.serving.admission.service_prediction). Changed only by `observe`, from
+    update_from_output."""
 
     running: float = 0.0  # requests running
-    prefill_rows: float = 0.0  # prefill rows (other requests' prompts, arriving while one decodes)
+    prefill_rows: float = 0.0  # prefill rows per iteration (other requests' prompts, arriving while one decodes)
+    at_s: float | None = None  # when it last observed an iteration's end
 
-    def observe(self, running: int, prefill_rows: int) -> None:
-        self.running = LOAD_BETA * self.running + (1 - LOAD_BETA) * running
-        self.prefill_rows = LOAD_BETA * self.prefill_rows + (1 - LOAD_BETA) * prefill_rows
+    def observe(self, running: int, prefill_rows: int, now: float, duration_s: float) -> None:
+        if self.at_s is not None:  # the idle time since the last iteration: nothing ran
+            idle = max(now - duration_s - self.at_s, 0.0)
+            self.running *= math.exp(-idle / LOAD_SECONDS)
+        weight = math.exp(-max(duration_s, 0.0) / LOAD_SECONDS)
+        self.running = weight * self.running + (1 - weight) * running
+        self.prefill_rows = weight * self.prefill_rows + (1 - weight) * prefill_rows
+        self.at_s = now
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,7 @@ class Step:
     admitted: list[ServedRequest] = field(default_factory=list)  # the executor copies their store hit in first
     preempted: list[ServedRequest] = field(default_factory=list)  # their K/V already dropped (recomputed later)
     refused: list[ServedRequest] = field(default_factory=list)  # larger than the K/V budget on their own
+    at_s: float = 0.0  # when it was planned (the scheduler's clock): its iteration ran from then to its output
 
     @property
     def rows(self) -> int:
@@ -125,7 +135,7 @@ class Scheduler:
         return final * self.kv.bytes_per_token(request) <= self.kv_budget_bytes
 
     def schedule(self, now: float = 0.0) -> Step:
-        step = Step()
+        step = Step(at_s=now)
         budget = self.token_budget if self.chunking else 1 << 30  # the baseline: no cap on rows
         if not self.chunking and self.waiting and len(self.running) < self.max_batch:
             if self._admit_whole(step, now):
@@ -271,5 +281,5 @@ class Scheduler:
             acceptance.learn(request, log, empty)
             request.finish(now, acceptance_estimate(log))
         assert all(r.computed <= len(r.tokens) for r in self.running), "more positions computed than tokens"
-        self.load.observe(len(self.running) + len(finished), sum(w.rows for w in step.prefills))
+        self.load.observe(len(self.running) + len(finished), sum(w.rows for w in step.prefills), now, now - step.at_s)
         return finished
