@@ -297,7 +297,7 @@ def test_the_load_forecast_follows_recent_iterations_and_forgets_idle_time():
     now = 0.0
     for _ in range(100):  # 8 requests running, 20 ms iterations, 2 s of them
         now += 0.02
-        load.observe(8, 10, now, 0.02)
-    assert load.running == pytest.approx(8, rel=0.2) and load.prefill_rows == pytest.approx(10, rel=0.2)
-    load.observe(1, 0, now + 3.02, 0.02)  # three seconds idle, then one request alone
+        load.observe(8, now, 0.02)
+    assert load.running == pytest.approx(8, rel=0.2)
+    load.observe(1, now + 3.02, 0.02)  # three seconds idle, then one request alone
     assert load.running < 1.0

@@ -66,16 +66,14 @@ class Load:
     update_from_output."""
 
     running: float = 0.0  # requests running
-    prefill_rows: float = 0.0  # prefill rows per iteration (other requests' prompts, arriving while one decodes)
     at_s: float | None = None  # when it last observed an iteration's end
 
-    def observe(self, running: int, prefill_rows: int, now: float, duration_s: float) -> None:
+    def observe(self, running: int, now: float, duration_s: float) -> None:
         if self.at_s is not None:  # the idle time since the last iteration: nothing ran
             idle = max(now - duration_s - self.at_s, 0.0)
             self.running *= math.exp(-idle / LOAD_SECONDS)
         weight = math.exp(-max(duration_s, 0.0) / LOAD_SECONDS)
         self.running = weight * self.running + (1 - weight) * running
-        self.prefill_rows = weight * self.prefill_rows + (1 - weight) * prefill_rows
         self.at_s = now
 
 
@@ -281,5 +279,5 @@ class Scheduler:
             acceptance.learn(request, log, empty)
             request.finish(now, acceptance_estimate(log))
         assert all(r.computed <= len(r.tokens) for r in self.running), "more positions computed than tokens"
-        self.load.observe(len(self.running) + len(finished), sum(w.rows for w in step.prefills), now, now - step.at_s)
+        self.load.observe(len(self.running) + len(finished), now, now - step.at_s)
         return finished
