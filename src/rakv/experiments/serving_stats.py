@@ -242,7 +242,8 @@ def chunking_goals(data: dict, table: pd.DataFrame, design: dict, margins: dict)
               "key": "chunking/slo_reach", "value": sure[ours], "ci_low": None, "ci_high": None, "verdict": reached,
               "rule": "per load the p99 ITL CI wholly under the SLO (meets) or over (fails); met if the loads it "
                       "surely meets reach every fixed budget's possible ones, missed if a fixed budget surely meets "
-                      "where it surely fails", "rival": rival, "unit": "req/s", "status": status}]
+                      "where it surely fails", "rival": rival, "unit": "req/s",
+              "status": {p: {f"{rate:g}": v for rate, v in by_rate.items()} for p, by_rate in status.items()}}]
     margin = float(margins["ttft"])
     rate = sure[baseline] or _rates(data, "chunking")[0]
     ci = paired_difference(data, "chunking", rate, ours, baseline, "median_ttft_ms")
