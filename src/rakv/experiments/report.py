@@ -29,7 +29,8 @@ def tex_escape(text) -> str:
     for char, repl in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"), ("#", r"\#"),
                        ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("~", r"\textasciitilde{}"), ("^", r"\^{}")):
         out = out.replace(char, repl)
-    for plain, math in (("<=", r"$\le$"), (">=", r"$\ge$"), ("!=", r"$\ne$"), ("<", r"$<$"), (">", r"$>$")):
+    for plain, math in (("<=", r"$\le$"), (">=", r"$\ge$"), ("!=", r"$\ne$"), ("<", r"$<$"), (">", r"$>$"),
+                        ("|", r"$|$")):
         out = out.replace(plain, math)
     out = re.sub(r"\balpha = ([0-9.]+[0-9])", r"$\\alpha = \1$", out)
     out = re.sub(r"\balpha\b(?![^$]*\$)", r"$\\alpha$", out)
@@ -606,7 +607,7 @@ def serving_text(summary: dict) -> str:
                     + (f", the batch-one prediction {ci_text(stats['batch_one'])}"
                        if not missing(stats["batch_one"][0]) else "") + ".")
     for name, stats in serving["acceptance"].items():
-        text.append(f"With the {tex_escape(name)} acceptance the mean |alpha at admission $-$ realised| was "
+        text.append(f"With the {tex_escape(name)} acceptance the mean $|\\alpha$ at admission $-$ realised$|$ was "
                     f"{num(stats['acceptance_error'][0])} [{num(stats['acceptance_error'][1])}, "
                     f"{num(stats['acceptance_error'][2])}]"
                     + (f" and the ex-post regret {ci_text(stats['regret'])}" if not missing(stats["regret"][0])
