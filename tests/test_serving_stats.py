@@ -73,7 +73,7 @@ def test_the_rules_over_loads():
     assert all_of(["met", "met"]) == "met" and all_of(["met", "inconclusive"]) == "inconclusive"
     assert all_of(["met", "missed"]) == "missed"
     assert any_of(["missed", "met"]) == "met" and any_of(["missed", "missed"]) == "missed"
-    assert any_of(["missed", "inconclusive"]) == "inconclusive"
+    assert any_of(["missed", "inconclusive"]) == "inconclusive" and any_of(["missing", "missing"]) == "missing"
     assert non_inferior([0.0, float("nan"), float("nan")], 0.1) == "missing"  # a scalar is not judged
 
 

@@ -72,7 +72,7 @@ def all_of(verdicts: list[str]) -> str:
 
 def any_of(verdicts: list[str]) -> str:
     """A goal that must hold at some load: met if met anywhere, missed if missed everywhere, else inconclusive."""
-    if not verdicts:
+    if not verdicts or all(v == "missing" for v in verdicts):
         return "missing"
     if "met" in verdicts:
         return "met"
