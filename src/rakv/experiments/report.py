@@ -183,8 +183,9 @@ def counts_sentence(counts: dict) -> str:
     d, m = counts["direction"], counts["magnitude"]
     return (f"Of {counts['rows']} claim rows (each reference claim per configuration), {counts['signed']} are signed "
             f"effects, whose direction is reproduced for {d.get('yes', 0)}, reversed for {d.get('no', 0)} and "
-            f"inconclusive for {d.get('inconclusive', 0)}; {counts['banded']} have a tolerance band, which "
-            f"{m.get('yes', 0)} lie inside, {m.get('no', 0)} outside and {m.get('inconclusive', 0)} straddle; "
+            f"inconclusive for {d.get('inconclusive', 0)}; {counts['banded']} have a tolerance band: "
+            f"{m.get('yes', 0)} inside it, {m.get('no', 0)} outside and {m.get('inconclusive', 0)} "
+            "straddling an edge; "
             f"{counts['unjudged']} (extremes over scenarios without an interval, and findings) carry no such verdict")
 
 
