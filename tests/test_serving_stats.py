@@ -111,3 +111,12 @@ def test_the_slo_reach_rule_can_meet_miss_and_be_unsure():
     assert verdict((under, under), (under, over)) == "met"
     assert verdict((under, over), (under, under)) == "missed"
     assert verdict((under, around), (under, under)) == "inconclusive"
+
+
+def test_a_draft_configurations_requests_have_no_ex_post_regret_and_that_is_not_an_error():
+    requests = pd.DataFrame({"family": ["acceptance"] * 2, "policy": ["ewma", "prefix-keyed"], "status": "ok",
+                             "repeat": 0, "alpha": [0.5, 0.6], "realised_alpha": [0.7, 0.7]})
+    assert ss.request_values(requests, "regret").empty
+    goals, stats = ss.acceptance_goals(requests, {"acceptance": {"goals": {"ours": "prefix-keyed",
+                                                                              "baseline": "ewma"}}})
+    assert goals[0]["verdict"] == "missing" and stats["ewma"]["acceptance_error"][0] == pytest.approx(0.2)

@@ -267,10 +267,14 @@ def request_values(requests: pd.DataFrame, column: str) -> pd.DataFrame:
         rows = rows[rows.predicted_s.notna() & rows.service_s.notna() & (rows.service_s > 0)]
         error = (rows.predicted_s - rows.service_s).abs() / rows.service_s
     elif column == "acceptance":
-        rows = rows[rows.alpha.notna() & rows.realised_alpha.notna()] if "realised_alpha" in rows else rows.iloc[:0]
+        if "realised_alpha" not in rows:
+            return rows.iloc[:0].assign(error=pd.Series(dtype=float))
+        rows = rows[rows.alpha.notna() & rows.realised_alpha.notna()]
         error = (rows.alpha - rows.realised_alpha).abs()
-    else:
-        rows = rows[rows.expost_regret.notna()] if "expost_regret" in rows else rows.iloc[:0]
+    else:  # ex-post regret: computed for prompt lookup only (rakv.experiments.serving.expost_regret)
+        if "expost_regret" not in rows:
+            return rows.iloc[:0].assign(error=pd.Series(dtype=float))
+        rows = rows[rows.expost_regret.notna()]
         error = rows.expost_regret
     return rows.assign(error=error.astype(float))
 
