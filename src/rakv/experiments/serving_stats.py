@@ -25,6 +25,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from rakv.experiments.summary import (AcceptanceErrors, BatchBreakEven, Cell, ChosenK, Comparison, Goal, GoalPair,
+                                      IterationMape, LatencyMape, Margins, ServedExact, ServingSummary, SloSteps, Slos)
 from rakv.experiments.verdicts import all_of, any_of, below, ci_side, higher, non_inferior
 from rakv.runtime.costmodel import expected_tokens_per_round
 from rakv.serving.batchcost import shape_class
@@ -418,8 +420,8 @@ def comparisons(data: dict) -> list[dict]:
     return rows
 
 
-def serving_summary(results: Path, seed: int = 0) -> dict:
-    """Everything the serving study's analysis reports (summary.json's `serving`)."""
+def serving_summary(results: Path, seed: int = 0) -> ServingSummary:
+    """Everything the serving study's analysis reports (summary.json's `serving`, rakv.experiments.summary)."""
     from rakv.experiments.config import configuration
     from rakv.serving.batchcost import BatchCost
 
@@ -448,13 +450,17 @@ def serving_summary(results: Path, seed: int = 0) -> dict:
     alpha = json.loads(calibration.read_text())["acceptance"] if calibration.exists() else None
     slos = (cells.groupby("configuration")[["slo_itl_ms", "slo_ttft_ms", "slo_tpot_ms"]].median()
             .to_dict("index"))
-    return {"configuration": grid["configuration"], "configurations": sorted(cells.configuration.unique()),
-            "calibrated_acceptance": alpha, "runs": int(len(cells)), "requests": int(len(data["requests"])),
-            "repeats": int(cells.repeat.nunique()), "commit": meta.get("git_commit"),
-            "slo_steps": meta["config"]["experiment"]["slo_steps"], "slos_ms": slos, "margins": margins,
-            "mape_goal": threshold, "itl_slo_ms": float(cells.slo_itl_ms.median()),
-            "exact": {"equal": equal, "total": total}, "cells": table.to_dict("records"), "pairs": pairs,
-            "iteration_mape": iteration_mape(data["iterations"]), "latency": latency, "acceptance": acceptance,
-            "chosen_k": chosen_k(data["iterations"]).to_dict("records"),
-            "break_even_by_batch": break_even_by_batch(cost).to_dict("records"), "goals": goals,
-            "comparisons": comparisons(data)}
+    return ServingSummary(
+        configuration=grid["configuration"], configurations=sorted(cells.configuration.unique()),
+        calibrated_acceptance=alpha, runs=int(len(cells)), requests=int(len(data["requests"])),
+        repeats=int(cells.repeat.nunique()), commit=meta.get("git_commit"),
+        slo_steps=SloSteps(**meta["config"]["experiment"]["slo_steps"]),
+        slos_ms={name: Slos(**v) for name, v in slos.items()}, margins=Margins(**margins),
+        mape_goal=threshold, itl_slo_ms=float(cells.slo_itl_ms.median()), exact=ServedExact(equal, total),
+        cells=[Cell(**r) for r in table.to_dict("records")], pairs=[GoalPair(**p) for p in pairs],
+        iteration_mape={name: IterationMape(**v) for name, v in iteration_mape(data["iterations"]).items()},
+        latency={family: LatencyMape(**v) for family, v in latency.items()},
+        acceptance={name: AcceptanceErrors(**v) for name, v in acceptance.items()},
+        chosen_k=[ChosenK(**r) for r in chosen_k(data["iterations"]).to_dict("records")],
+        break_even_by_batch=[BatchBreakEven(**r) for r in break_even_by_batch(cost).to_dict("records")],
+        goals=[Goal(**g) for g in goals], comparisons=[Comparison(**r) for r in comparisons(data)])

@@ -1,0 +1,208 @@
+"""The reference study's claims beside the reproduced statistics, with verdicts (paper/main.tex, "Claims").
+
+`claims` sets each reproduced statistic beside the reference study's value, judged by its kind (Claim.kind):
+an *effect* gets two verdicts, *direction reproduced* (the CI lies on the reference's side of the statistic's
+null value) and *magnitude within band* (the CI lies inside a two-sided tolerance band around the reference;
+the bands are defined once, in TOLERANCE, with their rationale); an *equivalence* claim ("within 0.45 % of
+KV-only") and an *estimate* (a share, an error) only the band (a direction means nothing for them); an
+*extreme* over cells (a least or most) is one value with no interval, shown without a verdict; the reference's
+qualitative claim on the larger pair is a *finding* read from the feasibility stage. Each verdict is yes, no,
+inconclusive (the CI straddles the boundary), or n/a where the kind has none; `claim_counts` is the one count
+the paper and the README quote. Which side of a threshold a CI lies on is rakv.experiments.verdicts' rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from rakv.experiments.summary import ClaimRow, ConfigurationStatistics, Crossover, Feasibility
+from rakv.experiments.verdicts import ci_side
+
+# Reference figures of the reproduced study (paper/main.tex, "Claims").
+REFERENCE = {
+    "latency_reduction_vs_joint_k4": 0.640,
+    "throughput_gain_vs_joint_k4": 1.708,
+    "latency_reduction_vs_kv_only": 0.0045,
+    "throughput_gain_vs_kv_only": 0.0081,
+    "exact_share": 1.0,
+    "accuracy_k": 1.0,
+    "accuracy_action": 0.833,
+    "mape": 0.321,
+    "spearman": 0.780,
+    "mean_regret": 0.0032,
+    "spec_slowdown_min": 0.14,
+    "spec_slowdown_max": 2.35,
+    "crossover_alpha_min": 0.894,
+    "crossover_alpha_max": 0.973,
+}
+
+
+# Two-sided tolerance bands around a reference value, one rule per kind of statistic. Rationale: the
+# reproduction differs from the reference in hardware, models and grid, so only the order of magnitude
+# of an effect is expected to carry over -- a relative change may be half to one and a half times the
+# reference's, and an effect near zero within 2 percentage points (the run-to-run spread of a mean
+# latency here); a share, an accuracy or a correlation within 0.10 (one scenario in ten); a break-even
+# acceptance within 0.05 (the step of the controlled-acceptance grid); a prediction error within half
+# of the reference's.
+TOLERANCE = {
+    "effect": lambda ref: (ref - max(0.5 * abs(ref), 0.02), ref + max(0.5 * abs(ref), 0.02)),
+    "share": lambda ref: (ref - 0.10, ref + 0.10),
+    "alpha": lambda ref: (ref - 0.05, ref + 0.05),
+    "error": lambda ref: (0.5 * ref, 1.5 * ref),
+}
+
+
+KINDS = ("effect", "equivalence", "estimate", "extreme", "finding")
+
+
+@dataclass(frozen=True)
+class Claim:
+    label: str
+    reference: float | None
+    band: str | None  # a key of TOLERANCE (None: no band)
+    null: float | None  # the value meaning "no effect"; direction = the reference's side of it
+    unit: str = "%"
+    kind: str = "effect"  # KINDS: which verdicts the claim gets
+
+
+CLAIMS = {
+    "latency_reduction_vs_joint_k4": Claim("RAKV-ASD vs Joint-k4: latency reduction", 0.640, "effect", 0.0),
+    "throughput_gain_vs_joint_k4": Claim("RAKV-ASD vs Joint-k4: throughput gain", 1.708, "effect", 0.0),
+    # the reference: "within 0.45 % of KV-only": an equivalence, judged by the band alone
+    "latency_reduction_vs_kv_only": Claim("RAKV-ASD vs KV-only: latency reduction (equivalence)", 0.0045, "effect",
+                                          None, kind="equivalence"),
+    "throughput_gain_vs_kv_only": Claim("RAKV-ASD vs KV-only: throughput gain (equivalence)", 0.0081, "effect", None,
+                                        kind="equivalence"),
+    "accuracy_k": Claim("controller: oracle's k chosen (in-sample oracle)", 1.0, "share", None, kind="estimate"),
+    "accuracy_action": Claim("controller: oracle's action chosen (strict, in-sample oracle)", 0.833, "share", None,
+                             kind="estimate"),
+    "mape": Claim("latency prediction MAPE", 0.321, "error", None, kind="estimate"),
+    "spearman": Claim("Spearman rho, predicted vs measured (mean per scenario)", 0.780, "share", 0.0, ""),
+    "mean_regret": Claim("mean regret vs the cross-fitted oracle", 0.0032, "effect", None, kind="estimate"),
+    "spec_slowdown_min": Claim("best k > 0 vs best k = 0: slowdown, least over scenarios", 0.14, None, None,
+                               kind="extreme"),
+    "spec_slowdown_max": Claim("best k > 0 vs best k = 0: slowdown, most over scenarios", 2.35, None, None,
+                               kind="extreme"),
+    "crossover_alpha_min": Claim("break-even acceptance (cost model), least", 0.894, None, None, "", kind="extreme"),
+    "crossover_alpha_max": Claim("break-even acceptance (cost model), most", 0.973, None, None, "", kind="extreme"),
+    "larger_pair": Claim("GPT-2 Large/Medium: the gap narrows, speculation does not cross k = 0", None, None, None,
+                         "", kind="finding"),
+}
+
+
+def verdict_direction(claim: Claim, ci: list) -> str:
+    """yes: the CI lies on the reference's side of the null; no: on the other side; else inconclusive (n/a: the
+    claim's kind has no direction)."""
+    if claim.null is None or claim.kind != "effect":
+        return "n/a"
+    side = ci_side(ci, claim.null)
+    if side == "missing":
+        return "inconclusive"
+    expected = "above" if claim.reference > claim.null else "below" if claim.reference < claim.null else None
+    if expected is None or side == "straddles":
+        return "inconclusive"
+    return "yes" if side == expected else "no"
+
+
+def verdict_band(claim: Claim, ci: list) -> str:
+    """yes: the CI lies inside the tolerance band; no: it lies wholly outside; else inconclusive. A value without
+    an interval is not judged (n/a)."""
+    value, low, high = ci
+    if claim.band is None or not (np.isfinite(low) and np.isfinite(high)):
+        return "n/a"
+    lo, hi = TOLERANCE[claim.band](claim.reference)
+    if lo <= low and high <= hi:
+        return "yes"
+    if high < lo or low > hi:
+        return "no"
+    return "inconclusive"
+
+
+def claim_row(key: str, configuration: str, ci, text: str | None = None) -> ClaimRow:
+    """One claim's row: a CI [value, low, high] (an extreme: one value, no interval), or for a finding its `text`
+    and verdict (`ci` then the verdict string)."""
+    claim = CLAIMS[key]
+    if claim.kind == "finding":
+        return ClaimRow(claim=claim.label, key=key, configuration=configuration, unit=claim.unit, kind=claim.kind,
+                        reference=None, reproduced=None, ci_low=None, ci_high=None, band_low=None, band_high=None,
+                        null=None, text=text, direction=ci, magnitude="n/a")
+    if claim.kind == "extreme" or not isinstance(ci, (list, tuple)):
+        ci = [ci, None, None]  # one value: no interval is invented for it
+    ci = [float("nan") if v is None else float(v) for v in ci]
+    if not np.isfinite(ci[0]):
+        direction = band = "missing" if text is None else "n/a"
+    else:
+        direction, band = verdict_direction(claim, ci), verdict_band(claim, ci)
+    lo, hi = TOLERANCE[claim.band](claim.reference) if claim.band else (None, None)
+    return ClaimRow(claim=claim.label, key=key, configuration=configuration, unit=claim.unit, kind=claim.kind,
+                    reference=claim.reference, reproduced=ci[0], ci_low=ci[1], ci_high=ci[2], band_low=lo,
+                    band_high=hi, null=claim.null, text=text, direction=direction, magnitude=band)
+
+
+def larger_pair_row(feasibility: Feasibility, verdict: str | None) -> ClaimRow:
+    """The reference's claim on GPT-2 Large/Medium, from the feasibility stage: reproduced where the pair ran
+    (yes if speculation did not cross k = 0), not tested where only its cost side could be measured (`verdict`: the
+    feasibility verdict's sentence)."""
+    name = feasibility.configuration or "gpt2large-gpt2medium"
+    if feasibility.status == "ran":
+        return claim_row("larger_pair", name, "no" if feasibility.crossed else "yes",
+                         "crosses" if feasibility.crossed else "does not cross")
+    return claim_row("larger_pair", name, "not tested", verdict or "not run")
+
+
+def claims(per_configuration: dict[str, ConfigurationStatistics], crossovers: dict[str, Crossover],
+           feasibility: Feasibility, feasibility_verdict: str) -> list[ClaimRow]:
+    """Per configuration: each reference figure beside the reproduced one, its CI, band and verdicts by kind
+    (`crossovers`: the cost model's per configuration, empty without the sensitivity stage); then the larger pair's."""
+    rows = []
+    for name, s in per_configuration.items():
+        values = {
+            "latency_reduction_vs_joint_k4": s.latency_reduction.joint_k4,
+            "throughput_gain_vs_joint_k4": s.throughput_gain.joint_k4,
+            "latency_reduction_vs_kv_only": s.latency_reduction.kv_only,
+            "throughput_gain_vs_kv_only": s.throughput_gain.kv_only,
+            "accuracy_k": s.accuracy_k, "accuracy_action": s.accuracy_action, "mape": s.mape,
+            "spearman": s.spearman, "mean_regret": s.mean_regret,
+        }
+        rows.extend(claim_row(key, name, value) for key, value in values.items())
+        for key, value in (("spec_slowdown_min", s.spec_slowdown.min), ("spec_slowdown_max", s.spec_slowdown.max)):
+            # no scenario where both a k > 0 and a k = 0 action were measured: nothing to compare
+            rows.append(claim_row(key, name, value, None if value is not None else "no scenario compared"))
+        cross = crossovers.get(name)
+        if cross:
+            for key, value in (("crossover_alpha_min", cross.min), ("crossover_alpha_max", cross.max)):
+                rows.append(claim_row(key, name, value, None if value is not None else "never (not even alpha = 1)"))
+    rows.append(larger_pair_row(feasibility, feasibility_verdict))
+    return rows
+
+
+VERDICTS = ("yes", "no", "inconclusive")
+
+
+@dataclass(frozen=True)
+class ClaimCounts:
+    """How many claim rows there are, how many are signed (effects) and banded, and per verdict how many of each."""
+    rows: int
+    signed: int
+    banded: int
+    unjudged: int
+    direction: dict[str, int]  # verdict -> signed claims
+    magnitude: dict[str, int]  # verdict -> banded claims
+
+
+def claim_counts(rows: list[ClaimRow]) -> ClaimCounts:
+    """The one count of claims the paper and the README quote: rows, and per verdict the direction's (signed claims:
+    effects) and the magnitude's (banded claims)."""
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return ClaimCounts(0, 0, 0, 0, {}, {})
+    signed = frame[frame.direction.isin(VERDICTS)]
+    banded = frame[frame.magnitude.isin(VERDICTS)]
+    unjudged = frame[~frame.index.isin(signed.index) & ~frame.index.isin(banded.index)]
+    return ClaimCounts(rows=int(len(frame)), signed=int(len(signed)), banded=int(len(banded)),
+                       unjudged=int(len(unjudged)),
+                       direction={v: int((signed.direction == v).sum()) for v in VERDICTS},
+                       magnitude={v: int((banded.magnitude == v).sum()) for v in VERDICTS})

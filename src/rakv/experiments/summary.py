@@ -1,0 +1,644 @@
+"""The summary of a results folder, declared once: typed records, and results/<name>/summary.json as their on-disk
+form (docs/layout.md, "The summary").
+
+`rakv.experiments.analysis.summarize` builds a `Summary`; the report, the figures, the notebooks,
+scripts/compare_runs.py and the tests read its attributes. summary.json is written and read only through this
+module (`write_summary`, `read_summary`, `Summary.to_json`, `Summary.from_json`): reading checks every field's
+presence and type against these declarations, so an old or edited file stops with one line naming the field
+("summary.json: missing field 'claims[3].verdict'"), not with a KeyError deep in the paper.
+
+The records are frozen dataclasses with no mapping methods: a string-key read of one fails at once, and
+tests/test_layout.py fails on any such read outside this module. Where a part is an open-ended map (keyed by
+configuration, family, rate or pair/proposer name) it is a `dict[str, Record]`; everything else is a field.
+
+Conventions of the on-disk form, kept as they were when the summary was a dict:
+- an `Interval` is `[value, low, high]` (a 95 % CI; `None` where there is none), written as a JSON list;
+- NaN and infinity are written as null; numpy scalars as Python numbers;
+- a field whose default is `ABSENT` is left out of the file when it was not computed (a stage that did not run, a
+  goal without a rate), which is not the same as computed and null;
+- a field's JSON name is its attribute name, except where `json_name` says otherwise (baseline names with hyphens).
+"""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
+from functools import cache
+from pathlib import Path
+from typing import Callable, NewType, get_args, get_origin, get_type_hints
+
+import numpy as np
+
+from rakv.runtime.errors import RakvError
+
+Interval = NewType("Interval", list)  # [value, low, high]: a statistic with its 95 % CI (None: no bound)
+ALL_ITERATIONS = "all"  # ServingSummary.iteration_mape's key over every served iteration (the others: families, shapes)
+
+
+class _Absent:
+    """The value of a field that was not computed, so is left out of summary.json (falsy, like an empty part)."""
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: typing.Any = _Absent()
+
+
+def optional():
+    """A field that summary.json may lack (its value is then ABSENT)."""
+    return field(default=ABSENT)
+
+
+def json_name(name: str):
+    """A field whose name in summary.json is not a Python identifier."""
+    return field(metadata={"json": name})
+
+
+# ---------------------------------------------------------------------------------------------
+# The study (rakv.experiments.analysis): grid, per-configuration statistics, pooled effects
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What the study measured: prompts per dataset, length bins, scenarios, repeats, new tokens, actions."""
+    prompts: dict[str, int]
+    length_bins: list[str]
+    scenarios: list[str]
+    measurements_per_action_min: int
+    controller_repeats: int
+    new_tokens: int
+    actions: list[str]
+
+
+@dataclass(frozen=True)
+class Exact:
+    """How many outputs are identical to autoregressive greedy decoding."""
+    equal: int
+    total: int
+    share: float | None = optional()  # the study's; the serving study's has counts only
+
+
+@dataclass(frozen=True)
+class ByBaseline:
+    """One statistic of RAKV-ASD against each baseline (rakv.experiments.study_stats.BASELINES, in that order)."""
+    kv_only: Interval = json_name("kv-only")
+    best_fixed: Interval = json_name("best-fixed")
+    joint_k4: Interval = json_name("joint-k4")
+    spec_k4: Interval = json_name("spec-k4")
+    ar: Interval = json_name("ar")
+    oracle: Interval = json_name("oracle")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The baselines as the study spells them, in the summary's order."""
+        return tuple(name_of(f) for f in fields(cls))
+
+    @classmethod
+    def of(cls, value: Callable[[str], Interval]) -> ByBaseline:
+        """The record with `value(baseline)` for every baseline (its name as the study spells it)."""
+        return cls(**{f.name: value(name_of(f)) for f in fields(cls)})
+
+    def against(self, baseline: str) -> Interval:
+        """The statistic against `baseline` as the study spells it ("joint-k4", "kv-only", ...)."""
+        for f in fields(self):
+            if name_of(f) == baseline:
+                return getattr(self, f.name)
+        raise KeyError(baseline)
+
+
+@dataclass(frozen=True)
+class SpecSlowdown:
+    """Best k != 0 against best k = 0 per scenario: least and most relative slowdown, share of scenarios slower."""
+    min: float | None
+    max: float | None
+    share_slower: float | None
+
+
+@dataclass(frozen=True)
+class ConfigurationStatistics:
+    """Every statistic of one configuration's runs (paper/main.tex, "Statistics"); CIs over prompts."""
+    latency_reduction: ByBaseline
+    throughput_gain: ByBaseline
+    best_fixed_action: str
+    accuracy_action: Interval
+    accuracy_within_noise: Interval
+    accuracy_k: Interval
+    accuracy_chance: float | None
+    mean_regret: Interval
+    worst_regret: float | None
+    random_regret: Interval
+    mape: Interval
+    mape_null: float | None
+    spearman: Interval
+    spearman_pooled: float | None
+    spec_slowdown: SpecSlowdown
+    scenarios: int
+    controller_runs: int
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """RAKV-ASD against each baseline over every configuration's instances."""
+    latency_reduction: ByBaseline
+    throughput_gain: ByBaseline
+
+
+@dataclass(frozen=True)
+class AcceptanceRow:
+    """Measured acceptance of one configuration x dataset beside the cost model's break-even alpha."""
+    configuration: str
+    dataset: str
+    acceptance: float | None
+    acceptance_low: float | None
+    acceptance_high: float | None
+    break_even_alpha: float | None
+    break_even_k: int | None
+    break_even_alpha_k4: float | None
+    prompt_tokens: int
+    calibrated_acceptance: float | None
+    speculation_pays: bool | None
+    runs: int
+
+
+@dataclass(frozen=True)
+class PeakKv:
+    """Peak K/V held per request, per configuration and k (`k` "rakv-asd": the controller's runs)."""
+    configuration: str
+    k: str
+    peak_kv_mib: float | None
+    peak_kv_mib_max: float | None
+    runs: int
+
+
+@dataclass(frozen=True)
+class AcceptanceMape:
+    """The cost model's MAPE with the calibrated acceptance and with each prompt's own."""
+    calibrated: Interval
+    prompt: Interval
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """The cost model's break-even alpha (least over k per setting): its range over settings."""
+    min: float | None
+    max: float | None
+    median: float | None = optional()  # absent: the sensitivity stage did not run
+    settings: int = optional()
+    never: int = optional()
+
+
+@dataclass(frozen=True)
+class JointReuse:
+    """Speculation on top of reuse (r = 1, k = 4 against r = 1, k = 0) in one configuration x scenario x length."""
+    configuration: str
+    scenario: str
+    new_tokens: int
+    pairs: int
+    prompts: int
+    latency_reduction: Interval
+    joint_s: float | None
+    reuse_s: float | None
+    reprefilled_s: float | None
+    draft_reuse_reduction: Interval
+    draft_prefill_s: float | None
+    draft_hit_share: float | None
+    reuse_draft: bool
+    verdict: str
+
+
+# ---------------------------------------------------------------------------------------------
+# The feasibility stage (results/<name>/feasibility/summary.json, copied whole into the summary)
+
+
+@dataclass(frozen=True)
+class BreakEven:
+    """One calibrated pair's break-even alpha at one k (rakv.runtime.costmodel.break_even_rows)."""
+    pair: str
+    k: int
+    break_even_alpha: float | None
+    draft_target_cost_ratio: float | None
+    target_step_s: float | None
+    prompt_tokens: int
+    new_tokens: int
+
+
+@dataclass(frozen=True)
+class ControlledRun:
+    """One controlled-acceptance run of the twin pair: measured against the cost model's speedup."""
+    configuration: str
+    prompt_id: str
+    prompt_tokens: int
+    repeat: int
+    k: int
+    alpha: float
+    measured_alpha: float | None
+    ar_latency_s: float | None
+    spec_latency_s: float | None
+    measured_speedup: float | None
+    predicted_speedup: float | None
+    predicted_speedup_at_measured_alpha: float | None
+    equal_to_ar: bool
+
+
+@dataclass(frozen=True)
+class Feasibility:
+    """The feasibility stage's outcome: `status` "ran" (the real pair: the gap), the cost side only (twins: break-
+    even alphas and the controlled check), or "missing"; the other status's fields are absent."""
+    status: str
+    configuration: str = optional()
+    scenarios: int = optional()
+    gap_min: float | None = optional()
+    gap_max: float | None = optional()
+    gap_mean: float | None = optional()
+    crossed: bool = optional()
+    calibrated_alpha: float | None = optional()
+    reason: str = optional()
+    note: str = optional()
+    twin: str = optional()
+    twins: list[str] = optional()
+    break_even: list[BreakEven] = optional()
+    controlled: list[ControlledRun] = optional()
+    controlled_speedup_error_mean: float | None = optional()
+    controlled_speedup_error_max: float | None = optional()
+
+
+# ---------------------------------------------------------------------------------------------
+# Claims (rakv.experiments.claims)
+
+
+@dataclass(frozen=True)
+class ClaimRow:
+    """One reference claim on one configuration: reference and reproduced value, CI, band, verdicts by kind."""
+    claim: str
+    key: str
+    configuration: str
+    unit: str
+    kind: str
+    reference: float | None
+    reproduced: float | None
+    ci_low: float | None
+    ci_high: float | None
+    band_low: float | None
+    band_high: float | None
+    null: float | None
+    text: str | None
+    direction: str
+    magnitude: str
+
+
+# ---------------------------------------------------------------------------------------------
+# The serving study (rakv.experiments.serving_stats)
+
+
+@dataclass(frozen=True)
+class SloSteps:
+    """The SLOs as multiples of the machine's one-request decode step."""
+    itl: int
+    ttft: int
+    tpot: int
+
+
+@dataclass(frozen=True)
+class Slos:
+    """One configuration's SLOs in milliseconds."""
+    slo_itl_ms: float | None
+    slo_ttft_ms: float | None
+    slo_tpot_ms: float | None
+
+
+@dataclass(frozen=True)
+class Margins:
+    """The equivalence margins of the "no worse" goals (relative)."""
+    goodput: float
+    ttft: float
+
+
+@dataclass(frozen=True)
+class ServedExact:
+    """Served outputs identical to the request's batch-one greedy output."""
+    equal: int
+    total: int
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell (family x rate x policy): each metric's mean over repeats with its t interval."""
+    family: str
+    rate: float
+    policy: str
+    repeats: int
+    configuration: str | None
+    goodput: float | None
+    goodput_low: float | None
+    goodput_high: float | None
+    output_throughput: float | None
+    output_throughput_low: float | None
+    output_throughput_high: float | None
+    p99_itl_ms: float | None
+    p99_itl_ms_low: float | None
+    p99_itl_ms_high: float | None
+    median_ttft_ms: float | None
+    median_ttft_ms_low: float | None
+    median_ttft_ms_high: float | None
+    concurrency: float | None
+    concurrency_low: float | None
+    concurrency_high: float | None
+
+
+@dataclass(frozen=True)
+class GoalPair:
+    """One load's judgement of a speculation goal: the relative goodput difference and its verdict."""
+    family: str
+    rate: float
+    policy: str
+    against: str
+    metric: str
+    kind: str
+    value: float | None
+    ci_low: float | None
+    ci_high: float | None
+    verdict: str
+
+
+@dataclass(frozen=True)
+class IterationMape:
+    """The batch cost model's held-out error per served iteration: online-scaled and from the table alone."""
+    scaled: Interval
+    table: Interval
+    iterations: int
+
+
+@dataclass(frozen=True)
+class LatencyMape:
+    """Admission's service-time prediction error under load, the batch-one prediction's, and by rate."""
+    served: Interval
+    requests: int
+    batch_one: Interval
+    by_rate: dict[str, Interval]
+
+
+@dataclass(frozen=True)
+class AcceptanceErrors:
+    """One acceptance source's |alpha at admission - realised| and ex-post regret (ours: also against the other)."""
+    acceptance_error: Interval
+    regret: Interval
+    vs_baseline: Interval = optional()
+
+
+@dataclass(frozen=True)
+class ChosenK:
+    """Mean candidates per decoding request at one batch size, per family and policy."""
+    family: str
+    policy: str
+    batch: int
+    mean_k: float
+    speculating: float
+    iterations: int
+
+
+@dataclass(frozen=True)
+class BatchBreakEven:
+    """The least common acceptance at which k beats k = 0 at batch size `batch` (None: not even alpha = 1)."""
+    batch: int
+    k: int
+    break_even_alpha: float | None
+    context: int
+
+
+@dataclass(frozen=True)
+class Goal:
+    """A goal named before the serving run: its value, CI, verdict and rule (the rest where the goal has them)."""
+    goal: str
+    key: str
+    value: float | None
+    ci_low: float | None
+    ci_high: float | None
+    verdict: str
+    rule: str
+    family: str = optional()
+    rival: str = optional()
+    rate: float = optional()
+    unit: str = optional()
+    status: dict[str, dict[str, str]] = optional()  # policy -> rate -> meets / fails / unclear
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A relative paired difference (policy over `against`, minus 1) at one rate, for the paper's sentences."""
+    family: str
+    rate: float
+    policy: str
+    against: str
+    metric: str
+    value: float | None
+    ci_low: float | None
+    ci_high: float | None
+
+
+@dataclass(frozen=True)
+class ServingSummary:
+    """Everything the serving study's analysis reports (paper/main.tex, "Serving under load")."""
+    configuration: str
+    configurations: list[str]
+    calibrated_acceptance: float | None
+    runs: int
+    requests: int
+    repeats: int
+    commit: str | None
+    slo_steps: SloSteps
+    slos_ms: dict[str, Slos]
+    margins: Margins
+    mape_goal: float
+    itl_slo_ms: float | None
+    exact: ServedExact
+    cells: list[Cell]
+    pairs: list[GoalPair]
+    iteration_mape: dict[str, IterationMape]  # ALL_ITERATIONS, each family, "shape: <class>"
+    latency: dict[str, LatencyMape]  # per family
+    acceptance: dict[str, AcceptanceErrors]  # per acceptance source
+    chosen_k: list[ChosenK]
+    break_even_by_batch: list[BatchBreakEven]
+    goals: list[Goal]
+    comparisons: list[Comparison]
+
+
+# ---------------------------------------------------------------------------------------------
+# The summary
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Every statistic of the study, sensitivity, feasibility and serving results under `results`."""
+    results: str  # the folder as typed from the repository root
+    runs: int
+    strategy_runs: int
+    sweep_runs: int
+    configurations: list[str]
+    grid: Grid
+    exact: Exact
+    per_configuration: dict[str, ConfigurationStatistics]
+    pooled: Pooled
+    acceptance: list[AcceptanceRow]
+    peak_kv: list[PeakKv]
+    acceptance_mape: dict[str, AcceptanceMape]
+    crossover_model: Crossover
+    crossover_model_per_configuration: dict[str, Crossover] = optional()  # absent without the sensitivity stage
+    crossover_measured: dict[str, float | None] = field(default_factory=dict)  # "<configuration>/k<k>" -> alpha
+    crossover_predicted_controlled: dict[str, float | None] = field(default_factory=dict)
+    joint_reuse: list[JointReuse] = field(default_factory=list)
+    feasibility: Feasibility = field(default_factory=lambda: Feasibility("missing"))
+    feasibility_verdict: str = "missing"
+    claims: list[ClaimRow] = field(default_factory=list)
+    serving: ServingSummary = optional()  # absent without the serving stage
+
+    def to_json(self) -> dict:
+        """The summary as summary.json holds it (JSON-ready: plain numbers, NaN as null, absent parts left out)."""
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, data, source: str = "summary.json") -> Summary:
+        """A summary read back from its JSON form; RakvError naming the first missing or mistyped field."""
+        return load(cls, data, source)
+
+
+# ---------------------------------------------------------------------------------------------
+# Conversion to and from the on-disk form
+
+
+def name_of(f) -> str:
+    """A field's name in summary.json."""
+    return f.metadata.get("json", f.name)
+
+
+def record_items(record) -> list[tuple[str, object]]:
+    """(name in summary.json, value) of every field a record holds (absent ones left out)."""
+    return [(name_of(f), getattr(record, f.name)) for f in fields(record) if getattr(record, f.name) is not ABSENT]
+
+
+def to_json(value):
+    """`value` (a record, or a part of one) as JSON-ready data: records as objects in field order, numpy scalars as
+    Python numbers, NaN and infinity as None."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {name: to_json(v) for name, v in record_items(value)}
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return None if not np.isfinite(value) else float(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value
+
+
+class SchemaError(Exception):
+    """A value that does not fit its declaration; the message names the field by its path (claims[3].verdict)."""
+
+
+@cache
+def _hints(cls) -> dict:
+    return get_type_hints(cls)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check(hint, value, where: str):
+    """`value` as the type `hint` declares it, checked; records built from objects, lists and maps element-wise."""
+    if hint is Interval:
+        if not (isinstance(value, list) and len(value) == 3 and all(v is None or _number(v) for v in value)):
+            raise SchemaError(f"field '{where}' is not an interval [value, low, high]")
+        return value
+    origin = get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        options = [a for a in get_args(hint) if a is not type(None)]
+        if value is None and len(options) < len(get_args(hint)):
+            return None
+        return _check(options[0], value, where)
+    if is_dataclass(hint):
+        return _record(hint, value, where)
+    if origin is list:
+        if not isinstance(value, list):
+            raise SchemaError(f"field '{where}' is not a list")
+        return [_check(get_args(hint)[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise SchemaError(f"field '{where}' is not an object")
+        return {k: _check(get_args(hint)[1], v, f"{where}.{k}") for k, v in value.items()}
+    expected = {float: _number, int: lambda v: _number(v) and float(v).is_integer(),
+                str: lambda v: isinstance(v, str), bool: lambda v: isinstance(v, bool)}[hint]
+    if not expected(value):
+        raise SchemaError(f"field '{where}' is not a {hint.__name__} (found {type(value).__name__} {value!r:.40})")
+    return value
+
+
+def _record(cls, data, where: str):
+    if not isinstance(data, dict):
+        raise SchemaError(f"field '{where or cls.__name__}' is not an object")
+    known = {name_of(f): f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise SchemaError(f"unknown field '{where}.{unknown[0]}'" if where else f"unknown field '{unknown[0]}'")
+    values = {}
+    for name, f in known.items():
+        path = f"{where}.{name}" if where else name
+        if name not in data:
+            if f.default is ABSENT:
+                continue
+            raise SchemaError(f"missing field '{path}'")
+        values[f.name] = _check(_hints(cls)[f.name], data[name], path)
+    return cls(**values)
+
+
+def load(cls, data, source: str):
+    """A record of type `cls` from its JSON form (`source` names the file in the error)."""
+    try:
+        return _record(cls, data, "")
+    except SchemaError as exc:
+        raise RakvError(f"{source}: {exc}") from None
+
+
+def summary_path(results: Path) -> Path:
+    return Path(results) / "summary.json"
+
+
+def write_summary(summary: Summary, results: Path) -> Path:
+    """results/<name>/summary.json, written atomically (NaN written as null)."""
+    from rakv.experiments.records import write_atomic
+
+    path = summary_path(results)
+    write_atomic(path, json.dumps(summary.to_json(), indent=1))
+    return path
+
+
+def _read_json(path: Path, source: str):
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise RakvError(f"{source} is missing: run the analysis stage first") from None
+    except ValueError as exc:
+        raise RakvError(f"{source}: not JSON ({exc})") from None
+
+
+def read_summary(results: Path) -> Summary:
+    """results/<name>/summary.json as a Summary, every field checked (RakvError naming the first that is not)."""
+    path = summary_path(results)
+    return Summary.from_json(_read_json(path, str(path)), str(path))
+
+
+def read_feasibility(results: Path) -> Feasibility:
+    """results/<name>/feasibility/summary.json (the feasibility stage's outcome) as a Feasibility record;
+    status "missing" where the stage has not run."""
+    path = Path(results) / "feasibility" / "summary.json"
+    if not path.exists():
+        return Feasibility("missing")
+    return load(Feasibility, _read_json(path, str(path)), str(path))
