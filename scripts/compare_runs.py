@@ -15,14 +15,24 @@ status is 0. 2 on unreadable input.
 import argparse
 import json
 import sys
+from dataclasses import is_dataclass
 from pathlib import Path
 
-SECTIONS = ("per_configuration", "pooled")  # where summary.json keeps its statistics
+from rakv.experiments.summary import Summary, read_summary, record_items
+from rakv.runtime.errors import RakvError
+
+
+def sections(summary: Summary) -> list[tuple[str, object]]:
+    """Where the summary keeps its statistics: per configuration, and pooled over configurations."""
+    return [("per_configuration", summary.per_configuration), ("pooled", summary.pooled)]
 
 
 def walk(node, prefix=""):
-    """(dotted name, value) for every leaf under `node`: a [value, low, high] triple counts as one leaf."""
-    if isinstance(node, dict):
+    """(dotted name, value) for every leaf under `node` (a record or a map of records, named as in summary.json):
+    a [value, low, high] triple counts as one leaf."""
+    if is_dataclass(node):
+        yield from walk(dict(record_items(node)), prefix)
+    elif isinstance(node, dict):
         for key, child in node.items():
             yield from walk(child, f"{prefix}.{key}" if prefix else key)
     elif isinstance(node, list) and len(node) == 3 and all(isinstance(v, (int, float)) or v is None for v in node):
@@ -31,19 +41,19 @@ def walk(node, prefix=""):
         yield prefix, node
 
 
-def with_intervals(summary: dict) -> dict[str, list[float]]:
+def with_intervals(summary: Summary) -> dict[str, list[float]]:
     """name -> [value, low, high] for every statistic reported with a confidence interval."""
-    return {name: value for section in SECTIONS for name, value in walk(summary.get(section, {}), section)
+    return {name: value for section, node in sections(summary) for name, value in walk(node, section)
             if isinstance(value, list) and None not in value}
 
 
-def scalars(summary: dict) -> dict[str, float]:
+def scalars(summary: Summary) -> dict[str, float]:
     """name -> value for every statistic reported without an interval."""
-    return {name: value for section in SECTIONS for name, value in walk(summary.get(section, {}), section)
+    return {name: value for section, node in sections(summary) for name, value in walk(node, section)
             if not isinstance(value, list)}
 
 
-def compare(a: dict, b: dict) -> tuple[list[str], list[str]]:
+def compare(a: Summary, b: Summary) -> tuple[list[str], list[str]]:
     """The side-by-side lines, and the names of B's statistics outside A's confidence interval."""
     width = max([34, *(len(n) for n in with_intervals(a)), *(len(n) for n in scalars(a))])
     lines, outside = [f"{'statistic':<{width}} {'A [95% CI]':>28} {'B':>9}  B inside A's CI"], []
@@ -92,8 +102,8 @@ def main(argv=None) -> int:
     parser.add_argument("b", type=Path, help="the second results folder")
     args = parser.parse_args(argv)
     try:
-        a, b = (json.loads((folder / "summary.json").read_text()) for folder in (args.a, args.b))
-    except (OSError, ValueError) as exc:
+        a, b = (read_summary(folder) for folder in (args.a, args.b))
+    except RakvError as exc:
         print(f"compare_runs: error: cannot read a summary.json ({exc})", file=sys.stderr)
         return 2
     lines, outside = compare(a, b)

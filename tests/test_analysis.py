@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rakv.experiments import analysis
+from rakv.experiments import analysis, bootstrap, claims, oracle, sentences, study_stats
 from rakv.experiments.notebooks import OutputPaths, run_all, setup
+from rakv.experiments.summary import Crossover, Feasibility, load, read_summary, record_items
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,28 +51,28 @@ def runs():
 
 
 def test_measurements_spread_no_reuse_actions_to_every_scenario(runs):
-    meas = analysis.measurements(runs)
+    meas = oracle.measurements(runs)
     assert set(meas[meas.scenario == "partial-50"].action) == {"r0k0", "r0k4", "r1k0", "r1k4"}
     assert set(meas[meas.scenario == "cold"].action) == {"r0k0", "r0k4"}
     assert len(meas) == 2 * (6 + 12)
 
 
 def test_fixed_strategies_read_from_their_actions(runs):
-    lat = analysis.strategy_latencies(runs).set_index(["prompt_id", "scenario", "repeat", "strategy"]).latency_s
+    lat = oracle.strategy_latencies(runs).set_index(["prompt_id", "scenario", "repeat", "strategy"]).latency_s
     assert lat[("p1", "cold", 0, "kv-only")] == 3.0  # no hit when cold: KV-only computes as AR
     assert lat[("p1", "partial-50", 1, "kv-only")] == 2.0
     assert lat[("p2", "partial-50", 0, "joint-k4")] == 3.6
-    assert analysis.best_fixed_action(analysis.measurements(runs)) == "r1k0"  # (3+3+1+2+2)/... < r1k4's
+    assert oracle.best_fixed_action(oracle.measurements(runs)) == "r1k0"  # (3+3+1+2+2)/... < r1k4's
 
 
 def test_cross_fitted_oracle_corrects_the_winners_curse(runs):
-    assert analysis.oracle_table(analysis.measurements(runs)).set_index(["prompt_id", "scenario"]).oracle_action[
+    assert oracle.oracle_table(oracle.measurements(runs)).set_index(["prompt_id", "scenario"]).oracle_action[
         ("p1", "partial-50")] == "r1k0"  # in-sample, the lucky repeat wins
-    held = analysis.held_out_oracle(analysis.measurements(runs))
+    held = oracle.held_out_oracle(oracle.measurements(runs))
     p1 = held[(held.prompt_id == "p1") & (held.scenario == "partial-50")].set_index("repeat")
     assert p1.oracle_action.to_dict() == {0: "r1k4", 1: "r1k0", 2: "r1k0"}
     assert p1.oracle_s.tolist() == [1.8, 2.0, 2.0]
-    choices = analysis.controller_choices(runs)
+    choices = oracle.controller_choices(runs)
     partial = choices[choices.scenario == "partial-50"]
     assert partial.regret.tolist() == pytest.approx([0.0, -0.1, -0.1] * 2)
     assert not partial.correct.any() and partial.within_noise.all()  # strictly wrong, but a tie within noise
@@ -80,62 +81,61 @@ def test_cross_fitted_oracle_corrects_the_winners_curse(runs):
 
 
 def test_a_clear_loser_is_not_a_tie():
-    assert not analysis.is_tie(np.array([1.0, 1.01, 0.99]), np.array([2.0, 2.02, 1.98]))
-    assert analysis.is_tie(np.array([1.0, 2.0, 2.0]), np.array([1.8, 1.8, 1.8]))
+    assert not oracle.is_tie(np.array([1.0, 1.01, 0.99]), np.array([2.0, 2.02, 1.98]))
+    assert oracle.is_tie(np.array([1.0, 2.0, 2.0]), np.array([1.8, 1.8, 1.8]))
 
 
 def test_cluster_bootstrap_resamples_prompts_not_rows():
     # two prompts, 50 rows each: a row bootstrap would give a narrow interval around 2; prompts are the unit
     clusters = ["a"] * 50 + ["b"] * 50
-    value, low, high = analysis.cluster_ci(clusters, [1.0] * 50 + [3.0] * 50, resamples=500)
+    value, low, high = bootstrap.cluster_ci(clusters, [1.0] * 50 + [3.0] * 50, resamples=500)
     assert value == 2.0 and low == pytest.approx(1.0) and high == pytest.approx(3.0)
-    assert np.isnan(analysis.cluster_ci(["a"] * 5, [1.0] * 5)[1])  # one cluster: no interval
+    assert np.isnan(bootstrap.cluster_ci(["a"] * 5, [1.0] * 5)[1])  # one cluster: no interval
 
 
 def test_latency_reduction_pairs_instances_and_has_a_ci(runs):
-    lat = analysis.strategy_latencies(runs)
-    value, low, high = analysis.latency_reduction(lat, "rakv-asd", "joint-k4", resamples=200)
+    lat = oracle.strategy_latencies(runs)
+    value, low, high = study_stats.latency_reduction(lat, "rakv-asd", "joint-k4", resamples=200)
     # rakv-asd = joint-k4 at partial-50 (r1k4); cold: rakv-asd r0k0 3.0 vs joint-k4 read as r0k4 3.3
     expected = 1 - (3 * 3.0 + 3 * 1.8) * 3 / ((3 * 3.3 + 3 * 1.8) * 3)
     assert value == pytest.approx(expected) and low <= value <= high
 
 
 def test_mape_and_spearman_per_scenario(runs):
-    meas = analysis.measurements(runs)
-    errors = analysis.mape_errors(meas)
+    meas = oracle.measurements(runs)
+    errors = study_stats.mape_errors(meas)
     p1 = errors[(errors.prompt_id == "p1") & (errors.scenario == "partial-50")].set_index("action").error
     assert p1["r1k0"] == pytest.approx(abs(1.9 - 5 / 3) / (5 / 3)) and p1["r1k4"] == pytest.approx(0.1 / 1.8)
-    rho = analysis.spearman_table(meas).set_index(["prompt_id", "scenario"]).rho
+    rho = study_stats.spearman_table(meas).set_index(["prompt_id", "scenario"]).rho
     # partial-50: predicted r1k4 < r1k0 < r0k0 < r0k4, measured r1k0 < r1k4 < ...: one swap; cold: 2 actions
     assert rho[("p1", "partial-50")] == pytest.approx(0.8) and np.isnan(rho[("p1", "cold")])
 
 
 def test_spec_slowdown(runs):
-    slow = analysis.spec_slowdown(analysis.measurements(runs))
-    assert slow["min"] == pytest.approx(1.8 / (5 / 3) - 1) and slow["max"] == pytest.approx(0.1)
+    slow = study_stats.spec_slowdown(oracle.measurements(runs))
+    assert slow.min == pytest.approx(1.8 / (5 / 3) - 1) and slow.max == pytest.approx(0.1)
 
 
 def test_claim_verdicts_can_fail():
-    claim = analysis.CLAIMS["latency_reduction_vs_joint_k4"]  # reference 64 %, band 32 % .. 96 %
-    assert analysis.verdict_direction(claim, [0.5, 0.4, 0.6]) == "yes"
-    assert analysis.verdict_direction(claim, [-0.1, -0.2, -0.05]) == "no"
-    assert analysis.verdict_direction(claim, [0.05, -0.02, 0.1]) == "inconclusive"
-    assert analysis.verdict_band(claim, [0.5, 0.4, 0.6]) == "yes"
-    assert analysis.verdict_band(claim, [0.1, 0.05, 0.2]) == "no"
-    assert analysis.verdict_band(claim, [0.3, 0.2, 0.4]) == "inconclusive"
-    near_zero = analysis.CLAIMS["latency_reduction_vs_kv_only"]  # reference 0.45 %: band +-2 points
-    assert analysis.verdict_band(near_zero, [0.0, -0.01, 0.01]) == "yes"
-    assert analysis.verdict_band(near_zero, [0.10, 0.08, 0.12]) == "no"
+    claim = claims.CLAIMS["latency_reduction_vs_joint_k4"]  # reference 64 %, band 32 % .. 96 %
+    assert claims.verdict_direction(claim, [0.5, 0.4, 0.6]) == "yes"
+    assert claims.verdict_direction(claim, [-0.1, -0.2, -0.05]) == "no"
+    assert claims.verdict_direction(claim, [0.05, -0.02, 0.1]) == "inconclusive"
+    assert claims.verdict_band(claim, [0.5, 0.4, 0.6]) == "yes"
+    assert claims.verdict_band(claim, [0.1, 0.05, 0.2]) == "no"
+    assert claims.verdict_band(claim, [0.3, 0.2, 0.4]) == "inconclusive"
+    near_zero = claims.CLAIMS["latency_reduction_vs_kv_only"]  # reference 0.45 %: band +-2 points
+    assert claims.verdict_band(near_zero, [0.0, -0.01, 0.01]) == "yes"
+    assert claims.verdict_band(near_zero, [0.10, 0.08, 0.12]) == "no"
 
 
 def test_crossovers():
     controlled = pd.DataFrame({"configuration": "c", "k": 4, "alpha": [0.5, 0.7, 0.9],
                                "measured_speedup": [0.5, 0.9, 1.1]})
-    assert analysis.measured_crossover(controlled) == {"c/k4": pytest.approx(0.8)}
+    assert study_stats.measured_crossover(controlled) == {"c/k4": pytest.approx(0.8)}
     crossover = pd.DataFrame({"configuration": "c", "scenario": ["cold"] * 4, "prompt_tokens": [64, 64, 128, 128],
                               "k": [2, 4, 2, 4], "break_even_alpha": [0.9, 0.85, np.nan, np.nan]})
-    assert analysis.model_crossover(crossover) == {"min": 0.85, "max": 0.85, "median": 0.85, "settings": 2,
-                                                   "never": 1}
+    assert study_stats.model_crossover(crossover) == Crossover(min=0.85, max=0.85, median=0.85, settings=2, never=1)
 
 
 def test_summary_claims_and_exactness(runs, tmp_path):
@@ -143,13 +143,13 @@ def test_summary_claims_and_exactness(runs, tmp_path):
     study.mkdir()
     runs.to_parquet(study / "runs.parquet")
     summary = analysis.summarize(tmp_path, resamples=100)
-    assert summary["exact"]["equal"] == len(runs) - 3 and summary["exact"]["total"] == len(runs)
-    rows = {r["key"]: r for r in summary["claims"]}
-    assert rows["latency_reduction_vs_joint_k4"]["direction"] == "yes"
-    assert rows["latency_reduction_vs_kv_only"]["reproduced"] < 0  # the tie r1k4 is slower than r1k0 on average
-    assert summary["feasibility"] == {"status": "missing"} and summary["feasibility_verdict"] == "missing"
-    assert summary["per_configuration"]["c"]["accuracy_within_noise"][0] == 1.0
-    assert summary["per_configuration"]["c"]["accuracy_action"][0] == 0.5
+    assert summary.exact.equal == len(runs) - 3 and summary.exact.total == len(runs)
+    rows = {r.key: r for r in summary.claims}
+    assert rows["latency_reduction_vs_joint_k4"].direction == "yes"
+    assert rows["latency_reduction_vs_kv_only"].reproduced < 0  # the tie r1k4 is slower than r1k0 on average
+    assert summary.feasibility == Feasibility("missing") and summary.feasibility_verdict == "missing"
+    assert summary.per_configuration["c"].accuracy_within_noise[0] == 1.0
+    assert summary.per_configuration["c"].accuracy_action[0] == 0.5
 
 
 @pytest.fixture(scope="session")
@@ -180,9 +180,9 @@ def test_every_figure_and_summary_key_listed_in_the_docs_is_produced(smoke_outpu
     for name in figures:
         assert (smoke_outputs.figures / f"{name}.png").exists(), name
         assert (smoke_outputs.figures / f"{name}.pdf").exists(), name
-    summary = json.loads((smoke_outputs.results / "summary.json").read_text())
+    produced = dict(record_items(read_summary(smoke_outputs.results)))
     for key in keys:
-        assert key in summary, key
+        assert key in produced, key
     for name in ("macros.tex", "claims_table.tex", "strategy_table.tex", "abstract.tex", "limitations.tex",
                  "statistics_table.tex", "acceptance_table.tex", "memory_table.tex", "serving.tex",
                  "serving_goals_table.tex"):
@@ -198,14 +198,17 @@ def test_notebook_setup_names_the_command_when_results_are_missing(tmp_path):
 
 
 def test_cost_side_feasibility_is_labelled_and_never_claims_a_verdict(runs, tmp_path):
+    costs = {"draft_target_cost_ratio": 0.5, "target_step_s": 0.1, "prompt_tokens": 128, "new_tokens": 24}
     rows = [{"pair": "big-twin", "k": 2, "break_even_alpha": 0.93}, {"pair": "big-twin", "k": 4, "break_even_alpha": 0.88},
             {"pair": "big-twin", "k": 8, "break_even_alpha": None}, {"pair": "other-twin", "k": 2, "break_even_alpha": 0.5}]
+    rows = [{**r, **costs} for r in rows]
     feas = {"status": "cost side only: weights unavailable", "configuration": "big", "twin": "big-twin",
             "twins": ["big-twin", "other-twin"], "break_even": rows}
-    sentence = analysis.cost_side_sentence(feas)
+    sentence = sentences.cost_side_sentence(load(Feasibility, feas, "feasibility"))
     assert sentence == ("cost side only (architecture twins): pays only above alpha = 0.88 (k = 4), never for k = 8; "
                         "acceptance needs the real weights")
-    never = analysis.cost_side_sentence({**feas, "break_even": [{**r, "break_even_alpha": None} for r in rows]})
+    never = sentences.cost_side_sentence(load(Feasibility, {**feas, "break_even": [{**r, "break_even_alpha": None}
+                                                                                for r in rows]}, "feasibility"))
     assert "never pays, for any k, even at alpha = 1" in never
     study = tmp_path / "study"
     study.mkdir()
@@ -213,8 +216,8 @@ def test_cost_side_feasibility_is_labelled_and_never_claims_a_verdict(runs, tmp_
     (tmp_path / "feasibility").mkdir()
     (tmp_path / "feasibility" / "summary.json").write_text(json.dumps(feas))
     summary = analysis.summarize(tmp_path, resamples=50)
-    assert summary["feasibility_verdict"] == sentence
-    assert not any("feasibility" in r["claim"] for r in summary["claims"])  # no verdict without the weights
+    assert summary.feasibility_verdict == sentence
+    assert not any("feasibility" in r.claim for r in summary.claims)  # no verdict without the weights
 
 
 def test_generated_sentences_follow_the_sign_of_the_interval():
@@ -257,9 +260,9 @@ def test_acceptance_mape_separates_the_requests_acceptance_from_the_costs():
                              "rounds": 90 * (k > 0), "empty_rounds": 90 * (1 / match - 1) * (k > 0),
                              "prompt_tokens": 100, "available_hit_tokens": 0, "exact_hit": False, "new_tokens": 32,
                              "peak_kv_bytes": 0})
-    result = analysis.acceptance_mape(pd.DataFrame(rows), {"c": table}, resamples=200)["c"]
-    assert result["prompt"][0] == pytest.approx(0.0, abs=1e-12)
-    assert result["calibrated"][0] > 0.05  # p1 and p3 are mispredicted at alpha 0.5 (p2 is exact)
+    result = study_stats.acceptance_mape(pd.DataFrame(rows), {"c": table}, resamples=200)["c"]
+    assert result.prompt[0] == pytest.approx(0.0, abs=1e-12)
+    assert result.calibrated[0] > 0.05  # p1 and p3 are mispredicted at alpha 0.5 (p2 is exact)
 
 
 def joint_rows(joint_factor, reprefilled_factor=None, prompts=6, noise=0.0, seed=0):
@@ -281,35 +284,34 @@ def joint_rows(joint_factor, reprefilled_factor=None, prompts=6, noise=0.0, seed
 
 
 def test_speculation_on_top_of_reuse_is_judged_by_its_ci_both_ways():
-    from rakv.experiments.analysis import joint_reuse_by_length
+    from rakv.experiments.study_stats import joint_reuse_by_length
 
     pays = joint_reuse_by_length(joint_rows(0.8, 1.1), resamples=300)[0]
-    assert pays["verdict"] == "pays" and pays["latency_reduction"][0] == pytest.approx(0.2)
-    assert pays["latency_reduction"][1] > 0 and pays["draft_reuse_reduction"][1] > 0
-    assert pays["draft_hit_share"] == 1.0 and pays["reprefilled_s"] > pays["joint_s"]
-    assert joint_reuse_by_length(joint_rows(1.25), resamples=300)[0]["verdict"] == "costs"
+    assert pays.verdict == "pays" and pays.latency_reduction[0] == pytest.approx(0.2)
+    assert pays.latency_reduction[1] > 0 and pays.draft_reuse_reduction[1] > 0
+    assert pays.draft_hit_share == 1.0 and pays.reprefilled_s > pays.joint_s
+    assert joint_reuse_by_length(joint_rows(1.25), resamples=300)[0].verdict == "costs"
     unclear = joint_reuse_by_length(joint_rows(1.0, noise=0.2, seed=3), resamples=300)[0]
-    assert unclear["verdict"] == "inconclusive" and unclear["reprefilled_s"] is None
-    assert joint_reuse_by_length(joint_rows(0.8, prompts=1), resamples=300)[0]["verdict"] == "no interval"
+    assert unclear.verdict == "inconclusive" and unclear.reprefilled_s is None
+    assert joint_reuse_by_length(joint_rows(0.8, prompts=1), resamples=300)[0].verdict == "no interval"
 
 
 def test_claims_are_judged_by_their_kind():
     """An equivalence claim has no direction, only its band; an extreme over scenarios (one value) gets no interval
     and no verdict; a finding is read from the stage that tests it; one count covers them all."""
-    equivalence = analysis.claim_row("latency_reduction_vs_kv_only", "c", [0.15, 0.12, 0.18])
-    assert equivalence["direction"] == "n/a" and equivalence["magnitude"] == "no"  # +15 % is not "within 0.45 %"
-    extreme = analysis.claim_row("spec_slowdown_min", "c", -0.5)
-    assert extreme["ci_low"] is None or np.isnan(extreme["ci_low"])
-    assert extreme["direction"] == extreme["magnitude"] == "n/a"
-    never = analysis.claim_row("crossover_alpha_min", "c", None, "never (not even alpha = 1)")
-    assert never["text"].startswith("never") and never["magnitude"] == "n/a"
-    effect = analysis.claim_row("latency_reduction_vs_joint_k4", "c", [0.5, 0.4, 0.6])
-    assert (effect["direction"], effect["magnitude"]) == ("yes", "yes")
-    cost_only = analysis.larger_pair_row({"feasibility": {"status": "cost side only: weights unavailable"},
-                                          "feasibility_verdict": "cost side only"})
-    ran = analysis.larger_pair_row({"feasibility": {"status": "ran", "crossed": True, "configuration": "l"}})
-    assert cost_only["direction"] == "not tested" and ran["direction"] == "no" and ran["text"] == "crosses"
-    counts = analysis.claim_counts([equivalence, extreme, never, effect, cost_only])
-    assert counts == {"rows": 5, "signed": 1, "banded": 2, "unjudged": 3,
-                      "direction": {"yes": 1, "no": 0, "inconclusive": 0},
-                      "magnitude": {"yes": 1, "no": 1, "inconclusive": 0}}
+    equivalence = claims.claim_row("latency_reduction_vs_kv_only", "c", [0.15, 0.12, 0.18])
+    assert equivalence.direction == "n/a" and equivalence.magnitude == "no"  # +15 % is not "within 0.45 %"
+    extreme = claims.claim_row("spec_slowdown_min", "c", -0.5)
+    assert extreme.ci_low is None or np.isnan(extreme.ci_low)
+    assert extreme.direction == extreme.magnitude == "n/a"
+    never = claims.claim_row("crossover_alpha_min", "c", None, "never (not even alpha = 1)")
+    assert never.text.startswith("never") and never.magnitude == "n/a"
+    effect = claims.claim_row("latency_reduction_vs_joint_k4", "c", [0.5, 0.4, 0.6])
+    assert (effect.direction, effect.magnitude) == ("yes", "yes")
+    cost_only = claims.larger_pair_row(Feasibility("cost side only: weights unavailable"), "cost side only")
+    ran = claims.larger_pair_row(Feasibility("ran", crossed=True, configuration="l"), None)
+    assert cost_only.direction == "not tested" and ran.direction == "no" and ran.text == "crosses"
+    counts = claims.claim_counts([equivalence, extreme, never, effect, cost_only])
+    assert counts == claims.ClaimCounts(rows=5, signed=1, banded=2, unjudged=3,
+                                        direction={"yes": 1, "no": 0, "inconclusive": 0},
+                                        magnitude={"yes": 1, "no": 1, "inconclusive": 0})

@@ -4,17 +4,23 @@ import importlib.util
 import json
 from pathlib import Path
 
+from rakv.runtime.paths import REFERENCE_DIR
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compare_runs.py"
+REFERENCE = REFERENCE_DIR / "offline"
+MOVED = "per_configuration.smollm2.latency_reduction.joint-k4"
 spec = importlib.util.spec_from_file_location("compare_runs", SCRIPT)
 compare_runs = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(compare_runs)
 
 
-def summary(latency, mape=0.2):
-    return {"per_configuration": {"c": {"latency_reduction": {"joint-k4": latency, "kv-only": [0.02, -0.01, 0.05]},
-                                        "throughput_gain": {"joint-k4": [0.1, 0.05, 0.15]}, "worst_regret": mape,
-                                        "best_fixed_action": "r1k0"}},
-            "pooled": {"latency_reduction": {"kv-only": [0.02, -0.01, 0.05]}}, "runs": 10}
+def summary(latency, worst_regret=0.2) -> dict:
+    """The shipped reference run's summary.json with one interval (smollm2's latency reduction against Joint-k4) and
+    one statistic without an interval (its worst regret) set."""
+    content = json.loads((REFERENCE / "summary.json").read_text())
+    statistics = content["per_configuration"]["smollm2"]
+    statistics["latency_reduction"]["joint-k4"], statistics["worst_regret"] = latency, worst_regret
+    return content
 
 
 def write(folder: Path, content: dict) -> Path:
@@ -25,12 +31,12 @@ def write(folder: Path, content: dict) -> Path:
 
 def test_inside_and_outside_the_interval(tmp_path, capsys):
     a = write(tmp_path / "a", summary([0.10, 0.04, 0.17]))
-    inside = write(tmp_path / "inside", summary([0.12, 0.05, 0.2], mape=0.25))
+    inside = write(tmp_path / "inside", summary([0.12, 0.05, 0.2], worst_regret=0.25))
     outside = write(tmp_path / "outside", summary([0.01, -0.06, 0.08]))
     assert compare_runs.main([str(a), str(inside)]) == 0
     assert "+25.0%" in capsys.readouterr().out
     assert compare_runs.main([str(a), str(outside)]) == 1
-    assert "per_configuration.c.latency_reduction.joint-k4" in capsys.readouterr().out
+    assert MOVED in capsys.readouterr().out
 
 
 def with_hardware(folder: Path, processor: str) -> Path:
@@ -46,7 +52,8 @@ def test_outside_on_the_same_hardware_fails_and_on_other_hardware_is_reported(tm
     other = with_hardware(write(tmp_path / "other", summary([0.01, -0.06, 0.08])), "CPU Y")
     assert compare_runs.main([str(a), str(same)]) == 1
     out = capsys.readouterr().out
-    assert "1 of 4 statistic(s) of B outside A's 95% confidence interval: per_configuration.c.latency_reduction.joint-k4" in out
+    total = len(compare_runs.with_intervals(compare_runs.read_summary(a)))
+    assert f"1 of {total} statistic(s) of B outside A's 95% confidence interval: {MOVED}" in out
     assert "CPU X (cpu, 2 threads, float32)" in out and "different hardware" not in out
     assert compare_runs.main([str(a), str(other)]) == 0
     out = capsys.readouterr().out
@@ -56,3 +63,7 @@ def test_outside_on_the_same_hardware_fails_and_on_other_hardware_is_reported(tm
 def test_unreadable_input_is_a_one_line_error(tmp_path, capsys):
     assert compare_runs.main([str(tmp_path / "nowhere"), str(tmp_path)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+    old = summary([0.10, 0.04, 0.17])
+    del old["claims"][3]["direction"]  # a summary.json from before a field, or edited by hand
+    assert compare_runs.main([str(write(tmp_path / "old", old)), str(tmp_path / "old")]) == 2
+    assert "missing field 'claims[3].direction'" in capsys.readouterr().err

@@ -223,12 +223,12 @@ def test_the_serving_stage_writes_its_tables_counts_exact_outputs_and_resumes_pe
     from rakv.experiments.serving_stats import serving_summary
 
     summary = serving_summary(results)
-    assert summary["exact"]["equal"] == summary["exact"]["total"] > 0
-    keys = {g["key"] for g in summary["goals"]}
+    assert summary.exact.equal == summary.exact.total > 0
+    keys = {g.key for g in summary.goals}
     assert {"speculation/no_worse/k0", "speculation-draft/higher/smartspec", "chunking/slo_reach", "chunking/ttft",
             "acceptance/error", "speculation/latency_mape", "exact"} <= keys
-    assert all(g["rule"] for g in summary["goals"])
-    assert all(g["verdict"] in ("met", "missed", "inconclusive", "missing") for g in summary["goals"])
+    assert all(g.rule for g in summary.goals)
+    assert all(g.verdict in ("met", "missed", "inconclusive", "missing") for g in summary.goals)
 
 
 def test_a_bad_serving_design_stops_with_one_line(tmp_path):

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rakv.experiments import report, serving_stats
-from rakv.experiments.analysis import Claim, verdict_direction
+from rakv.experiments.claims import Claim, verdict_direction
 from rakv.experiments.verdicts import ci_side, non_inferior
 
 NAN = float("nan")

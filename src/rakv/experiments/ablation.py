@@ -8,7 +8,7 @@ the decision time the live controller recorded for that request, and its accepta
 rounds of that measurement (per-round averages). A variant decides with the same work over the same actions, so
 its own time differs by microseconds in seconds of latency; timing it anew would make the table of a finished
 study change from one regeneration to the next, and the shipped reference run's must not. The variant is then
-judged by exactly the statistics of rakv.experiments.analysis.
+judged by exactly the statistics of rakv.experiments.study_stats.
 
     .venv/bin/python scripts/ablate_controller.py results/offline             # the standard variants
     .venv/bin/python scripts/ablate_controller.py results/offline tie_margin=0.1 explore_every=4
@@ -29,6 +29,9 @@ from pathlib import Path
 import pandas as pd
 
 from rakv.experiments import analysis
+from rakv.experiments.oracle import adaptive_mask, measurements, strategy_latencies
+from rakv.experiments.study_stats import configuration_statistics
+from rakv.experiments.summary import ConfigurationStatistics
 from rakv.runtime.cache import Hit
 from rakv.runtime.controller import Controller, ControllerConfig
 from rakv.runtime.errors import RakvError
@@ -75,7 +78,7 @@ def empty_rounds(run) -> int:
 
 def replay(runs: pd.DataFrame, meas: pd.DataFrame, table, config: ControllerConfig, configuration: str) -> pd.DataFrame:
     """The configuration's rakv-asd runs as a controller with `config` would have made them."""
-    live = runs[analysis.adaptive_mask(runs, configuration)]
+    live = runs[adaptive_mask(runs, configuration)]
     part = meas[meas.configuration == configuration]
     repeats = part.repeat.nunique()
     lookup = part.set_index(["dataset", "prompt_id", "scenario", "action", "repeat"]).sort_index()
@@ -105,14 +108,14 @@ def replay(runs: pd.DataFrame, meas: pd.DataFrame, table, config: ControllerConf
 
 
 def variant_statistics(runs: pd.DataFrame, replayed: pd.DataFrame, configuration: str, seed: int = 0,
-                       resamples: int = 1000) -> dict:
-    """rakv.experiments.analysis's statistics of one configuration with its rakv-asd runs replaced by `replayed`."""
-    live = analysis.adaptive_mask(runs, configuration)
+                       resamples: int = 1000) -> ConfigurationStatistics:
+    """rakv.experiments.study_stats' statistics of one configuration with its rakv-asd runs replaced by `replayed`."""
+    live = adaptive_mask(runs, configuration)
     full = pd.concat([runs[~live], replayed], ignore_index=True)
-    meas = analysis.measurements(full)
+    meas = measurements(full)
     meas = meas[meas.configuration == configuration]
     part = full[full.configuration == configuration]
-    return analysis.configuration_statistics(part, meas, analysis.strategy_latencies(part, meas), seed, resamples)
+    return configuration_statistics(part, meas, strategy_latencies(part, meas), seed, resamples)
 
 
 LIVE = "live: the study's rakv-asd runs"
@@ -139,7 +142,7 @@ def ablation_table(runs: pd.DataFrame, tables: dict, variants: dict[str, Control
                    resamples: int = 1000, study: ControllerConfig | None = None) -> pd.DataFrame:
     """One row per (configuration, variant): regret, accuracy, ranking, error, and latency against the best
     fixed action, with CIs. A variant None is the study's live runs (`study`: the controller they ran)."""
-    meas = analysis.measurements(runs)
+    meas = measurements(runs)
     default = ControllerConfig.default()
     rows = []
     for configuration in sorted(runs.configuration.unique()):
@@ -149,18 +152,17 @@ def ablation_table(runs: pd.DataFrame, tables: dict, variants: dict[str, Control
         for name, config in variants.items():
             if config is None:
                 config = study or default
-                replayed = runs[analysis.adaptive_mask(runs, configuration)]
+                replayed = runs[adaptive_mask(runs, configuration)]
             else:
                 replayed = replay(runs, meas, table, config, configuration)
             s = variant_statistics(runs, replayed, configuration, resamples=resamples)
             changed = {k: v for k, v in asdict(config).items() if v != getattr(default, k)}
             rows.append({"configuration": configuration, "variant": name,
                          "options": ", ".join(f"{k}={v}" for k, v in changed.items()) or "-",
-                         "mean_regret": s["mean_regret"], "worst_regret": s["worst_regret"],
-                         "accuracy_action": s["accuracy_action"], "accuracy_within_noise": s["accuracy_within_noise"],
-                         "spearman": s["spearman"], "mape": s["mape"],
-                         "vs_best_fixed": s["latency_reduction"]["best-fixed"],
-                         "best_fixed_action": s["best_fixed_action"],
+                         "mean_regret": s.mean_regret, "worst_regret": s.worst_regret,
+                         "accuracy_action": s.accuracy_action, "accuracy_within_noise": s.accuracy_within_noise,
+                         "spearman": s.spearman, "mape": s.mape, "vs_best_fixed": s.latency_reduction.best_fixed,
+                         "best_fixed_action": s.best_fixed_action,
                          "speculative_share": float((replayed.k > 0).mean())})
     return pd.DataFrame(rows)
 

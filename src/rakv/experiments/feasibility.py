@@ -16,7 +16,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from rakv.runtime.actions import Action
-from rakv.experiments.analysis import measurements
+from rakv.experiments.oracle import measurements
 from rakv.runtime.calibration import CalibrationPlan, load_or_calibrate
 from rakv.experiments.config import Configuration, configuration, engine_for, keep_calibration, prompts_for, results_dir
 from rakv.runtime.costmodel import break_even_rows

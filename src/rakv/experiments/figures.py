@@ -18,7 +18,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from rakv.experiments import analysis# noqa: E402
+from rakv.experiments import oracle, study_stats  # noqa: E402
+from rakv.experiments.summary import ALL_ITERATIONS, Feasibility, IterationMape, LatencyMape, Slos  # noqa: E402
 from rakv.runtime.actions import SPEC_K, Action  # noqa: E402
 
 FIGURES = ("strategy_latency_throughput", "chosen_actions", "predicted_vs_measured", "regret_distribution",
@@ -85,9 +86,9 @@ def save(fig, out_dir: Path, name: str) -> list[Path]:
 
 def strategy_latency_throughput(runs: pd.DataFrame, out_dir: Path, seed: int = 0):
     """Mean latency and throughput per strategy and configuration, with the 95 % cluster-bootstrap CIs over prompts
-    of Table 1 (rakv.experiments.analysis.strategy_means; seaborn's own bootstrap would resample rows, which the
+    of Table 1 (rakv.experiments.study_stats.strategy_means; seaborn's own bootstrap would resample rows, which the
     prompts' repeats and scenarios make dependent)."""
-    table = analysis.strategy_means(runs, seed=seed)
+    table = study_stats.strategy_means(runs, seed=seed)
     names = sorted(table.configuration.unique())
     order = [s for s in STRATEGY_ORDER if s in set(table.strategy)]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -108,7 +109,7 @@ def strategy_latency_throughput(runs: pd.DataFrame, out_dir: Path, seed: int = 0
 
 def chosen_actions(runs: pd.DataFrame, out_dir: Path):
     """What RAKV-ASD chose, per configuration (one panel each), by scenario."""
-    chosen = runs[analysis.adaptive_mask(runs)]
+    chosen = runs[oracle.adaptive_mask(runs)]
     names = sorted(chosen.configuration.unique())
     order = sorted(chosen.action.unique(), key=Action.parse)
     scenarios = in_order(chosen.scenario.unique(), SCENARIO_ORDER)
@@ -129,9 +130,9 @@ def chosen_actions(runs: pd.DataFrame, out_dir: Path):
 def predicted_vs_measured(runs: pd.DataFrame, out_dir: Path):
     """The cost model's prediction against the mean measured latency of every (scenario, action), per
     configuration, with its MAPE and Spearman rho (mean per scenario, and pooled) in the panel's title."""
-    meas = analysis.measurements(runs)
+    meas = oracle.measurements(runs)
     names = sorted(meas.configuration.unique())
-    sweep = analysis.action_stats(meas)
+    sweep = oracle.action_stats(meas)
     ks = sorted(sweep.k.unique())
     palette = {k: k_colors()[k] for k in ks}
     fig, axes = panels(len(names), width=4.6, height=4.4)
@@ -140,9 +141,9 @@ def predicted_vs_measured(runs: pd.DataFrame, out_dir: Path):
     for ax, name in zip(axes, names):
         part = meas[meas.configuration == name]
         points = sweep[sweep.configuration == name]
-        per = analysis.spearman_table(part).rho.mean()
+        per = study_stats.spearman_table(part).rho.mean()
         pooled = points[["predicted_s", "measured_s"]].corr(method="spearman").iloc[0, 1]
-        mape = analysis.mape_errors(part).error.mean()
+        mape = study_stats.mape_errors(part).error.mean()
         sns.scatterplot(data=points, x="measured_s", y="predicted_s", hue="k", hue_order=ks, palette=palette,
                         style="reuse", ax=ax)
         ax.plot([low, high], [low, high], color="grey", linestyle="--", linewidth=1)
@@ -160,7 +161,7 @@ def predicted_vs_measured(runs: pd.DataFrame, out_dir: Path):
 
 def regret_distribution(runs: pd.DataFrame, out_dir: Path):
     """RAKV-ASD's cross-fitted regret per request, one panel per configuration, its mean marked."""
-    choices = analysis.controller_choices(runs)
+    choices = oracle.controller_choices(runs)
     names = sorted(choices.configuration.unique())
     fig, axes = panels(len(names), width=4.6, height=3.6)
     for ax, name in zip(axes, names):
@@ -193,8 +194,8 @@ def speedup_vs_alpha(alpha_model: pd.DataFrame, controlled: pd.DataFrame | None,
                 ax.plot(model.index, model.values, color=palette.get(k), label=f"k={k} model")
                 ax.scatter(group.alpha, group.measured_speedup, color=palette.get(k), marker="x",
                            label=f"k={k} measured")
-                cross = analysis.first_crossing(model.index.to_numpy(), model.to_numpy())
-                seen = analysis.first_crossing(measured.index.to_numpy(), measured.to_numpy())
+                cross = study_stats.first_crossing(model.index.to_numpy(), model.to_numpy())
+                seen = study_stats.first_crossing(measured.index.to_numpy(), measured.to_numpy())
                 if cross is not None:
                     ax.axvline(cross, color=palette.get(k), linestyle="--", linewidth=1,
                                label=f"k={k} crossover: model {cross:.3f}"
@@ -249,9 +250,9 @@ def pair_name(name: str) -> str:
     return PAIR_NAMES.get(name, name)
 
 
-def feasibility_gap(gap: pd.DataFrame | None, summary: dict, out_dir: Path):
+def feasibility_gap(gap: pd.DataFrame | None, feas: Feasibility, out_dir: Path):
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    break_even = pd.DataFrame(summary.get("break_even", []))
+    break_even = pd.DataFrame(feas.break_even or [])
     if len(break_even):  # cost side only: break-even alpha per k on the twins; never-paying k drawn at the top
         for pair, rows in break_even.groupby("pair"):
             alpha = rows.break_even_alpha.astype(float)
@@ -263,13 +264,13 @@ def feasibility_gap(gap: pd.DataFrame | None, summary: dict, out_dir: Path):
         legend_beside(ax, "twin pair")
     elif gap is None or not len(gap):
         ax.axis("off")
-        ax.text(0.5, 0.5, f"feasibility ({summary.get('configuration', '?')}):\n{summary.get('status', 'missing')}",
+        ax.text(0.5, 0.5, f"feasibility ({feas.configuration or '?'}):\n{feas.status}",
                 ha="center", va="center", fontsize=11, wrap=True)
     else:
         sns.barplot(data=gap, x="scenario", y=gap.gap * 100, hue="dataset", ax=ax, errorbar=None)
         ax.axhline(0, color="grey", linewidth=1)
         ax.set_ylabel("best k != 0 vs best k = 0 (% slower)")
-        ax.set_title(summary.get("configuration", ""))
+        ax.set_title(feas.configuration or "")
         legend_beside(ax, "dataset")
     return save(fig, out_dir, "feasibility_gap")
 
@@ -375,7 +376,7 @@ def serving_itl_distribution(requests: pd.DataFrame, out_dir: Path):
     return save(fig, out_dir, "serving_itl_distribution")
 
 
-def serving_goodput(cells: pd.DataFrame, slos_ms: dict, out_dir: Path):
+def serving_goodput(cells: pd.DataFrame, slos_ms: dict[str, Slos], out_dir: Path):
     """Goodput vs arrival rate per speculation policy, one panel per speculation family (CIs over repeats)."""
     families = [f for f in ("speculation", "speculation-draft") if (cells.family == f).any()]
     fig, axes = panels(max(len(families), 1), width=4.6, height=3.8)
@@ -383,8 +384,8 @@ def serving_goodput(cells: pd.DataFrame, slos_ms: dict, out_dir: Path):
         part = cells[cells.family == family]
         for policy, rows in part.groupby("policy", sort=False):
             _errorbars(ax, rows, "rate", "goodput", policy, linewidth=2.5 if policy == "rakv-asd" else 1.2)
-        slo = slos_ms.get(part.configuration.iloc[0], {}) if "configuration" in part else {}
-        title = family + (f"\n(TTFT {slo['slo_ttft_ms']:.0f} ms, TPOT {slo['slo_tpot_ms']:.0f} ms)" if slo else "")
+        slo = slos_ms.get(part.configuration.iloc[0]) if "configuration" in part else None
+        title = family + (f"\n(TTFT {slo.slo_ttft_ms:.0f} ms, TPOT {slo.slo_tpot_ms:.0f} ms)" if slo else "")
         ax.set(xlabel="arrival rate (requests/s)", ylabel="goodput (requests/s within SLOs)", xscale="log",
                title=title)
         plain_log(ax.xaxis, at=part.rate)
@@ -423,7 +424,8 @@ def serving_break_even(break_even: pd.DataFrame, acceptance: float | None, out_d
     return save(fig, out_dir, "serving_break_even")
 
 
-def serving_mape(latency: dict, iteration_mape: dict, threshold: float, out_dir: Path):
+def serving_mape(latency: dict[str, LatencyMape], iteration_mape: dict[str, IterationMape], threshold: float,
+                 out_dir: Path):
     """Admission's service-time prediction under load, per family (and the batch-one prediction where there is
     one), and the batch cost model's per-iteration prediction (online-scaled and the table's alone): MAPE with CIs
     over repeats, the goal's threshold dashed."""
@@ -431,13 +433,13 @@ def serving_mape(latency: dict, iteration_mape: dict, threshold: float, out_dir:
     labels, triples = [], []
     for family, stats in latency.items():
         labels.append(f"service, {family}")
-        triples.append(stats["served"])
-        if stats["batch_one"][0] is not None and np.isfinite(stats["batch_one"][0]):
+        triples.append(stats.served)
+        if stats.batch_one[0] is not None and np.isfinite(stats.batch_one[0]):
             labels.append(f"service, {family}, batch-one")
-            triples.append(stats["batch_one"])
-    if "all" in iteration_mape:
+            triples.append(stats.batch_one)
+    if ALL_ITERATIONS in iteration_mape:
         labels += ["iteration, online scale", "iteration, table alone"]
-        triples += [iteration_mape["all"]["scaled"], iteration_mape["all"]["table"]]
+        triples += [iteration_mape[ALL_ITERATIONS].scaled, iteration_mape[ALL_ITERATIONS].table]
     values = np.asarray([np.nan if t[0] is None else t[0] for t in triples], float) * 100
     lows, highs = (np.asarray([np.nan if t[i] is None else t[i] for t in triples], float) * 100 for i in (1, 2))
     err = [np.nan_to_num(np.clip(values - lows, 0, None)), np.nan_to_num(np.clip(highs - values, 0, None))]

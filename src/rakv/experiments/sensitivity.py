@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from rakv.runtime.actions import Action
-from rakv.experiments.analysis import measurements
+from rakv.experiments.oracle import measurements
 from rakv.runtime.cache import Hit
 from rakv.experiments.config import (configurations, controller_config, cost_table_for, engine_for, prompts_for,
                                      results_dir)

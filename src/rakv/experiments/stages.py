@@ -6,7 +6,6 @@ Each scripts/run_<stage>.py is a Hydra entry point that calls `run_stage("<stage
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -58,6 +57,7 @@ def analysis(cfg: DictConfig) -> None:
     """Every notebook, headless, on results/<name>/: summary.json, figures/<name>/, paper/generated/<name>/."""
     from rakv.experiments.notebooks import OutputPaths, run_all
     from rakv.experiments.report import refresh_readme
+    from rakv.experiments.summary import read_summary
 
     results = results_dir(cfg)
     if not (results / "study" / "runs.parquet").exists():
@@ -73,8 +73,7 @@ def analysis(cfg: DictConfig) -> None:
         print(f"analysis: engine before/after ({', '.join(shown(b) for b in befores)} vs {shown(paths.results)}): "
               f"{written[0].name}", flush=True)
     if paths.results == README_REFERENCE.resolve():
-        summary = json.loads((paths.results / "summary.json").read_text())
-        changed = refresh_readme(summary, ROOT / "README.md")
+        changed = refresh_readme(read_summary(paths.results), ROOT / "README.md")
         print(f"analysis: README's claims table {'refreshed' if changed else 'unchanged'} from {shown(paths.results)}",
               flush=True)
 
