@@ -11,7 +11,7 @@ import pytest
 
 from rakv.experiments import analysis, bootstrap, claims, oracle, sentences, study_stats
 from rakv.experiments.notebooks import OutputPaths, run_all, setup
-from rakv.experiments.summary import Crossover, Feasibility, load, read_summary, record_items
+from rakv.experiments.summary import Crossover, Feasibility, load_record, read_summary, record_items
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -204,10 +204,10 @@ def test_cost_side_feasibility_is_labelled_and_never_claims_a_verdict(runs, tmp_
     rows = [{**r, **costs} for r in rows]
     feas = {"status": "cost side only: weights unavailable", "configuration": "big", "twin": "big-twin",
             "twins": ["big-twin", "other-twin"], "break_even": rows}
-    sentence = sentences.cost_side_sentence(load(Feasibility, feas, "feasibility"))
+    sentence = sentences.cost_side_sentence(load_record(Feasibility, feas, "feasibility"))
     assert sentence == ("cost side only (architecture twins): pays only above alpha = 0.88 (k = 4), never for k = 8; "
                         "acceptance needs the real weights")
-    never = sentences.cost_side_sentence(load(Feasibility, {**feas, "break_even": [{**r, "break_even_alpha": None}
+    never = sentences.cost_side_sentence(load_record(Feasibility, {**feas, "break_even": [{**r, "break_even_alpha": None}
                                                                                 for r in rows]}, "feasibility"))
     assert "never pays, for any k, even at alpha = 1" in never
     study = tmp_path / "study"

@@ -14,6 +14,7 @@ import pytest
 
 from rakv.experiments import ablation, analysis, enginecompare, report
 from rakv.experiments.figures import FIGURES
+from rakv.experiments.summary import Summary, read_summary
 from rakv.runtime.paths import REFERENCE_DIR, ROOT
 
 REFERENCE = REFERENCE_DIR / "offline"
@@ -43,18 +44,18 @@ def differences(shipped, recomputed, where: str = "") -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def recomputed() -> dict:
+def recomputed() -> Summary:
     assert (REFERENCE / "study" / "runs.parquet").exists(), f"the reference run is missing from {REFERENCE}"
     return analysis.summarize(REFERENCE)
 
 
 @pytest.fixture(scope="module")
-def shipped() -> dict:
-    return json.loads((REFERENCE / "summary.json").read_text())
+def shipped() -> Summary:
+    return read_summary(REFERENCE)
 
 
-def test_the_shipped_summary_is_what_todays_analysis_computes_from_the_shipped_tables(shipped, recomputed):
-    found = differences(shipped, analysis.json_ready(recomputed))
+def test_the_shipped_summary_is_what_todays_analysis_computes_from_the_shipped_tables(recomputed):
+    found = differences(json.loads((REFERENCE / "summary.json").read_text()), recomputed.to_json())
     assert not found, f"{len(found)} difference(s), first: {found[:5]}; {REGENERATE}"
 
 
@@ -79,8 +80,8 @@ def test_the_shipped_ablation_csv_is_todays_replay(ablations):
 def test_the_readme_claims_table_is_the_reference_runs(shipped):
     readme = (ROOT / "README.md").read_text()
     table = readme.split("<!-- claims -->\n")[1].split("<!-- /claims -->")[0]
-    assert table == report.claims_markdown(shipped["claims"]), f"README's claims table is stale; {REGENERATE}"
-    assert len(table.splitlines()) == 2 + len(shipped["claims"]) > 2
+    assert table == report.claims_markdown(shipped.claims), f"README's claims table is stale; {REGENERATE}"
+    assert len(table.splitlines()) == 2 + len(shipped.claims) > 2
 
 
 def test_the_reference_run_ships_its_raw_tables_and_outputs_and_nothing_else():

@@ -504,7 +504,7 @@ class Summary:
     @classmethod
     def from_json(cls, data, source: str = "summary.json") -> Summary:
         """A summary read back from its JSON form; RakvError naming the first missing or mistyped field."""
-        return load(cls, data, source)
+        return load_record(cls, data, source)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -599,7 +599,7 @@ def _record(cls, data, where: str):
     return cls(**values)
 
 
-def load(cls, data, source: str):
+def load_record(cls, data, source: str):
     """A record of type `cls` from its JSON form (`source` names the file in the error)."""
     try:
         return _record(cls, data, "")
@@ -641,4 +641,4 @@ def read_feasibility(results: Path) -> Feasibility:
     path = Path(results) / "feasibility" / "summary.json"
     if not path.exists():
         return Feasibility("missing")
-    return load(Feasibility, _read_json(path, str(path)), str(path))
+    return load_record(Feasibility, _read_json(path, str(path)), str(path))
