@@ -207,8 +207,8 @@ def test_cost_side_feasibility_is_labelled_and_never_claims_a_verdict(runs, tmp_
     sentence = sentences.cost_side_sentence(load_record(Feasibility, feas, "feasibility"))
     assert sentence == ("cost side only (architecture twins): pays only above alpha = 0.88 (k = 4), never for k = 8; "
                         "acceptance needs the real weights")
-    never = sentences.cost_side_sentence(load_record(Feasibility, {**feas, "break_even": [{**r, "break_even_alpha": None}
-                                                                                for r in rows]}, "feasibility"))
+    nothing_pays = {**feas, "break_even": [{**r, "break_even_alpha": None} for r in rows]}
+    never = sentences.cost_side_sentence(load_record(Feasibility, nothing_pays, "feasibility"))
     assert "never pays, for any k, even at alpha = 1" in never
     study = tmp_path / "study"
     study.mkdir()

@@ -94,13 +94,15 @@ class SummaryReads(ast.NodeVisitor):
 
     What is the summary: the value of a call to one of SOURCES (summarize, read_summary, ...) imported from
     rakv.experiments (rakv.serving.metrics.summarize is a served run's); a parameter annotated with one of the
-    schema's record types, or named `summary` in code that imports from rakv.experiments; and, within a scope, every name bound to an
-    attribute, item, iteration element or `.items()`/`.values()`/`.get()`/`.against()`/`.to_json()` of the summary
-    (assignments, for loops, comprehensions; a rebinding to something else clears the name). What is not: the value
-    of any other call (but a builtin's such as sorted, min or next over parts of the summary, and a comprehension
-    over them, is the summary's), so a pandas table built from records (`pd.DataFrame(summary.claims)["configuration"]`), a
-    parquet table's columns or another JSON file's keys are not flagged. Lambda parameters and values passed through
-    containers are not followed; the records' lack of mapping methods (test above) catches those at run time."""
+    schema's record types, or named `summary` in code that imports from rakv.experiments; and, within a scope,
+    every name bound to an attribute, item, iteration element or `.items()`/`.values()`/`.get()`/`.against()`/
+    `.to_json()` of the summary (assignments, for loops, comprehensions; a rebinding to something else clears the
+    name). What is not: the value of any other call (but a builtin's such as sorted, min or next over parts of the
+    summary, and a comprehension over them, is the summary's), so a pandas table built from records
+    (`pd.DataFrame(summary.claims)["configuration"]`), a parquet table's columns or another JSON file's keys are not
+    flagged. Lambda parameters, values passed through containers and summary.json parsed with json.loads are not
+    followed; the records' lack of mapping methods (test above) catches the first two at run time, and
+    summary.json is read through rakv.experiments.summary.read_summary."""
 
     def __init__(self, imported: set[str]):
         self.imported = imported  # names imported from rakv.experiments (its modules, functions, records)

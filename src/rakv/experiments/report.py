@@ -17,8 +17,8 @@ from rakv.experiments import analysis
 from rakv.experiments.claims import ClaimCounts, claim_counts
 from rakv.experiments.oracle import NOISE_LEVEL
 from rakv.experiments.study_stats import BASELINES, strategy_means
-from rakv.experiments.summary import (ALL_ITERATIONS, AcceptanceRow, ClaimRow, Comparison, ConfigurationStatistics, Goal,
-                                      PeakKv, Summary)
+from rakv.experiments.summary import (ALL_ITERATIONS, AcceptanceRow, ClaimRow, Comparison, ConfigurationStatistics,
+                                      Goal, PeakKv, Summary)
 from rakv.experiments.verdicts import ci_side
 
 BASELINE_NAMES = {"joint-k4": "Joint", "kv-only": "KvOnly", "ar": "Ar", "spec-k4": "Spec",

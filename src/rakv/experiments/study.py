@@ -18,7 +18,7 @@ scenario's warm-up prompts are prefilled once, the store is snapshotted, and eve
 (prompt, scenario) restores the snapshot (no warm-up prefill is replayed per run). Each finished run
 is appended to a JSONL journal and fsynced, so a run killed at any moment loses at most the run in
 flight; rerunning skips what is done and resumes the controller's exact state. The Parquet table is
-written from the journal atomically (temp file + rename). rakv.experiments.analysis expands the measurements back
+written from the journal atomically (temp file + rename). rakv.experiments.oracle expands the measurements back
 to one row per (configuration, scenario, action, repeat).
 """
 

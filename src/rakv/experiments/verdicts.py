@@ -4,7 +4,7 @@
 
 "above" / "below": the whole interval lies strictly on that side; an interval touching or containing the threshold
 "straddles" it. Without finite bounds the point value decides (`point_if_no_interval`, for statistics computed
-once, without resampling), or the side is "missing". The claims (rakv.experiments.analysis), the serving goals
+once, without resampling), or the side is "missing". The claims (rakv.experiments.claims), the serving goals
 (rakv.experiments.serving_stats) and the paper's wording (rakv.experiments.report) map these four answers to their
 own words.
 """
