@@ -12,7 +12,7 @@ import pandas as pd
 from scipy import stats
 
 from rakv.experiments.bootstrap import cluster_ci, prompt_keys
-from rakv.experiments.oracle import (INSTANCE, SCENARIO, PROMPT, action_stats, adaptive_mask, best_fixed_action,
+from rakv.experiments.oracle import (INSTANCE, PROMPT, SCENARIO, action_stats, adaptive_mask, best_fixed_action,
                                      controller_choices, oracle_table, strategy_latencies)
 from rakv.experiments.summary import (AcceptanceMape, ByBaseline, ConfigurationStatistics, Crossover, JointReuse,
                                       SpecSlowdown)

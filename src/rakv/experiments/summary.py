@@ -1,21 +1,22 @@
 """The summary of a results folder, declared once: typed records, and results/<name>/summary.json as their on-disk
-form (docs/layout.md, "The summary").
+form (docs/layout.md names the modules around it, docs/outputs.md what the keys mean).
 
 `rakv.experiments.analysis.summarize` builds a `Summary`; the report, the figures, the notebooks,
 scripts/compare_runs.py and the tests read its attributes. summary.json is written and read only through this
 module (`write_summary`, `read_summary`, `Summary.to_json`, `Summary.from_json`): reading checks every field's
 presence and type against these declarations, so an old or edited file stops with one line naming the field
-("summary.json: missing field 'claims[3].verdict'"), not with a KeyError deep in the paper.
+("summary.json: missing field 'claims[3].direction'"), not with a KeyError deep in the paper.
 
 The records are frozen dataclasses with no mapping methods: a string-key read of one fails at once, and
-tests/test_layout.py fails on any such read outside this module. Where a part is an open-ended map (keyed by
+tests/test_summary.py fails on any such read outside this module. Where a part is an open-ended map (keyed by
 configuration, family, rate or pair/proposer name) it is a `dict[str, Record]`; everything else is a field.
 
 Conventions of the on-disk form, kept as they were when the summary was a dict:
 - an `Interval` is `[value, low, high]` (a 95 % CI; `None` where there is none), written as a JSON list;
 - NaN and infinity are written as null; numpy scalars as Python numbers;
-- a field whose default is `ABSENT` is left out of the file when it was not computed (a stage that did not run, a
-  goal without a rate), which is not the same as computed and null;
+- a field whose default is `ABSENT` (declared with `optional()`) is left out of the file when it was not computed (a
+  stage that did not run, a goal without a rate), which is not the same as computed and null; ABSENT is falsy, so
+  `if summary.serving:` reads as "the serving stage ran";
 - a field's JSON name is its attribute name, except where `json_name` says otherwise (baseline names with hyphens).
 """
 
@@ -81,7 +82,7 @@ class Exact:
     """How many outputs are identical to autoregressive greedy decoding."""
     equal: int
     total: int
-    share: float | None = optional()  # the study's; the serving study's has counts only
+    share: float | None
 
 
 @dataclass(frozen=True)
