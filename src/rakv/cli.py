@@ -183,7 +183,7 @@ def cmd_serve(args) -> None:
     recalibrate = "never" if args.no_calibrate else "auto"
     parts = serve_parts(engine, options, lambda: calibration_for(engine, recalibrate), controller_config(args),
                         recalibrate, progress=not args.quiet)
-    summary = serve(engine, trace, args.out, options, **parts, progress=not args.quiet)
+    summary = serve(engine, trace, args.out, options, parts, progress=not args.quiet)
     print(json.dumps({k: summary[k] for k in SHOWN_SUMMARY if k in summary}))
 
 

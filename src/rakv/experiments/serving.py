@@ -236,9 +236,8 @@ def _run(cfg: DictConfig, out: Path) -> Path:
         slos = parts_of.slos_ms
         options = options_of(cfg, cell, slos["itl"], slos_ms={"ttft": slos["ttft"], "tpot": slos["tpot"]})
         parts = serve_parts(engine, options, lambda: parts_of.table, family_controller(cfg, cell["family"]),
-                            cfg.calibration.recalibrate, progress=False)
-        parts["batch_cost"] = parts_of.batch_cost
-        summary = serve(engine, trace, target, options, **parts, progress=False)
+                            cfg.calibration.recalibrate, progress=False, batch_cost=parts_of.batch_cost)
+        summary = serve(engine, trace, target, options, parts, progress=False)
         reference = references[key]
         lines = [json.loads(line) for line in (target / "requests.jsonl").read_text().splitlines()]
         equal = sum(r["status"] == "ok" and r["token_ids"] == reference.get(r["id"]) for r in lines)
