@@ -17,10 +17,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from tqdm import tqdm
 
+from rakv.runtime.actions import ADAPTIVE
+from rakv.runtime.controller import AcceptanceTracker, Controller, ControllerConfig
+from rakv.runtime.costmodel import CostTable
 from rakv.runtime.decoding import DecodeState, Sampling
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
@@ -28,7 +31,7 @@ from rakv.runtime.paths import conf_file
 from rakv.runtime.strategies import check_strategy
 from rakv.serving.acceptance import ACCEPTANCE_SOURCES, Acceptance
 from rakv.serving.admission import Admission
-from rakv.serving.batchcost import BatchCost, ScaledCost
+from rakv.serving.batchcost import BatchCost, ScaledCost, load_or_calibrate_batch
 from rakv.serving.executor import Executor, StepOutput
 from rakv.serving.kv import KVManager
 from rakv.serving.metrics import summarize
@@ -38,10 +41,6 @@ from rakv.serving.replay import outputs_alone
 from rakv.serving.request import ServedRequest, Status
 from rakv.serving.scheduler import Scheduler, Step
 from rakv.serving.trace import TraceRequest
-
-if TYPE_CHECKING:
-    from rakv.runtime.costmodel import CostTable
-    from rakv.runtime.controller import AcceptanceTracker, Controller, ControllerConfig
 
 
 @dataclass(frozen=True)
@@ -120,10 +119,6 @@ def serve_parts(engine: Engine, options: ServeOptions, table_for: Callable[[], C
     the engine's per-request cost table (rakv.runtime.calibration), called only when needed. `batch_cost`: a batch
     cost table at hand, used whether or not `options` need one (the serving study prices every run's iterations
     with its own); without it, this machine's is loaded (or measured) when `options` need one."""
-    from rakv.runtime.actions import ADAPTIVE
-    from rakv.runtime.controller import AcceptanceTracker, Controller, ControllerConfig
-    from rakv.serving.batchcost import load_or_calibrate_batch
-
     config = controller_config or ControllerConfig.default()
     if not (options.strategy == ADAPTIVE or options.needs_batch_cost):
         return ServeParts(batch_cost=batch_cost, k_set=tuple(config.k_set))
