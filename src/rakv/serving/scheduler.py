@@ -27,16 +27,13 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from rakv.runtime.cache import Hit
 from rakv.runtime.costmodel import acceptance_estimate
 from rakv.serving.admission import Admission
 from rakv.serving.policies import PerRequest, SloBudget
 from rakv.serving.request import ServedRequest, Status
-
-if TYPE_CHECKING:  # the executor imports this module's Step
-    from rakv.serving.executor import StepOutput
 
 
 class KVSide(Protocol):
@@ -57,6 +54,13 @@ class KVSide(Protocol):
 
     def commit(self, request: ServedRequest, acceptance: tuple[float, float] | None) -> None:
         """A finished request: its positions into the prefix store, then free."""
+
+
+class Outputs(Protocol):
+    """What `update_from_output` reads of an iteration's output, rakv.serving.executor.StepOutput (a protocol: the
+    executor imports this module's Step): each request's RequestOutput, by id."""
+
+    requests: dict  # id -> rakv.serving.executor.RequestOutput, applied by ServedRequest.advance
 
 
 class SpeculationPolicy(Protocol):
@@ -270,7 +274,7 @@ class Scheduler:
         request.abort(reason, now)
         self.kv.free(request)  # (a preempted one's kept logits too)
 
-    def update_from_output(self, step: Step, output: StepOutput, now: float) -> list[ServedRequest]:
+    def update_from_output(self, step: Step, output: Outputs, now: float) -> list[ServedRequest]:
         """Apply an iteration's output (rakv.serving.executor.StepOutput): each request it touched advances (tokens,
         rounds, computed positions); a finished one leaves the running set, its K/V goes into the store and is
         freed, and its rounds teach the acceptance estimate. Returns the requests finished, in admission order."""

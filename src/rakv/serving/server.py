@@ -21,7 +21,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from rakv.runtime.actions import ADAPTIVE
+from rakv.runtime.actions import ADAPTIVE, FIXED_STRATEGIES
 from rakv.runtime.controller import AcceptanceTracker, Controller, ControllerConfig
 from rakv.runtime.costmodel import CostTable
 from rakv.runtime.decoding import DecodeState, Sampling
@@ -34,7 +34,7 @@ from rakv.serving.admission import Admission
 from rakv.serving.batchcost import BatchCost, ScaledCost, load_or_calibrate_batch
 from rakv.serving.executor import Executor, StepOutput
 from rakv.serving.kv import KVManager
-from rakv.serving.metrics import summarize
+from rakv.serving.metrics import parse_goodput, summarize
 from rakv.serving.policies import MODEL_POLICIES, SloBudget, speculation_policy
 from rakv.serving.records import RecordWriter, RequestRecord, record_of
 from rakv.serving.replay import outputs_alone
@@ -43,24 +43,42 @@ from rakv.serving.scheduler import Scheduler, Step
 from rakv.serving.trace import TraceRequest
 
 
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
 @dataclass(frozen=True)
 class ServeOptions:
     """How to serve, checked once here (a one-line RakvError) for the CLI, bench_serving.py and the serving study.
     The fields without a default are conf/serving/default.yaml's, the one source of their defaults
-    (`ServeOptions.default(**overrides)`)."""
+    (`ServeOptions.default(**overrides)`). Each field is also `rakv serve`'s flag of the same name (rakv.runtime.flags
+    generates them from the metadata here; docs/usage.md)."""
 
-    strategy: str  # ar, kv-only, spec-kK, joint-kK, an action label (r1k4), or rakv-asd
-    token_budget: int  # rows of one iteration's batched forward (with chunking)
-    chunking: bool  # false: each prompt's whole prefill in an iteration of its own (the baseline)
-    max_batch: int  # running requests at most
-    kv_budget_mib: float  # K/V of the running requests; over it the newest is preempted
-    speculation: str  # k under load: rakv.serving.policies.speculation_policy
-    itl_slo_ms: float | None  # chunking by the batch cost model: each iteration's prefill rows under this SLO
-    acceptance: str  # a request's acceptance at admission: ewma (across requests) or prefix (its store hit's)
-    slos_ms: dict = field(default_factory=dict)  # goodput's SLOs (rakv.serving.metrics.parse_goodput)
-    sampling: Sampling = Sampling()
-    ignore_eos: bool = False
-    check_alone: bool = False  # after serving, generate each finished request alone (greedy AR) and count equal ones
+    strategy: str = field(metadata=_help(f"per request: {', '.join(FIXED_STRATEGIES)}, rakv-asd"))  # or r1k4
+    token_budget: int = field(metadata={"metavar": "N", "help": "rows of an iteration's forward: decodes first, then "
+                                        "prefill chunks"})
+    chunking: bool = field(metadata=_help(  # false (--no-chunking): the baseline
+        "each prompt's whole prefill in an iteration of its own (the baseline)"))
+    max_batch: int = field(metadata={"metavar": "B", "help": "running requests at most"})
+    kv_budget_mib: float = field(metadata={"metavar": "M", "help": "K/V of the running requests; over it the newest "
+                                           "is preempted"})
+    speculation: str = field(metadata={"metavar": "POLICY", "help": (
+        "k per decoding request under load, capping the strategy's: per-request, disable-by-batch-size:B, "
+        "k-by-batch:1=4,4=2,8=0, smartspec (SmartSpec's goodput rule), load-aware (RAKV-ASD under load)")})
+    itl_slo_ms: float | None = field(metadata={"metavar": "MS", "help": (
+        "chunk prefills so that each iteration's predicted time (the batch cost model) stays under this inter-token "
+        "latency; --token-budget stays the cap (default: fixed budget)")})
+    acceptance: str = field(metadata={"choices": ACCEPTANCE_SOURCES, "help": (
+        "a request's acceptance at admission: the EWMA across requests, or the one recorded with the store entry it "
+        "extends")})
+    slos_ms: dict = field(default_factory=dict, metadata={  # goodput's SLOs
+        "flag": "--goodput", "nargs": "+", "metavar": "METRIC:MS", "parse": parse_goodput,
+        "help": "SLOs for summary.json's goodput: ttft:MS tpot:MS e2el:MS"})
+    sampling: Sampling = Sampling()  # its own flags (rakv.runtime.decoding.Sampling)
+    ignore_eos: bool = field(default=False, metadata=_help("generate exactly max_new_tokens per request"))
+    check_alone: bool = field(default=False, metadata=_help(
+        "then generate each finished request alone (greedy AR, empty store) and count in summary.json how many "
+        "outputs are identical (outputs_equal_alone)"))
 
     def __post_init__(self):
         check_strategy(self.strategy)
