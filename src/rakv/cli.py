@@ -169,8 +169,7 @@ def cmd_calibrate(args) -> None:
 
 def cmd_serve(args) -> None:
     from rakv.runtime.flags import flag_values
-    from rakv.runtime.calibration import calibration_for
-    from rakv.serving.server import ServeOptions, serve, serve_parts
+    from rakv.serving.server import ServeOptions, serve
     from rakv.serving.trace import read_trace
 
     options = ServeOptions(**flag_values(args, ServeOptions, SERVE_FLAGS), sampling=sampling_of(args))  # checked once
@@ -179,12 +178,21 @@ def cmd_serve(args) -> None:
     if args.out is None:
         raise RakvError("rakv serve --trace needs --out DIR")
     trace = read_trace(args.trace)  # the whole trace is checked before the models load
+    engine, parts = served_engine(args, options)
+    summary = serve(engine, trace, args.out, options, parts, progress=not args.quiet)
+    print(json.dumps({k: summary[k] for k in SHOWN_SUMMARY if k in summary}))
+
+
+def served_engine(args, options):
+    """The engine and the ServeParts `options` need, for trace replay and --http alike."""
+    from rakv.runtime.calibration import calibration_for
+    from rakv.serving.server import serve_parts
+
     engine = make_engine(args)
     recalibrate = "never" if args.no_calibrate else "auto"
     parts = serve_parts(engine, options, lambda: calibration_for(engine, recalibrate), controller_config(args),
                         recalibrate, progress=not args.quiet)
-    summary = serve(engine, trace, args.out, options, parts, progress=not args.quiet)
-    print(json.dumps({k: summary[k] for k in SHOWN_SUMMARY if k in summary}))
+    return engine, parts
 
 
 def serve_over_http(args, options) -> None:
@@ -192,17 +200,12 @@ def serve_over_http(args, options) -> None:
     import signal
     from pathlib import Path
 
-    from rakv.runtime.calibration import calibration_for
     from rakv.serving.http import parse_address, serve_http
-    from rakv.serving.server import serve_parts
 
     address = parse_address(args.http)
     if args.check_alone:
         raise RakvError("--check-alone replays a trace; it does not apply to --http")
-    engine = make_engine(args)
-    recalibrate = "never" if args.no_calibrate else "auto"
-    parts = serve_parts(engine, options, lambda: calibration_for(engine, recalibrate), controller_config(args),
-                        recalibrate, progress=not args.quiet)
+    engine, parts = served_engine(args, options)
     name = args.served_model_name or engine.pair.target.fingerprint.name
 
     def interrupted(signum, frame):

@@ -49,11 +49,10 @@ from rakv.runtime.proposers import PromptLookupProposer
 from rakv.runtime.workloads import dataset_texts
 from rakv.serving.batchcost import load_or_calibrate_batch
 from rakv.serving.replay import lookup_rounds, outputs_alone
-from rakv.serving.server import ServeOptions, serve, serve_parts
+from rakv.serving.server import CONF_FIELDS, ServeOptions, serve, serve_parts
 from rakv.serving.trace import generate_trace, read_trace, write_trace
 
-OPTION_FIELDS = ("strategy", "token_budget", "chunking", "max_batch", "kv_budget_mib", "speculation", "itl_slo_ms",
-                 "acceptance")
+OPTION_FIELDS = CONF_FIELDS  # the serve options a policy may set: conf/serving's
 SLO = "slo"  # a policy's `itl_slo_ms: slo`: the study's ITL SLO on this machine (slo_steps.itl decode steps)
 SLO_CONTEXT = 256  # positions of the one-request decode step the SLOs are multiples of
 

@@ -15,7 +15,7 @@ import json
 import resource
 import time
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
@@ -43,10 +43,6 @@ from rakv.serving.scheduler import Scheduler, Step
 from rakv.serving.trace import TraceRequest
 
 
-def _help(text: str) -> dict:
-    return {"help": text}
-
-
 @dataclass(frozen=True)
 class ServeOptions:
     """How to serve, checked once here (a one-line RakvError) for the CLI, bench_serving.py and the serving study.
@@ -54,11 +50,11 @@ class ServeOptions:
     (`ServeOptions.default(**overrides)`). Each field is also `rakv serve`'s flag of the same name (rakv.runtime.flags
     generates them from the metadata here; docs/usage.md)."""
 
-    strategy: str = field(metadata=_help(f"per request: {', '.join(FIXED_STRATEGIES)}, rakv-asd"))  # or r1k4
+    strategy: str = field(metadata={"help": f"per request: {', '.join(FIXED_STRATEGIES)}, rakv-asd"})  # or r1k4
     token_budget: int = field(metadata={"metavar": "N", "help": "rows of an iteration's forward: decodes first, then "
                                         "prefill chunks"})
-    chunking: bool = field(metadata=_help(  # false (--no-chunking): the baseline
-        "each prompt's whole prefill in an iteration of its own (the baseline)"))
+    chunking: bool = field(metadata={  # false (--no-chunking): the baseline
+        "help": "each prompt's whole prefill in an iteration of its own (the baseline)"})
     max_batch: int = field(metadata={"metavar": "B", "help": "running requests at most"})
     kv_budget_mib: float = field(metadata={"metavar": "M", "help": "K/V of the running requests; over it the newest "
                                            "is preempted"})
@@ -75,10 +71,10 @@ class ServeOptions:
         "flag": "--goodput", "nargs": "+", "metavar": "METRIC:MS", "parse": parse_goodput,
         "help": "SLOs for summary.json's goodput: ttft:MS tpot:MS e2el:MS"})
     sampling: Sampling = Sampling()  # its own flags (rakv.runtime.decoding.Sampling)
-    ignore_eos: bool = field(default=False, metadata=_help("generate exactly max_new_tokens per request"))
-    check_alone: bool = field(default=False, metadata=_help(
+    ignore_eos: bool = field(default=False, metadata={"help": "generate exactly max_new_tokens per request"})
+    check_alone: bool = field(default=False, metadata={"help": (  # then count the outputs equal to batch one's
         "then generate each finished request alone (greedy AR, empty store) and count in summary.json how many "
-        "outputs are identical (outputs_equal_alone)"))
+        "outputs are identical (outputs_equal_alone)")})
 
     def __post_init__(self):
         check_strategy(self.strategy)
@@ -110,6 +106,10 @@ class ServeOptions:
     @classmethod
     def default(cls, **overrides) -> "ServeOptions":
         return cls.from_config(conf_file("serving/default.yaml"), **overrides)
+
+
+CONF_FIELDS = tuple(f.name for f in fields(ServeOptions) if f.default is MISSING and f.default_factory is MISSING)
+"""ServeOptions' fields whose defaults conf/serving/default.yaml holds (a serving study's policy sets these)."""
 
 
 @dataclass(frozen=True)
