@@ -42,8 +42,8 @@ SAMPLING_FLAGS = ("temperature", "top_p", "seed")
 
 
 def make_engine(args):
-    from rakv.runtime.flags import flag_values
     from rakv.runtime.engine_options import EngineOptions
+    from rakv.runtime.flags import flag_values
 
     return EngineOptions(**flag_values(args, EngineOptions, ("pair", *ENGINE_FLAGS))).open()
 
@@ -52,16 +52,16 @@ def controller_config(args):
     """The same ControllerConfig (and checks) as a Hydra run's, from the flags."""
     from dataclasses import replace
 
-    from rakv.runtime.flags import flag_values
     from rakv.runtime.controller import ControllerConfig
+    from rakv.runtime.flags import flag_values
 
     # conf/controller/default.yaml for every setting without a flag (tie_margin, explore_every, match_rate)
     return replace(ControllerConfig.default(), **flag_values(args, ControllerConfig, CONTROLLER_FLAGS))
 
 
 def sampling_of(args):
-    from rakv.runtime.flags import flag_values
     from rakv.runtime.decoding import Sampling
+    from rakv.runtime.flags import flag_values
 
     return Sampling(**flag_values(args, Sampling, SAMPLING_FLAGS))
 
@@ -310,7 +310,7 @@ def add_generate(gen) -> None:
     add_flags(gen, Sampling, SAMPLING_FLAGS)
     gen.add_argument("--ignore-eos", action="store_true", help="generate exactly N tokens")
     gen.add_argument("--json", action="store_true", help="one JSON object per request on stdout")
-    add_flags(gen, ControllerConfig, CONTROLLER_FLAGS, ControllerConfig.default().__dict__)
+    add_flags(gen, ControllerConfig, CONTROLLER_FLAGS, vars(ControllerConfig.default()))
     gen.add_argument("--no-calibrate", action="store_true",
                      help="never measure a calibration here; fail if rakv-asd needs one that is missing or stale")
     add_engine_flags(gen)
@@ -329,7 +329,7 @@ def add_calibrate(cal) -> None:
     cal.add_argument("--prompt-length", type=int, default=None, help="--show: one prompt length (default 64,256,512)")
     cal.add_argument("--reuse-rate", type=float, default=0.0, help="--show: share of the prompt that hits the store")
     cal.add_argument("--new-tokens", type=int, default=64, help="--show: new tokens per request")
-    add_flags(cal, ControllerConfig, ("memory_penalty_s_per_byte",), ControllerConfig.default().__dict__)
+    add_flags(cal, ControllerConfig, ("memory_penalty_s_per_byte",), vars(ControllerConfig.default()))
     add_engine_flags(cal, hidden=("salt", "cache_budget_mib", "reuse_draft"))
     cal.set_defaults(func=cmd_calibrate)
 
@@ -357,7 +357,7 @@ def add_serve(srv) -> None:
     add_flags(chunk, ServeOptions, SERVE_FLAGS[4:6], serving)
     add_flags(srv, ServeOptions, SERVE_FLAGS[6:], serving)
     add_flags(srv, Sampling, SAMPLING_FLAGS)
-    add_flags(srv, ControllerConfig, CONTROLLER_FLAGS, ControllerConfig.default().__dict__,
+    add_flags(srv, ControllerConfig, CONTROLLER_FLAGS, vars(ControllerConfig.default()),
               hidden=CONTROLLER_FLAGS[1:])
     srv.add_argument("--no-calibrate", action="store_true", help="rakv-asd: fail rather than calibrate here")
     srv.add_argument("--quiet", action="store_true", help="no progress bar")
