@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 CLOCK = {"arrival_s", "ttft_s", "tpot_s", "itl_s", "e2el_s", "service_s", "at_s", "schedule_s", "iteration_s",
-         "predicted_s"}
+         "predicted_s", "admitted_s",
+         "served_predicted_s"}  # admission's prediction under load: the batch cost model's scale follows measured times
 
 
 def lines(path: Path) -> list[dict]:

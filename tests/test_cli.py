@@ -107,3 +107,29 @@ def test_console_script_error_has_no_traceback():
     proc = subprocess.run([str(exe), "generate", "--pair", "tiny", "--prompt", "hi", "--max-new-tokens", "-3",
                            "--strategy", "ar"], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.startswith("rakv: error:") and "Traceback" not in proc.stderr
+
+
+def test_option_flags_are_generated_from_the_fields_that_declare_them(capsys, monkeypatch):
+    """Each option is declared once, as a dataclass field: its flag, help and default (conf/'s) come from there."""
+    from dataclasses import fields
+
+    from rakv.cli import build_parser
+    from rakv.runtime.controller import ControllerConfig
+    from rakv.runtime.engine_options import EngineOptions
+    from rakv.runtime.paths import conf_file
+    from rakv.serving.server import CONF_FIELDS, ServeOptions
+
+    args = build_parser().parse_args(["serve", "--pair", "tiny", "--trace", "t.jsonl"])
+    serving, store = conf_file("serving/default.yaml"), conf_file("cache/default.yaml")
+    assert all(getattr(args, name) == serving[name] for name in CONF_FIELDS)
+    assert args.proposer == serving.proposer and args.cache_budget_mib == store.budget_mib
+    assert args.reuse_draft == store.reuse_draft and args.memory_budget_mib == ControllerConfig.default().memory_budget_mib
+    monkeypatch.setenv("COLUMNS", "1000")  # no wrapping inside a help text
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for cls in (ServeOptions, EngineOptions):
+        for spec in fields(cls):
+            if "help" in spec.metadata:
+                assert " ".join(spec.metadata["help"].split()) in shown, spec.name
+    assert "--no-chunking" in shown and "--goodput METRIC:MS" in shown and "(default 256)" in shown

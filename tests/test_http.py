@@ -65,7 +65,7 @@ def test_greedy_completions_are_the_engine_s_output_alone_and_stream_to_the_same
     assert status == 200 and events[-1]["usage"]["completion_tokens"] == 12 and events[-1]["choices"] == []
     assert events[-2]["choices"][0]["finish_reason"] == "length"
     assert "".join(e["choices"][0]["text"] for e in events[:-1]) == body["choices"][0]["text"]
-    assert [r["token_ids"] for r in loop.records if r["status"] == "ok"] == [alone.token_ids] * 2
+    assert [r.token_ids for r in loop.core.records if r.ok] == [alone.token_ids] * 2
 
 
 def test_bad_requests_are_refused_alone_while_the_others_are_served(endpoint):
@@ -101,11 +101,11 @@ def test_a_client_that_goes_away_is_aborted_and_its_kv_freed(endpoint):
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         assert conn.recv(64).startswith(b"HTTP/1.1 200")  # streaming has begun
     deadline = time.time() + 30
-    while not any(r["status"] == "aborted" for r in loop.records) and time.time() < deadline:
+    while not any(r.status == "aborted" for r in loop.core.records) and time.time() < deadline:
         time.sleep(0.1)
-    aborted = [r for r in loop.records if r["status"] == "aborted"]
-    assert len(aborted) == 1 and aborted[0]["new_tokens"] < 900
-    assert not loop.scheduler.running and not loop.executor.kv.slots
+    aborted = [r for r in loop.core.records if r.status == "aborted"]
+    assert len(aborted) == 1 and aborted[0].new_tokens < 900
+    assert not loop.scheduler.running and not loop.core.executor.kv.slots
     assert post(url, {"prompt": PROMPT, "max_tokens": 4})[0] == 200  # and the server goes on
 
 
@@ -116,9 +116,9 @@ def test_the_summary_and_records_are_written_when_the_server_stops(endpoint):
     post(url, {"prompt": ""})  # refused before the engine: not a request of the run
     summary = loop.finish()
     assert summary["completed"] == 2 and summary["failed"] == 0 and summary["prefix_hit_rate"] > 0
-    lines = (loop.out / "requests.jsonl").read_text().splitlines()
+    lines = (loop.core.out / "requests.jsonl").read_text().splitlines()
     assert [json.loads(line)["status"] for line in lines] == ["ok", "ok"]
-    assert (loop.out / "summary.json").exists() and (loop.out / "iterations.jsonl").read_text()
+    assert (loop.core.out / "summary.json").exists() and (loop.core.out / "iterations.jsonl").read_text()
 
 
 def test_completion_bodies_are_checked_field_by_field():

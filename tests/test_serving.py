@@ -27,7 +27,7 @@ from rakv.serving.executor import RequestOutput, StepOutput
 from rakv.serving.metrics import parse_goodput
 from rakv.serving.request import ServedRequest, Status
 from rakv.serving.scheduler import Scheduler
-from rakv.serving.server import ServeOptions, serve
+from rakv.serving.server import ServeOptions, ServeParts, serve
 from rakv.serving.trace import TraceRequest, generate_trace, read_trace, write_trace
 from rakv.runtime.strategies import action_of
 
@@ -426,7 +426,7 @@ def test_rakv_asd_decides_per_request_at_admission_and_changes_no_output(tiny_pa
                            prompt_words=20, groups=2, system_words=30, seed=4)
     engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30), proposer=proposer)
     serve(engine, trace, tmp_path, ServeOptions.default(strategy="rakv-asd", token_budget=40, ignore_eos=True),
-          controller=controller, progress=False)
+          ServeParts(controller=controller), progress=False)
     records = {r["id"]: r for r in map(json.loads, (tmp_path / "requests.jsonl").read_text().splitlines())}
     assert controller.decisions == len(trace)
     ks = {r["k"] for r in records.values()}

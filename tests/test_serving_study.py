@@ -26,7 +26,7 @@ from rakv.runtime.strategies import Choice
 from rakv.serving.replay import lookup_rounds
 from rakv.serving.request import ServedRequest
 from rakv.serving.scheduler import Scheduler, Work
-from rakv.serving.server import ServeOptions, serve
+from rakv.serving.server import ServeOptions, ServeParts, serve
 from rakv.serving.trace import generate_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,8 +174,9 @@ def test_model_policies_change_no_output(tiny_pair, tmp_path, speculation, accep
     engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30), proposer="prompt-lookup")
     options = ServeOptions.default(strategy="joint-k4", speculation=speculation, acceptance=acceptance, itl_slo_ms=slo,
                            ignore_eos=True, check_alone=True, token_budget=64)
-    summary = serve(engine, trace, tmp_path, options, batch_cost=linear_cost(per_row=0.2, fixed=3.0),
-                    tracker=AcceptanceTracker(0.6, 0.9), k_set=(0, 1, 2, 4), progress=False)
+    parts = ServeParts(tracker=AcceptanceTracker(0.6, 0.9), batch_cost=linear_cost(per_row=0.2, fixed=3.0),
+                       k_set=(0, 1, 2, 4))
+    summary = serve(engine, trace, tmp_path, options, parts, progress=False)
     assert summary["completed"] == 8 and summary["outputs_equal_alone"] == 8
     records = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
     first = {r["conversation"]: r for r in records if r["turn"] == 0}

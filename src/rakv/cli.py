@@ -36,12 +36,16 @@ def read_prompts(path: str) -> list[dict]:
     return requests
 
 
-def make_engine(args):
-    from rakv.runtime.engine import open_engine
+ENGINE_FLAGS = ("proposer", "salt", "cache_budget_mib", "reuse_draft", "device", "dtype", "threads", "kernels")
+CONTROLLER_FLAGS = ("k_set", "beta", "memory_penalty_s_per_byte", "memory_budget_mib")
+SAMPLING_FLAGS = ("temperature", "top_p", "seed")
 
-    return open_engine(args.pair, args.proposer, cache_budget_mib=args.cache_budget_mib, salt=args.salt,
-                       device=args.device, dtype=args.dtype, threads=args.threads, kernels=args.kernels,
-                       reuse_draft=not args.no_draft_reuse)
+
+def make_engine(args):
+    from rakv.runtime.engine_options import EngineOptions
+    from rakv.runtime.flags import flag_values
+
+    return EngineOptions(**flag_values(args, EngineOptions, ("pair", *ENGINE_FLAGS))).open()
 
 
 def controller_config(args):
@@ -49,21 +53,23 @@ def controller_config(args):
     from dataclasses import replace
 
     from rakv.runtime.controller import ControllerConfig
+    from rakv.runtime.flags import flag_values
 
-    try:
-        k_set = [int(v) for v in args.k_set.split(",") if v.strip()]
-    except ValueError:
-        raise RakvError(f"--k-set must be comma-separated integers, got '{args.k_set}'") from None
     # conf/controller/default.yaml for every setting without a flag (tie_margin, explore_every, match_rate)
-    return replace(ControllerConfig.default(), k_set=k_set, beta=args.beta, memory_penalty_s_per_byte=args.memory_penalty,
-                   memory_budget_mib=args.memory_budget_mib)
+    return replace(ControllerConfig.default(), **flag_values(args, ControllerConfig, CONTROLLER_FLAGS))
+
+
+def sampling_of(args):
+    from rakv.runtime.decoding import Sampling
+    from rakv.runtime.flags import flag_values
+
+    return Sampling(**flag_values(args, Sampling, SAMPLING_FLAGS))
 
 
 def cmd_generate(args) -> None:
     from rakv.runtime.actions import ADAPTIVE
     from rakv.runtime.calibration import calibration_for
     from rakv.runtime.controller import Controller
-    from rakv.runtime.decoding import Sampling
     from rakv.runtime.strategies import action_of, run_strategy
 
     if args.max_new_tokens <= 0:
@@ -95,7 +101,7 @@ def cmd_generate(args) -> None:
         if adaptive:
             raise
         controller = None
-    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    sampling = sampling_of(args)
     for request, ids in zip(requests, encoded):
         stream = None if args.json else _text_streamer(engine.pair.tokenizer, request["id"])
         result = run_strategy(engine, args.strategy, ids, args.max_new_tokens, controller=controller,
@@ -143,7 +149,7 @@ def cmd_calibrate(args) -> None:
     print(f"KV bytes per token: target {table.target_kv_bytes_per_token:.0f}, proposer "
           f"{table.proposer_kv_bytes_per_token:.0f}; greedy acceptance alpha = {table.acceptance:.3f} "
           f"over {table.acceptance_rounds} rounds")
-    lam = args.memory_penalty
+    lam = args.memory_penalty_s_per_byte
     lengths = [args.prompt_length] if args.prompt_length else [64, 256, 512]
     draft = engine.draft_key is not None
     print(f"\nbreak-even alpha per k (N = {args.new_tokens} new tokens, reuse {args.reuse_rate:.0%}"
@@ -162,29 +168,31 @@ def cmd_calibrate(args) -> None:
 
 
 def cmd_serve(args) -> None:
-    from rakv.runtime.calibration import calibration_for
-    from rakv.runtime.decoding import Sampling
-    from rakv.serving.metrics import parse_goodput
-    from rakv.serving.server import ServeOptions, serve, serve_parts
+    from rakv.runtime.flags import flag_values
+    from rakv.serving.server import ServeOptions, serve
     from rakv.serving.trace import read_trace
 
-    options = ServeOptions(strategy=args.strategy, token_budget=args.token_budget, chunking=not args.no_chunking,
-                           max_batch=args.max_batch, kv_budget_mib=args.kv_budget_mib, speculation=args.speculation,
-                           itl_slo_ms=args.itl_slo_ms, acceptance=args.acceptance,
-                           slos_ms=parse_goodput(args.goodput),
-                           sampling=Sampling(temperature=args.temperature, top_p=args.top_p, seed=args.seed),
-                           ignore_eos=args.ignore_eos, check_alone=args.check_alone)  # checked here, once
+    options = ServeOptions(**flag_values(args, ServeOptions, SERVE_FLAGS), sampling=sampling_of(args))  # checked once
     if args.http is not None:
         return serve_over_http(args, options)
     if args.out is None:
         raise RakvError("rakv serve --trace needs --out DIR")
     trace = read_trace(args.trace)  # the whole trace is checked before the models load
+    engine, parts = served_engine(args, options)
+    summary = serve(engine, trace, args.out, options, parts, progress=not args.quiet)
+    print(json.dumps({k: summary[k] for k in SHOWN_SUMMARY if k in summary}))
+
+
+def served_engine(args, options):
+    """The engine and the ServeParts `options` need, for trace replay and --http alike."""
+    from rakv.runtime.calibration import calibration_for
+    from rakv.serving.server import serve_parts
+
     engine = make_engine(args)
     recalibrate = "never" if args.no_calibrate else "auto"
     parts = serve_parts(engine, options, lambda: calibration_for(engine, recalibrate), controller_config(args),
                         recalibrate, progress=not args.quiet)
-    summary = serve(engine, trace, args.out, options, **parts, progress=not args.quiet)
-    print(json.dumps({k: summary[k] for k in SHOWN_SUMMARY if k in summary}))
+    return engine, parts
 
 
 def serve_over_http(args, options) -> None:
@@ -192,17 +200,12 @@ def serve_over_http(args, options) -> None:
     import signal
     from pathlib import Path
 
-    from rakv.runtime.calibration import calibration_for
     from rakv.serving.http import parse_address, serve_http
-    from rakv.serving.server import serve_parts
 
     address = parse_address(args.http)
     if args.check_alone:
         raise RakvError("--check-alone replays a trace; it does not apply to --http")
-    engine = make_engine(args)
-    recalibrate = "never" if args.no_calibrate else "auto"
-    parts = serve_parts(engine, options, lambda: calibration_for(engine, recalibrate), controller_config(args),
-                        recalibrate, progress=not args.quiet)
+    engine, parts = served_engine(args, options)
     name = args.served_model_name or engine.pair.target.fingerprint.name
 
     def interrupted(signum, frame):
@@ -249,80 +252,98 @@ def _text_streamer(tokenizer, request_id):
     return on_token
 
 
+SERVE_FLAGS = ("strategy", "speculation", "acceptance", "itl_slo_ms", "token_budget", "chunking", "max_batch",
+               "kv_budget_mib", "slos_ms", "ignore_eos", "check_alone")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from rakv.runtime.actions import FIXED_STRATEGIES
-    from rakv.runtime.controller import ControllerConfig
-    from rakv.runtime.engine import PROPOSERS
-    from rakv.runtime.models import PAIR_NAMES
-    from rakv.runtime.paths import conf_file
-
-    defaults, store = ControllerConfig.default(), conf_file("cache/default.yaml")  # conf/: the one source of defaults
-
+    """`rakv` and its commands: each command's own flags here, the options' flags generated from their dataclasses
+    (rakv.runtime.flags: ServeOptions, Sampling, ControllerConfig, EngineOptions), with conf/ as their defaults."""
     parser = argparse.ArgumentParser(prog="rakv", description="RAKV-ASD: prefix KV reuse + adaptive speculative decoding")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add_generate(sub.add_parser(
+        "generate", help="generate for one prompt or a JSONL file of prompts through one KV store",
+        description="Generate text. --prompts FILE.jsonl holds lines {\"id\": ..., \"prompt\": ..., \"salt\": ... "
+                    "(optional)}; they run in order through one prefix KV store. The whole file is validated first: "
+                    "a malformed line stops the run before any work."))
+    add_calibrate(sub.add_parser(
+        "calibrate", help="measure the cost model of a pair on this machine (saved and reused)",
+        description="Measure prefill, step, verify, propose and KV-copy costs and the greedy acceptance of the "
+                    "pair's proposer; save them keyed by pair and machine."))
+    add_serve(sub.add_parser(
+        "serve", help="serve a trace of requests arriving over time: continuous batching, chunked prefill, prefix "
+                      "reuse, speculation (docs/serving.md)",
+        description="Serve a JSONL trace (rakv trace writes one). Writes OUT/requests.jsonl (a line per request as it "
+                    "finishes) and OUT/summary.json (vLLM benchmark_serving's names). Defaults: "
+                    "conf/serving/default.yaml."))
+    add_trace(sub.add_parser(
+        "trace", help="write a seeded serving trace from HumanEval or WikiText-2 text",
+        description="Write a trace for rakv serve: Poisson or gamma arrivals at a rate; plain requests, shared-prefix "
+                    "groups, multi-turn conversations, long-prompt interference, or structured (JSON) output. "
+                    "Defaults: conf/serving/default.yaml (trace:); the settings go to OUT.meta.json."))
+    return parser
 
-    gen = sub.add_parser("generate", help="generate for one prompt or a JSONL file of prompts through one KV store",
-                         description="Generate text. --prompts FILE.jsonl holds lines {\"id\": ..., \"prompt\": ..., "
-                                     "\"salt\": ... (optional)}; they run in order through one prefix KV store. The "
-                                     "whole file is validated first: a malformed line stops the run before any work.")
-    gen.add_argument("--pair", required=True, help=f"model pair: {', '.join(PAIR_NAMES)}")
-    src = gen.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompts", metavar="FILE.jsonl", help="JSONL file of prompts")
+
+def add_engine_flags(parser, proposer: str = "draft", hidden: tuple[str, ...] = ()) -> None:
+    """The engine's flags (EngineOptions), after the command's own; --pair is added first by each command."""
+    from rakv.runtime.flags import add_flags
+    from rakv.runtime.engine_options import EngineOptions
+
+    add_flags(parser, EngineOptions, ENGINE_FLAGS, {**EngineOptions.conf_defaults(), "proposer": proposer}, hidden)
+
+
+def add_generate(gen) -> None:
+    from rakv.runtime.flags import add_flags
+    from rakv.runtime.actions import FIXED_STRATEGIES
+    from rakv.runtime.controller import ControllerConfig
+    from rakv.runtime.decoding import Sampling
+    from rakv.runtime.engine_options import EngineOptions
+
+    add_flags(gen, EngineOptions, ("pair",))
+    source = gen.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="prompt text")
+    source.add_argument("--prompts", metavar="FILE.jsonl", help="JSONL file of prompts")
     gen.add_argument("--max-new-tokens", type=int, required=True, metavar="N")
     gen.add_argument("--strategy", required=True,
                      help=f"{', '.join(FIXED_STRATEGIES)}, rakv-asd (the controller; calibrates the pair first "
                           "if this machine has no calibration for it)")
-    gen.add_argument("--proposer", default="draft", choices=PROPOSERS, help="who drafts for k > 0 (default: draft)")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--salt", default=store.salt, help="isolation salt (tenant) of the KV store namespace; a "
-                     "prompts file's \"salt\" overrides it per request")
-    gen.add_argument("--cache-budget-mib", type=float, default=store.budget_mib,
-                     help=f"byte budget of the prefix KV store (default {store.budget_mib})")
-    gen.add_argument("--no-draft-reuse", action="store_true", default=not store.reuse_draft,
-                     help="store entries without the draft model's K/V (the ablation; conf/cache: reuse_draft)")
+    add_flags(gen, Sampling, SAMPLING_FLAGS)
     gen.add_argument("--ignore-eos", action="store_true", help="generate exactly N tokens")
     gen.add_argument("--json", action="store_true", help="one JSON object per request on stdout")
-    gen.add_argument("--k-set", default=",".join(map(str, defaults.k_set)),
-                     help="rakv-asd: speculation depths it may choose (default %(default)s)")
-    gen.add_argument("--beta", type=float, default=defaults.beta,
-                     help="rakv-asd: EWMA weight of past acceptance (default %(default)s)")
-    gen.add_argument("--memory-penalty", type=float, default=defaults.memory_penalty_s_per_byte, metavar="LAMBDA",
-                     help="rakv-asd: seconds charged per byte of K/V an action holds (default %(default)s)")
-    gen.add_argument("--memory-budget-mib", type=float, default=defaults.memory_budget_mib,
-                     help="rakv-asd: actions above it are dropped (default %(default)s)")
+    add_flags(gen, ControllerConfig, CONTROLLER_FLAGS, vars(ControllerConfig.default()))
     gen.add_argument("--no-calibrate", action="store_true",
                      help="never measure a calibration here; fail if rakv-asd needs one that is missing or stale")
-    add_model_options(gen)
+    add_engine_flags(gen)
     gen.set_defaults(func=cmd_generate)
 
-    cal = sub.add_parser("calibrate", help="measure the cost model of a pair on this machine (saved and reused)",
-                         description="Measure prefill, step, verify, propose and KV-copy costs and the greedy "
-                                     "acceptance of the pair's proposer; save them keyed by pair and machine.")
-    cal.add_argument("--pair", required=True, help=f"model pair: {', '.join(PAIR_NAMES)}")
-    cal.add_argument("--proposer", default="draft", choices=PROPOSERS)
+
+def add_calibrate(cal) -> None:
+    from rakv.runtime.flags import add_flags
+    from rakv.runtime.controller import ControllerConfig
+    from rakv.runtime.engine_options import EngineOptions
+
+    add_flags(cal, EngineOptions, ("pair",))
     cal.add_argument("--force", action="store_true", help="measure again even if a valid calibration exists")
     cal.add_argument("--show", action="store_true", help="print the cost table and break-even alphas")
     cal.add_argument("--json", action="store_true", help="print the calibration as JSON")
     cal.add_argument("--prompt-length", type=int, default=None, help="--show: one prompt length (default 64,256,512)")
     cal.add_argument("--reuse-rate", type=float, default=0.0, help="--show: share of the prompt that hits the store")
     cal.add_argument("--new-tokens", type=int, default=64, help="--show: new tokens per request")
-    cal.add_argument("--memory-penalty", type=float, default=defaults.memory_penalty_s_per_byte, metavar="LAMBDA")
-    cal.add_argument("--cache-budget-mib", type=float, default=store.budget_mib, help=argparse.SUPPRESS)
-    cal.add_argument("--salt", default=store.salt, help=argparse.SUPPRESS)
-    cal.add_argument("--no-draft-reuse", action="store_true", default=not store.reuse_draft, help=argparse.SUPPRESS)
-    add_model_options(cal)
+    add_flags(cal, ControllerConfig, ("memory_penalty_s_per_byte",), vars(ControllerConfig.default()))
+    add_engine_flags(cal, hidden=("salt", "cache_budget_mib", "reuse_draft"))
     cal.set_defaults(func=cmd_calibrate)
 
-    serving = conf_file("serving/default.yaml")
-    srv = sub.add_parser("serve", help="serve a trace of requests arriving over time: continuous batching, chunked "
-                                       "prefill, prefix reuse, speculation (docs/serving.md)",
-                         description="Serve a JSONL trace (rakv trace writes one). Writes OUT/requests.jsonl (a line "
-                                     "per request as it finishes) and OUT/summary.json (vLLM benchmark_serving's "
-                                     "names). Defaults: conf/serving/default.yaml.")
-    srv.add_argument("--pair", required=True, help=f"model pair: {', '.join(PAIR_NAMES)}")
+
+def add_serve(srv) -> None:
+    from rakv.runtime.flags import add_flags
+    from rakv.runtime.controller import ControllerConfig
+    from rakv.runtime.decoding import Sampling
+    from rakv.runtime.engine_options import EngineOptions
+    from rakv.runtime.paths import conf_file
+    from rakv.serving.server import ServeOptions
+
+    serving = conf_file("serving/default.yaml")  # conf/: the one source of defaults
+    add_flags(srv, EngineOptions, ("pair",))
     source = srv.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", metavar="FILE.jsonl", help="replay a trace's arrivals")
     source.add_argument("--http", metavar="HOST:PORT",
@@ -331,81 +352,30 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--out", metavar="DIR", help="where requests.jsonl and summary.json go (required with --trace)")
     srv.add_argument("--served-model-name", default=None, help="--http: the model name clients ask for "
                                                                 "(default: the target's, e.g. SmolLM2-135M-Instruct)")
-    srv.add_argument("--strategy", default=serving.strategy,
-                     help=f"per request: {', '.join(FIXED_STRATEGIES)}, rakv-asd (default %(default)s)")
-    srv.add_argument("--proposer", default=serving.proposer, choices=PROPOSERS)
-    srv.add_argument("--speculation", default=serving.speculation, metavar="POLICY",
-                     help="k per decoding request under load, capping the strategy's: per-request, "
-                          "disable-by-batch-size:B, k-by-batch:1=4,4=2,8=0, smartspec (SmartSpec's goodput rule), "
-                          "load-aware (RAKV-ASD under load) (default %(default)s)")
-    srv.add_argument("--acceptance", default=serving.acceptance, choices=("ewma", "prefix"),
-                     help="a request's acceptance at admission: the EWMA across requests, or the one recorded with "
-                          "the store entry it extends (default %(default)s)")
-    srv.add_argument("--itl-slo-ms", type=float, default=serving.itl_slo_ms, metavar="MS",
-                     help="chunk prefills so that each iteration's predicted time (the batch cost model) stays "
-                          "under this inter-token latency; --token-budget stays the cap (default: fixed budget)")
-    chunk = srv.add_mutually_exclusive_group()
-    chunk.add_argument("--token-budget", type=int, default=serving.token_budget, metavar="N",
-                       help="rows of an iteration's forward: decodes first, then prefill chunks (default %(default)s)")
-    chunk.add_argument("--no-chunking", action="store_true", default=not serving.chunking,
-                       help="each prompt's whole prefill in an iteration of its own (the baseline)")
-    srv.add_argument("--max-batch", type=int, default=serving.max_batch, metavar="B",
-                     help="running requests at most (default %(default)s)")
-    srv.add_argument("--kv-budget-mib", type=float, default=serving.kv_budget_mib, metavar="M",
-                     help="K/V of the running requests; over it the newest is preempted (default %(default)s)")
-    srv.add_argument("--goodput", nargs="+", metavar="METRIC:MS",
-                     help="SLOs for summary.json's goodput: ttft:MS tpot:MS e2el:MS")
-    srv.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    srv.add_argument("--top-p", type=float, default=1.0)
-    srv.add_argument("--seed", type=int, default=0)
-    srv.add_argument("--ignore-eos", action="store_true", help="generate exactly max_new_tokens per request")
-    srv.add_argument("--salt", default=store.salt, help="isolation salt of requests that name none")
-    srv.add_argument("--cache-budget-mib", type=float, default=store.budget_mib,
-                     help=f"byte budget of the prefix KV store (default {store.budget_mib})")
-    srv.add_argument("--no-draft-reuse", action="store_true", default=not store.reuse_draft,
-                     help="store entries without the draft model's K/V (the ablation; conf/cache: reuse_draft)")
-    srv.add_argument("--k-set", default=",".join(map(str, defaults.k_set)), help="rakv-asd: depths it may choose")
-    srv.add_argument("--beta", type=float, default=defaults.beta, help=argparse.SUPPRESS)
-    srv.add_argument("--memory-penalty", type=float, default=defaults.memory_penalty_s_per_byte,
-                     help=argparse.SUPPRESS)
-    srv.add_argument("--memory-budget-mib", type=float, default=defaults.memory_budget_mib, help=argparse.SUPPRESS)
+    chunk = srv.add_mutually_exclusive_group()  # a token budget chunks; --no-chunking has none
+    add_flags(srv, ServeOptions, SERVE_FLAGS[:4], serving)
+    add_flags(chunk, ServeOptions, SERVE_FLAGS[4:6], serving)
+    add_flags(srv, ServeOptions, SERVE_FLAGS[6:], serving)
+    add_flags(srv, Sampling, SAMPLING_FLAGS)
+    add_flags(srv, ControllerConfig, CONTROLLER_FLAGS, vars(ControllerConfig.default()),
+              hidden=CONTROLLER_FLAGS[1:])
     srv.add_argument("--no-calibrate", action="store_true", help="rakv-asd: fail rather than calibrate here")
-    srv.add_argument("--check-alone", action="store_true",
-                     help="then generate each finished request alone (greedy AR, empty store) and count in "
-                          "summary.json how many outputs are identical (outputs_equal_alone)")
     srv.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_model_options(srv)
+    add_engine_flags(srv, proposer=serving.proposer)
     srv.set_defaults(func=cmd_serve)
 
-    tr = sub.add_parser("trace", help="write a seeded serving trace from HumanEval or WikiText-2 text",
-                        description="Write a trace for rakv serve: Poisson or gamma arrivals at a rate; plain requests, "
-                                    "shared-prefix groups, multi-turn conversations, long-prompt interference, or "
-                                    "structured (JSON) output. Defaults: "
-                                    "conf/serving/default.yaml (trace:); the settings go to OUT.meta.json.")
-    tr.add_argument("--out", required=True, metavar="FILE.jsonl")
-    from rakv.serving.trace import KINDS
-    gen_defaults = serving.trace
-    for name in TRACE_SETTINGS:
-        value = gen_defaults[name]
-        choices = {"dataset": ("humaneval", "wikitext2"), "kind": KINDS,
-                   "arrivals": ("poisson", "gamma")}.get(name)
-        tr.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value, choices=choices,
-                        help="(default %(default)s)")
-    tr.set_defaults(func=cmd_trace)
-    return parser
 
-
-def add_model_options(parser) -> None:
-    from rakv.runtime.kernels import KERNEL_MODES
+def add_trace(tr) -> None:
     from rakv.runtime.paths import conf_file
+    from rakv.serving.trace import KINDS
 
-    pipeline = conf_file("config.yaml")  # the stages' defaults, so the CLI and the stages agree
-    parser.add_argument("--device", default=pipeline.device)
-    parser.add_argument("--dtype", default=pipeline.dtype)
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    parser.add_argument("--kernels", default=pipeline.kernels, choices=KERNEL_MODES,
-                        help="compact: rakv.runtime.compact's forward (few ops per layer, C++ kernels for few rows, "
-                             "batched rows); stock: transformers as shipped (default %(default)s)")
+    tr.add_argument("--out", required=True, metavar="FILE.jsonl")
+    settings = conf_file("serving/default.yaml").trace  # conf/: the one source of defaults
+    choices = {"dataset": ("humaneval", "wikitext2"), "kind": KINDS, "arrivals": ("poisson", "gamma")}
+    for name in TRACE_SETTINGS:
+        tr.add_argument(f"--{name.replace('_', '-')}", type=type(settings[name]), default=settings[name],
+                        choices=choices.get(name), help="(default %(default)s)")
+    tr.set_defaults(func=cmd_trace)
 
 
 def main(argv: list[str] | None = None) -> int:

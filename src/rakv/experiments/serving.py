@@ -49,11 +49,10 @@ from rakv.runtime.proposers import PromptLookupProposer
 from rakv.runtime.workloads import dataset_texts
 from rakv.serving.batchcost import load_or_calibrate_batch
 from rakv.serving.replay import lookup_rounds, outputs_alone
-from rakv.serving.server import ServeOptions, serve, serve_parts
+from rakv.serving.server import CONF_FIELDS, ServeOptions, serve, serve_parts
 from rakv.serving.trace import generate_trace, read_trace, write_trace
 
-OPTION_FIELDS = ("strategy", "token_budget", "chunking", "max_batch", "kv_budget_mib", "speculation", "itl_slo_ms",
-                 "acceptance")
+OPTION_FIELDS = CONF_FIELDS  # the serve options a policy may set: conf/serving's
 SLO = "slo"  # a policy's `itl_slo_ms: slo`: the study's ITL SLO on this machine (slo_steps.itl decode steps)
 SLO_CONTEXT = 256  # positions of the one-request decode step the SLOs are multiples of
 
@@ -236,9 +235,8 @@ def _run(cfg: DictConfig, out: Path) -> Path:
         slos = parts_of.slos_ms
         options = options_of(cfg, cell, slos["itl"], slos_ms={"ttft": slos["ttft"], "tpot": slos["tpot"]})
         parts = serve_parts(engine, options, lambda: parts_of.table, family_controller(cfg, cell["family"]),
-                            cfg.calibration.recalibrate, progress=False)
-        parts["batch_cost"] = parts_of.batch_cost
-        summary = serve(engine, trace, target, options, **parts, progress=False)
+                            cfg.calibration.recalibrate, progress=False, batch_cost=parts_of.batch_cost)
+        summary = serve(engine, trace, target, options, parts, progress=False)
         reference = references[key]
         lines = [json.loads(line) for line in (target / "requests.jsonl").read_text().splitlines()]
         equal = sum(r["status"] == "ok" and r["token_ids"] == reference.get(r["id"]) for r in lines)

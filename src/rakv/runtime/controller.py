@@ -19,15 +19,27 @@ from rakv.runtime.errors import RakvError
 from rakv.runtime.paths import conf_file
 
 
+def k_set_from_text(text: str) -> list[int]:
+    """--k-set's comma-separated depths (ControllerConfig checks them)."""
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise RakvError(f"--k-set must be comma-separated integers, got '{text}'") from None
+
+
 @dataclass(frozen=True)
 class ControllerConfig:
     """The controller's settings. Defaults live in conf/controller/default.yaml (`ControllerConfig.default()`);
-    every way of building one (Hydra config, CLI flags) goes through the same checks here."""
+    every way of building one (Hydra config, CLI flags) goes through the same checks here. The fields with a `help`
+    are also rakv generate's and rakv serve's flags (rakv.runtime.flags)."""
 
-    k_set: tuple[int, ...]
-    beta: float  # EWMA weight of the past
-    memory_penalty_s_per_byte: float  # lambda
-    memory_budget_mib: float
+    k_set: tuple[int, ...] = field(metadata={"parse": k_set_from_text,
+                                             "help": "rakv-asd: speculation depths it may choose"})
+    beta: float = field(metadata={"help": "rakv-asd: EWMA weight of past acceptance"})  # the past's, per round
+    memory_penalty_s_per_byte: float = field(metadata={  # lambda
+        "flag": "--memory-penalty", "metavar": "LAMBDA",
+        "help": "rakv-asd: seconds charged per byte of K/V an action holds"})
+    memory_budget_mib: float = field(metadata={"help": "rakv-asd: actions above it are dropped"})
     tie_margin: float = 0.0  # estimates within this share of the best are ties, broken toward less speculation
     explore_every: int = 0  # every n-th decision that picks k = 0 runs the best k > 0 action instead (0: never)
     match_rate: bool = False  # model the share of rounds in which the proposer offers candidates (EWMA)

@@ -25,9 +25,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Sampling:
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0
-    seed: int = 0
+    """Greedy, or temperature / top-p sampling from a seeded stream (the metadata: rakv generate's and rakv serve's
+    flags, rakv.runtime.flags)."""
+
+    temperature: float = field(default=0.0, metadata={"help": "0 = greedy"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling: the smallest set of tokens whose "
+                                                        "probability reaches it"})
+    seed: int = field(default=0, metadata={"help": "of the sampling stream"})
 
     @property
     def greedy(self) -> bool:

@@ -7,7 +7,10 @@
     acceptance.py a request's acceptance estimate at admission, and learning from finished requests' rounds
     kv.py         the K/V manager: every running request's caches, the prefix store's lookups and inserts
     executor.py   execute(step) -> StepOutput: batched proposals and target forward, acceptance, rollback
-    server.py     the loop (arrivals, schedule, execute, update), ServeOptions, requests.jsonl and summary.json
+    server.py     ServeOptions (each field also a flag), ServeParts, EngineCore (the engine's one set-up and step,
+                  for trace replay and HTTP), the trace-replay loop serve(), summary.json
+    records.py    RequestRecord: a served request's requests.jsonl line, typed; its fsynced writer
+    http.py       rakv serve --http: the OpenAI-compatible endpoint on the same EngineCore
     metrics.py    summary.json's statistics, under vLLM benchmark_serving's names
     policies.py   speculation under load: k per decoding request (per-request, disable-by-batch-size, k-by-batch)
     batchcost.py  the batch cost model: what one iteration costs, measured on this machine

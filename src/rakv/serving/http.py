@@ -36,8 +36,7 @@ from rakv.runtime.decoding import DecodeState, Sampling
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
 from rakv.serving.request import ServedRequest, Status
-from rakv.serving.batchcost import ScaledCost
-from rakv.serving.server import RecordWriter, ServeOptions, build_scheduler, finish_summary, record_of, step_once
+from rakv.serving.server import EngineCore, ServeOptions, ServeParts
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 IDLE_WAIT_S = 0.05  # how long the engine thread blocks on its inbox when nothing runs
@@ -123,21 +122,15 @@ class Live:
 
 
 class EngineLoop:
-    """The engine thread: requests in through `submit`, aborts through `abort`, tokens out through each Live's queue."""
+    """The engine thread: requests in through `submit`, aborts through `abort`, tokens out through each Live's queue.
+    The engine itself is trace replay's (rakv.serving.server.EngineCore), set up the same way."""
 
-    def __init__(self, engine: Engine, options: ServeOptions, out: Path | None, parts: dict):
-        self.engine, self.options, self.out = engine, options, out
-        cost = parts.get("batch_cost")
-        self.batch_cost = ScaledCost(cost) if cost is not None else None  # its scale follows this server's iterations
-        k_set = tuple(parts.get("k_set") or ())
-        self.scheduler, self.executor = build_scheduler(engine, options, parts.get("controller"), self.batch_cost,
-                                                        parts.get("tracker"), k_set)
+    def __init__(self, engine: Engine, options: ServeOptions, out: Path | None, parts: ServeParts | None):
+        self.engine, self.options = engine, options
+        self.core = EngineCore.build(engine, options, parts, out)
+        self.scheduler = self.core.scheduler
         self.inbox: queue.Queue = queue.Queue()
         self.live: dict[str, Live] = {}
-        self.records: list[dict] = []
-        self.iterations: list[dict] = []
-        self.writer = RecordWriter(out / "requests.jsonl") if out is not None else None
-        self.start = time.perf_counter()
         self.stopping = threading.Event()
         self.tokenizer_lock = threading.Lock()  # one fast tokenizer, used from the handlers' threads and this one
 
@@ -150,7 +143,7 @@ class EngineLoop:
             return self.engine.pair.tokenizer.decode(tokens, skip_special_tokens=True)
 
     def now(self) -> float:
-        return time.perf_counter() - self.start
+        return self.core.now()
 
     def submit(self, completion: Completion) -> Live:
         """A new request (tokenised and length-checked here, in the handler's thread): refused at once if bad."""
@@ -179,16 +172,14 @@ class EngineLoop:
     def run(self) -> None:
         """Until `stopping`: take what arrived, then one engine step; block briefly on the inbox when idle."""
         while not self.stopping.is_set():
-            idle = not (self.scheduler.waiting or self.scheduler.running)
-            self._drain(block=idle)
-            if not (self.scheduler.waiting or self.scheduler.running):
+            self._drain(block=not self.core.busy)
+            if not self.core.busy:
                 continue
-            done = step_once(self.scheduler, self.executor, self.start, self.now(), self.batch_cost)
+            done = self.core.step(self.now())
             for request in done.step.refused:
                 self._close(self.live.pop(request.id))
             if done.output is None:
                 continue
-            self.iterations.append(done.record)
             for request_id in done.output.requests:
                 live = self.live.get(request_id)
                 if live is not None and len(live.request.state.tokens) > live.sent:
@@ -214,18 +205,12 @@ class EngineLoop:
 
     def _close(self, live: Live) -> None:
         request = live.request
-        record = record_of(request, self.decode(request.state.tokens))
-        self.records.append(record)
-        if self.writer is not None:
-            self.writer.write(record)
+        self.core.close(request, self.decode(request.state.tokens))
         live.events.put(("end", request))
 
     def finish(self) -> dict | None:
         """After the engine thread stopped: summary.json and iterations.jsonl (with --out)."""
-        if self.writer is None:
-            return None
-        self.writer.close()
-        return finish_summary(self.engine, [], self.out, self.options, self.records, self.iterations, self.now())
+        return self.core.finish([])
 
 
 def finish_reason(request: ServedRequest, eos: int | None) -> str:
@@ -374,11 +359,9 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 def make_server(engine: Engine, options: ServeOptions, address: tuple[str, int], served_name: str,
-                out: Path | None = None, parts: dict | None = None) -> tuple[ThreadingHTTPServer, EngineLoop]:
+                out: Path | None = None, parts: ServeParts | None = None) -> tuple[ThreadingHTTPServer, EngineLoop]:
     """The HTTP server and its engine loop (neither started: `serve_http` runs both; tests drive them)."""
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-    loop = EngineLoop(engine, options, out, parts or {})
+    loop = EngineLoop(engine, options, out, parts)
     handler = type("BoundHandler", (Handler,), {"loop": loop, "served_name": served_name})
     try:
         server = ThreadingHTTPServer(address, handler)
@@ -389,7 +372,7 @@ def make_server(engine: Engine, options: ServeOptions, address: tuple[str, int],
 
 
 def serve_http(engine: Engine, options: ServeOptions, address: tuple[str, int], served_name: str,
-               out: Path | None = None, parts: dict | None = None, ready=None) -> dict | None:
+               out: Path | None = None, parts: ServeParts | None = None, ready=None) -> dict | None:
     """Serve until interrupted (Ctrl-C / SIGTERM via KeyboardInterrupt); returns the summary with --out."""
     server, loop = make_server(engine, options, address, served_name, out, parts)
     engine_thread = threading.Thread(target=loop.run, name="rakv-engine", daemon=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from rakv.runtime.errors import RakvError
+from rakv.serving.records import RequestRecord
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
 
@@ -39,19 +40,19 @@ def _stats(name: str, values_s: list[float]) -> dict:
             f"p99_{name}_ms": float(np.percentile(ms, 99))}
 
 
-def meets(record: dict, slos: dict[str, float]) -> bool:
+def meets(record: RequestRecord, slos: dict[str, float]) -> bool:
     for name, limit_ms in slos.items():
-        value = record.get(f"{name}_s")
+        value = getattr(record, f"{name}_s")
         if value is not None and value * 1e3 > limit_ms:
             return False
     return True
 
 
-def summarize(records: list[dict], duration_s: float, slos: dict[str, float], iterations: list[dict]) -> dict:
+def summarize(records: list[RequestRecord], duration_s: float, slos: dict[str, float], iterations: list[dict]) -> dict:
     """The summary of one served trace; `iterations`: per iteration its rows, running requests and times."""
-    ok = [r for r in records if r["status"] == "ok"]
-    output = sum(r["new_tokens"] for r in ok)
-    prompt = sum(r["prompt_tokens"] for r in ok)
+    ok = [r for r in records if r.ok]
+    output = sum(r.new_tokens for r in ok)
+    prompt = sum(r.prompt_tokens for r in ok)
     duration_s = max(duration_s, 1e-9)
     busy = sum(i["iteration_s"] for i in iterations)
     summary = {
@@ -59,19 +60,19 @@ def summarize(records: list[dict], duration_s: float, slos: dict[str, float], it
         "total_input_tokens": prompt, "total_output_tokens": output,
         "request_throughput": len(ok) / duration_s, "output_throughput": output / duration_s,
         "total_token_throughput": (prompt + output) / duration_s,
-        **_stats("ttft", [r["ttft_s"] for r in ok]),
-        **_stats("tpot", [r["tpot_s"] for r in ok if r["tpot_s"] is not None]),
-        **_stats("itl", [gap for r in ok for gap in r["itl_s"]]),
-        **_stats("e2el", [r["e2el_s"] for r in ok]),
+        **_stats("ttft", [r.ttft_s for r in ok]),
+        **_stats("tpot", [r.tpot_s for r in ok if r.tpot_s is not None]),
+        **_stats("itl", [gap for r in ok for gap in r.itl_s]),
+        **_stats("e2el", [r.e2el_s for r in ok]),
         "goodput": (sum(meets(r, slos) for r in ok) / duration_s) if slos else None,
         "goodput_slos_ms": slos or None,
         "mean_batch_tokens": float(np.mean([i["rows"] for i in iterations])) if iterations else 0.0,
         "max_concurrency": max((i["running"] for i in iterations), default=0),
-        "prefix_hit_rate": (sum(r["hit_tokens"] for r in ok) / prompt) if prompt else 0.0,
+        "prefix_hit_rate": (sum(r.hit_tokens for r in ok) / prompt) if prompt else 0.0,
         "iterations": len(iterations),
-        "preemptions": sum(r["preempted"] for r in records),
+        "preemptions": sum(r.preempted for r in records),
         "peak_kv_bytes": max((i["kv_bytes"] for i in iterations), default=0),
         "scheduler_share": (sum(i["schedule_s"] for i in iterations) / busy) if busy else 0.0,
-        "accepted": sum(r["accepted"] for r in ok), "proposed": sum(r["proposed"] for r in ok),
+        "accepted": sum(r.accepted for r in ok), "proposed": sum(r.proposed for r in ok),
     }
     return summary

@@ -31,7 +31,8 @@ from typing import Protocol
 
 from rakv.runtime.cache import Hit
 from rakv.runtime.costmodel import acceptance_estimate
-from rakv.serving.policies import PerRequest
+from rakv.serving.admission import Admission
+from rakv.serving.policies import PerRequest, SloBudget
 from rakv.serving.request import ServedRequest, Status
 
 
@@ -51,8 +52,23 @@ class KVSide(Protocol):
         """Its prompt has just been computed: the prompt's K/V into the prefix store now, for requests that arrive
         while it decodes."""
 
-    def commit(self, request: ServedRequest, acceptance) -> None:
+    def commit(self, request: ServedRequest, acceptance: tuple[float, float] | None) -> None:
         """A finished request: its positions into the prefix store, then free."""
+
+
+class Outputs(Protocol):
+    """What `update_from_output` reads of an iteration's output, rakv.serving.executor.StepOutput (a protocol: the
+    executor imports this module's Step): each request's RequestOutput, by id."""
+
+    requests: dict  # id -> rakv.serving.executor.RequestOutput, applied by ServedRequest.advance
+
+
+class SpeculationPolicy(Protocol):
+    """k per decoding request under load (rakv.serving.policies: per-request, disable-by-batch-size, k-by-batch,
+    smartspec, load-aware)."""
+
+    def depths(self, decoding: list[ServedRequest]) -> list[int]:
+        """The most candidates each decoding request (in admission order) may verify in this iteration."""
 
 
 LOAD_SECONDS = 1.0  # the load forecast's memory: the last second or so of iterations
@@ -107,15 +123,15 @@ class Step:
 @dataclass
 class Scheduler:
     kv: KVSide
-    admission: object  # rakv.serving.admission.Admission: decides a request's action; its `acceptance` learns
+    admission: Admission  # decides a request's action; its `acceptance` learns
     token_budget: int  # rows per iteration (with chunking)
     max_batch: int  # running requests at most
     kv_budget_bytes: int
     chunking: bool = True
-    speculation: object = field(default_factory=PerRequest)  # rakv.serving.policies: k per decode under load
-    prefill_budget: object | None = None  # rakv.serving.policies.SloBudget: prefill rows per iteration under an SLO
-    waiting: deque = field(default_factory=deque)  # arrived, not running; preempted ones at the front
-    running: list = field(default_factory=list)  # in admission order
+    speculation: SpeculationPolicy = field(default_factory=PerRequest)  # k per decode under load
+    prefill_budget: SloBudget | None = None  # prefill rows per iteration under an SLO
+    waiting: deque[ServedRequest] = field(default_factory=deque)  # arrived, not running; preempted ones at the front
+    running: list[ServedRequest] = field(default_factory=list)  # in admission order
     admissions: int = 0
     kv_budget_mib: float | None = None  # the budget as the user gave it, for the refusal message
     load: Load = field(default_factory=Load)  # what recent iterations ran (update_from_output): admission's forecast
@@ -258,7 +274,7 @@ class Scheduler:
         request.abort(reason, now)
         self.kv.free(request)  # (a preempted one's kept logits too)
 
-    def update_from_output(self, step: Step, output, now: float) -> list[ServedRequest]:
+    def update_from_output(self, step: Step, output: Outputs, now: float) -> list[ServedRequest]:
         """Apply an iteration's output (rakv.serving.executor.StepOutput): each request it touched advances (tokens,
         rounds, computed positions); a finished one leaves the running set, its K/V goes into the store and is
         freed, and its rounds teach the acceptance estimate. Returns the requests finished, in admission order."""

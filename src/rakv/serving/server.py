@@ -12,15 +12,18 @@ A bad request (an empty prompt, longer than the context or than the K/V budget a
 from __future__ import annotations
 
 import json
-import os
 import resource
 import time
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
+from typing import Callable
 
 from tqdm import tqdm
 
+from rakv.runtime.actions import ADAPTIVE, FIXED_STRATEGIES
+from rakv.runtime.controller import AcceptanceTracker, Controller, ControllerConfig
+from rakv.runtime.costmodel import CostTable
 from rakv.runtime.decoding import DecodeState, Sampling
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
@@ -28,11 +31,12 @@ from rakv.runtime.paths import conf_file
 from rakv.runtime.strategies import check_strategy
 from rakv.serving.acceptance import ACCEPTANCE_SOURCES, Acceptance
 from rakv.serving.admission import Admission
-from rakv.serving.batchcost import ScaledCost
+from rakv.serving.batchcost import BatchCost, ScaledCost, load_or_calibrate_batch
 from rakv.serving.executor import Executor, StepOutput
 from rakv.serving.kv import KVManager
-from rakv.serving.metrics import summarize
+from rakv.serving.metrics import parse_goodput, summarize
 from rakv.serving.policies import MODEL_POLICIES, SloBudget, speculation_policy
+from rakv.serving.records import RecordWriter, RequestRecord, record_of
 from rakv.serving.replay import outputs_alone
 from rakv.serving.request import ServedRequest, Status
 from rakv.serving.scheduler import Scheduler, Step
@@ -43,20 +47,34 @@ from rakv.serving.trace import TraceRequest
 class ServeOptions:
     """How to serve, checked once here (a one-line RakvError) for the CLI, bench_serving.py and the serving study.
     The fields without a default are conf/serving/default.yaml's, the one source of their defaults
-    (`ServeOptions.default(**overrides)`)."""
+    (`ServeOptions.default(**overrides)`). Each field is also `rakv serve`'s flag of the same name (rakv.runtime.flags
+    generates them from the metadata here; docs/usage.md)."""
 
-    strategy: str  # ar, kv-only, spec-kK, joint-kK, an action label (r1k4), or rakv-asd
-    token_budget: int  # rows of one iteration's batched forward (with chunking)
-    chunking: bool  # false: each prompt's whole prefill in an iteration of its own (the baseline)
-    max_batch: int  # running requests at most
-    kv_budget_mib: float  # K/V of the running requests; over it the newest is preempted
-    speculation: str  # k under load: rakv.serving.policies.speculation_policy
-    itl_slo_ms: float | None  # chunking by the batch cost model: each iteration's prefill rows under this SLO
-    acceptance: str  # a request's acceptance at admission: ewma (across requests) or prefix (its store hit's)
-    slos_ms: dict = field(default_factory=dict)  # goodput's SLOs (rakv.serving.metrics.parse_goodput)
-    sampling: Sampling = Sampling()
-    ignore_eos: bool = False
-    check_alone: bool = False  # after serving, generate each finished request alone (greedy AR) and count equal ones
+    strategy: str = field(metadata={"help": f"per request: {', '.join(FIXED_STRATEGIES)}, rakv-asd"})  # or r1k4
+    token_budget: int = field(metadata={"metavar": "N", "help": "rows of an iteration's forward: decodes first, then "
+                                        "prefill chunks"})
+    chunking: bool = field(metadata={  # false (--no-chunking): the baseline
+        "help": "each prompt's whole prefill in an iteration of its own (the baseline)"})
+    max_batch: int = field(metadata={"metavar": "B", "help": "running requests at most"})
+    kv_budget_mib: float = field(metadata={"metavar": "M", "help": "K/V of the running requests; over it the newest "
+                                           "is preempted"})
+    speculation: str = field(metadata={"metavar": "POLICY", "help": (
+        "k per decoding request under load, capping the strategy's: per-request, disable-by-batch-size:B, "
+        "k-by-batch:1=4,4=2,8=0, smartspec (SmartSpec's goodput rule), load-aware (RAKV-ASD under load)")})
+    itl_slo_ms: float | None = field(metadata={"metavar": "MS", "help": (
+        "chunk prefills so that each iteration's predicted time (the batch cost model) stays under this inter-token "
+        "latency; --token-budget stays the cap (default: fixed budget)")})
+    acceptance: str = field(metadata={"choices": ACCEPTANCE_SOURCES, "help": (
+        "a request's acceptance at admission: the EWMA across requests, or the one recorded with the store entry it "
+        "extends")})
+    slos_ms: dict = field(default_factory=dict, metadata={  # goodput's SLOs
+        "flag": "--goodput", "nargs": "+", "metavar": "METRIC:MS", "parse": parse_goodput,
+        "help": "SLOs for summary.json's goodput: ttft:MS tpot:MS e2el:MS"})
+    sampling: Sampling = Sampling()  # its own flags (rakv.runtime.decoding.Sampling)
+    ignore_eos: bool = field(default=False, metadata={"help": "generate exactly max_new_tokens per request"})
+    check_alone: bool = field(default=False, metadata={"help": (  # then count the outputs equal to batch one's
+        "then generate each finished request alone (greedy AR, empty store) and count in summary.json how many "
+        "outputs are identical (outputs_equal_alone)")})
 
     def __post_init__(self):
         check_strategy(self.strategy)
@@ -90,65 +108,44 @@ class ServeOptions:
         return cls.from_config(conf_file("serving/default.yaml"), **overrides)
 
 
-def serve_parts(engine: Engine, options: ServeOptions, table_for, controller_config=None,
-                recalibrate: str = "auto", progress: bool = True) -> dict:
-    """serve()'s keyword arguments for `options`: the controller (rakv-asd), the batch cost model (the model
-    policies and the per-iteration predictions) and the acceptance EWMA seeded from the calibrated acceptance.
-    `table_for()` gives the engine's per-request cost table (rakv.runtime.calibration), called only when needed."""
-    from rakv.runtime.actions import ADAPTIVE
-    from rakv.runtime.controller import AcceptanceTracker, Controller, ControllerConfig
-    from rakv.serving.batchcost import load_or_calibrate_batch
+CONF_FIELDS = tuple(f.name for f in fields(ServeOptions) if f.default is MISSING and f.default_factory is MISSING)
+"""ServeOptions' fields whose defaults conf/serving/default.yaml holds (a serving study's policy sets these)."""
 
+
+@dataclass(frozen=True)
+class ServeParts:
+    """What serving needs besides its options: rakv-asd's controller, the acceptance EWMA to start from when there
+    is no controller, the batch cost model (the model policies, `itl_slo_ms` and every iteration's prediction) and
+    the model policies' depths. `serve_parts` builds the ones `options` need; empty: a fixed strategy, no cost model."""
+
+    controller: Controller | None = None
+    tracker: AcceptanceTracker | None = None
+    batch_cost: BatchCost | None = None
+    k_set: tuple[int, ...] = ()
+
+    @property
+    def depths(self) -> tuple[int, ...]:
+        """The model policies' depths: `k_set`, else the controller's."""
+        return tuple(self.k_set or (self.controller.config.k_set if self.controller is not None else ()))
+
+
+def serve_parts(engine: Engine, options: ServeOptions, table_for: Callable[[], CostTable],
+                controller_config: ControllerConfig | None = None, recalibrate: str = "auto", progress: bool = True,
+                batch_cost: BatchCost | None = None) -> ServeParts:
+    """The parts `options` need: the controller (rakv-asd), the batch cost model (the model policies and the
+    per-iteration predictions) and the acceptance EWMA seeded from the calibrated acceptance. `table_for()` gives
+    the engine's per-request cost table (rakv.runtime.calibration), called only when needed. `batch_cost`: a batch
+    cost table at hand, used whether or not `options` need one (the serving study prices every run's iterations
+    with its own); without it, this machine's is loaded (or measured) when `options` need one."""
     config = controller_config or ControllerConfig.default()
-    parts: dict = {"k_set": tuple(config.k_set)}
-    if options.strategy == ADAPTIVE or options.needs_batch_cost:
-        table = table_for()
-        if options.strategy == ADAPTIVE:
-            parts["controller"] = Controller(table, config)
-        else:
-            parts["tracker"] = AcceptanceTracker(table.acceptance, config.beta, table.match_rate)
-        parts["batch_cost"] = load_or_calibrate_batch(engine, recalibrate=recalibrate, progress=progress)
-    return parts
-
-
-class RecordWriter:
-    """requests.jsonl: each line in one write, flushed to disk before the next request is served."""
-
-    def __init__(self, path: Path):
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-
-    def write(self, record: dict) -> None:
-        os.write(self.fd, (json.dumps(record) + "\n").encode())
-        os.fsync(self.fd)
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-def record_of(request: ServedRequest, text: str) -> dict:
-    state = request.state
-    ok = request.status == Status.FINISHED
-    status = {Status.FINISHED: "ok", Status.ABORTED: "aborted"}.get(request.status, "refused")
-    times = request.emitted_s
-    ttft = times[0] - request.arrival_s if ok and times else None
-    e2el = request.finished_s - request.arrival_s if ok else None
-    return {
-        "id": request.id, "status": status, "error": request.error,
-        "prompt_tokens": len(request.prompt), "hit_tokens": request.hit_tokens,
-        "draft_hit_tokens": request.draft_hit_tokens, "new_tokens": len(state.tokens),
-        "token_ids": state.tokens, "text": text, "arrival_s": request.arrival_s, "ttft_s": ttft,
-        "tpot_s": (e2el - ttft) / (len(state.tokens) - 1) if ok and len(state.tokens) > 1 else None,
-        "itl_s": [b - a for a, b in zip(times, times[1:])] if ok else [], "e2el_s": e2el,
-        "reuse": request.action.reuse, "k": request.action.k, "rounds": state.rounds, "proposed": state.proposed,
-        "accepted": state.accepted, "preempted": request.preempted, "conversation": request.conversation,
-        "turn": request.turn, "peak_kv_bytes": state.peak_kv_bytes, "alpha": request.alpha,
-        "prefix_acceptance": list(request.prefix_acceptance) if request.prefix_acceptance else None,
-        "predicted_s": request.predicted_s, "served_predicted_s": request.served_predicted_s,
-        "concurrency_at_admission": request.concurrency_at_admission, "realised_alpha": request.realised_alpha,
-        "admitted_s": request.admitted_s,
-        "service_s": request.finished_s - request.admitted_s if ok and request.admitted_s is not None else None,
-        "empty_rounds": state.empty_rounds, "prompt_ids": request.prompt,
-    }
+    if not (options.strategy == ADAPTIVE or options.needs_batch_cost):
+        return ServeParts(batch_cost=batch_cost, k_set=tuple(config.k_set))
+    table = table_for()
+    controller = Controller(table, config) if options.strategy == ADAPTIVE else None
+    tracker = AcceptanceTracker(table.acceptance, config.beta, table.match_rate) if controller is None else None
+    if batch_cost is None:
+        batch_cost = load_or_calibrate_batch(engine, recalibrate=recalibrate, progress=progress)
+    return ServeParts(controller, tracker, batch_cost, tuple(config.k_set))
 
 
 @dataclass
@@ -236,7 +233,8 @@ def iteration_record(at: float, step: Step, output: StepOutput, running: list[Se
             "schedule_s": scheduled - began, "iteration_s": ended - began}
 
 
-def build_scheduler(engine: Engine, options: ServeOptions, controller, batch_cost, tracker,
+def build_scheduler(engine: Engine, options: ServeOptions, controller: Controller | None,
+                    batch_cost: ScaledCost | None, tracker: AcceptanceTracker | None,
                     k_set: tuple[int, ...]) -> tuple[Scheduler, Executor]:
     """The three parts of an engine step for `options`: admission (with the acceptance estimate), the K/V manager,
     the scheduler with its speculation and chunking policies; and the executor over the same K/V. `batch_cost`:
@@ -268,7 +266,8 @@ class Iteration:
     record: dict | None = None
 
 
-def step_once(scheduler: Scheduler, executor: Executor, start: float, now: float, batch_cost) -> Iteration:
+def step_once(scheduler: Scheduler, executor: Executor, start: float, now: float,
+              batch_cost: ScaledCost | None) -> Iteration:
     """One engine step, the same for trace replay and the HTTP endpoint: schedule -> execute -> update_from_output
     (`start`: time.perf_counter() when serving began; `now`: seconds since then, the scheduler's clock)."""
     began = time.perf_counter()
@@ -286,59 +285,115 @@ def step_once(scheduler: Scheduler, executor: Executor, start: float, now: float
     return Iteration(step, output, finished, record)
 
 
-def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, options: ServeOptions, *,
-          controller=None, batch_cost=None, tracker=None, k_set: tuple[int, ...] = (), progress: bool = True) -> dict:
-    """Serve a (validated) trace; writes out_dir/requests.jsonl, iterations.jsonl and summary.json; returns the summary.
+@dataclass
+class EngineCore:
+    """The serving engine, set up once for trace replay (`serve`) and the HTTP endpoint (rakv.serving.http): the
+    scheduler with its admission, K/V manager and policies and the executor over the same K/V (`build_scheduler`),
+    this run's batch cost model (its scale starts at 1 and follows this run's iterations), the clock both loops read,
+    and what a run leaves behind: the records of the requests that left (requests.jsonl as they leave, with `out`)
+    and the iterations' lines (iterations.jsonl and summary.json at `finish`)."""
 
-    controller: rakv-asd's (rakv.runtime.controller.Controller); batch_cost (rakv.serving.batchcost.BatchCost):
-    for the model policies (`smartspec`, `load-aware`, `itl_slo_ms`) and the predicted time of every iteration;
-    tracker: the acceptance EWMA to start from when there is no controller; k_set: the model policies' depths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    k_set = tuple(k_set or (controller.config.k_set if controller is not None else ()))
-    batch_cost = ScaledCost(batch_cost) if batch_cost is not None else None  # this run's scale starts at 1
-    scheduler, executor = build_scheduler(engine, options, controller, batch_cost, tracker, k_set)
+    engine: Engine
+    options: ServeOptions
+    scheduler: Scheduler
+    executor: Executor
+    batch_cost: ScaledCost | None
+    out: Path | None
+    writer: RecordWriter | None
+    start: float = field(default_factory=time.perf_counter)
+    records: list[RequestRecord] = field(default_factory=list)
+    iterations: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, engine: Engine, options: ServeOptions, parts: ServeParts | None, out: Path | None) -> "EngineCore":
+        parts = parts or ServeParts()
+        batch_cost = ScaledCost(parts.batch_cost) if parts.batch_cost is not None else None
+        scheduler, executor = build_scheduler(engine, options, parts.controller, batch_cost, parts.tracker,
+                                              parts.depths)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+        writer = RecordWriter(out / "requests.jsonl") if out is not None else None
+        return cls(engine, options, scheduler, executor, batch_cost, out, writer)
+
+    def now(self) -> float:
+        """Seconds since serving began: the scheduler's clock."""
+        return time.perf_counter() - self.start
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    def step(self, now: float) -> Iteration:
+        """One engine step (`step_once`); its iterations.jsonl line kept when it ran."""
+        done = step_once(self.scheduler, self.executor, self.start, now, self.batch_cost)
+        if done.record is not None:
+            self.iterations.append(done.record)
+        return done
+
+    def close(self, request: ServedRequest, text: str) -> RequestRecord:
+        """A request left the engine (finished, refused or aborted): its record, on disk before the next step."""
+        record = record_of(request, text)
+        self.records.append(record)
+        if self.writer is not None:
+            self.writer.write(record)
+        return record
+
+    def stop_writing(self) -> None:
+        """requests.jsonl closed (what was written stays: complete lines only)."""
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def finish(self, trace: list[TraceRequest]) -> dict | None:
+        """After the last step: requests.jsonl closed, then summary.json and iterations.jsonl (with `out`)."""
+        self.stop_writing()
+        if self.out is None:
+            return None
+        return finish_summary(self.engine, trace, self.out, self.options, self.records, self.iterations, self.now())
+
+
+def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, options: ServeOptions,
+          parts: ServeParts | None = None, progress: bool = True) -> dict:
+    """Serve a (validated) trace; writes out_dir/requests.jsonl, iterations.jsonl and summary.json; returns the summary.
+    `parts`: the controller, acceptance EWMA and batch cost model `options` need (`serve_parts`); none: a fixed
+    strategy without the batch cost model."""
+    core = EngineCore.build(engine, options, parts, Path(out_dir))
     arrivals = Arrivals(engine, trace, options.ignore_eos, options.sampling)
-    writer = RecordWriter(out / "requests.jsonl")
-    records, iterations = [], []
     bar = tqdm(total=len(trace), desc="serve", unit="req", disable=not progress, leave=False)
 
     def close(request: ServedRequest) -> None:
         while request is not None:  # a refused turn refuses its conversation's later turns
-            records.append(record_of(request, engine.pair.tokenizer.decode(request.state.tokens,
-                                                                           skip_special_tokens=True)))
-            writer.write(records[-1])
+            core.close(request, engine.pair.tokenizer.decode(request.state.tokens, skip_special_tokens=True))
             bar.update(1)
             request = arrivals.closed(request)
 
-    start = time.perf_counter()
+    core.start = time.perf_counter()  # the clock starts with the loop
     try:
-        while arrivals.more or scheduler.waiting or scheduler.running:
-            now = time.perf_counter() - start
+        while arrivals.more or core.busy:
+            now = core.now()
             for request in arrivals.due(now):
-                close(request) if request.status == Status.REFUSED else scheduler.waiting.append(request)
-            done = step_once(scheduler, executor, start, now, batch_cost)
+                close(request) if request.status == Status.REFUSED else core.scheduler.waiting.append(request)
+            done = core.step(now)
             for request in done.step.refused:
                 close(request)
             if done.output is None:  # nothing to run yet: wait for the next arrival
-                if not scheduler.waiting and not scheduler.running and arrivals.next_s() is not None:
-                    time.sleep(max(0.0, arrivals.next_s() - (time.perf_counter() - start)))
+                if not core.busy and arrivals.next_s() is not None:
+                    time.sleep(max(0.0, arrivals.next_s() - core.now()))
                 continue
-            iterations.append(done.record)
             for request in done.finished:
                 close(request)
     finally:
-        writer.close()
         bar.close()
-    return finish_summary(engine, trace, out, options, records, iterations, time.perf_counter() - start)
+        core.stop_writing()
+    return core.finish(trace)
 
 
-def finish_summary(engine: Engine, trace: list[TraceRequest], out: Path, options: ServeOptions, records: list,
-                   iterations: list, duration: float) -> dict:
+def finish_summary(engine: Engine, trace: list[TraceRequest], out: Path, options: ServeOptions,
+                   records: list[RequestRecord], iterations: list[dict], duration: float) -> dict:
     """summary.json (rakv.serving.metrics, the options served with, the equality check) and iterations.jsonl."""
     summary = summarize(records, duration, options.slos_ms, iterations)
     if options.check_alone:
-        served = {r["id"]: r["token_ids"] for r in records if r["status"] == "ok"}
+        served = {r.id: r.token_ids for r in records if r.ok}
         reference = outputs_alone(engine, trace, served, ignore_eos=options.ignore_eos)
         summary["outputs_equal_alone"] = sum(reference[i] == tokens for i, tokens in served.items())
     summary.update(strategy=options.strategy, speculation=options.speculation, proposer=engine.proposer,

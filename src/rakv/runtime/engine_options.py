@@ -1,0 +1,45 @@
+"""What `rakv generate`, `calibrate` and `serve` open an engine with: the pair, its proposer, where and how it runs,
+and its prefix KV store. Declared once here; the CLI's flags are generated from these fields (rakv.runtime.flags), with
+conf/config.yaml (device, dtype, kernels) and conf/cache/default.yaml (the store) as their defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rakv.runtime.engine import PROPOSERS, Engine, open_engine
+from rakv.runtime.kernels import KERNEL_MODES
+from rakv.runtime.models import PAIR_NAMES
+from rakv.runtime.paths import conf_file
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The fields without a default take conf/'s (`conf_defaults`), the one source of their defaults."""
+
+    pair: str = field(metadata={"help": f"model pair: {', '.join(PAIR_NAMES)}"})
+    salt: str | None = field(metadata={
+        "help": "isolation salt (tenant) of the KV store namespace, for requests that name none"})
+    cache_budget_mib: float = field(metadata={"help": "byte budget of the prefix KV store"})
+    reuse_draft: bool = field(metadata={  # false: --no-draft-reuse
+        "flag": "--no-draft-reuse", "help": "store entries without the draft model's K/V (the ablation; conf/cache: "
+                                            "reuse_draft)"})
+    device: str = field(metadata={"help": "cpu, cuda, cuda:1 ..."})
+    dtype: str = field(metadata={"help": "the models' weights and activations"})
+    kernels: str = field(metadata={"choices": KERNEL_MODES, "help": (
+        "compact: rakv.runtime.compact's forward (few ops per layer, C++ kernels for few rows, batched rows); "
+        "stock: transformers as shipped")})
+    proposer: str = field(default="draft", metadata={"choices": PROPOSERS, "help": "who drafts for k > 0"})
+    threads: int | None = field(default=None, metadata={"help": "CPU threads (default: all cores)"})
+
+    @staticmethod
+    def conf_defaults() -> dict:
+        """The defaults conf/ holds for these fields (the pipeline's and the store's), so the CLI and the stages
+        agree."""
+        pipeline, store = conf_file("config.yaml"), conf_file("cache/default.yaml")
+        return {"device": pipeline.device, "dtype": pipeline.dtype, "kernels": pipeline.kernels,
+                "salt": store.salt, "cache_budget_mib": store.budget_mib, "reuse_draft": store.reuse_draft}
+
+    def open(self) -> Engine:
+        return open_engine(self.pair, self.proposer, cache_budget_mib=self.cache_budget_mib, salt=self.salt,
+                           device=self.device, dtype=self.dtype, threads=self.threads, kernels=self.kernels,
+                           reuse_draft=self.reuse_draft)

@@ -1,0 +1,101 @@
+"""requests.jsonl: a served request's record (`RequestRecord`, one line each) and the writer that appends it.
+
+The record is typed as batch one's rakv.runtime.engine.RequestResult is; its fields, in this order, are the keys
+of a requests.jsonl line (docs/serving.md), and rakv.serving.metrics summarises a run's records into summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from rakv.serving.request import ServedRequest, Status
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One served (or refused, or aborted) request. Times are seconds on the serving clock; the latencies are None
+    for a request that did not finish."""
+
+    id: str
+    status: str  # ok, refused or aborted
+    error: str | None  # why it was refused or aborted
+    prompt_tokens: int
+    hit_tokens: int  # prompt positions whose K/V came from the prefix store
+    draft_hit_tokens: int  # of those, positions whose draft-model K/V came from the store too
+    new_tokens: int
+    token_ids: list[int]
+    text: str
+    arrival_s: float
+    ttft_s: float | None  # arrival to first token
+    tpot_s: float | None  # (e2el - ttft) / (new tokens - 1), for more than one token
+    itl_s: list[float]  # gaps between successive emissions (a speculative round's tokens arrive together)
+    e2el_s: float | None  # arrival to last token
+    reuse: bool  # its action: reuse the store's hit
+    k: int  # ... and speculate k candidates per round
+    rounds: int
+    proposed: int
+    accepted: int
+    preempted: int  # times its K/V was dropped and recomputed
+    conversation: str | None
+    turn: int
+    peak_kv_bytes: int
+    alpha: float | None  # the acceptance its action was chosen with
+    prefix_acceptance: list | None  # the acceptance recorded with the store entry it extended
+    predicted_s: float | None  # the cost model's latency for its action, alone
+    served_predicted_s: float | None  # ... and under the load it was admitted into
+    concurrency_at_admission: int | None
+    realised_alpha: float | None  # the acceptance its rounds realised
+    admitted_s: float | None
+    service_s: float | None  # admission to last token
+    empty_rounds: int  # speculative rounds without a candidate
+    prompt_ids: list[int]
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_json(self) -> dict:
+        """The requests.jsonl line's object: every field, in declaration order."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def record_of(request: ServedRequest, text: str) -> RequestRecord:
+    """The record of a request that has left the engine (finished, refused or aborted); `text`: its output decoded."""
+    state = request.state
+    ok = request.status == Status.FINISHED
+    times = request.emitted_s
+    ttft = times[0] - request.arrival_s if ok and times else None
+    e2el = request.finished_s - request.arrival_s if ok else None
+    return RequestRecord(
+        id=request.id, status={Status.FINISHED: "ok", Status.ABORTED: "aborted"}.get(request.status, "refused"),
+        error=request.error, prompt_tokens=len(request.prompt), hit_tokens=request.hit_tokens,
+        draft_hit_tokens=request.draft_hit_tokens, new_tokens=len(state.tokens), token_ids=state.tokens, text=text,
+        arrival_s=request.arrival_s, ttft_s=ttft,
+        tpot_s=(e2el - ttft) / (len(state.tokens) - 1) if ok and len(state.tokens) > 1 else None,
+        itl_s=[b - a for a, b in zip(times, times[1:])] if ok else [], e2el_s=e2el,
+        reuse=request.action.reuse, k=request.action.k, rounds=state.rounds, proposed=state.proposed,
+        accepted=state.accepted, preempted=request.preempted, conversation=request.conversation,
+        turn=request.turn, peak_kv_bytes=state.peak_kv_bytes, alpha=request.alpha,
+        prefix_acceptance=list(request.prefix_acceptance) if request.prefix_acceptance else None,
+        predicted_s=request.predicted_s, served_predicted_s=request.served_predicted_s,
+        concurrency_at_admission=request.concurrency_at_admission, realised_alpha=request.realised_alpha,
+        admitted_s=request.admitted_s,
+        service_s=request.finished_s - request.admitted_s if ok and request.admitted_s is not None else None,
+        empty_rounds=state.empty_rounds, prompt_ids=request.prompt)
+
+
+class RecordWriter:
+    """requests.jsonl: each line in one write, flushed to disk before the next request is served."""
+
+    def __init__(self, path: Path):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def write(self, record: RequestRecord) -> None:
+        os.write(self.fd, (json.dumps(record.to_json()) + "\n").encode())
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
