@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import nnls
 
-from rakv.runtime.costmodel import expected_tokens_per_round
+from rakv.runtime.costmodel import tokens_per_round
 from rakv.runtime.errors import RakvError
 from rakv.runtime.models import smollm2_tokenizer
 from rakv.runtime.proposers import PromptLookupProposer
@@ -77,8 +77,7 @@ def step_s(model: np.ndarray, b: int, k: int, match: float) -> float:
 
 def rate(model: np.ndarray, b: int, k: int, alpha: float, match: float) -> float:
     """Expected tokens per second of b requests speculating k by n-gram lookup."""
-    per_round = match * expected_tokens_per_round(alpha, k) + (1 - match) if k else 1.0
-    return b * per_round / step_s(model, b, k, match)
+    return b * tokens_per_round(alpha, k, match) / step_s(model, b, k, match)
 
 
 def schedule(model: np.ndarray, ks: list[int], alpha: float, match: float, max_batch: int) -> list[list[int]]:

@@ -26,7 +26,7 @@ import pandas as pd
 from scipy import stats
 
 from rakv.experiments.verdicts import all_of, any_of, below, ci_side, higher, non_inferior
-from rakv.runtime.costmodel import expected_tokens_per_round
+from rakv.runtime.costmodel import tokens_per_round
 from rakv.serving.batchcost import shape_class
 
 CONFIDENCE = 0.95
@@ -377,7 +377,7 @@ def break_even_by_batch(cost, k_values=(1, 2, 4), batches=(1, 2, 4, 8, 16), cont
             time_k = cost.decode_s([(1 + k, context)] * b, [k] * b)
 
             def gain(alpha):
-                return b * (match * expected_tokens_per_round(alpha, k) + 1 - match) / time_k - base
+                return b * tokens_per_round(alpha, k, match) / time_k - base
 
             alpha = None
             if gain(1.0) > 0:

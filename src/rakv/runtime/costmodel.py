@@ -125,6 +125,14 @@ def expected_tokens_per_round(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+def tokens_per_round(alpha: float, k: int, match: float = 1.0) -> float:
+    """Confirmed tokens per round of depth k: m E_k(alpha) + (1 - m), `match` m the share of rounds in which the
+    proposer offers candidates (prompt lookup finds no n-gram in the others, which confirm one token); 1 at k = 0.
+    The one form of this sum for the cost model, the serving policies, admission, the serving statistics and
+    scripts/tune_vllm.py."""
+    return match * expected_tokens_per_round(alpha, k) + (1 - match) if k else 1.0
+
+
 def action_kv_bytes(table: CostTable, features: RequestFeatures, k: int) -> float:
     """K/V bytes an action holds at its peak: the target's whole sequence, plus the proposer's when k > 0."""
     length = features.prompt_tokens + features.new_tokens
@@ -159,7 +167,7 @@ def estimate_latency(table: CostTable, features: RequestFeatures, reuse: bool, k
         if draft_hit:
             cost += table.kv_copy(draft_hit) * table.proposer_kv_bytes_per_token / table.target_kv_bytes_per_token
         m = min(max(match_rate, 0.0), 1.0)
-        tokens = m * expected_tokens_per_round(alpha, k) + (1 - m)
+        tokens = tokens_per_round(alpha, k, m)
         per_round = (table.propose[k](mid_context) + m * table.verify[k](mid_context)
                      + (1 - m) * table.target_step(mid_context))
         cost += steps / tokens * per_round

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rakv.runtime.costmodel import expected_tokens_per_round
+from rakv.runtime.costmodel import tokens_per_round
 from rakv.runtime.errors import RakvError
 from rakv.serving.batchcost import pass_features
 from rakv.serving.request import ServedRequest
@@ -60,10 +60,6 @@ class KByBatch:
         return [min(k, r.max_k) for r in decoding]
 
 
-def _tokens(alpha: float, k: int, match: float) -> float:
-    return match * expected_tokens_per_round(alpha, k) + (1 - match) if k else 1.0
-
-
 @dataclass(frozen=True)
 class Goodput:
     """SmartSpec: the batch's one k of most expected tokens per second (candidates `k_set`)."""
@@ -80,7 +76,7 @@ class Goodput:
         best, best_rate = 0, -1.0
         for k in sorted(set(self.k_set)):
             ks = [min(k, r.max_k) for r in decoding]
-            tokens = sum(_tokens(alpha, kk, match) for kk in ks)
+            tokens = sum(tokens_per_round(alpha, kk, match) for kk in ks)
             rate = tokens / max(self.cost.decode_s([(1 + kk, len(r.tokens)) for r, kk in zip(decoding, ks)]), 1e-9)
             if rate > best_rate * (1 + 1e-9):
                 best, best_rate = k, rate
@@ -106,7 +102,7 @@ class LoadAware:
         ks = [0] * len(decoding)
 
         def rate(ks):
-            tokens = sum(_tokens(a, k, match) for a, k in zip(alphas, ks))
+            tokens = sum(tokens_per_round(a, k, match) for a, k in zip(alphas, ks))
             return tokens / max(self.cost.decode_s([(1 + k, c) for k, c in zip(ks, contexts)]), 1e-9)
 
         current = rate(ks)
