@@ -256,7 +256,7 @@ def test_noisy_calibration_points_are_measured_again_then_refused(monkeypatch):
     # per point: a warm-up, a pass of 4, and (if noisy) a second pass of 4
     scripted = {"quiet": iter([0.010] * 5), "spiky": iter([0.010] + [0.030, 0.010] * 2 + [0.010, 0.0101, 0.0099, 0.010]),
                 "bad": iter([0.010] + [0.010, 0.050] * 4)}
-    monkeypatch.setattr(calibration, "_time_once", lambda point, device: next(scripted[point.run()]))
+    monkeypatch.setattr(calibration, "time_once", lambda point, device: next(scripted[point.run()]))
     points = {(name, 64): calibration.Point(lambda name=name: name) for name in scripted}
     calibration.measure_interleaved(points, None, plan)
     assert points["quiet", 64].spread == 0 and points["spiky", 64].spread < 0.05  # the quieter second set is kept
