@@ -196,7 +196,7 @@ SMALL = ["profile=smoke", "profile.serving.repeats=2", "profile.serving.requests
 
 
 def run_stage(results, *extra):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "run_serving.py"), *SMALL, f"results_dir={results}",
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "run_stage.py"), "serving", *SMALL, f"results_dir={results}",
                            *extra], capture_output=True, text=True, timeout=900)
 
 
