@@ -25,6 +25,7 @@ time stays under an inter-token-latency SLO.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rakv.runtime.costmodel import tokens_per_round
@@ -60,6 +61,17 @@ class KByBatch:
         return [min(k, r.max_k) for r in decoding]
 
 
+def most_goodput(k_set, rate: Callable[[int], float]) -> int:
+    """SmartSpec's rule: the k of `k_set` of most expected tokens per second `rate(k)`, a deeper k only when it
+    gains more than rounding (shared with scripts/tune_vllm.py's schedule for vLLM, rakv.bench.peers)."""
+    best, best_rate = 0, -1.0
+    for k in sorted(set(k_set)):
+        value = rate(k)
+        if value > best_rate * (1 + 1e-9):
+            best, best_rate = k, value
+    return best
+
+
 @dataclass(frozen=True)
 class Goodput:
     """SmartSpec: the batch's one k of most expected tokens per second (candidates `k_set`)."""
@@ -73,13 +85,13 @@ class Goodput:
         if not decoding:
             return []
         alpha, match = self.tracker.alpha, self.tracker.match_rate
-        best, best_rate = 0, -1.0
-        for k in sorted(set(self.k_set)):
+
+        def rate(k):
             ks = [min(k, r.max_k) for r in decoding]
             tokens = sum(tokens_per_round(alpha, kk, match) for kk in ks)
-            rate = tokens / max(self.cost.decode_s([(1 + kk, len(r.tokens)) for r, kk in zip(decoding, ks)]), 1e-9)
-            if rate > best_rate * (1 + 1e-9):
-                best, best_rate = k, rate
+            return tokens / max(self.cost.decode_s([(1 + kk, len(r.tokens)) for r, kk in zip(decoding, ks)]), 1e-9)
+
+        best = most_goodput(self.k_set, rate)
         return [min(best, r.max_k) for r in decoding]
 
 
