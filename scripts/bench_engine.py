@@ -34,8 +34,16 @@ import argparse
 import json
 import sys
 
-from rakv.bench.engine import (bench, draft_reuse_rows, gemm_table, load_sides, make_sides, peak_increase_mib,
-                               reuse_prompts, rss_probe)
+from rakv.bench.engine import (
+    bench,
+    draft_reuse_rows,
+    gemm_table,
+    load_sides,
+    make_sides,
+    peak_increase_mib,
+    reuse_prompts,
+    rss_probe,
+)
 from rakv.runtime.actions import SPEC_K, Action
 from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.engine import Engine

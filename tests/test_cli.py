@@ -86,7 +86,9 @@ def test_too_long_prompt_in_file_stops_before_generation(capsys, tmp_path):
 
 
 def test_mismatched_tokenizers_refused():
-    fp = lambda tok: Fingerprint("m", "w", "float32", "none", tok)
+    def fp(tok):
+        return Fingerprint("m", "w", "float32", "none", tok)
+
     with pytest.raises(RakvError, match="tokenizers differ"):
         check_shared_tokenizer("p", LoadedModel(None, fp("aaaa"), 1024), LoadedModel(None, fp("bbbb"), 1024))
 

@@ -5,21 +5,28 @@ import random
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rakv.runtime.actions import Action
 from rakv.runtime.cache import Hit, PrefixKVStore
 from rakv.runtime.calibration import CalibrationPlan, calibration_key, load_or_calibrate, load_table
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from rakv.runtime.controller import AcceptanceTracker, Controller, ControllerConfig, choose
-from rakv.runtime.costmodel import (CostTable, Curve, RequestFeatures, acceptance_estimate, break_even_alpha,
-                            estimate_latency, expected_tokens_per_round, non_decreasing,
-                            tokens_per_round)
+from rakv.runtime.costmodel import (
+    CostTable,
+    Curve,
+    RequestFeatures,
+    acceptance_estimate,
+    break_even_alpha,
+    estimate_latency,
+    expected_tokens_per_round,
+    non_decreasing,
+    tokens_per_round,
+)
 from rakv.runtime.depth import RoundDepth
 from rakv.runtime.engine import Engine
-from rakv.runtime.strategies import run_strategy
 from rakv.runtime.errors import RakvError
+from rakv.runtime.strategies import run_strategy
 
 
 def configured(**changes) -> ControllerConfig:

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.cache_utils import DynamicLayer
 
+from rakv.runtime import kernels
 from rakv.runtime.actions import Action
 from rakv.runtime.cache import PrefixKVStore
-from rakv.runtime import kernels
 from rakv.runtime.compact import Linear, Segment
 from rakv.runtime.decoding import crop_cache, forward, forward_rows
 from rakv.runtime.engine import Engine

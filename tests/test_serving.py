@@ -21,7 +21,7 @@ from rakv.runtime.cache import Hit, PrefixKVStore
 from rakv.runtime.decoding import DecodeState, Sampling
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
-from rakv.runtime.strategies import Choice
+from rakv.runtime.strategies import Choice, action_of
 from rakv.serving.acceptance import Acceptance
 from rakv.serving.executor import RequestOutput, StepOutput
 from rakv.serving.metrics import parse_goodput
@@ -29,7 +29,6 @@ from rakv.serving.request import ServedRequest, Status
 from rakv.serving.scheduler import Scheduler
 from rakv.serving.server import ServeOptions, serve
 from rakv.serving.trace import TraceRequest, generate_trace, read_trace, write_trace
-from rakv.runtime.strategies import action_of
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = [(f"t{i}", " ".join(f"word{(i * 7 + j) % 50} and" for j in range(30 + i % 9))) for i in range(40)]
@@ -418,8 +417,9 @@ def test_smollm2_served_outputs_equal_alone(smollm2_pair, tmp_path, strategy, pr
 @pytest.mark.parametrize("proposer, alpha", [("draft", 0.95), ("prompt-lookup", 0.9), ("draft", 0.05)])
 def test_rakv_asd_decides_per_request_at_admission_and_changes_no_output(tiny_pair, tiny_texts, tmp_path, proposer,
                                                                          alpha):
-    from rakv.runtime.controller import Controller
     from test_costmodel import table
+
+    from rakv.runtime.controller import Controller
 
     controller = Controller(table(alpha=alpha, step=0.02, verify=0.021, propose_per_token=0.0005))
     trace = generate_trace(tiny_texts, requests=6, rate=60.0, kind="shared-prefix", max_new_tokens=10,

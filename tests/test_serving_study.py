@@ -19,10 +19,17 @@ from rakv.runtime.costmodel import Curve
 from rakv.runtime.decoding import DecodeState
 from rakv.runtime.engine import Engine
 from rakv.runtime.proposers import PromptLookupProposer
-from rakv.serving.batchcost import (BatchCost, BatchPlan, calibrate_batch, fit_pass_terms, fitted_shapes,
-                                    PassFeatures, pass_features)
-from rakv.serving.policies import Goodput, LoadAware, SloBudget, speculation_policy
 from rakv.runtime.strategies import Choice
+from rakv.serving.batchcost import (
+    BatchCost,
+    BatchPlan,
+    PassFeatures,
+    calibrate_batch,
+    fit_pass_terms,
+    fitted_shapes,
+    pass_features,
+)
+from rakv.serving.policies import Goodput, LoadAware, SloBudget, speculation_policy
 from rakv.serving.replay import lookup_rounds
 from rakv.serving.request import ServedRequest
 from rakv.serving.scheduler import Scheduler, Work

@@ -209,7 +209,10 @@ def serve_over_http(args, options) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupted)
-    ready = lambda where: print(f"rakv serve: {name} on http://{where[0]}:{where[1]}/v1 (Ctrl-C stops)", flush=True)
+
+    def ready(where):
+        print(f"rakv serve: {name} on http://{where[0]}:{where[1]}/v1 (Ctrl-C stops)", flush=True)
+
     summary = serve_http(engine, options, address, name, Path(args.out) if args.out else None, parts, ready)
     if summary is not None:
         print(json.dumps({k: summary[k] for k in SHOWN_SUMMARY if k in summary}))
@@ -221,8 +224,8 @@ SHOWN_SUMMARY = ("completed", "failed", "outputs_equal_alone", "duration_s", "re
 
 
 def cmd_trace(args) -> None:
-    from rakv.serving.trace import generate_trace, write_trace
     from rakv.runtime.workloads import dataset_texts
+    from rakv.serving.trace import generate_trace, write_trace
 
     settings = {name: getattr(args, name) for name in TRACE_SETTINGS}
     trace = generate_trace(dataset_texts(args.dataset), **{k: v for k, v in settings.items() if k != "dataset"})

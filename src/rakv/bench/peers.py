@@ -15,7 +15,6 @@ import numpy as np
 from scipy.optimize import nnls
 
 from rakv.runtime.costmodel import tokens_per_round
-from rakv.runtime.errors import RakvError
 from rakv.runtime.paths import ROOT
 from rakv.serving.policies import most_goodput
 

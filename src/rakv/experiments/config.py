@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rakv.experiments.records import write_atomic
 from rakv.runtime.actions import ADAPTIVE
 from rakv.runtime.calibration import calibration_for
 from rakv.runtime.controller import ControllerConfig
@@ -23,7 +24,6 @@ from rakv.runtime.errors import RakvError
 from rakv.runtime.kernels import effective_mode
 from rakv.runtime.models import PAIR_NAMES
 from rakv.runtime.paths import CONF_DIR
-from rakv.experiments.records import write_atomic
 from rakv.runtime.strategies import action_of
 from rakv.runtime.workloads import Prompt, dataset_texts, parse_scenario, select_prompts
 

@@ -15,16 +15,16 @@ import json
 import pandas as pd
 from omegaconf import DictConfig
 
-from rakv.runtime.actions import Action
 from rakv.experiments.analysis import measurements
-from rakv.runtime.calibration import CalibrationPlan, load_or_calibrate
 from rakv.experiments.config import Configuration, configuration, engine_for, keep_calibration, prompts_for, results_dir
-from rakv.runtime.costmodel import break_even_rows
-from rakv.runtime.errors import RakvError, WeightsUnavailable
-from rakv.runtime.models import twin_of
 from rakv.experiments.records import write_atomic, write_parquet
 from rakv.experiments.sensitivity import controlled_rows
 from rakv.experiments.study import run_main_study
+from rakv.runtime.actions import Action
+from rakv.runtime.calibration import CalibrationPlan, load_or_calibrate
+from rakv.runtime.costmodel import break_even_rows
+from rakv.runtime.errors import RakvError, WeightsUnavailable
+from rakv.runtime.models import twin_of
 
 
 def run_feasibility(cfg: DictConfig) -> None:

@@ -13,12 +13,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 
-from rakv.experiments import analysis# noqa: E402
+from rakv.experiments import analysis  # noqa: E402
 from rakv.runtime.actions import SPEC_K, Action  # noqa: E402
 
 FIGURES = ("strategy_latency_throughput", "chosen_actions", "predicted_vs_measured", "regret_distribution",

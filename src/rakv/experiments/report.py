@@ -369,7 +369,7 @@ def statistics_table(summary: dict) -> str:
         ("Spearman $\\rho$, mean per scenario", lambda s: ci_text(s["spearman"], num)),
         ("Spearman $\\rho$, pooled", lambda s: num(s["spearman_pooled"])),
         ("best fixed action (hindsight)", lambda s: f"\\texttt{{{s['best_fixed_action']}}}"),
-        *[(f"latency reduction vs {tex_escape(b)}", (lambda b: lambda s: ci_text(s["latency_reduction"][b]))(b))
+        *[(f"latency reduction vs {tex_escape(b)}", lambda s, b=b: ci_text(s["latency_reduction"][b]))
           for b in analysis.BASELINES],
         ("best $k\\neq0$ vs $k=0$, slowdown", lambda s: f"{pct(s['spec_slowdown']['min'], 0)} to "
                                                      f"{pct(s['spec_slowdown']['max'], 0)}"),
@@ -427,7 +427,7 @@ def claims_markdown(rows: list[dict]) -> str:
     lines = ["| claim | configuration | kind | reference | reproduced [95 % CI] | band | direction | magnitude |",
              "|---|---|---|---:|---:|---:|:---:|:---:|"]
     for row in rows:
-        reference, reproduced, band = claim_cells(row, lambda v: markdown_value(v, row["unit"]))
+        reference, reproduced, band = claim_cells(row, lambda v, unit=row["unit"]: markdown_value(v, unit))
         lines.append(f"| {row['claim']} | `{row['configuration']}` | {row.get('kind', 'effect')} | {reference} | "
                      f"{reproduced} | {band} | {shown(row['direction'])} | {shown(row['magnitude'])} |")
     return "\n".join(lines) + "\n"

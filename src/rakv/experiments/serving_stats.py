@@ -376,7 +376,7 @@ def break_even_by_batch(cost, k_values=(1, 2, 4), batches=(1, 2, 4, 8, 16), cont
         for k in k_values:
             time_k = cost.decode_s([(1 + k, context)] * b, [k] * b)
 
-            def gain(alpha):
+            def gain(alpha, b=b, k=k, time_k=time_k, base=base):
                 return b * tokens_per_round(alpha, k, match) / time_k - base
 
             alpha = None

@@ -154,7 +154,10 @@ def measure_interleaved(points: dict, device, plan: CalibrationPlan, seed: int =
 def forward_points(model, ids: torch.Tensor, cache, context: int, widths) -> dict[int, Point]:
     """One point per width: `model`'s forward over `width` new tokens of `ids` after the `context` positions that
     `cache` holds (cropped back to them before each timing); logits of the last row only for a one-token step."""
-    crop_back = (lambda: crop_cache(cache, context))
+
+    def crop_back():
+        crop_cache(cache, context)
+
     return {width: Point(lambda width=width: forward(model, ids[:, context:context + width], cache,
                                                      keep=1 if width == 1 else 0), crop_back)
             for width in widths}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-
 from rakv.runtime.actions import Action, parse_k_set
 from rakv.runtime.cache import Hit
 from rakv.runtime.costmodel import CostTable, RequestFeatures, action_kv_bytes, estimate_latency
@@ -53,12 +52,12 @@ class ControllerConfig:
             raise RakvError(f"controller depth_prior_rounds must be positive, got {self.depth_prior_rounds}")
 
     @classmethod
-    def from_conf(cls, conf) -> "ControllerConfig":
+    def from_conf(cls, conf) -> ControllerConfig:
         """From the `controller` group of a composed config (or any mapping with its keys)."""
         return cls(**{f: conf[f] for f in cls.FIELDS if f in conf})
 
     @classmethod
-    def default(cls) -> "ControllerConfig":
+    def default(cls) -> ControllerConfig:
         return cls.from_conf(conf_file("controller/default.yaml"))
 
 

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+
 @dataclass
 class Curve:
     """A measured cost against one variable: a polynomial (`kind="poly"`, coefficients given) or a per-point table
@@ -36,7 +37,7 @@ class Curve:
         return max(value, 0.0)
 
     @classmethod
-    def table(cls, xs, medians, spread=(), samples=(), monotone: bool = True) -> "Curve":
+    def table(cls, xs, medians, spread=(), samples=(), monotone: bool = True) -> Curve:
         """Interpolate the measured medians; `monotone`: a cost that cannot fall as x grows is made
         non-decreasing by pooling adjacent violators (the adjustment is kept as max_rel_error)."""
         order = np.argsort(np.asarray(xs, float))
@@ -93,7 +94,7 @@ class CostTable:
         return row
 
     @classmethod
-    def from_json(cls, row: dict) -> "CostTable":
+    def from_json(cls, row: dict) -> CostTable:
         row = dict(row)
         for name in ("target_prefill", "target_step", "proposer_prefill", "kv_copy"):
             row[name] = Curve(**row[name])
@@ -111,7 +112,7 @@ class RequestFeatures:
     draft_hit_tokens: int = 0  # positions of the draft's K/V the store also holds (reused with r = 1, k > 0)
 
     @classmethod
-    def from_hit(cls, prompt_tokens: int, hit, new_tokens: int) -> "RequestFeatures":
+    def from_hit(cls, prompt_tokens: int, hit, new_tokens: int) -> RequestFeatures:
         """The features of a request that the store would offer `hit` (a rakv.runtime.cache.Hit)."""
         return cls(prompt_tokens, hit.reused_tokens, new_tokens, hit.exact, hit.draft_tokens)
 

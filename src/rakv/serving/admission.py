@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from rakv.runtime.actions import ADAPTIVE
 from rakv.runtime.cache import Hit
 from rakv.runtime.costmodel import tokens_per_round
-from rakv.serving.batchcost import pass_features
 from rakv.runtime.strategies import check_strategy, choose_action
 from rakv.serving.acceptance import Acceptance
+from rakv.serving.batchcost import pass_features
 from rakv.serving.request import ServedRequest, Status
 
 

@@ -35,8 +35,8 @@ from pathlib import Path
 from rakv.runtime.decoding import DecodeState, Sampling
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
-from rakv.serving.request import ServedRequest, Status
 from rakv.serving.batchcost import ScaledCost
+from rakv.serving.request import ServedRequest, Status
 from rakv.serving.server import RecordWriter, ServeOptions, build_scheduler, finish_summary, record_of, step_once
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
