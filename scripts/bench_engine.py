@@ -1,8 +1,11 @@
-"""Engine benchmark on one pair, side by side with transformers (and llama.cpp when installed) in one run; prints ratios.
+"""Engine benchmark on one pair, side by side with transformers (and llama.cpp when installed) in one run; prints
+ratios. The measurements are rakv.bench.engine's.
 
-    .venv/bin/python scripts/bench_engine.py [--pair smollm2] [--kernels compact] [--new-tokens 64] [--repeats 3] [--json]
+    .venv/bin/python scripts/bench_engine.py [--pair smollm2] [--kernels compact] [--new-tokens 64] [--repeats 3]
+        [--json]
     .venv/bin/python scripts/bench_engine.py --gemm   # only the GEMM table (rakv.runtime.kernels.cpp) by row count
-    .venv/bin/python scripts/bench_engine.py --draft-reuse   # only the draft's prefill with and without its stored state
+    .venv/bin/python scripts/bench_engine.py --draft-reuse   # only the draft's prefill with and without its stored
+                                                             # state
     pip install -e '.[peers]'   # optional: llama.cpp beside us (llama-cpp-python builds from source, 10-15 min)
 
 Our engine runs the pair with `--kernels` (rakv.runtime.kernels; default compact); transformers' `generate` and
@@ -138,8 +141,9 @@ def print_generation(report: dict) -> None:
     print(f"spec-k4 on this prompt: accepted/proposed {a['accepted_over_proposed']:.3f}, per-token acceptance alpha "
           f"{a['alpha']:.3f} (accepted / (accepted + rejecting rounds)) over {a['rounds']} rounds")
     d = report["draft"]
-    print(f"draft step at 256 tokens of context {d['draft_step_ms']:.2f} ms vs target step {d['target_step_ms']:.2f} ms: "
-          f"ratio {d['draft_over_target']:.3f} (goal <=0.30); its floor {d['weight_bytes'] / 1e6:.0f} MB / "
+    print(f"draft step at 256 tokens of context {d['draft_step_ms']:.2f} ms vs target step "
+          f"{d['target_step_ms']:.2f} ms: ratio {d['draft_over_target']:.3f} (goal <=0.30); its floor "
+          f"{d['weight_bytes'] / 1e6:.0f} MB / "
           f"{f['bandwidth_gb_s']:.1f} GB/s = {d['floor_ms']:.2f} ms, step / floor {d['over_floor']:.2f} (goal <=1.5)")
 
 
@@ -175,8 +179,8 @@ def print_kernels(report: dict) -> None:
         print(f"llama.cpp {peer_row['version']} {label}: decode {row['ms_per_token']:.2f} ms/token, prefill "
               f"{row['prefill_tokens_per_s']:.0f} tokens/s ({row['prefill_tokens']} tokens); first 16 tokens "
               f"equal ours: {row['same_first_tokens_as_ours']}")
-    print(f"ours / llama.cpp F32: AR decode after the first token {peer_row['ours_decode_ms_per_token']:.2f} ms/token = "
-          f"{peer_row['ar_over_f32']:.3f}x (goal <=1.0), prefill of {pre['prompt_tokens']} tokens "
+    print(f"ours / llama.cpp F32: AR decode after the first token {peer_row['ours_decode_ms_per_token']:.2f} "
+          f"ms/token = {peer_row['ar_over_f32']:.3f}x (goal <=1.0), prefill of {pre['prompt_tokens']} tokens "
           f"{pre['ours_tokens_per_s']:.0f} tokens/s = {peer_row['prefill_over_f32']:.2f}x (goal >=1.5)")
 
 

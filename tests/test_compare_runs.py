@@ -46,7 +46,8 @@ def test_outside_on_the_same_hardware_fails_and_on_other_hardware_is_reported(tm
     other = with_hardware(write(tmp_path / "other", summary([0.01, -0.06, 0.08])), "CPU Y")
     assert compare_runs.main([str(a), str(same)]) == 1
     out = capsys.readouterr().out
-    assert "1 of 4 statistic(s) of B outside A's 95% confidence interval: per_configuration.c.latency_reduction.joint-k4" in out
+    assert ("1 of 4 statistic(s) of B outside A's 95% confidence interval: "
+            "per_configuration.c.latency_reduction.joint-k4") in out
     assert "CPU X (cpu, 2 threads, float32)" in out and "different hardware" not in out
     assert compare_runs.main([str(a), str(other)]) == 0
     out = capsys.readouterr().out

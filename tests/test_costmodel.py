@@ -261,7 +261,8 @@ def test_noisy_calibration_points_are_measured_again_then_refused(monkeypatch):
 
     plan = CalibrationPlan(repeats=4, remeasure_passes=1)
     # per point: a warm-up, a pass of 4, and (if noisy) a second pass of 4
-    scripted = {"quiet": iter([0.010] * 5), "spiky": iter([0.010] + [0.030, 0.010] * 2 + [0.010, 0.0101, 0.0099, 0.010]),
+    scripted = {"quiet": iter([0.010] * 5),
+                "spiky": iter([0.010] + [0.030, 0.010] * 2 + [0.010, 0.0101, 0.0099, 0.010]),
                 "bad": iter([0.010] + [0.010, 0.050] * 4)}
     monkeypatch.setattr(calibration, "time_once", lambda point, device: next(scripted[point.run()]))
     points = {(name, 64): calibration.Point(lambda name=name: name) for name in scripted}

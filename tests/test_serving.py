@@ -48,12 +48,16 @@ GOOD = '{"id": "a", "arrival_s": 0, "prompt": "hello there", "max_new_tokens": 4
 @pytest.mark.parametrize("line, message", [
     ("{not json", r"trace.jsonl:2: not valid JSON"),
     ('{"arrival_s": 0, "prompt": "x", "max_new_tokens": 4}', r':2: field "id" must be a non-empty string'),
-    ('{"id": "b", "arrival_s": -1, "prompt": "x", "max_new_tokens": 4}', r':2: field "arrival_s" must be a number >= 0'),
+    ('{"id": "b", "arrival_s": -1, "prompt": "x", "max_new_tokens": 4}',
+     r':2: field "arrival_s" must be a number >= 0'),
     ('{"id": "b", "prompt": "x", "max_new_tokens": 4}', r':2: missing field "arrival_s"'),
     ('{"id": "b", "arrival_s": 0, "prompt": 3, "max_new_tokens": 4}', r':2: field "prompt" must be a string'),
-    ('{"id": "b", "arrival_s": 0, "prompt": "x", "max_new_tokens": 0}', r':2: field "max_new_tokens" must be an integer > 0'),
-    ('{"id": "b", "arrival_s": 0, "prompt": "x", "max_new_tokens": 4, "salt": 1}', r':2: field "salt" must be a string'),
-    ('{"id": "b", "arrival_s": 0, "prompt": "x", "max_new_tokens": 4, "turn": 1}', r':2: field "turn" needs a "conversation"'),
+    ('{"id": "b", "arrival_s": 0, "prompt": "x", "max_new_tokens": 0}',
+     r':2: field "max_new_tokens" must be an integer > 0'),
+    ('{"id": "b", "arrival_s": 0, "prompt": "x", "max_new_tokens": 4, "salt": 1}',
+     r':2: field "salt" must be a string'),
+    ('{"id": "b", "arrival_s": 0, "prompt": "x", "max_new_tokens": 4, "turn": 1}',
+     r':2: field "turn" needs a "conversation"'),
     ('{"id": "a", "arrival_s": 0, "prompt": "x", "max_new_tokens": 4}', r":2: field \"id\": 'a' appears twice"),
     ('{"id": "b", "prompt": "x", "max_new_tokens": 4, "conversation": "c", "turn": 1, "after_s": 1}',
      r':2: field "turn": conversation \'c\' expects turn 0 here, got 1'),
@@ -437,7 +441,8 @@ def test_rakv_asd_decides_per_request_at_admission_and_changes_no_output(tiny_pa
 
 @pytest.mark.parametrize("policy, decoding, expected", [
     ("per-request", 3, [4, 4, 2]), ("disable-by-batch-size:3", 2, [4, 4]), ("disable-by-batch-size:3", 3, [0, 0, 0]),
-    ("k-by-batch:1=4,2=2,4=0", 1, [4]), ("k-by-batch:1=4,2=2,4=0", 3, [2, 2, 2]), ("k-by-batch:1=4,2=2,4=0", 5, [0] * 5),
+    ("k-by-batch:1=4,2=2,4=0", 1, [4]), ("k-by-batch:1=4,2=2,4=0", 3, [2, 2, 2]),
+    ("k-by-batch:1=4,2=2,4=0", 5, [0] * 5),
 ])
 def test_speculation_policies_cap_each_requests_k_by_the_load(policy, decoding, expected):
     from rakv.serving.policies import speculation_policy

@@ -51,8 +51,9 @@ def test_run_ids_are_stable_and_distinct():
 
 
 def study_command(results_dir):
-    return [sys.executable, str(ROOT / "scripts" / "run_stage.py"), "study", "profile=smoke", f"results_dir={results_dir}",
-            "configurations=[tiny]", "datasets=[humaneval]", "calibration.recalibrate=auto"]
+    return [sys.executable, str(ROOT / "scripts" / "run_stage.py"), "study", "profile=smoke",
+            f"results_dir={results_dir}", "configurations=[tiny]", "datasets=[humaneval]",
+            "calibration.recalibrate=auto"]
 
 
 def test_study_killed_with_sigkill_resumes_without_loss_duplicates_or_other_decisions(tmp_path):

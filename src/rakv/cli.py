@@ -15,7 +15,8 @@ def read_prompts(path: str) -> list[dict]:
         with open(path, encoding="utf-8") as fh:
             lines = fh.readlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise RakvError(f"cannot read prompts file {path}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
+        reason = exc.strerror if isinstance(exc, OSError) else exc
+        raise RakvError(f"cannot read prompts file {path}: {reason}") from None
     requests = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -55,8 +56,8 @@ def controller_config(args):
     except ValueError:
         raise RakvError(f"--k-set must be comma-separated integers, got '{args.k_set}'") from None
     # conf/controller/default.yaml for every setting without a flag (tie_margin, explore_every, match_rate)
-    return replace(ControllerConfig.default(), k_set=k_set, beta=args.beta, memory_penalty_s_per_byte=args.memory_penalty,
-                   memory_budget_mib=args.memory_budget_mib)
+    return replace(ControllerConfig.default(), k_set=k_set, beta=args.beta,
+                   memory_penalty_s_per_byte=args.memory_penalty, memory_budget_mib=args.memory_budget_mib)
 
 
 def cmd_generate(args) -> None:
@@ -261,7 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     defaults, store = ControllerConfig.default(), conf_file("cache/default.yaml")  # conf/: the one source of defaults
 
-    parser = argparse.ArgumentParser(prog="rakv", description="RAKV-ASD: prefix KV reuse + adaptive speculative decoding")
+    parser = argparse.ArgumentParser(prog="rakv",
+                                     description="RAKV-ASD: prefix KV reuse + adaptive speculative decoding")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     gen = sub.add_parser("generate", help="generate for one prompt or a JSONL file of prompts through one KV store",
@@ -381,7 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.set_defaults(func=cmd_serve)
 
     tr = sub.add_parser("trace", help="write a seeded serving trace from HumanEval or WikiText-2 text",
-                        description="Write a trace for rakv serve: Poisson or gamma arrivals at a rate; plain requests, "
+                        description="Write a trace for rakv serve: Poisson or gamma arrivals at a rate; plain "
+                                    "requests, "
                                     "shared-prefix groups, multi-turn conversations, long-prompt interference, or "
                                     "structured (JSON) output. Defaults: "
                                     "conf/serving/default.yaml (trace:); the settings go to OUT.meta.json.")

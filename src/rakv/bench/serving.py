@@ -103,7 +103,8 @@ def vllm_peer(pair, trace, args) -> dict[int, dict]:
     if args.pair != "smollm2":
         raise RakvError("--peer vllm serves the smollm2 target's weights; use --pair smollm2")
     tokenizer = pair.tokenizer
-    job = {"model": str(weights), "prompts": [tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in trace],
+    prompts = [tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in trace]
+    job = {"model": str(weights), "prompts": prompts,
            "max_tokens": args.new_tokens, "concurrency": args.concurrency, "repeats": args.repeats,
            "eager": args.vllm_eager,
            "speculative": {"method": "ngram", "num_speculative_tokens": args.vllm_ngram, "prompt_lookup_min": 1,
@@ -140,7 +141,8 @@ def overload(pair, proposer, texts, args) -> dict:
             "duration_s": summary["duration_s"], "arrival_span_s": trace[-1].arrival_s,
             "peak_kv_mib": summary["peak_kv_bytes"] / 2**20, "kv_budget_mib": args.overload_kv_mib,
             "preemptions": summary["preemptions"], "max_concurrency": summary["max_concurrency"],
-            "p99_ttft_ms": summary["p99_ttft_ms"], "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "p99_ttft_ms": summary["p99_ttft_ms"],
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 

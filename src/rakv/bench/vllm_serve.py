@@ -40,7 +40,8 @@ def start(engine: str, port: int, args, out: Path) -> subprocess.Popen:
         command = [".venv/bin/rakv", "serve", "--pair", "smollm2", "--http", f"127.0.0.1:{port}", "--strategy",
                    args.strategy, "--max-batch", "16", "--out", str(out / "rakv-server"), "--quiet"]
     else:
-        command = [f"{args.vllm_venv}/bin/vllm", "serve", args.vllm_weights, "--served-model-name", NAME, "--dtype", "float32", "--port", str(port),
+        command = [f"{args.vllm_venv}/bin/vllm", "serve", args.vllm_weights, "--served-model-name", NAME,
+                   "--dtype", "float32", "--port", str(port),
                    "--host", "127.0.0.1", "--max-num-seqs", "16", "--max-model-len", "2048", "--seed", "0",
                    ] + (["--enforce-eager"] if args.vllm_eager else [])
     log = open(out / f"{engine}-server.log", "w")

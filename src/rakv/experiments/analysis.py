@@ -363,7 +363,8 @@ def acceptance_mape(meas: pd.DataFrame, tables: dict, seed=0, resamples=2000) ->
             for variant, (a, m) in (("calibrated", (table.acceptance, 1.0)), ("prompt", (alpha, match))):
                 predicted[variant].append(estimate_latency(table, request, bool(r.reuse), int(r.k), float(a), 0.0,
                                                            float(m)))
-        out[name] = {variant: cluster_ci(prompt_keys(rows), (np.array(values) - rows.measured_s).abs() / rows.measured_s,
+        out[name] = {variant: cluster_ci(prompt_keys(rows),
+                                         (np.array(values) - rows.measured_s).abs() / rows.measured_s,
                                          seed=seed, resamples=resamples)
                      for variant, values in predicted.items()}
     return out
@@ -765,7 +766,8 @@ def joint_reuse_by_length(rows: pd.DataFrame, seed: int = 0, resamples: int = 20
     """Whether speculating pays once the prefix is reused (the sensitivity stage's reuse_output_length part): per
     configuration, scenario and output length, 1 - mean latency(r = 1, k = 4) / mean latency(r = 1, k = 0) over the
     same prompts and repeats, with a cluster-bootstrap CI over prompts; `verdict` pays (the CI above 0), costs (below),
-    inconclusive (it includes 0) or no interval (fewer than two prompts). `draft_hit_share`: the share of the reused positions whose draft state came from the store."""
+    inconclusive (it includes 0) or no interval (fewer than two prompts). `draft_hit_share`: the share of the reused
+    positions whose draft state came from the store."""
     out = []
     for (name, scenario, n), part in rows.groupby(["configuration", "scenario", "new_tokens"], sort=True):
         wide = part.pivot_table(index=["dataset", "prompt_id", "repeat"], columns="strategy", values="latency_s")

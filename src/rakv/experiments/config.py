@@ -117,7 +117,8 @@ def validate(cfg: DictConfig) -> None:
             action_of(strategy)
     grid = cfg.profile.study
     if grid.prompts_per_bin < 1 or grid.new_tokens < 1 or grid.repeats < 0 or grid.sweep_repeats < 1:
-        raise RakvError("profile.study: prompts_per_bin and new_tokens must be >= 1, repeats >= 0 and sweep_repeats >= 1 (the AR reference is a measurement)")
+        raise RakvError("profile.study: prompts_per_bin and new_tokens must be >= 1, repeats >= 0 and sweep_repeats "
+                        ">= 1 (the AR reference is a measurement)")
     if any(low >= high for low, high in grid.length_bins):
         raise RakvError(f"profile.study.length_bins must be [low, high) with low < high, got {list(grid.length_bins)}")
     if not 0 <= cfg.study.shard_index < cfg.study.num_shards:

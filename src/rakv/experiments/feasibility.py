@@ -45,7 +45,8 @@ def run_feasibility(cfg: DictConfig) -> None:
         k0 = by_action[[not s for s in speculative]].min()
         spec = by_action[speculative]
         per_scenario.append({"dataset": dataset, "prompt_id": prompt_id, "scenario": scenario,
-                             "best_k0_s": float(k0), "best_spec_s": float(spec.min()), "best_spec_action": spec.idxmin(),
+                             "best_k0_s": float(k0), "best_spec_s": float(spec.min()),
+                             "best_spec_action": spec.idxmin(),
                              "gap": float(spec.min() / k0 - 1)})
     table = pd.DataFrame(per_scenario)
     write_parquet(per_scenario, out_dir / "gap.parquet")

@@ -93,7 +93,8 @@ def controlled_rows(name: str, engine, table, prompts, *, new_tokens: int, repea
                     rows.append({"configuration": name, "prompt_id": prompt.id, "prompt_tokens": len(ids),
                                  "repeat": repeat, "k": k,
                                  "alpha": alpha, "measured_alpha": measured_alpha, "ar_latency_s": ar,
-                                 "spec_latency_s": speculative.latency_s, "measured_speedup": ar / speculative.latency_s,
+                                 "spec_latency_s": speculative.latency_s,
+                                 "measured_speedup": ar / speculative.latency_s,
                                  "predicted_speedup": predicted_speedup(alpha),
                                  "predicted_speedup_at_measured_alpha": predicted_speedup(
                                      measured_alpha if measured_alpha is not None else alpha),

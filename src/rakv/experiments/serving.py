@@ -235,8 +235,8 @@ def _run(cfg: DictConfig, out: Path) -> Path:
         engine.store.clear()
         slos = parts_of.slos_ms
         options = options_of(cfg, cell, slos["itl"], slos_ms={"ttft": slos["ttft"], "tpot": slos["tpot"]})
-        parts = serve_parts(engine, options, lambda parts_of=parts_of: parts_of.table, family_controller(cfg, cell["family"]),
-                            cfg.calibration.recalibrate, progress=False)
+        parts = serve_parts(engine, options, lambda parts_of=parts_of: parts_of.table,
+                            family_controller(cfg, cell["family"]), cfg.calibration.recalibrate, progress=False)
         parts["batch_cost"] = parts_of.batch_cost
         summary = serve(engine, trace, target, options, **parts, progress=False)
         reference = references[key]

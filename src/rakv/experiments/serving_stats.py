@@ -438,7 +438,8 @@ def serving_summary(results: Path, seed: int = 0) -> dict:
     acceptance_rows, acceptance = acceptance_goals(data["requests"], design)
     goals += latency_rows + acceptance_rows
     equal, total = int(cells.outputs_equal_ar.sum()), int((cells.completed + cells.failed).sum())
-    goals.append({"goal": "every served output identical to batch-one greedy AR", "key": "exact", "value": equal / total,
+    goals.append({"goal": "every served output identical to batch-one greedy AR", "key": "exact",
+                  "value": equal / total,
                   "ci_low": None, "ci_high": None, "verdict": "met" if equal == total else "missed",
                   "rule": "met if every one is, missed otherwise", "unit": "fraction"})
     chosen = configuration(grid["configuration"])

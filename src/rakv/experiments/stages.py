@@ -111,8 +111,8 @@ def paper(cfg: DictConfig) -> None:
     print(f"paper: built {build / 'main.pdf'}", flush=True)
 
 
-STAGES = {"calibrate": calibrate, "study": study, "serving": serving, "sensitivity": sensitivity, "feasibility": feasibility,
-          "analysis": analysis, "paper": paper}
+STAGES = {"calibrate": calibrate, "study": study, "serving": serving, "sensitivity": sensitivity,
+          "feasibility": feasibility, "analysis": analysis, "paper": paper}
 # the stages whose primary config in conf/ is not config.yaml (the shared config plus the stage's overrides)
 PRIMARY_CONFIGS = {"serving": "serving_study", "sensitivity": "sensitivity", "feasibility": "feasibility"}
 

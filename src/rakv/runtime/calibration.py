@@ -118,7 +118,8 @@ def time_once(point: Point, device) -> float:
     return time.perf_counter() - start
 
 
-def measure_interleaved(points: dict, device, plan: CalibrationPlan, seed: int = 0, progress: tqdm | None = None) -> None:
+def measure_interleaved(points: dict, device, plan: CalibrationPlan, seed: int = 0,
+                        progress: tqdm | None = None) -> None:
     """Fill every point's samples: one warm-up each, then `plan.repeats` passes over all points in a fresh
     shuffled order, so a burst of machine noise spreads over many points instead of ruining one; points whose
     spread stays high are measured again (a fresh set of passes), keeping the quieter set."""

@@ -1,4 +1,5 @@
-"""RAKV-ASD controller (paper/main.tex, Method: "Cost model and controller"): per request, the feasible action of least estimated latency.
+"""RAKV-ASD controller (paper/main.tex, Method: "Cost model and controller"): per request, the feasible action of
+least estimated latency.
 
 Feasible actions are r in {0, 1} (1 only when the store holds a hit) x k in the configured set,
 minus those whose K/V would exceed the memory budget. k = 0 is an ordinary action. Acceptance is

@@ -1,7 +1,7 @@
 """One request through the engine: prefix lookup and reuse, prefill, then AR or speculative decoding.
 
-An *action* is the pair (reuse r, speculation depth k) of paper/main.tex (Method: "Cost model and controller"); fixed strategies are
-fixed actions, and the controller picks one action per request.
+An *action* is the pair (reuse r, speculation depth k) of paper/main.tex (Method: "Cost model and controller");
+fixed strategies are fixed actions, and the controller picks one action per request.
 """
 
 from __future__ import annotations

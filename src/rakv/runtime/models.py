@@ -1,7 +1,7 @@
 """Model pairs: a target and a draft that share one tokenizer, each with an identity fingerprint.
 
-The fingerprint is what the prefix KV store namespaces on (paper/main.tex, Method: "Prefix KV store"): two models whose K/V
-could differ for the same tokens must never share cache entries.
+The fingerprint is what the prefix KV store namespaces on (paper/main.tex, Method: "Prefix KV store"): two models
+whose K/V could differ for the same tokens must never share cache entries.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The batch cost model: what one serving iteration costs, measured on this machine (docs/serving.md: "The serving study").
+"""The batch cost model: what one serving iteration costs, measured on this machine (docs/serving.md: "The serving
+study").
 
 An iteration (rakv.serving.executor) is one batched target forward over every scheduled request's new rows (decode
 and verify rows, prefill chunks), one pass over the weights (rakv.runtime.decoding.forward_rows), after the
