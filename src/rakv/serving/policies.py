@@ -137,9 +137,10 @@ class SloBudget:
     """The prefill rows of an iteration chosen so that its predicted time (the batch cost model, with this
     iteration's decodes) stays under `slo_s` less a `headroom` share, at least `floor` rows so that prefills always
     progress. The headroom is for the SLO being a tail (p99 ITL): an iteration predicted exactly at the SLO exceeds
-    it about half the time (55 % of the reference run's mixed iterations did, before it), and in the serving pilot
-    the mixed iterations of a long prompt, predicted within 10 % on average, ran up to 1.5x their prediction one in
-    twenty times. With no decode in the iteration no request is waiting for its next token, so the chunk is the
+    it about half the time, and the mixed iterations of a long prompt, close to their prediction on average, run
+    well above it in their tail (each served iteration's `predicted_s` beside its `iteration_s`, `mixed` marking
+    those with a prefill chunk: the serving stage's iterations.parquet, data/reference/offline/serving/ for the
+    shipped run). With no decode in the iteration no request is waiting for its next token, so the chunk is the
     token budget's."""
 
     cost: object  # rakv.serving.batchcost.ScaledCost (or BatchCost)
