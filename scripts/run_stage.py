@@ -12,7 +12,8 @@ from rakv.experiments.stages import PRIMARY_CONFIGS, STAGES, run_stage
 
 def main() -> None:
     if len(sys.argv) < 2 or sys.argv[1] not in STAGES:
-        sys.exit(f"usage: {sys.argv[0]} STAGE [Hydra overrides] (stages: {' '.join(STAGES)})")
+        print(f"usage: {sys.argv[0]} STAGE [Hydra overrides] (stages: {' '.join(STAGES)})", file=sys.stderr)
+        sys.exit(2)
     stage = sys.argv.pop(1)  # the rest are Hydra's
 
     def task(cfg):

@@ -150,5 +150,6 @@ def run_stage(name: str, cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--list"]:
-        sys.exit("usage: python -m rakv.experiments.stages --list")
+        print("usage: python -m rakv.experiments.stages --list", file=sys.stderr)
+        sys.exit(2)
     print(" ".join(STAGES))
