@@ -8,7 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")"
 ./scripts/setup_venv.sh
 
-ALL_STAGES=(calibrate study serving sensitivity feasibility analysis paper)
+# the stages in order, as rakv.experiments.stages declares them (a cheap import: no torch)
+stage_list=$(.venv/bin/python -m rakv.experiments.stages --list)
+read -r -a ALL_STAGES <<< "$stage_list"
 stages=("${ALL_STAGES[@]}")
 overrides=()
 for arg in "$@"; do
@@ -39,11 +41,10 @@ for stage in "${stages[@]}"; do
     esac
 done
 for stage in "${stages[@]}"; do
-    script="scripts/run_${stage}.py"
     previous=$(last_time "$stage")
     echo "reproduce: stage $stage ($(date +%H:%M:%S))${previous:+; it took ${previous} s last time}"
     stage_start=$(date +%s)
-    if ! .venv/bin/python "$script" "${overrides[@]+"${overrides[@]}"}"; then
+    if ! .venv/bin/python scripts/run_stage.py "$stage" "${overrides[@]+"${overrides[@]}"}"; then
         echo "reproduce: stage '$stage' failed; fix the cause and rerun the same command to resume" >&2
         exit 1
     fi

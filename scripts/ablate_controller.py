@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from rakv.experiments import ablation
-from rakv.runtime.errors import RakvError
 from rakv.experiments.records import write_atomic
+from rakv.runtime.errors import RakvError
 
 
 def main(argv=None) -> int:

@@ -35,7 +35,8 @@ def main() -> int:
     parser.add_argument("b", type=Path)
     args = parser.parse_args()
     try:
-        a, b = (pd.read_parquet(p / "study" / "runs.parquet").set_index("run_id").sort_index() for p in (args.a, args.b))
+        a, b = (pd.read_parquet(p / "study" / "runs.parquet").set_index("run_id").sort_index()
+                for p in (args.a, args.b))
     except OSError as exc:
         print(f"compare_study_outputs: error: {exc}", file=sys.stderr)
         return 2

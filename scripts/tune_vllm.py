@@ -29,15 +29,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-import numpy as np
-from scipy.optimize import nnls
-
-from rakv.runtime.costmodel import expected_tokens_per_round
+from rakv.bench.peers import config, fit, k_of, rate, run_peer_job, schedule, step_s
 from rakv.runtime.errors import RakvError
 from rakv.runtime.models import smollm2_tokenizer
 from rakv.runtime.proposers import PromptLookupProposer
@@ -51,64 +46,14 @@ def run_peer(job: dict, args) -> dict:
     python = Path(args.vllm_venv) / "bin" / "python"
     if not python.exists() or not Path(args.vllm_weights, "config.json").exists():
         raise RakvError("the vLLM peer is not set up: run scripts/setup_vllm_peer.sh")
-    with tempfile.TemporaryDirectory() as folder:
-        Path(folder, "job.json").write_text(json.dumps(job))
-        done = subprocess.run([str(python), str(Path(__file__).with_name("vllm_peer.py")), f"{folder}/job.json",
-                               f"{folder}/result.json"], capture_output=True, text=True)
-        if done.returncode != 0:
-            lines = done.stderr.strip().splitlines() or ["no output"]
-            reason = next((line for line in reversed(lines) if "Error" in line), lines[-1])
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            (Path(args.out) / "peer_stderr.log").write_text(done.stderr)
-            raise RakvError(f"the vLLM peer failed: {reason.strip()} (whole log: {args.out}/peer_stderr.log)")
-        return json.loads(Path(folder, "result.json").read_text())
-
-
-def fit(steps: list[dict]) -> np.ndarray:
-    """(fixed, per request, per row) seconds of one vLLM step, NNLS over the measured (b, k) points."""
-    design = np.array([[1.0, s["b"], s["b"] + s["draft_rows_per_step"]] for s in steps])
-    coefficients, _ = nnls(design, np.array([s["step_s"] for s in steps]))
-    return coefficients
-
-
-def step_s(model: np.ndarray, b: int, k: int, match: float) -> float:
-    return float(model @ [1.0, b, b * (1 + match * k)])
-
-
-def rate(model: np.ndarray, b: int, k: int, alpha: float, match: float) -> float:
-    """Expected tokens per second of b requests speculating k by n-gram lookup."""
-    per_round = match * expected_tokens_per_round(alpha, k) + (1 - match) if k else 1.0
-    return b * per_round / step_s(model, b, k, match)
-
-
-def schedule(model: np.ndarray, ks: list[int], alpha: float, match: float, max_batch: int) -> list[list[int]]:
-    """vLLM's (batch_start, batch_end, k) ranges: the best k for each batch size, runs of equal k merged."""
-    best = [max(ks, key=lambda k: rate(model, b, k, alpha, match)) for b in range(1, max_batch + 1)]
-    ranges: list[list[int]] = []
-    for b, k in enumerate(best, 1):
-        if ranges and ranges[-1][2] == k:
-            ranges[-1][1] = b
-        else:
-            ranges.append([b, b, k])
-    ranges[-1][1] = 1024  # larger batches than measured keep the last choice
-    return ranges
-
-
-def k_of(table: list[list[int]], b: int) -> int:
-    return next(k for start, end, k in table if start <= b <= end)
-
-
-def config(k_or_table, max_ngram: int) -> dict | None:
-    if isinstance(k_or_table, int):
-        if k_or_table == 0:
-            return None
-        return {"method": "ngram", "num_speculative_tokens": k_or_table, "prompt_lookup_min": 1,
-                "prompt_lookup_max": max_ngram}
-    deepest = max(k for _, _, k in k_or_table)
-    if deepest == 0:
-        return None
-    return {"method": "ngram", "num_speculative_tokens": deepest, "prompt_lookup_min": 1,
-            "prompt_lookup_max": max_ngram, "num_speculative_tokens_per_batch_size": k_or_table}
+    result, stderr = run_peer_job(job, python)
+    if result is None:
+        lines = stderr.strip().splitlines() or ["no output"]
+        reason = next((line for line in reversed(lines) if "Error" in line), lines[-1])
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "peer_stderr.log").write_text(stderr)
+        raise RakvError(f"the vLLM peer failed: {reason.strip()} (whole log: {args.out}/peer_stderr.log)")
+    return result
 
 
 def calibrated_alpha() -> tuple[float, float]:
@@ -120,7 +65,9 @@ def calibrated_alpha() -> tuple[float, float]:
     return table.acceptance, table.match_rate
 
 
-def main() -> int:
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--alpha", type=float, default=None)
     parser.add_argument("--match-rate", type=float, default=None)
@@ -136,42 +83,42 @@ def main() -> int:
     parser.add_argument("--vllm-weights", default="results/peer/smollm2-fp32")
     parser.add_argument("--vllm-eager", action="store_true")
     parser.add_argument("--out", default="results/peer/tune_vllm")
-    args = parser.parse_args()
-    try:
-        hand = json.loads(args.hand)
-        if 0 not in args.ks or any(k < 0 for k in args.ks):
-            raise RakvError("--ks must include 0 and be >= 0")
-        alpha, match = args.alpha, args.match_rate
-        if alpha is None or match is None:
-            measured = calibrated_alpha()
-            alpha = measured[0] if alpha is None else alpha
-            match = measured[1] if match is None else match
-        if not (0 <= alpha < 1 and 0 <= match <= 1):
-            raise RakvError("--alpha must be in [0, 1) and --match-rate in [0, 1]")
-        tokenizer = smollm2_tokenizer()
-        trace = generate_trace(dataset_texts("humaneval"), requests=args.requests, rate=1.0,
-                               max_new_tokens=args.new_tokens, prompt_words=args.prompt_words, seed=0)
-        prompts = [tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in trace]
-        base = {"model": args.vllm_weights, "prompts": prompts, "eager": args.vllm_eager,
-                "max_ngram": PromptLookupProposer.max_ngram}
-        measured = run_peer(base | {"mode": "steps", "ks": args.ks, "batches": args.batches, "short": 8,
-                                    "long": 40, "repeats": args.repeats}, args)
-        model = fit(measured["steps"])
-        tuned = schedule(model, args.ks, alpha, match, max(args.batches))
-        configs = [[f"k={k}", config(k, PromptLookupProposer.max_ngram)] for k in args.ks]
-        configs += [["hand-set", config(hand, PromptLookupProposer.max_ngram)],
-                    ["tuned", config(tuned, PromptLookupProposer.max_ngram)]]
-        checked = run_peer(base | {"mode": "configs", "configs": configs, "concurrency": args.check_concurrency,
-                                   "max_tokens": args.new_tokens, "repeats": args.repeats}, args)
-    except RakvError as exc:
-        print(f"tune_vllm: error: {exc}", file=sys.stderr)
-        return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result = {"vllm": measured["vllm"], "alpha": alpha, "match_rate": match, "steps": measured["steps"],
-              "model": dict(zip(("fixed_s", "per_request_s", "per_row_s"), map(float, model))), "schedule": tuned,
-              "hand": hand, "check": checked["configs"]}
-    (out / "tune.json").write_text(json.dumps(result, indent=1))
+    return parser.parse_args()
+
+
+def acceptance_and_match(args) -> tuple[float, float]:
+    """--alpha and --match-rate, each from rakv's calibration when not given."""
+    alpha, match = args.alpha, args.match_rate
+    if alpha is None or match is None:
+        measured = calibrated_alpha()
+        alpha = measured[0] if alpha is None else alpha
+        match = measured[1] if match is None else match
+    if not (0 <= alpha < 1 and 0 <= match <= 1):
+        raise RakvError("--alpha must be in [0, 1) and --match-rate in [0, 1]")
+    return alpha, match
+
+
+def tune(args, hand: list, alpha: float, match: float) -> tuple[dict, object, list, list, dict]:
+    """Measure vLLM's steps, fit the step model, choose the schedule and serve every config to check it."""
+    tokenizer = smollm2_tokenizer()
+    trace = generate_trace(dataset_texts("humaneval"), requests=args.requests, rate=1.0,
+                           max_new_tokens=args.new_tokens, prompt_words=args.prompt_words, seed=0)
+    prompts = [tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in trace]
+    base = {"model": args.vllm_weights, "prompts": prompts, "eager": args.vllm_eager,
+            "max_ngram": PromptLookupProposer.max_ngram}
+    measured = run_peer(base | {"mode": "steps", "ks": args.ks, "batches": args.batches, "short": 8,
+                                "long": 40, "repeats": args.repeats}, args)
+    model = fit(measured["steps"])
+    tuned = schedule(model, args.ks, alpha, match, max(args.batches))
+    configs = [[f"k={k}", config(k, PromptLookupProposer.max_ngram)] for k in args.ks]
+    configs += [["hand-set", config(hand, PromptLookupProposer.max_ngram)],
+                ["tuned", config(tuned, PromptLookupProposer.max_ngram)]]
+    checked = run_peer(base | {"mode": "configs", "configs": configs, "concurrency": args.check_concurrency,
+                               "max_tokens": args.new_tokens, "repeats": args.repeats}, args)
+    return measured, model, tuned, configs, checked
+
+
+def print_result(args, measured, model, tuned, configs, checked, hand, alpha, match) -> None:
     print(f"vLLM {measured['vllm']}: step = {model[0] * 1e3:.2f} ms + {model[1] * 1e3:.2f} ms x requests + "
           f"{model[2] * 1e3:.2f} ms x rows (NNLS over {len(measured['steps'])} measured (b, k) points)")
     print(f"{'b':>3} {'k':>2} {'measured ms':>11} {'model ms':>8}")
@@ -188,6 +135,26 @@ def main() -> int:
         cells = [f"{table[(label, c)]:5.1f}({rate(model, c, k_of(tables[label], c), alpha, match):.0f})"
                  for label in labels]
         print(f"{c:>3} " + " ".join(f"{cell:>9}" for cell in cells))
+
+
+def main() -> int:
+    args = parse_args()
+    try:
+        hand = json.loads(args.hand)
+        if 0 not in args.ks or any(k < 0 for k in args.ks):
+            raise RakvError("--ks must include 0 and be >= 0")
+        alpha, match = acceptance_and_match(args)
+        measured, model, tuned, configs, checked = tune(args, hand, alpha, match)
+    except RakvError as exc:
+        print(f"tune_vllm: error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"vllm": measured["vllm"], "alpha": alpha, "match_rate": match, "steps": measured["steps"],
+              "model": dict(zip(("fixed_s", "per_request_s", "per_row_s"), map(float, model))), "schedule": tuned,
+              "hand": hand, "check": checked["configs"]}
+    (out / "tune.json").write_text(json.dumps(result, indent=1))
+    print_result(args, measured, model, tuned, configs, checked, hand, alpha, match)
     return 0
 
 

@@ -162,7 +162,7 @@ def smoke_outputs(tmp_path_factory):
     serving = ["profile.serving.repeats=2", "profile.serving.rates={chunking:[64],speculation:[16,64],acceptance:[16]}"]
     for stage in ("study", "serving", "sensitivity", "feasibility"):
         extra = serving if stage == "serving" else []
-        done = subprocess.run([sys.executable, str(ROOT / "scripts" / f"run_{stage}.py"), *overrides, *extra],
+        done = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_stage.py"), stage, *overrides, *extra],
                               capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, f"{stage}: {done.stderr[-2000:]}"
     paths = OutputPaths.of(results, root / "figures", root / "generated")

@@ -80,13 +80,16 @@ def test_malformed_jsonl_stops_before_any_work(capsys, tmp_path, content, messag
 
 def test_too_long_prompt_in_file_stops_before_generation(capsys, tmp_path):
     path = tmp_path / "p.jsonl"
-    path.write_text(json.dumps({"id": "ok", "prompt": PROMPT}) + "\n" + json.dumps({"id": "long", "prompt": "y " * 1100}))
+    path.write_text(json.dumps({"id": "ok", "prompt": PROMPT}) + "\n"
+                    + json.dumps({"id": "long", "prompt": "y " * 1100}))
     code, out, err = generate(capsys, "--prompts", str(path), "--strategy", "ar", "--json")
     assert code == 2 and "request long" in err and out == ""
 
 
 def test_mismatched_tokenizers_refused():
-    fp = lambda tok: Fingerprint("m", "w", "float32", "none", tok)
+    def fp(tok):
+        return Fingerprint("m", "w", "float32", "none", tok)
+
     with pytest.raises(RakvError, match="tokenizers differ"):
         check_shared_tokenizer("p", LoadedModel(None, fp("aaaa"), 1024), LoadedModel(None, fp("bbbb"), 1024))
 

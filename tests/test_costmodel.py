@@ -5,20 +5,28 @@ import random
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rakv.runtime.actions import Action
 from rakv.runtime.cache import Hit, PrefixKVStore
 from rakv.runtime.calibration import CalibrationPlan, calibration_key, load_or_calibrate, load_table
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from rakv.runtime.controller import AcceptanceTracker, Controller, ControllerConfig, choose
-from rakv.runtime.costmodel import (CostTable, Curve, RequestFeatures, acceptance_estimate, break_even_alpha,
-                            estimate_latency, expected_tokens_per_round, non_decreasing)
+from rakv.runtime.costmodel import (
+    CostTable,
+    Curve,
+    RequestFeatures,
+    acceptance_estimate,
+    break_even_alpha,
+    estimate_latency,
+    expected_tokens_per_round,
+    non_decreasing,
+    tokens_per_round,
+)
 from rakv.runtime.depth import RoundDepth
 from rakv.runtime.engine import Engine
-from rakv.runtime.strategies import run_strategy
 from rakv.runtime.errors import RakvError
+from rakv.runtime.strategies import run_strategy
 
 
 def configured(**changes) -> ControllerConfig:
@@ -55,6 +63,29 @@ def test_expected_tokens_closed_form_matches_monte_carlo(alpha, k):
     draws = [simulate_round(alpha, k, rng) + 1 for _ in range(40000)]
     assert abs(sum(draws) / len(draws) - expected_tokens_per_round(alpha, k)) < 0.03 * (k + 1)
     assert expected_tokens_per_round(1.0, k) == k + 1
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_tokens_per_round_limit_at_alpha_one(k):
+    # E_k(alpha) -> k + 1 as alpha -> 1, and the alpha >= 1 branch returns that limit exactly
+    assert tokens_per_round(1.0, k) == k + 1 == expected_tokens_per_round(1.0, k)
+    assert abs(tokens_per_round(1 - 1e-9, k) - (k + 1)) < 1e-6 * (k + 1)
+    assert tokens_per_round(0.0, k) == 1.0
+    assert tokens_per_round(0.7, 0) == tokens_per_round(0.7, 0, 0.3) == 1.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(alpha=st.floats(0.0, 1.0), other=st.floats(0.0, 1.0), k=st.integers(0, 12), match=st.floats(0.0, 1.0))
+def test_tokens_per_round_is_the_restated_sum_and_determines_alpha(alpha, other, k, match):
+    tokens = tokens_per_round(alpha, k, match)
+    # bit-identical to the form the cost model, policies, admission and tune_vllm each wrote out
+    assert tokens == (match * expected_tokens_per_round(alpha, k) + (1 - match) if k else 1.0)
+    assert tokens_per_round(alpha, k) == expected_tokens_per_round(alpha, k)
+    assert 1.0 - 1e-12 <= tokens <= k + 1 + 1e-12
+    # strictly increasing in alpha when k > 0 (up to rounding), so observed tokens per round pin alpha down
+    low, high = sorted((alpha, other))
+    if k and high - low > 1e-6:
+        assert expected_tokens_per_round(low, k) < expected_tokens_per_round(high, k)
 
 
 def test_acceptance_estimate_recovers_alpha_from_truncated_rounds():
@@ -230,9 +261,10 @@ def test_noisy_calibration_points_are_measured_again_then_refused(monkeypatch):
 
     plan = CalibrationPlan(repeats=4, remeasure_passes=1)
     # per point: a warm-up, a pass of 4, and (if noisy) a second pass of 4
-    scripted = {"quiet": iter([0.010] * 5), "spiky": iter([0.010] + [0.030, 0.010] * 2 + [0.010, 0.0101, 0.0099, 0.010]),
+    scripted = {"quiet": iter([0.010] * 5),
+                "spiky": iter([0.010] + [0.030, 0.010] * 2 + [0.010, 0.0101, 0.0099, 0.010]),
                 "bad": iter([0.010] + [0.010, 0.050] * 4)}
-    monkeypatch.setattr(calibration, "_time_once", lambda point, device: next(scripted[point.run()]))
+    monkeypatch.setattr(calibration, "time_once", lambda point, device: next(scripted[point.run()]))
     points = {(name, 64): calibration.Point(lambda name=name: name) for name in scripted}
     calibration.measure_interleaved(points, None, plan)
     assert points["quiet", 64].spread == 0 and points["spiky", 64].spread < 0.05  # the quieter second set is kept

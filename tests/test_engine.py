@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from rakv.runtime.actions import FIXED_STRATEGIES, Action
 from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.decoding import Sampling
-from rakv.runtime.actions import FIXED_STRATEGIES, Action
 from rakv.runtime.engine import Engine
 from rakv.runtime.models import load_pair
 from rakv.runtime.proposers import ControlledAcceptanceProposer, DraftModelProposer, PromptLookupProposer

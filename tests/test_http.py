@@ -128,7 +128,8 @@ def test_completion_bodies_are_checked_field_by_field():
     assert parse_completion(b'{"prompt": [5, 6]}', "m", Sampling(0.5), True).sampling.temperature == 0.5
     for body, message in [(b'{"prompt": "x", "max_tokens": 1.5}', "max_tokens"),
                           (b'{"prompt": "x", "top_p": 0}', "top_p"), (b'{"prompt": "x", "seed": true}', "seed"),
-                          (b'[1]', "object"), (b'{"prompt": [true]}', "prompt"), (b'{"prompt": "x", "echo": true}', "echo")]:
+                          (b'[1]', "object"), (b'{"prompt": [true]}', "prompt"),
+                          (b'{"prompt": "x", "echo": true}', "echo")]:
         with pytest.raises(BadRequest, match=message):
             parse_completion(body, "m", default, False)
     assert parse_address("127.0.0.1:8000") == ("127.0.0.1", 8000) and parse_address(":9") == ("127.0.0.1", 9)

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.cache_utils import DynamicLayer
 
+from rakv.runtime import kernels
 from rakv.runtime.actions import Action
 from rakv.runtime.cache import PrefixKVStore
-from rakv.runtime import kernels
 from rakv.runtime.compact import Linear, Segment
 from rakv.runtime.decoding import crop_cache, forward, forward_rows
 from rakv.runtime.engine import Engine
@@ -94,7 +94,8 @@ def test_growing_layer_holds_what_a_dynamic_layer_holds(operations):
 
 def test_modes_have_their_own_identity(tiny_pair, stock_tiny):
     # compact's identity names its kernels' source: K/V or calibrations of other kernels are never reused
-    assert tiny_pair.target.fingerprint.kernels == mode_label("compact") and mode_label("compact").startswith("compact:")
+    assert tiny_pair.target.fingerprint.kernels == mode_label("compact")
+    assert mode_label("compact").startswith("compact:")
     assert kernels_of(tiny_pair.target.module) == "compact"
     assert stock_tiny.target.fingerprint.kernels == "stock" and compact_of(stock_tiny.target.module) is None
     assert stock_tiny.target.fingerprint.key() != tiny_pair.target.fingerprint.key()  # no shared store entries
@@ -214,7 +215,8 @@ def test_compact_refuses_positions_beyond_the_context(tiny_pair):
 def test_compact_greedy_output_is_transformers_generate(tiny_pair, stock_tiny):
     engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 26))
     ids = engine.encode("def fibonacci(n):\n    ")
-    hf = stock_tiny.target.module.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+    hf = stock_tiny.target.module.generate(torch.tensor([ids]),
+                                           attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                            max_new_tokens=24, min_new_tokens=24, do_sample=False,
                                            pad_token_id=0)[0, len(ids):].tolist()
     for strategy in ("ar", "spec-k4", "joint-k2"):
@@ -279,7 +281,8 @@ def test_compact_smollm2_target_and_int8_draft_give_reference_logits(smollm2_pai
         ours = forward(smollm2_pair.draft.module, ids, new_kv_cache(smollm2_pair.draft.module))
         theirs = forward(reference, ids, new_kv_cache(reference))
         exact = embedding.weight.data.clone()
-        embedding.weight.data = exact * (1 + 1e-7 * torch.randn(exact.shape, generator=torch.Generator().manual_seed(0)))
+        noise = torch.randn(exact.shape, generator=torch.Generator().manual_seed(0))
+        embedding.weight.data = exact * (1 + 1e-7 * noise)
         nudged = forward(reference, ids, new_kv_cache(reference))
         embedding.weight.data = exact
     for a, b in ((ours, theirs), (nudged, theirs)):

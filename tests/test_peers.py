@@ -1,11 +1,14 @@
 """The vLLM peer's pure parts (the peer itself needs its own venv: scripts/setup_vllm_peer.sh, never in CI): the
-schedule scripts/tune_vllm.py derives from measured steps, and bench_serving's output agreement."""
+schedule scripts/tune_vllm.py derives from measured steps (rakv.bench.peers), and the peer scripts' one output
+agreement."""
 
 import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from rakv.bench import peers
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -17,7 +20,7 @@ def script(name: str):
     return module
 
 
-tune = script("tune_vllm")
+tune = peers  # scripts/tune_vllm.py's step model and schedule live in rakv.bench.peers
 
 
 def steps_of(fixed: float, per_request: float, per_row: float, match: float = 1.0) -> list[dict]:
@@ -59,8 +62,24 @@ def test_the_schedule_becomes_vllm_s_config():
     ({"a": [1, 2], "b": [4, 5]}, 1, ["a at token 2"]),
 ])
 def test_bench_serving_counts_equal_outputs_and_says_where_others_diverge(theirs, equal, where):
-    bench = script("bench_serving")
-    assert bench.agreement({"a": [1, 2, 3], "b": [4, 5]}, theirs) == (equal, where)
+    assert peers.agreement({"a": [1, 2, 3], "b": [4, 5]}, theirs) == (equal, where)
+
+
+def test_bench_vllm_serve_compares_texts_and_finds_the_divergence_by_token():
+    bench = script("bench_vllm_serve")
+    tokenizer = type("Words", (), {"encode": staticmethod(str.split)})()
+    ours = {"generated_texts": ["a b c", "d e", "f"]}
+    theirs = {"generated_texts": ["a b c", "d x", "f g"]}
+    assert bench.text_agreement(ours, theirs, tokenizer) == (1, ["request 1 at token 1", "request 2 at token 1"])
+
+
+def test_the_tuned_schedule_and_smartspec_share_one_choice_of_k():
+    from rakv.serving.policies import most_goodput
+
+    model = np.array([0.030, 0.0, 0.008])
+    for b in (1, 4, 16):
+        rates = {k: tune.rate(model, b, k, 0.8, 1.0) for k in (0, 2, 4)}
+        assert most_goodput((4, 0, 2), rates.__getitem__) == max(rates, key=rates.get)
 
 
 def test_the_paper_s_peer_rows_are_the_shipped_measurements(tmp_path):

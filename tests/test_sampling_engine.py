@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from scipy.stats import chi2_contingency
 
-from rakv.runtime.decoding import Sampling
 from rakv.runtime.actions import Action
 from rakv.runtime.cache import PrefixKVStore
+from rakv.runtime.decoding import Sampling
 from rakv.runtime.engine import Engine
 
 RUNS = 300

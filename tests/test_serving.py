@@ -21,7 +21,7 @@ from rakv.runtime.cache import Hit, PrefixKVStore
 from rakv.runtime.decoding import DecodeState, Sampling
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
-from rakv.runtime.strategies import Choice
+from rakv.runtime.strategies import Choice, action_of
 from rakv.serving.acceptance import Acceptance
 from rakv.serving.executor import RequestOutput, StepOutput
 from rakv.serving.metrics import parse_goodput
@@ -29,7 +29,6 @@ from rakv.serving.request import ServedRequest, Status
 from rakv.serving.scheduler import Scheduler
 from rakv.serving.server import ServeOptions, ServeParts, serve
 from rakv.serving.trace import TraceRequest, generate_trace, read_trace, write_trace
-from rakv.runtime.strategies import action_of
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = [(f"t{i}", " ".join(f"word{(i * 7 + j) % 50} and" for j in range(30 + i % 9))) for i in range(40)]
@@ -49,12 +48,16 @@ GOOD = '{"id": "a", "arrival_s": 0, "prompt": "hello there", "max_new_tokens": 4
 @pytest.mark.parametrize("line, message", [
     ("{not json", r"trace.jsonl:2: not valid JSON"),
     ('{"arrival_s": 0, "prompt": "x", "max_new_tokens": 4}', r':2: field "id" must be a non-empty string'),
-    ('{"id": "b", "arrival_s": -1, "prompt": "x", "max_new_tokens": 4}', r':2: field "arrival_s" must be a number >= 0'),
+    ('{"id": "b", "arrival_s": -1, "prompt": "x", "max_new_tokens": 4}',
+     r':2: field "arrival_s" must be a number >= 0'),
     ('{"id": "b", "prompt": "x", "max_new_tokens": 4}', r':2: missing field "arrival_s"'),
     ('{"id": "b", "arrival_s": 0, "prompt": 3, "max_new_tokens": 4}', r':2: field "prompt" must be a string'),
-    ('{"id": "b", "arrival_s": 0, "prompt": "x", "max_new_tokens": 0}', r':2: field "max_new_tokens" must be an integer > 0'),
-    ('{"id": "b", "arrival_s": 0, "prompt": "x", "max_new_tokens": 4, "salt": 1}', r':2: field "salt" must be a string'),
-    ('{"id": "b", "arrival_s": 0, "prompt": "x", "max_new_tokens": 4, "turn": 1}', r':2: field "turn" needs a "conversation"'),
+    ('{"id": "b", "arrival_s": 0, "prompt": "x", "max_new_tokens": 0}',
+     r':2: field "max_new_tokens" must be an integer > 0'),
+    ('{"id": "b", "arrival_s": 0, "prompt": "x", "max_new_tokens": 4, "salt": 1}',
+     r':2: field "salt" must be a string'),
+    ('{"id": "b", "arrival_s": 0, "prompt": "x", "max_new_tokens": 4, "turn": 1}',
+     r':2: field "turn" needs a "conversation"'),
     ('{"id": "a", "arrival_s": 0, "prompt": "x", "max_new_tokens": 4}', r":2: field \"id\": 'a' appears twice"),
     ('{"id": "b", "prompt": "x", "max_new_tokens": 4, "conversation": "c", "turn": 1, "after_s": 1}',
      r':2: field "turn": conversation \'c\' expects turn 0 here, got 1'),
@@ -418,8 +421,9 @@ def test_smollm2_served_outputs_equal_alone(smollm2_pair, tmp_path, strategy, pr
 @pytest.mark.parametrize("proposer, alpha", [("draft", 0.95), ("prompt-lookup", 0.9), ("draft", 0.05)])
 def test_rakv_asd_decides_per_request_at_admission_and_changes_no_output(tiny_pair, tiny_texts, tmp_path, proposer,
                                                                          alpha):
-    from rakv.runtime.controller import Controller
     from test_costmodel import table
+
+    from rakv.runtime.controller import Controller
 
     controller = Controller(table(alpha=alpha, step=0.02, verify=0.021, propose_per_token=0.0005))
     trace = generate_trace(tiny_texts, requests=6, rate=60.0, kind="shared-prefix", max_new_tokens=10,
@@ -437,7 +441,8 @@ def test_rakv_asd_decides_per_request_at_admission_and_changes_no_output(tiny_pa
 
 @pytest.mark.parametrize("policy, decoding, expected", [
     ("per-request", 3, [4, 4, 2]), ("disable-by-batch-size:3", 2, [4, 4]), ("disable-by-batch-size:3", 3, [0, 0, 0]),
-    ("k-by-batch:1=4,2=2,4=0", 1, [4]), ("k-by-batch:1=4,2=2,4=0", 3, [2, 2, 2]), ("k-by-batch:1=4,2=2,4=0", 5, [0] * 5),
+    ("k-by-batch:1=4,2=2,4=0", 1, [4]), ("k-by-batch:1=4,2=2,4=0", 3, [2, 2, 2]),
+    ("k-by-batch:1=4,2=2,4=0", 5, [0] * 5),
 ])
 def test_speculation_policies_cap_each_requests_k_by_the_load(policy, decoding, expected):
     from rakv.serving.policies import speculation_policy

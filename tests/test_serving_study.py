@@ -19,10 +19,17 @@ from rakv.runtime.costmodel import Curve
 from rakv.runtime.decoding import DecodeState
 from rakv.runtime.engine import Engine
 from rakv.runtime.proposers import PromptLookupProposer
-from rakv.serving.batchcost import (BatchCost, BatchPlan, calibrate_batch, fit_pass_terms, fitted_shapes,
-                                    PassFeatures, pass_features)
-from rakv.serving.policies import Goodput, LoadAware, SloBudget, speculation_policy
 from rakv.runtime.strategies import Choice
+from rakv.serving.batchcost import (
+    BatchCost,
+    BatchPlan,
+    PassFeatures,
+    calibrate_batch,
+    fit_pass_terms,
+    fitted_shapes,
+    pass_features,
+)
+from rakv.serving.policies import Goodput, LoadAware, SloBudget, speculation_policy
 from rakv.serving.replay import lookup_rounds
 from rakv.serving.request import ServedRequest
 from rakv.serving.scheduler import Scheduler, Work
@@ -197,8 +204,8 @@ SMALL = ["profile=smoke", "profile.serving.repeats=2", "profile.serving.requests
 
 
 def run_stage(results, *extra):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "run_serving.py"), *SMALL, f"results_dir={results}",
-                           *extra], capture_output=True, text=True, timeout=900)
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "run_stage.py"), "serving", *SMALL,
+                           f"results_dir={results}", *extra], capture_output=True, text=True, timeout=900)
 
 
 def test_the_serving_stage_writes_its_tables_counts_exact_outputs_and_resumes_per_run(tmp_path):
@@ -209,7 +216,8 @@ def test_the_serving_stage_writes_its_tables_counts_exact_outputs_and_resumes_pe
     cells = pd.read_parquet(out / "cells.parquet")
     assert len(cells) == 2 * (5 + 5 + 5 + 2) and (cells.outputs_equal_ar == cells.completed + cells.failed).all()
     assert set(cells.configuration) == {"tiny", "tiny-lookup"} and (cells.concurrency > 0).all()
-    assert (cells.slo_itl_ms > 0).all() and "SLOs on tiny-lookup (one-request decode step" in (out / "plan.txt").read_text()
+    assert (cells.slo_itl_ms > 0).all()
+    assert "SLOs on tiny-lookup (one-request decode step" in (out / "plan.txt").read_text()
     requests = pd.read_parquet(out / "requests.parquet")
     assert len(requests) == int((cells.completed + cells.failed).sum())
     assert {"family", "rate", "policy", "repeat", "ttft_s", "itl_s"} <= set(requests.columns)
@@ -243,7 +251,8 @@ def test_rakv_serve_takes_the_model_policies(tmp_path):
 
     env = None  # the shared calibration folder: measured on first use, then kept
     rakv = [sys.executable, "-m", "rakv.cli"]
-    made = subprocess.run([*rakv, "trace", "--out", str(tmp_path / "t.jsonl"), "--kind", "multi-turn", "--requests", "6",
+    made = subprocess.run([*rakv, "trace", "--out", str(tmp_path / "t.jsonl"), "--kind", "multi-turn",
+                           "--requests", "6",
                            "--turns", "2", "--rate", "40", "--think-s", "0.01", "--max-new-tokens", "8",
                            "--prompt-words", "30"], capture_output=True, text=True, env=env)
     assert made.returncode == 0, made.stderr

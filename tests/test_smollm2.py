@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.actions import Action
+from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.engine import Engine
 from rakv.runtime.models import load_pair
 from rakv.runtime.workloads import load_humaneval

@@ -51,8 +51,9 @@ def test_run_ids_are_stable_and_distinct():
 
 
 def study_command(results_dir):
-    return [sys.executable, str(ROOT / "scripts" / "run_study.py"), "profile=smoke", f"results_dir={results_dir}",
-            "configurations=[tiny]", "datasets=[humaneval]", "calibration.recalibrate=auto"]
+    return [sys.executable, str(ROOT / "scripts" / "run_stage.py"), "study", "profile=smoke",
+            f"results_dir={results_dir}", "configurations=[tiny]", "datasets=[humaneval]",
+            "calibration.recalibrate=auto"]
 
 
 def test_study_killed_with_sigkill_resumes_without_loss_duplicates_or_other_decisions(tmp_path):
@@ -111,18 +112,18 @@ def test_sharded_study_through_a_launcher_merges_to_the_unsharded_plan(tmp_path,
     sharded, unsharded = tmp_path / "sharded", tmp_path / "unsharded"
     grid = ["profile=smoke", "configurations=[tiny]", "datasets=[humaneval]", "profile.study.repeats=1",
             "profile.study.sweep_repeats=1"]  # a smaller grid: the merge, not the size, is under test
-    script = str(ROOT / "scripts" / "run_study.py")
-    shards = subprocess.run([sys.executable, script, "-m", *LAUNCHERS[launcher],
+    script = str(ROOT / "scripts" / "run_stage.py")
+    shards = subprocess.run([sys.executable, script, "study", "-m", *LAUNCHERS[launcher],
                              f"hydra.sweep.dir={tmp_path / 'multirun'}", *grid, f"results_dir={sharded}",
                              "study.num_shards=2", "study.shard_index=0,1"], capture_output=True, text=True,
                             timeout=600)
     assert shards.returncode == 0, shards.stderr[-2000:]
     journals = sorted(p.name for p in (sharded / "study").glob("runs*.jsonl"))
     assert journals == ["runs.shard0of2.jsonl", "runs.shard1of2.jsonl"]
-    merge = subprocess.run([sys.executable, script, *grid, f"results_dir={sharded}", "study.num_shards=2",
+    merge = subprocess.run([sys.executable, script, "study", *grid, f"results_dir={sharded}", "study.num_shards=2",
                             "study.merge_only=true"], capture_output=True, text=True, timeout=600)
     assert merge.returncode == 0, merge.stderr[-2000:]
-    single = subprocess.run([sys.executable, script, *grid, f"results_dir={unsharded}"], capture_output=True,
+    single = subprocess.run([sys.executable, script, "study", *grid, f"results_dir={unsharded}"], capture_output=True,
                             text=True, timeout=600)
     assert single.returncode == 0, single.stderr[-2000:]
     merged = pd.read_parquet(sharded / "study" / "runs.parquet")

@@ -189,7 +189,8 @@ def format_table(frame: pd.DataFrame) -> str:
 
     columns = ["configuration", "variant", "mean_regret", "worst_regret", "accuracy_action", "accuracy_within_noise",
                "spearman", "mape", "vs_best_fixed", "speculative_share"]
-    header = ("| configuration | variant | mean regret % | worst regret % | accuracy strict % | accuracy within noise % "
+    header = ("| configuration | variant | mean regret % | worst regret % | accuracy strict % "
+              "| accuracy within noise % "
               "| Spearman (per scenario) | MAPE % | latency reduction vs best fixed % | speculative share % |")
     lines = [header, "|" + "---|" * len(columns)]
     for row in frame.to_dict("records"):

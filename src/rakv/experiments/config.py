@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rakv.experiments.records import write_atomic
 from rakv.runtime.actions import ADAPTIVE
 from rakv.runtime.calibration import calibration_for
 from rakv.runtime.controller import ControllerConfig
@@ -23,7 +24,6 @@ from rakv.runtime.errors import RakvError
 from rakv.runtime.kernels import effective_mode
 from rakv.runtime.models import PAIR_NAMES
 from rakv.runtime.paths import CONF_DIR
-from rakv.experiments.records import write_atomic
 from rakv.runtime.strategies import action_of
 from rakv.runtime.workloads import Prompt, dataset_texts, parse_scenario, select_prompts
 
@@ -117,7 +117,8 @@ def validate(cfg: DictConfig) -> None:
             action_of(strategy)
     grid = cfg.profile.study
     if grid.prompts_per_bin < 1 or grid.new_tokens < 1 or grid.repeats < 0 or grid.sweep_repeats < 1:
-        raise RakvError("profile.study: prompts_per_bin and new_tokens must be >= 1, repeats >= 0 and sweep_repeats >= 1 (the AR reference is a measurement)")
+        raise RakvError("profile.study: prompts_per_bin and new_tokens must be >= 1, repeats >= 0 and sweep_repeats "
+                        ">= 1 (the AR reference is a measurement)")
     if any(low >= high for low, high in grid.length_bins):
         raise RakvError(f"profile.study.length_bins must be [low, high) with low < high, got {list(grid.length_bins)}")
     if not 0 <= cfg.study.shard_index < cfg.study.num_shards:

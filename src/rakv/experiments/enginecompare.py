@@ -55,7 +55,8 @@ def engine_rows(results: Path, label: str | None = None) -> list[dict]:
         rows.append({
             "configuration": configuration, "kernels": kernels, "target_step_ms": step * 1e3,
             "draft_step_ms": _at(table["propose"]["1"]) * 1e3 if proposer == "draft" else None,
-            "verify_over_step": {int(k): _at(table["verify"][str(k)]) / step for k in (1, 2, 4) if str(k) in table["verify"]},
+            "verify_over_step": {int(k): _at(table["verify"][str(k)]) / step for k in (1, 2, 4)
+                                 if str(k) in table["verify"]},
             "target_prefill_s": _prefill(table, "target_prefill"),
             "draft_prefill_s": _prefill(table, "proposer_prefill") if proposer == "draft" else {},
             "break_even_alpha": crossover.get(configuration, {}).get("median"),
@@ -197,8 +198,8 @@ def comparison_sentences(runs: list[list[dict]]) -> str:
 
 def write_engine_comparison(befores: list[Path], after: Path, out_dir: Path) -> list[Path]:
     """The table of every earlier run (oldest first) and this one, and the sentences of the last earlier one
-    against this one (prefills against each). Earlier engines are labelled by their folder's name after the profile's (offline-fast-kernels:
-    fast-kernels)."""
+    against this one (prefills against each). Earlier engines are labelled by their folder's name after the
+    profile's (offline-fast-kernels: fast-kernels)."""
     runs = [engine_rows(path, Path(path).name.split("-", 1)[-1]) for path in befores]
     runs.append(engine_rows(after, f"{engine_rows_label(after)} (this run)"))
     table, sentences = Path(out_dir) / "engine_comparison.tex", Path(out_dir) / "engine_comparison_text.tex"

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import nbformat
 import pandas as pd
-from nbclient import NotebookClient
 from jupyter_client import KernelManager
+from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 from rakv.runtime.errors import RakvError
@@ -41,7 +41,7 @@ class OutputPaths:
 
     @classmethod
     def of(cls, results: Path | str, figures: Path | str | None = None,
-           generated: Path | str | None = None) -> "OutputPaths":
+           generated: Path | str | None = None) -> OutputPaths:
         """A results folder's output paths; figures and LaTeX default to folders named like it."""
         results = Path(results).resolve()
         return cls(results, Path(figures or ROOT / "figures" / results.name),

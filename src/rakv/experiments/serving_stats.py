@@ -28,7 +28,7 @@ from scipy import stats
 from rakv.experiments.summary import (AcceptanceErrors, BatchBreakEven, Cell, ChosenK, Comparison, Goal, GoalPair,
                                       IterationMape, LatencyMape, Margins, ServedExact, ServingSummary, SloSteps, Slos)
 from rakv.experiments.verdicts import all_of, any_of, below, ci_side, higher, non_inferior
-from rakv.runtime.costmodel import expected_tokens_per_round
+from rakv.runtime.costmodel import tokens_per_round
 from rakv.serving.batchcost import shape_class
 
 CONFIDENCE = 0.95
@@ -378,8 +378,8 @@ def break_even_by_batch(cost, k_values=(1, 2, 4), batches=(1, 2, 4, 8, 16), cont
         for k in k_values:
             time_k = cost.decode_s([(1 + k, context)] * b, [k] * b)
 
-            def gain(alpha):
-                return b * (match * expected_tokens_per_round(alpha, k) + 1 - match) / time_k - base
+            def gain(alpha, b=b, k=k, time_k=time_k, base=base):
+                return b * tokens_per_round(alpha, k, match) / time_k - base
 
             alpha = None
             if gain(1.0) > 0:
@@ -440,7 +440,8 @@ def serving_summary(results: Path, seed: int = 0) -> ServingSummary:
     acceptance_rows, acceptance = acceptance_goals(data["requests"], design)
     goals += latency_rows + acceptance_rows
     equal, total = int(cells.outputs_equal_ar.sum()), int((cells.completed + cells.failed).sum())
-    goals.append({"goal": "every served output identical to batch-one greedy AR", "key": "exact", "value": equal / total,
+    goals.append({"goal": "every served output identical to batch-one greedy AR", "key": "exact",
+                  "value": equal / total,
                   "ci_low": None, "ci_high": None, "verdict": "met" if equal == total else "missed",
                   "rule": "met if every one is, missed otherwise", "unit": "fraction"})
     chosen = configuration(grid["configuration"])

@@ -1,7 +1,10 @@
 """The pipeline's stages, in the order `reproduce.sh` runs them, behind one wrapper that validates the composed
 config first and turns a RakvError into a one-line message and a non-zero exit (never a traceback).
 
-Each scripts/run_<stage>.py is a Hydra entry point that calls `run_stage("<stage>", cfg)`.
+`scripts/run_stage.py <stage> [Hydra overrides]` is the one Hydra entry point: it composes the stage's primary
+config (`PRIMARY_CONFIGS`) and calls `run_stage`. `python -m rakv.experiments.stages --list` prints the stage names
+in order for reproduce.sh; it must stay cheap, so this module imports rakv.experiments.config (torch) only inside
+the stages.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ import sys
 
 from omegaconf import DictConfig
 
-from rakv.experiments.config import configurations, cost_table_for, engine_for, results_dir, validate
 from rakv.runtime.errors import RakvError
 from rakv.runtime.paths import PAPER_DIR as PAPER
 from rakv.runtime.paths import REFERENCE_DIR, ROOT, shown
@@ -22,6 +24,8 @@ README_REFERENCE = REFERENCE_DIR / "offline"  # the shipped run whose claims tab
 
 def calibrate(cfg: DictConfig) -> None:
     """Every configuration's cost table (reused when still valid), copied into the results folder."""
+    from rakv.experiments.config import configurations, cost_table_for, engine_for
+
     for configuration in configurations(cfg):
         engine = engine_for(cfg, configuration)
         table = cost_table_for(cfg, engine)
@@ -55,6 +59,7 @@ def feasibility(cfg: DictConfig) -> None:
 
 def analysis(cfg: DictConfig) -> None:
     """Every notebook, headless, on results/<name>/: summary.json, figures/<name>/, paper/generated/<name>/."""
+    from rakv.experiments.config import results_dir
     from rakv.experiments.notebooks import OutputPaths, run_all
     from rakv.experiments.report import refresh_readme
     from rakv.experiments.summary import read_summary
@@ -81,6 +86,7 @@ def analysis(cfg: DictConfig) -> None:
 def paper(cfg: DictConfig) -> None:
     """paper/build/<name>/main.pdf from paper/main.tex and refs.bib with one results folder's numbers and figures
     (latexmk + bibtex: Debian's texlive-latex-extra, texlive-bibtex-extra and latexmk)."""
+    from rakv.experiments.config import results_dir
     from rakv.experiments.notebooks import OutputPaths
 
     paths = OutputPaths.of(results_dir(cfg))
@@ -104,8 +110,10 @@ def paper(cfg: DictConfig) -> None:
     print(f"paper: built {build / 'main.pdf'}", flush=True)
 
 
-STAGES = {"calibrate": calibrate, "study": study, "serving": serving, "sensitivity": sensitivity, "feasibility": feasibility,
-          "analysis": analysis, "paper": paper}
+STAGES = {"calibrate": calibrate, "study": study, "serving": serving, "sensitivity": sensitivity,
+          "feasibility": feasibility, "analysis": analysis, "paper": paper}
+# the stages whose primary config in conf/ is not config.yaml (the shared config plus the stage's overrides)
+PRIMARY_CONFIGS = {"serving": "serving_study", "sensitivity": "sensitivity", "feasibility": "feasibility"}
 
 
 def peak_rss_bytes() -> int:
@@ -117,6 +125,8 @@ def peak_rss_bytes() -> int:
 
 
 def run_stage(name: str, cfg: DictConfig) -> None:
+    from rakv.experiments.config import validate
+
     try:
         validate(cfg)
         STAGES[name](cfg)
@@ -135,3 +145,10 @@ def run_stage(name: str, cfg: DictConfig) -> None:
     except KeyboardInterrupt:
         print(f"{name}: interrupted; rerun the same command to resume", file=sys.stderr, flush=True)
         sys.exit(130)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--list"]:
+        print("usage: python -m rakv.experiments.stages --list", file=sys.stderr)
+        sys.exit(2)
+    print(" ".join(STAGES))

@@ -37,16 +37,23 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from rakv.experiments.config import (
+    Configuration,
+    configurations,
+    controller_config,
+    cost_table_for,
+    engine_for,
+    prompts_for,
+    results_dir,
+)
+from rakv.experiments.records import Journal, exclusive, metadata, write_atomic, write_parquet
 from rakv.runtime.actions import ADAPTIVE, Action
 from rakv.runtime.cache import DraftPart, PrefixKVStore
 from rakv.runtime.calibration import calibration_key
-from rakv.experiments.config import (Configuration, configurations, controller_config, cost_table_for, engine_for,
-                                     prompts_for, results_dir)
 from rakv.runtime.controller import Controller
 from rakv.runtime.costmodel import RequestFeatures
 from rakv.runtime.engine import Engine, RequestResult
 from rakv.runtime.errors import RakvError
-from rakv.experiments.records import Journal, exclusive, metadata, write_atomic, write_parquet
 from rakv.runtime.strategies import action_of, run_strategy
 from rakv.runtime.workloads import Prompt, build_scenario
 

@@ -35,7 +35,7 @@ class Action:
         return _LABEL.fullmatch(text) is not None
 
     @classmethod
-    def parse(cls, label: str) -> "Action":
+    def parse(cls, label: str) -> Action:
         """The action of a label such as `r1k4` (as the study's `action` column holds)."""
         match = _LABEL.fullmatch(label)
         if not match or (int(match[2]) and int(match[2]) not in SPEC_K):
@@ -43,7 +43,7 @@ class Action:
         return cls(match[1] == "1", int(match[2]))
 
     @classmethod
-    def of_strategy(cls, name: str) -> "Action":
+    def of_strategy(cls, name: str) -> Action:
         """The fixed action of a baseline strategy name."""
         if name == "ar":
             return cls(False, 0)

@@ -108,7 +108,7 @@ class Point:
         return self.spread > limit and self.spread * self.median > plan.noise_floor_s
 
 
-def _time_once(point: Point, device) -> float:
+def time_once(point: Point, device) -> float:
     if point.setup is not None:
         point.setup()
     synchronize(device)
@@ -118,13 +118,14 @@ def _time_once(point: Point, device) -> float:
     return time.perf_counter() - start
 
 
-def measure_interleaved(points: dict, device, plan: CalibrationPlan, seed: int = 0, progress: tqdm | None = None) -> None:
+def measure_interleaved(points: dict, device, plan: CalibrationPlan, seed: int = 0,
+                        progress: tqdm | None = None) -> None:
     """Fill every point's samples: one warm-up each, then `plan.repeats` passes over all points in a fresh
     shuffled order, so a burst of machine noise spreads over many points instead of ruining one; points whose
     spread stays high are measured again (a fresh set of passes), keeping the quieter set."""
     rng = random.Random(seed)
     for point in points.values():
-        _time_once(point, device)
+        time_once(point, device)
 
     def passes(keys):
         fresh = {key: [] for key in keys}
@@ -132,7 +133,7 @@ def measure_interleaved(points: dict, device, plan: CalibrationPlan, seed: int =
             order = list(keys)
             rng.shuffle(order)
             for key in order:
-                fresh[key].append(_time_once(points[key], device))
+                fresh[key].append(time_once(points[key], device))
             if progress is not None:
                 progress.update(len(order))
         return fresh
@@ -151,80 +152,38 @@ def measure_interleaved(points: dict, device, plan: CalibrationPlan, seed: int =
                 points[key].samples = samples
 
 
+def forward_points(model, ids: torch.Tensor, cache, context: int, widths) -> dict[int, Point]:
+    """One point per width: `model`'s forward over `width` new tokens of `ids` after the `context` positions that
+    `cache` holds (cropped back to them before each timing); logits of the last row only for a one-token step."""
+
+    def crop_back():
+        crop_cache(cache, context)
+
+    return {width: Point(lambda width=width: forward(model, ids[:, context:context + width], cache,
+                                                     keep=1 if width == 1 else 0), crop_back)
+            for width in widths}
+
+
 def calibrate(engine, prompts: list[list[int]], plan: CalibrationPlan = CalibrationPlan(),
               progress: bool = True) -> CostTable:
     """Measure every cost the model needs on `engine`'s pair and proposer. `prompts`: token ids for acceptance.
 
     Raises RakvError naming the points whose noise stayed above `plan.refuse_spread` after re-measuring."""
     pair, device = engine.pair, engine.pair.device
-    target = pair.target.module
-    limit = pair.max_context
     generator = torch.Generator().manual_seed(0)
-    filler = torch.randint(100, pair.vocab_size - 100, (1, limit), generator=generator).to(device)
-    plan = CalibrationPlan(**{**asdict(plan),
-                              "prefill_lengths": tuple(n for n in plan.prefill_lengths if n < limit - 16),
-                              "contexts": tuple(n for n in plan.contexts if n + max(plan.k_values) + 1 < limit),
-                              "copy_lengths": tuple(n for n in plan.copy_lengths if n < limit)})
-    load_before = os.getloadavg()[0]
-    if load_before > 0.75 * (os.cpu_count() or 1) and device.type == "cpu":
-        print(f"rakv: warning: the machine may be busy (1-minute load {load_before:.1f} on {os.cpu_count()} CPUs) "
-              "as calibration starts; its timings may be too slow", flush=True)
+    filler = torch.randint(100, pair.vocab_size - 100, (1, pair.max_context), generator=generator).to(device)
+    plan = fitted_plan(plan, pair.max_context)
+    load_before = warn_if_busy(device)
     started = time.perf_counter()
-    points: dict[tuple, Point] = {}
     with torch.inference_mode():
-        for n in plan.prefill_lengths:
-            points["target_prefill", n] = Point(lambda n=n: forward(target, filler[:, :n], new_kv_cache(target), keep=1))
-        proposers = {}
-        for n in plan.prefill_lengths:
-            proposers["prefill", n] = proposer = engine.make_proposer()
-            points["proposer_prefill", n] = Point(lambda n=n, p=proposer: p.start(filler[0, :n].tolist()))
-        sampling = Sampling()
-        for ctx in plan.contexts:
-            cache = new_kv_cache(target)
-            forward(target, filler[:, :ctx], cache, keep=1)
-            crop_back = (lambda c=cache, n=ctx: crop_cache(c, n))
-            points["target_step", ctx] = Point(lambda c=cache, n=ctx: forward(target, filler[:, n:n + 1], c, keep=1),
-                                               crop_back)
-            for k in plan.k_values:
-                points["verify", k, ctx] = Point(lambda c=cache, n=ctx, k=k: forward(target, filler[:, n:n + k + 1], c),
-                                                 crop_back)
-            context = filler[0, :ctx].tolist()
-            for k in plan.k_values:
-                # steady state: the last confirmed token is new to the proposer, as after every round
-                proposer = proposers["propose", k, ctx] = engine.make_proposer()
-                proposer.start(context)
-                points["propose", k, ctx] = Point(
-                    lambda p=proposer, c=context, k=k: p.propose(c, k, sampling, None),
-                    lambda p=proposer, n=ctx: p.rollback(n - 1))
-
-        store = PrefixKVStore(budget_bytes=1 << 40)
-        ns = "calibration"
-        longest = max(plan.copy_lengths)
-        cache = new_kv_cache(target)
-        logits = forward(target, filler[:, :longest + 1], cache, keep=1)[-1]
-        entry_ids = filler[0, :longest + 1].cpu().numpy()
-        store.insert(ns, entry_ids, [(layer.keys, layer.values) for layer in cache.layers], logits)
-        target_bytes = kv_nbytes([(layer.keys, layer.values) for layer in cache.layers]) / (longest + 1)
-        for n in plan.copy_lengths:  # a prompt that shares n + 1 tokens reuses n positions
-            query = entry_ids.copy()[: n + 2]
-            query[-1] = (query[-1] + 1) % pair.vocab_size
-            points["kv_copy", n] = Point(lambda q=query: new_kv_cache(target, store.lookup(ns, q)[1]))
-
+        points = model_points(engine, filler, plan)
+        copies, target_bytes = copy_points(pair.target.module, filler, plan, pair.vocab_size)
+        points |= copies
         bar = tqdm(total=len(points) * plan.repeats + plan.acceptance_prompts, unit="measure", disable=not progress,
                    desc=f"calibrating {pair.name}/{engine.proposer}")
         measure_interleaved(points, device, plan, progress=bar)
-
-        probe = engine.make_proposer()
-        probe.start(filler[0, :64].tolist())
-        proposer_bytes = (kv_nbytes([(layer.keys, layer.values) for layer in probe.cache.layers]) / 64
-                          if getattr(probe, "cache", None) is not None else 0.0)
-
-        round_log, empty_rounds = [], 0
-        for ids in prompts[: plan.acceptance_prompts]:
-            result = engine.run(ids, Action(False, 4), plan.acceptance_new_tokens, ignore_eos=True)
-            round_log.extend(result.round_log)
-            empty_rounds += result.empty_rounds
-            bar.update(1)
+        proposer_bytes = proposer_kv_bytes_per_token(engine, filler)
+        round_log, empty_rounds = acceptance_rounds(engine, prompts, plan, bar)
     bar.close()
     refuse_if_noisy(points, plan, pair.name, engine.proposer)
     alpha = acceptance_estimate(round_log)
@@ -243,6 +202,87 @@ def calibrate(engine, prompts: list[list[int]], plan: CalibrationPlan = Calibrat
         acceptance=alpha if alpha is not None else 0.0, acceptance_rounds=len(round_log),
         match_rate=len(round_log) / max(len(round_log) + empty_rounds, 1),
         measured_s=time.perf_counter() - started, load_average=[load_before, os.getloadavg()[0]])
+
+
+def fitted_plan(plan: CalibrationPlan, limit: int) -> CalibrationPlan:
+    """`plan` without the points that would not fit in the pair's context of `limit` tokens."""
+    return CalibrationPlan(**{**asdict(plan),
+                              "prefill_lengths": tuple(n for n in plan.prefill_lengths if n < limit - 16),
+                              "contexts": tuple(n for n in plan.contexts if n + max(plan.k_values) + 1 < limit),
+                              "copy_lengths": tuple(n for n in plan.copy_lengths if n < limit)})
+
+
+def warn_if_busy(device) -> float:
+    """The 1-minute load average as calibration starts, with a warning when the CPUs look busy."""
+    load = os.getloadavg()[0]
+    if load > 0.75 * (os.cpu_count() or 1) and device.type == "cpu":
+        print(f"rakv: warning: the machine may be busy (1-minute load {load:.1f} on {os.cpu_count()} CPUs) "
+              "as calibration starts; its timings may be too slow", flush=True)
+    return load
+
+
+def model_points(engine, filler: torch.Tensor, plan: CalibrationPlan) -> dict[tuple, Point]:
+    """The prefills, the target's step and verifies and the proposer's candidates, each at the plan's points."""
+    target = engine.pair.target.module
+    points: dict[tuple, Point] = {}
+    for n in plan.prefill_lengths:
+        points["target_prefill", n] = Point(lambda n=n: forward(target, filler[:, :n], new_kv_cache(target), keep=1))
+    for n in plan.prefill_lengths:
+        proposer = engine.make_proposer()
+        points["proposer_prefill", n] = Point(lambda n=n, p=proposer: p.start(filler[0, :n].tolist()))
+    sampling = Sampling()
+    for ctx in plan.contexts:
+        cache = new_kv_cache(target)
+        forward(target, filler[:, :ctx], cache, keep=1)
+        steps = forward_points(target, filler, cache, ctx, (1, *(k + 1 for k in plan.k_values)))
+        points["target_step", ctx] = steps[1]
+        for k in plan.k_values:
+            points["verify", k, ctx] = steps[k + 1]
+        context = filler[0, :ctx].tolist()
+        for k in plan.k_values:
+            # steady state: the last confirmed token is new to the proposer, as after every round
+            proposer = engine.make_proposer()
+            proposer.start(context)
+            points["propose", k, ctx] = Point(
+                lambda p=proposer, c=context, k=k: p.propose(c, k, sampling, None),
+                lambda p=proposer, n=ctx: p.rollback(n - 1))
+    return points
+
+
+def copy_points(target, filler: torch.Tensor, plan: CalibrationPlan, vocab_size: int) -> tuple[dict, float]:
+    """The K/V copy of a store hit at each of the plan's lengths, and the target's K/V bytes per token."""
+    store = PrefixKVStore(budget_bytes=1 << 40)
+    ns = "calibration"
+    longest = max(plan.copy_lengths)
+    cache = new_kv_cache(target)
+    logits = forward(target, filler[:, :longest + 1], cache, keep=1)[-1]
+    entry_ids = filler[0, :longest + 1].cpu().numpy()
+    store.insert(ns, entry_ids, [(layer.keys, layer.values) for layer in cache.layers], logits)
+    target_bytes = kv_nbytes([(layer.keys, layer.values) for layer in cache.layers]) / (longest + 1)
+    points = {}
+    for n in plan.copy_lengths:  # a prompt that shares n + 1 tokens reuses n positions
+        query = entry_ids.copy()[: n + 2]
+        query[-1] = (query[-1] + 1) % vocab_size
+        points["kv_copy", n] = Point(lambda q=query: new_kv_cache(target, store.lookup(ns, q)[1]))
+    return points, target_bytes
+
+
+def proposer_kv_bytes_per_token(engine, filler: torch.Tensor) -> float:
+    probe = engine.make_proposer()
+    probe.start(filler[0, :64].tolist())
+    return (kv_nbytes([(layer.keys, layer.values) for layer in probe.cache.layers]) / 64
+            if getattr(probe, "cache", None) is not None else 0.0)
+
+
+def acceptance_rounds(engine, prompts: list[list[int]], plan: CalibrationPlan, bar) -> tuple[list, int]:
+    """The rounds of spec-k4 runs over the plan's acceptance prompts, and how many rounds offered no candidates."""
+    round_log, empty_rounds = [], 0
+    for ids in prompts[: plan.acceptance_prompts]:
+        result = engine.run(ids, Action(False, 4), plan.acceptance_new_tokens, ignore_eos=True)
+        round_log.extend(result.round_log)
+        empty_rounds += result.empty_rounds
+        bar.update(1)
+    return round_log, empty_rounds
 
 
 def refuse_if_noisy(points: dict, plan: CalibrationPlan, pair: str, proposer: str) -> None:

@@ -20,15 +20,15 @@ The architecture's differences (Llama: RMSNorm, RoPE, SiLU-gated MLP; GPT-2: Lay
 biases) are data chosen once at load (`Norm`, `Rotary`, the activation), not branches in the forward. The int8 draft
 (`int8_draft`) is the target with int8 projections, one scale per output row, whose inputs are quantised to int8
 per row and multiplied with integer dot products (rakv.runtime.kernels.linear_int8): a quarter of the target's
-bytes per step, and a quarter of its arithmetic where the CPU has VNNI. transformers stays the loader and the reference (`kernels=stock`); the tests
-hold the two within fp32 tolerance and to the same greedy output.
+bytes per step, and a quarter of its arithmetic where the CPU has VNNI. transformers stays the loader and the
+reference (`kernels=stock`); the tests hold the two within fp32 tolerance and to the same greedy output.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import torch
 
@@ -50,7 +50,7 @@ class Linear:
     colsum: torch.Tensor | None = None  # int8: the integer row sums of the packed weight
 
     @classmethod
-    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Linear":
+    def of(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
         """From a dense [out, in] fp32 weight (packed on the CPU; the caller drops the dense one)."""
         weight = weight.detach()
         packed = kernels.pack(weight) if on_cpu(weight) else weight.contiguous()
@@ -69,7 +69,7 @@ class Linear:
             return quantised.float() * self.scale[:self.out_features, None]
         return kernels.unpack(self.weight, self.out_features) if on_cpu(self.weight) else self.weight
 
-    def int8(self) -> "Linear":
+    def int8(self) -> Linear:
         """int8 weights with one symmetric scale per output row; the CPU GEMM quantises each row of its input to
         int8 as well (kernels.linear_int8). CPU only: the int8 draft's numerics are free (its proposals are
         verified), and this is a quarter of the target's bytes and an integer dot product's arithmetic."""
@@ -114,7 +114,7 @@ class Rotary:
     sin_signed: torch.Tensor  # sin with its first half negated: rotate_half(x) * sin == roll(x, half) * sin_signed
 
     @classmethod
-    def of(cls, inv_freq: torch.Tensor, positions: int, dtype: torch.dtype) -> "Rotary":
+    def of(cls, inv_freq: torch.Tensor, positions: int, dtype: torch.dtype) -> Rotary:
         freqs = torch.arange(positions, device=inv_freq.device).float()[:, None] * inv_freq.float()[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         half = emb.shape[-1] // 2
@@ -275,7 +275,7 @@ class CompactLM:
         extra = [self.embed_table, self.positions] + ([self.rotary.cos, self.rotary.sin_signed] if self.rotary else [])
         return self.projection_tensors() + [t for t in extra if t is not None]
 
-    def int8_draft(self) -> "CompactLM":
+    def int8_draft(self) -> CompactLM:
         """This model with every projection (and the output head) in int8 (`Linear.int8`), one scale per output row;
         the embedding (the fp32 head's panels when tied), norms and rotary tables are shared, not copied."""
         draft = copy.copy(self)

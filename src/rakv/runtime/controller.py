@@ -1,4 +1,5 @@
-"""RAKV-ASD controller (paper/main.tex, Method: "Cost model and controller"): per request, the feasible action of least estimated latency.
+"""RAKV-ASD controller (paper/main.tex, Method: "Cost model and controller"): per request, the feasible action of
+least estimated latency.
 
 Feasible actions are r in {0, 1} (1 only when the store holds a hit) x k in the configured set,
 minus those whose K/V would exceed the memory budget. k = 0 is an ordinary action. Acceptance is
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-
 
 from rakv.runtime.actions import Action, parse_k_set
 from rakv.runtime.cache import Hit
@@ -65,12 +65,12 @@ class ControllerConfig:
             raise RakvError(f"controller depth_prior_rounds must be positive, got {self.depth_prior_rounds}")
 
     @classmethod
-    def from_conf(cls, conf) -> "ControllerConfig":
+    def from_conf(cls, conf) -> ControllerConfig:
         """From the `controller` group of a composed config (or any mapping with its keys)."""
         return cls(**{f: conf[f] for f in cls.FIELDS if f in conf})
 
     @classmethod
-    def default(cls) -> "ControllerConfig":
+    def default(cls) -> ControllerConfig:
         return cls.from_conf(conf_file("controller/default.yaml"))
 
 

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+
 @dataclass
 class Curve:
     """A measured cost against one variable: a polynomial (`kind="poly"`, coefficients given) or a per-point table
@@ -31,12 +32,12 @@ class Curve:
         if self.kind == "table":
             return max(_interpolate(self.xs, self.ys, x), 0.0)
         value = 0.0
-        for c in self.coefficients:  # Horner in plain Python: ~10x faster than np.polyval on scalars
+        for c in self.coefficients:  # Horner in plain Python: on scalars, no array set-up per call as np.polyval has
             value = value * x + c
         return max(value, 0.0)
 
     @classmethod
-    def table(cls, xs, medians, spread=(), samples=(), monotone: bool = True) -> "Curve":
+    def table(cls, xs, medians, spread=(), samples=(), monotone: bool = True) -> Curve:
         """Interpolate the measured medians; `monotone`: a cost that cannot fall as x grows is made
         non-decreasing by pooling adjacent violators (the adjustment is kept as max_rel_error)."""
         order = np.argsort(np.asarray(xs, float))
@@ -93,7 +94,7 @@ class CostTable:
         return row
 
     @classmethod
-    def from_json(cls, row: dict) -> "CostTable":
+    def from_json(cls, row: dict) -> CostTable:
         row = dict(row)
         for name in ("target_prefill", "target_step", "proposer_prefill", "kv_copy"):
             row[name] = Curve(**row[name])
@@ -111,7 +112,7 @@ class RequestFeatures:
     draft_hit_tokens: int = 0  # positions of the draft's K/V the store also holds (reused with r = 1, k > 0)
 
     @classmethod
-    def from_hit(cls, prompt_tokens: int, hit, new_tokens: int) -> "RequestFeatures":
+    def from_hit(cls, prompt_tokens: int, hit, new_tokens: int) -> RequestFeatures:
         """The features of a request that the store would offer `hit` (a rakv.runtime.cache.Hit)."""
         return cls(prompt_tokens, hit.reused_tokens, new_tokens, hit.exact, hit.draft_tokens)
 
@@ -123,6 +124,14 @@ def expected_tokens_per_round(alpha: float, k: int) -> float:
     if alpha >= 1.0:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def tokens_per_round(alpha: float, k: int, match: float = 1.0) -> float:
+    """Confirmed tokens per round of depth k: m E_k(alpha) + (1 - m), `match` m the share of rounds in which the
+    proposer offers candidates (prompt lookup finds no n-gram in the others, which confirm one token); 1 at k = 0.
+    The one form of this sum for the cost model, the serving policies, admission, the serving statistics and
+    scripts/tune_vllm.py."""
+    return match * expected_tokens_per_round(alpha, k) + (1 - match) if k else 1.0
 
 
 def action_kv_bytes(table: CostTable, features: RequestFeatures, k: int) -> float:
@@ -159,7 +168,7 @@ def estimate_latency(table: CostTable, features: RequestFeatures, reuse: bool, k
         if draft_hit:
             cost += table.kv_copy(draft_hit) * table.proposer_kv_bytes_per_token / table.target_kv_bytes_per_token
         m = min(max(match_rate, 0.0), 1.0)
-        tokens = m * expected_tokens_per_round(alpha, k) + (1 - m)
+        tokens = tokens_per_round(alpha, k, m)
         per_round = (table.propose[k](mid_context) + m * table.verify[k](mid_context)
                      + (1 - m) * table.target_step(mid_context))
         cost += steps / tokens * per_round

@@ -1,23 +1,32 @@
 """One request through the engine: prefix lookup and reuse, prefill, then AR or speculative decoding.
 
-An *action* is the pair (reuse r, speculation depth k) of paper/main.tex (Method: "Cost model and controller"); fixed strategies are
-fixed actions, and the controller picks one action per request.
+An *action* is the pair (reuse r, speculation depth k) of paper/main.tex (Method: "Cost model and controller");
+fixed strategies are fixed actions, and the controller picks one action per request.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from rakv.runtime.actions import Action
 from rakv.runtime.cache import DraftPart, Hit, PrefixKVStore, namespace
-from rakv.runtime.decoding import (DecodeState, PhaseTimer, Sampling, crop_cache, decode_autoregressive,
-                           decode_speculative, forward, select_token)
 from rakv.runtime.costmodel import acceptance_estimate
+from rakv.runtime.decoding import (
+    DecodeState,
+    PhaseTimer,
+    Sampling,
+    crop_cache,
+    decode_autoregressive,
+    decode_speculative,
+    forward,
+    select_token,
+)
 from rakv.runtime.errors import RakvError
 from rakv.runtime.kernels import new_kv_cache
 from rakv.runtime.models import ModelPair, load_pair
@@ -32,7 +41,7 @@ PROPOSERS = ("draft", "prompt-lookup")
 
 def open_engine(pair: str, proposer: str, *, cache_budget_mib: float, salt: str | None = None, device: str = "cpu",
                 dtype: str = "float32", threads: int | None = None, kernels: str = "compact",
-                reuse_draft: bool = True) -> "Engine":
+                reuse_draft: bool = True) -> Engine:
     """Load a pair and give it an empty prefix store of the given budget (conf/cache/default.yaml)."""
     if cache_budget_mib <= 0:
         raise RakvError(f"the cache budget must be positive, got {cache_budget_mib} MiB")

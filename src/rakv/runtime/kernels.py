@@ -24,7 +24,7 @@ import os
 import re
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -87,7 +87,7 @@ def build_directory() -> Path:
     return Path(get_default_build_root()) / "rakv" / re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
 
 
-@lru_cache(maxsize=None)
+@cache
 def native():
     """The C++ kernels of `kernels.cpp`, compiled on first use for this machine's instruction set (about a minute,
     then kept in `build_directory()`; a changed source compiles again). -ffp-contract=off: scalar code computes

@@ -1,7 +1,7 @@
 """Model pairs: a target and a draft that share one tokenizer, each with an identity fingerprint.
 
-The fingerprint is what the prefix KV store namespaces on (paper/main.tex, Method: "Prefix KV store"): two models whose K/V
-could differ for the same tokens must never share cache entries.
+The fingerprint is what the prefix KV store namespaces on (paper/main.tex, Method: "Prefix KV store"): two models
+whose K/V could differ for the same tokens must never share cache entries.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import shutil
 import warnings
 import zlib
 from dataclasses import asdict, dataclass, replace
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import torch
 
-from rakv.runtime.errors import RakvError, WeightsUnavailable
 from rakv.runtime.compact import apply_kernels
+from rakv.runtime.errors import RakvError, WeightsUnavailable
 from rakv.runtime.kernels import compact_of, effective_mode, mode_label
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -150,7 +150,7 @@ def tokenizer_hash(tokenizer) -> str:
     return hashlib.blake2b(tokenizer.backend_tokenizer.to_str().encode(), digest_size=16).hexdigest()
 
 
-@lru_cache(maxsize=None)
+@cache
 def smollm2_tokenizer():
     """SmolLM2's tokenizer, read from the GGUF once and then from a local export (GGUF parsing takes seconds)."""
     from transformers import AutoTokenizer

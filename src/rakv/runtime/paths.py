@@ -3,7 +3,7 @@ config tree, the bundled data and the output folders are found relative to it, h
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]  # src/rakv/runtime/paths.py -> the repository
@@ -21,7 +21,7 @@ def shown(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-@lru_cache(maxsize=None)
+@cache
 def conf_file(relative: str):
     """A file of conf/ as an OmegaConf node (read once per process), e.g. `conf_file("controller/default.yaml")`."""
     from omegaconf import OmegaConf

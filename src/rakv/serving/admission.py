@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 from rakv.runtime.actions import ADAPTIVE
 from rakv.runtime.cache import Hit
-from rakv.runtime.costmodel import expected_tokens_per_round
-from rakv.serving.batchcost import pass_features
+from rakv.runtime.costmodel import tokens_per_round
 from rakv.runtime.strategies import check_strategy, choose_action
 from rakv.serving.acceptance import Acceptance
+from rakv.serving.batchcost import pass_features
 from rakv.serving.request import ServedRequest, Status
 
 
@@ -85,7 +85,7 @@ def service_prediction(cost, prefill: int, prompt: int, new_tokens: int, k: int,
         seconds += cost.iteration_s(pass_features(beside_now + [(chunk, max(done, 0))]), ks_now, max(done, 0))
         done += chunk
     beside, ks = [(1 + kk, n) for n, kk in others], [kk for _, kk in others]
-    tokens = match * expected_tokens_per_round(alpha, k) + (1 - match) if k else 1.0
+    tokens = tokens_per_round(alpha, k, match)
     middle = new_tokens // 2  # contexts half-way through its output
     step = cost.decode_s([(1 + k, prompt + middle)] + [(rows, n + middle) for rows, n in beside], [k] + ks)
     return seconds + max(new_tokens - 1, 0) / tokens * step

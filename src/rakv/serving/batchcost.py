@@ -1,4 +1,5 @@
-"""The batch cost model: what one serving iteration costs, measured on this machine (docs/serving.md: "The serving study").
+"""The batch cost model: what one serving iteration costs, measured on this machine (docs/serving.md: "The serving
+study").
 
 An iteration (rakv.serving.executor) is one batched target forward over every scheduled request's new rows (decode
 and verify rows, prefill chunks), one pass over the weights (rakv.runtime.decoding.forward_rows), after the
@@ -35,8 +36,15 @@ import torch
 from scipy.optimize import nnls
 from tqdm import tqdm
 
-from rakv.runtime.calibration import (CalibrationPlan, Point, calibration_dir, calibration_key, key_digest,
-                                      measure_interleaved, refuse_if_noisy)
+from rakv.runtime.calibration import (
+    CalibrationPlan,
+    Point,
+    calibration_dir,
+    calibration_key,
+    key_digest,
+    measure_interleaved,
+    refuse_if_noisy,
+)
 from rakv.runtime.compact import Segment
 from rakv.runtime.costmodel import Curve
 from rakv.runtime.decoding import Sampling, crop_cache, forward, forward_rows
@@ -124,7 +132,7 @@ class BatchCost:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, row: dict) -> "BatchCost":
+    def from_json(cls, row: dict) -> BatchCost:
         row = dict(row)
         row["rows"], row["proposer_step"] = Curve(**row["rows"]), Curve(**row["proposer_step"])
         return cls(**row)

@@ -18,8 +18,14 @@ from dataclasses import dataclass, field
 import torch
 
 from rakv.runtime.compact import Segment
-from rakv.runtime.decoding import (accept_round, cache_nbytes, forward_rows, kept_candidates,
-                                   rollback_round, select_token)
+from rakv.runtime.decoding import (
+    accept_round,
+    cache_nbytes,
+    forward_rows,
+    kept_candidates,
+    rollback_round,
+    select_token,
+)
 from rakv.runtime.proposers import DraftModelProposer, propose_batch
 from rakv.serving.batchcost import PassFeatures, pass_features
 from rakv.serving.kv import KVManager, Slot

@@ -134,7 +134,8 @@ class KVManager:
         exact_repeat = request.hit_tokens == len(request.prompt)
         draft = self.engine.draft_part(slot.proposer, request.prompt)
         if (slot.prompt_logits is not None and held >= len(request.prompt)
-                and (not exact_repeat or (draft is not None and not slot.draft_hit_tokens))):  # (an exact repeat: its draft)
+                # (an exact repeat: its draft)
+                and (not exact_repeat or (draft is not None and not slot.draft_hit_tokens))):
             store.insert(ns, np.asarray(request.prompt, dtype=np.int64), layers, slot.prompt_logits, acceptance,
                          draft)
         extended = request.tokens[:-1]

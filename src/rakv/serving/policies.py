@@ -25,9 +25,10 @@ time stays under an inter-token-latency SLO.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from rakv.runtime.costmodel import expected_tokens_per_round
+from rakv.runtime.costmodel import tokens_per_round
 from rakv.runtime.errors import RakvError
 from rakv.serving.batchcost import pass_features
 from rakv.serving.request import ServedRequest
@@ -60,8 +61,15 @@ class KByBatch:
         return [min(k, r.max_k) for r in decoding]
 
 
-def _tokens(alpha: float, k: int, match: float) -> float:
-    return match * expected_tokens_per_round(alpha, k) + (1 - match) if k else 1.0
+def most_goodput(k_set, rate: Callable[[int], float]) -> int:
+    """SmartSpec's rule: the k of `k_set` of most expected tokens per second `rate(k)`, a deeper k only when it
+    gains more than rounding (shared with scripts/tune_vllm.py's schedule for vLLM, rakv.bench.peers)."""
+    best, best_rate = 0, -1.0
+    for k in sorted(set(k_set)):
+        value = rate(k)
+        if value > best_rate * (1 + 1e-9):
+            best, best_rate = k, value
+    return best
 
 
 @dataclass(frozen=True)
@@ -77,13 +85,13 @@ class Goodput:
         if not decoding:
             return []
         alpha, match = self.tracker.alpha, self.tracker.match_rate
-        best, best_rate = 0, -1.0
-        for k in sorted(set(self.k_set)):
+
+        def rate(k):
             ks = [min(k, r.max_k) for r in decoding]
-            tokens = sum(_tokens(alpha, kk, match) for kk in ks)
-            rate = tokens / max(self.cost.decode_s([(1 + kk, len(r.tokens)) for r, kk in zip(decoding, ks)]), 1e-9)
-            if rate > best_rate * (1 + 1e-9):
-                best, best_rate = k, rate
+            tokens = sum(tokens_per_round(alpha, kk, match) for kk in ks)
+            return tokens / max(self.cost.decode_s([(1 + kk, len(r.tokens)) for r, kk in zip(decoding, ks)]), 1e-9)
+
+        best = most_goodput(self.k_set, rate)
         return [min(best, r.max_k) for r in decoding]
 
 
@@ -106,7 +114,7 @@ class LoadAware:
         ks = [0] * len(decoding)
 
         def rate(ks):
-            tokens = sum(_tokens(a, k, match) for a, k in zip(alphas, ks))
+            tokens = sum(tokens_per_round(a, k, match) for a, k in zip(alphas, ks))
             return tokens / max(self.cost.decode_s([(1 + k, c) for k, c in zip(ks, contexts)]), 1e-9)
 
         current = rate(ks)
@@ -129,9 +137,10 @@ class SloBudget:
     """The prefill rows of an iteration chosen so that its predicted time (the batch cost model, with this
     iteration's decodes) stays under `slo_s` less a `headroom` share, at least `floor` rows so that prefills always
     progress. The headroom is for the SLO being a tail (p99 ITL): an iteration predicted exactly at the SLO exceeds
-    it about half the time (55 % of the reference run's mixed iterations did, before it), and in the serving pilot
-    the mixed iterations of a long prompt, predicted within 10 % on average, ran up to 1.5x their prediction one in
-    twenty times. With no decode in the iteration no request is waiting for its next token, so the chunk is the
+    it about half the time, and the mixed iterations of a long prompt, close to their prediction on average, run
+    well above it in their tail (each served iteration's `predicted_s` beside its `iteration_s`, `mixed` marking
+    those with a prefill chunk: the serving stage's iterations.parquet, data/reference/offline/serving/ for the
+    shipped run). With no decode in the iteration no request is waiting for its next token, so the chunk is the
     token budget's."""
 
     cost: object  # rakv.serving.batchcost.ScaledCost (or BatchCost)

@@ -57,7 +57,8 @@ class ServedRequest:
     emitted_s: list[float] = field(default_factory=list)  # when each batch of confirmed tokens came out
     finished_s: float | None = None
     order: int = 0  # admission order: preemption takes the newest first
-    alpha: float | None = None  # its acceptance estimate at admission (prefix-keyed or the EWMA; rakv.serving.acceptance)
+    # its acceptance estimate at admission (prefix-keyed or the EWMA; rakv.serving.acceptance)
+    alpha: float | None = None
     prefix_acceptance: tuple[float, float] | None = None  # (accepted, rejections) its store hit carried
     predicted_s: float | None = None  # rakv-asd: the controller's predicted latency of the chosen action (batch one)
     served_predicted_s: float | None = None  # its service time predicted at admission with the running requests

@@ -17,9 +17,10 @@ output kept, recomputed later) and nothing is admitted in that iteration.
 One engine step is three calls, as in vLLM v1: `schedule(now) -> Step` here, `Executor.execute(step) -> StepOutput`
 (rakv.serving.executor: the tensors), then `update_from_output(step, output, now)` here — the one place a request's
 output, computed positions and completion change, its prompt's K/V is published to the store once computed, its
-K/V is committed to the store and freed at completion, and its rounds teach the acceptance estimate. A request's action is chosen by admission (rakv.serving.admission) at its first
-admission attempt, with the store lookup's answer, before its size is checked. No tensors here: the K/V side is
-a `KVSide` (rakv.serving.kv.KVManager) that answers queries and frees, so the scheduler is tested with fakes.
+K/V is committed to the store and freed at completion, and its rounds teach the acceptance estimate. A request's
+action is chosen by admission (rakv.serving.admission) at its first admission attempt, with the store lookup's
+answer, before its size is checked. No tensors here: the K/V side is a `KVSide` (rakv.serving.kv.KVManager)
+that answers queries and frees, so the scheduler is tested with fakes.
 """
 
 from __future__ import annotations

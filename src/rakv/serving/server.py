@@ -97,14 +97,14 @@ class ServeOptions:
         return self.speculation in MODEL_POLICIES or self.itl_slo_ms is not None
 
     @classmethod
-    def from_config(cls, node, **overrides) -> "ServeOptions":
+    def from_config(cls, node, **overrides) -> ServeOptions:
         """From a composed `serving` node (conf/serving/default.yaml), its other keys (trace, proposer) ignored."""
         names = {f.name for f in fields(cls)}
         values = {k: v for k, v in dict(node).items() if k in names}
         return cls(**{**values, **overrides})
 
     @classmethod
-    def default(cls, **overrides) -> "ServeOptions":
+    def default(cls, **overrides) -> ServeOptions:
         return cls.from_config(conf_file("serving/default.yaml"), **overrides)
 
 

@@ -1,0 +1,26 @@
+"""Any stage of ./reproduce.sh (rakv.experiments.stages), the pipeline's one Hydra entry point; directly:
+    .venv/bin/python scripts/run_stage.py STAGE profile=smoke [Hydra overrides]
+STAGE is one of `python -m rakv.experiments.stages --list`; the stage's primary config in conf/ is composed
+(rakv.experiments.stages.PRIMARY_CONFIGS, else config.yaml)."""
+
+import sys
+
+import hydra
+
+from rakv.experiments.stages import PRIMARY_CONFIGS, STAGES, run_stage
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in STAGES:
+        print(f"usage: {sys.argv[0]} STAGE [Hydra overrides] (stages: {' '.join(STAGES)})", file=sys.stderr)
+        sys.exit(2)
+    stage = sys.argv.pop(1)  # the rest are Hydra's
+
+    def task(cfg):
+        run_stage(stage, cfg)
+
+    hydra.main(version_base="1.3", config_path="../conf", config_name=PRIMARY_CONFIGS.get(stage, "config"))(task)()
+
+
+if __name__ == "__main__":
+    main()
