@@ -482,7 +482,8 @@ def main() -> int:
     exact = statistics.median(ttft(long_ids, warm=long_ids) for _ in range(args.repeats))
     partial = statistics.median(ttft(other, warm=long_ids) for _ in range(args.repeats))
 
-    draft_reuse = draft_reuse_rows(engine, long_ids, other, args.repeats) if engine.proposer == "draft" else None
+    draft_reuse = (draft_reuse_rows(engine, long_ids, other, args.repeats) if engine.proposer_type.has_draft_model
+                   else None)
 
     ratios = verify_ratios(engine, long_ids[:265], args.repeats * 4)
     bandwidth = streaming_bandwidth(device)
