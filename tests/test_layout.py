@@ -34,8 +34,8 @@ def proposer_name_comparisons(source: str, names: set[str]) -> list[int]:
         if isinstance(node, ast.Compare) and any(_names_a_proposer(n, names)
                                                  for n in [node.left, *node.comparators]):
             lines.append(node.lineno)
-        elif isinstance(node, ast.match_case) and any(isinstance(p, ast.MatchValue) and _names_a_proposer(p.value, names)
-                                                      for p in ast.walk(node.pattern)):
+        elif isinstance(node, ast.match_case) and any(
+                isinstance(p, ast.MatchValue) and _names_a_proposer(p.value, names) for p in ast.walk(node.pattern)):
             lines.append(node.pattern.lineno)
     return sorted(lines)
 
