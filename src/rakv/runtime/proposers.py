@@ -10,10 +10,10 @@ confirmed: the target's verification decides.
 is data (calibration keys and file names, results' columns); what a kind of proposer implies for the rest of the
 system (a draft model's K/V and costs, the match rate, a per-round depth, the batch cost's proposer term) is class
 data of the `Proposer` protocol (declared in rakv.runtime.decoding, beside the loops that call it), read by the other
-layers instead of comparing names (tests/test_layout.py checks
-that no name is compared outside this module). A proposer that drafts from the target's last hidden states
-(EAGLE- or Medusa-style heads) sets `needs_target_hidden` and is given them after every verify forward
-(`observe_target_hidden`; rakv.runtime.decoding.verify_forward and the serving executor).
+layers instead of comparing names (tests/test_layout.py checks that no name is compared outside this module). A
+proposer that drafts from the target's last hidden states (EAGLE- or Medusa-style heads) sets `needs_target_hidden`
+and is given them after every verify forward (`observe_target_hidden`; rakv.runtime.decoding.verify_forward and the
+serving executor).
 """
 
 from __future__ import annotations
