@@ -71,6 +71,10 @@ class Proposer(Protocol):
     def rollback(self, confirmed_length: int) -> None:
         """Withdraw any state beyond the first `confirmed_length` context tokens."""
 
+    def resume(self, context: list[int], kv=None) -> None:
+        """Like `start` but without feeding anything yet: hold `kv` (its K/V for the context's first positions, from
+        the store) and let the next proposal feed the rest (the serving executor batches that feed)."""
+
     def reset(self) -> None:
         """Forget any state: the next proposal starts from the whole context (the serving executor, at a request's
         first round, when its state did not come from the store)."""
