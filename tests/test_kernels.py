@@ -206,6 +206,33 @@ def test_stock_models_run_batched_rows_one_request_at_a_time(stock_tiny):
     assert rows[0].shape[0] == 1 and rows[1].shape[0] == 30
 
 
+def test_the_forward_returns_the_last_hidden_states_when_asked(tiny_pair, stock_tiny):
+    """For a proposer that drafts from the target's hidden states (rakv.runtime.decoding.Proposer.needs_target_hidden):
+    the rows whose logits the forward returns, [rows, hidden], from which the output head gives those logits bit for
+    bit; asking changes no logit."""
+    model = tiny_pair.target.module
+    ids = torch.arange(300, 330)
+
+    def batch(m):
+        return [Segment(ids[:12], new_kv_cache(m), 1), Segment(ids, new_kv_cache(m), 0)]
+
+    with torch.inference_mode():
+        plain = forward_rows(model, batch(model))
+        logits, hidden = forward_rows(model, batch(model), return_hidden=True)
+        assert [tuple(h.shape) for h in hidden] == [(1, model.config.hidden_size), (30, model.config.hidden_size)]
+        for got, expected, rows in zip(logits, plain, hidden):
+            assert torch.equal(got, expected)
+            assert torch.equal(compact_of(model).lm_head(rows).float(), got)
+        alone, alone_hidden = forward(model, ids[None], new_kv_cache(model), keep=0, return_hidden=True)
+        assert torch.equal(alone, plain[1]) and torch.equal(alone_hidden, hidden[1])
+        stock = stock_tiny.target.module  # transformers' forward: its last hidden state, what its head reads
+        stock_logits, stock_hidden = forward_rows(stock, batch(stock), return_hidden=True)
+        assert [h.shape for h in stock_hidden] == [h.shape for h in hidden]
+        for got, rows, expected in zip(stock_logits, stock_hidden, logits):
+            assert torch.equal(stock.get_output_embeddings()(rows).float(), got)
+            assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4)
+
+
 def test_compact_refuses_positions_beyond_the_context(tiny_pair):
     model = tiny_pair.target.module
     with torch.inference_mode(), pytest.raises(AssertionError, match="beyond the model's context"):

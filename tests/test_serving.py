@@ -10,7 +10,9 @@ import subprocess
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,6 +23,7 @@ from rakv.runtime.cache import Hit, PrefixKVStore
 from rakv.runtime.decoding import DecodeState, Sampling
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
+from rakv.runtime.proposers import PROPOSERS, PromptLookupProposer
 from rakv.runtime.strategies import Choice, action_of
 from rakv.serving.acceptance import Acceptance
 from rakv.serving.executor import RequestOutput, StepOutput
@@ -530,3 +533,44 @@ def test_a_preempted_request_still_stores_its_prompt_when_it_completes(tiny_pair
     for r in records.values():
         assert engine.peek(r["prompt_ids"]).exact, f"{r['id']} (preempted {r['preempted']}): prompt not stored"
         assert engine.peek(r["prompt_ids"] + r["token_ids"][:-1]).exact
+
+
+@dataclass
+class HiddenStateLookup(PromptLookupProposer):
+    """Prompt lookup that asks for the target's last hidden states, as a proposer drafting from them (EAGLE, Medusa
+    heads) would, and records what it is given: (first position, rows, width) per verify."""
+
+    name: ClassVar[str] = "hidden-state-lookup"
+    needs_target_hidden: ClassVar[bool] = True
+    made: ClassVar[list] = []
+    seen: list = field(default_factory=list)
+
+    def __post_init__(self):
+        HiddenStateLookup.made.append(self)
+
+    def observe_target_hidden(self, first_position, hidden):
+        self.seen.append((first_position, *hidden.shape))
+
+
+def test_a_proposer_that_asks_is_given_the_targets_hidden_states_alone_and_served(tiny_pair, tiny_texts, tmp_path,
+                                                                                 monkeypatch):
+    """The hook of rakv.runtime.decoding.Proposer.needs_target_hidden: every verify's rows, alone (Engine.run) and
+    served (the executor's batched forward) the same, and nothing else changes."""
+    monkeypatch.setitem(PROPOSERS, HiddenStateLookup.name, HiddenStateLookup)
+    monkeypatch.setattr(HiddenStateLookup, "made", [])
+    trace = generate_trace(tiny_texts, requests=5, rate=400.0, kind="shared-prefix", max_new_tokens=10,
+                           prompt_words=25, groups=2, system_words=30, seed=4)
+    summary, records = served(tiny_pair, HiddenStateLookup.name, trace, tmp_path, strategy="spec-k2", token_budget=64)
+    _, plain = served(tiny_pair, "prompt-lookup", trace, tmp_path / "plain", strategy="spec-k2", token_budget=64)
+    assert {i: r["token_ids"] for i, r in records.items()} == {i: r["token_ids"] for i, r in plain.items()}
+    assert [records[i]["rounds"] for i in records] == [plain[i]["rounds"] for i in records]
+    served_seen = sorted(tuple(p.seen) for p in HiddenStateLookup.made)
+    HiddenStateLookup.made.clear()
+    ok = {i: r["token_ids"] for i, r in records.items()}
+    assert ok == alone(tiny_pair, HiddenStateLookup.name, trace, ok, "spec-k2")
+    alone_seen = sorted(tuple(p.seen) for p in HiddenStateLookup.made)
+    width = tiny_pair.target.module.config.hidden_size
+    assert served_seen == alone_seen and len(alone_seen) == len(trace)
+    for seen in alone_seen:
+        assert seen and all(w == width and 1 <= rows <= 3 for _, rows, w in seen)
+        assert all(b[0] > a[0] for a, b in zip(seen, seen[1:]))  # each verify starts after the last's first row

@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from rakv.runtime.costmodel import Curve
+from rakv.runtime.proposers import proposer_type
 
 CONTEXT = 256  # tokens of context at which steps are read off the calibration tables
 PREFILL_TOKENS = (64, 128, 256, 512)  # prompt lengths at which prefills are read off the calibration tables
@@ -45,8 +46,9 @@ def engine_rows(results: Path, label: str | None = None) -> list[dict]:
     acceptance = pd.DataFrame(summary.get("acceptance", []))
     rows = []
     for configuration, stats in summary["per_configuration"].items():
-        proposer = "prompt-lookup" if configuration.endswith("-lookup") else "draft"
-        pair = configuration.removesuffix("-lookup")
+        key = meta["calibration_keys"][configuration]  # the run's own: its pair and its proposer's name
+        pair, proposer = key["pair"]["pair"], key["proposer"]
+        drafts = proposer_type(proposer).has_draft_model
         table = json.loads((results / "calibration" / f"{pair}-{proposer}.json").read_text())
         step = _at(table["target_step"])
         chosen = runs[(runs.configuration == configuration) & (runs.strategy == "rakv-asd")]
@@ -54,11 +56,11 @@ def engine_rows(results: Path, label: str | None = None) -> list[dict]:
         measured = acceptance[acceptance.configuration == configuration] if len(acceptance) else acceptance
         rows.append({
             "configuration": configuration, "kernels": kernels, "target_step_ms": step * 1e3,
-            "draft_step_ms": _at(table["propose"]["1"]) * 1e3 if proposer == "draft" else None,
+            "draft_step_ms": _at(table["propose"]["1"]) * 1e3 if drafts else None,
             "verify_over_step": {int(k): _at(table["verify"][str(k)]) / step for k in (1, 2, 4)
                                  if str(k) in table["verify"]},
             "target_prefill_s": _prefill(table, "target_prefill"),
-            "draft_prefill_s": _prefill(table, "proposer_prefill") if proposer == "draft" else {},
+            "draft_prefill_s": _prefill(table, "proposer_prefill") if drafts else {},
             "break_even_alpha": crossover.get(configuration, {}).get("median"),
             "break_even_never": crossover.get(configuration, {}).get("never"),
             "break_even_settings": crossover.get(configuration, {}).get("settings"),

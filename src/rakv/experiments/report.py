@@ -130,7 +130,7 @@ def substitutions(summary: Summary, meta: dict, results: Path) -> str:
         measured = "; ".join(f"{tex_escape(r.dataset)} {num(r.acceptance, 2)} [{num(r.acceptance_low, 2)}, "
                              f"{num(r.acceptance_high, 2)}]" for r in alphas.get(name, []))
         chosen = configuration(name)
-        if chosen.proposer == "prompt-lookup":
+        if not chosen.proposer_type.has_draft_model:
             text.append(f"\\texttt{{{tex_escape(name)}}} drafts by prompt lookup, without a model (measured "
                         f"acceptance {measured}).")
         else:

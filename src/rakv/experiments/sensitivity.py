@@ -294,7 +294,7 @@ def planned_requests(cfg, configuration, table, prompts) -> dict[str, tuple[int,
 
     n = sens.new_tokens
     parts = {}
-    if configuration.proposer == "draft":
+    if configuration.proposer_type.has_draft_model:
         count = len(chosen) * (1 + sens.repeats * (1 + len(exp.controlled_k) * len(sens.controlled_alphas)))
         parts["controlled"] = (count, count * cost(n, 4))
     count = len(sens.budgets_mib) * sens.trace_requests
@@ -305,7 +305,7 @@ def planned_requests(cfg, configuration, table, prompts) -> dict[str, tuple[int,
     parts["prompt_length"] = (count, count * cost(n))
     count = 3 * len(sens.reuse_rates) * sens.repeats
     parts["reuse_rate"] = (count, count * cost(n))
-    variants = len(JOINT_STRATEGIES) + (configuration.proposer == "draft" and bool(cfg.cache.reuse_draft))
+    variants = len(JOINT_STRATEGIES) + (configuration.proposer_type.has_draft_model and bool(cfg.cache.reuse_draft))
     count = len(JOINT_SCENARIOS) * variants * sens.reuse_prompts * sens.reuse_repeats
     parts["reuse_output_length"] = (count * len(sens.reuse_output_lengths),
                                     count * sum(cost(m) for m in sens.reuse_output_lengths))
@@ -336,7 +336,7 @@ def run_sensitivity(cfg: DictConfig) -> None:
               "(predicted from the cost table)", flush=True)
         bar = tqdm(total=sum(c for c, _ in planned.values()), desc=f"sensitivity {configuration.name}",
                    unit="request", dynamic_ncols=True, mininterval=2)
-        if configuration.proposer == "draft":  # the controlled proposer pays a draft model's cost
+        if configuration.proposer_type.has_draft_model:  # the controlled proposer pays a draft model's cost
             sens = cfg.profile.sensitivity
             parts.setdefault("controlled", []).extend(controlled_rows(
                 configuration.name, engine, table, prompts[: sens.prompts], new_tokens=sens.new_tokens,

@@ -45,7 +45,7 @@ from rakv.runtime.actions import Action
 from rakv.runtime.calibration import calibration_key, load_table
 from rakv.runtime.costmodel import RequestFeatures, acceptance_estimate, estimate_latency
 from rakv.runtime.errors import RakvError
-from rakv.runtime.proposers import PromptLookupProposer
+from rakv.runtime.proposers import Proposer
 from rakv.runtime.workloads import dataset_texts
 from rakv.serving.batchcost import load_or_calibrate_batch
 from rakv.serving.replay import lookup_rounds, outputs_alone
@@ -305,9 +305,10 @@ def _eta(out: Path, todo: int) -> str:
     return f"; about {todo * sum(done) / len(done) / 60:.0f} min left (the mean run so far)"
 
 
-def expost_regret(table, record: dict, k_set: tuple[int, ...]) -> float | None:
+def expost_regret(table, record: dict, k_set: tuple[int, ...], replaying: type[Proposer]) -> float | None:
     """A prompt-lookup request's regret, judged after the fact: its output fixes, for every k, the rounds greedy
-    speculation makes (rakv.serving.replay.lookup_rounds); the cost model with each k's own acceptance and match
+    speculation makes (rakv.serving.replay.lookup_rounds, with a fresh `replaying` proposer, one whose
+    `replays_rounds`); the cost model with each k's own acceptance and match
     rate then prices every action, and the regret is the chosen action's estimate over the least one, minus 1."""
     prompt, output = record["prompt_ids"], record["token_ids"]
     features = RequestFeatures(len(prompt), record["hit_tokens"], len(output), record["hit_tokens"] == len(prompt))
@@ -315,7 +316,7 @@ def expost_regret(table, record: dict, k_set: tuple[int, ...]) -> float | None:
     for k in k_set:
         alpha, match = 0.0, 1.0
         if k:
-            log, empty = lookup_rounds(PromptLookupProposer(), prompt, output, k)
+            log, empty = lookup_rounds(replaying(), prompt, output, k)
             alpha = acceptance_estimate(log) or 0.0
             match = len(log) / max(len(log) + empty, 1)
         for reuse in ((False, True) if record["hit_tokens"] else (False,)):
@@ -340,14 +341,14 @@ def collect(cfg: DictConfig, out: Path, tables: dict, plan: list[dict]) -> Path:
             summaries.append({k: v for k, v in summary.items() if not isinstance(v, dict)})
             key = dict(family=cell["family"], rate=cell["rate"], policy=cell["policy"], repeat=repeat,
                        configuration=cell["configuration"])
-            lookup = configuration(cell["configuration"]).proposer == "prompt-lookup"
+            replaying = configuration(cell["configuration"]).proposer_type
             for line in (target / "requests.jsonl").read_text().splitlines():
                 record = json.loads(line)
                 row = {**key, **{k: v for k, v in record.items() if k not in ("token_ids", "prompt_ids", "text")}}
                 row["itl_s"] = json.dumps(record["itl_s"])
                 row["prefix_acceptance"] = json.dumps(record["prefix_acceptance"])
-                if lookup and record["status"] == "ok" and cell["family"] == "acceptance":
-                    row["expost_regret"] = expost_regret(tables[cell["configuration"]], record, k_set)
+                if replaying.replays_rounds and record["status"] == "ok" and cell["family"] == "acceptance":
+                    row["expost_regret"] = expost_regret(tables[cell["configuration"]], record, k_set, replaying)
                 requests.append(row)
             for line in (target / "iterations.jsonl").read_text().splitlines():
                 iteration = json.loads(line)

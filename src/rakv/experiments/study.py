@@ -181,7 +181,7 @@ def reset_store(engine: Engine, warmups) -> None:
     draft reuse their entries carry the draft's state as a speculating earlier request's would, and without it the
     draft is as recently used as with it."""
     engine.store.clear()
-    warm_action = Action(False, 1 if engine.proposer == "draft" else 0)
+    warm_action = Action(False, 1 if engine.proposer_type.has_draft_model else 0)
     for warm in warmups:
         engine.run(list(warm), warm_action, 1, ignore_eos=True)
 

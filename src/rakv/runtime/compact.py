@@ -290,15 +290,20 @@ class CompactLM:
             return self.embedding.embed(ids)
         return torch.nn.functional.embedding(ids, self.embed_table)
 
-    def __call__(self, ids: torch.Tensor, cache, keep: int = 0) -> torch.Tensor:
-        """One request: ids [n] new tokens appended to `cache`; fp32 logits [keep or n, vocab]."""
-        return self.forward_rows([Segment(ids, cache, keep)])[0]
+    def __call__(self, ids: torch.Tensor, cache, keep: int = 0, return_hidden: bool = False):
+        """One request: ids [n] new tokens appended to `cache`; fp32 logits [keep or n, vocab] (and, with
+        `return_hidden`, the last hidden states of the same rows)."""
+        out = self.forward_rows([Segment(ids, cache, keep)], return_hidden)
+        return (out[0][0], out[1][0]) if return_hidden else out[0]
 
-    def forward_rows(self, segments: list[Segment]) -> list[torch.Tensor]:
+    def forward_rows(self, segments: list[Segment], return_hidden: bool = False):
         """Several requests' new tokens in one pass over the weights; each segment's logits [keep or n, vocab].
 
         On the CPU every row is computed as it would be alone (batch-invariant kernels): a request's logits do not
-        depend on the other segments, on how its prefill is chunked, or on how many rows it verifies."""
+        depend on the other segments, on how its prefill is chunked, or on how many rows it verifies.
+        `return_hidden`: also each segment's last hidden states for the same rows ([keep or n, hidden], the final
+        norm's output, which the output head reads: logits = lm_head(hidden)), as (logits, hidden); for a proposer
+        that drafts from them (rakv.runtime.proposers.Proposer.needs_target_hidden). No extra work otherwise."""
         lengths = [int(s.ids.shape[0]) for s in segments]
         starts = [s.cache.get_seq_length() for s in segments]
         assert all(n > 0 for n in lengths), "every segment of a batched forward needs at least one new token"
@@ -326,12 +331,15 @@ class CompactLM:
             kept.append((row + n - keep, row + n))
             row += n
         rows = torch.cat([x[a:b] for a, b in kept]) if len(kept) > 1 else x[kept[0][0]:kept[0][1]]
-        out = self.lm_head(self.norm_out(rows)).float()
-        logits, row = [], 0
+        normed = self.norm_out(rows)
+        out = self.lm_head(normed).float()
+        logits, hidden, row = [], [], 0
         for a, b in kept:
             logits.append(out[row:row + b - a])
+            if return_hidden:
+                hidden.append(normed[row:row + b - a])
             row += b - a
-        return logits
+        return (logits, hidden) if return_hidden else logits
 
 
 def apply_kernels(module: torch.nn.Module, mode: str, device: torch.device) -> str:

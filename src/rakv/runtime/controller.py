@@ -16,6 +16,7 @@ from rakv.runtime.cache import Hit
 from rakv.runtime.costmodel import CostTable, RequestFeatures, action_kv_bytes, estimate_latency
 from rakv.runtime.depth import MATCH_CLASSES, RoundDepth
 from rakv.runtime.errors import RakvError
+from rakv.runtime.proposers import proposer_type
 from rakv.runtime.paths import conf_file
 
 
@@ -204,8 +205,9 @@ class Controller:
                         decision_s=time.perf_counter() - start, explored=explored)
 
     def round_depth(self, proposer: str) -> RoundDepth | None:
-        """A per-round depth for one request (None: the option is off, or the proposer pays per candidate)."""
-        if not self.config.depth_per_round or proposer != "prompt-lookup":
+        """A per-round depth for one request with the named proposer (None: the option is off, or the proposer has
+        no match classes: it pays per candidate)."""
+        if not self.config.depth_per_round or not proposer_type(proposer).has_match_classes:
             return None
         return RoundDepth(self.table, self.config.k_set, {c: t.alpha for c, t in self.by_match.items()},
                           self.config.depth_prior_rounds)

@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import torch
 from transformers import DynamicCache
@@ -37,6 +37,67 @@ class Sampling:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+
+class Proposer(Protocol):
+    """What the decode loops, the engine, the serving loop and the cost side need of a proposer (declared here, where
+    the loops that call it are; the proposers and their registry are rakv.runtime.proposers). The class data says
+    what this kind of proposer implies elsewhere; the proposers subclass the protocol for its defaults (a model-free
+    proposer that always offers candidates and keeps no state)."""
+
+    name: ClassVar[str]  # the configuration's proposer name (data: calibration keys, file names, results)
+    # a draft model with K/V of its own: its bytes per position, its part of a store entry, its prefill and steps in
+    # the cost tables, its warm-up in the study (rakv.experiments.study.reset_store)
+    has_draft_model: ClassVar[bool] = False
+    # each candidate costs one step of the proposer (batched across requests), rather than one proposal per round
+    # whatever k (rakv.serving.batchcost.BatchCost.propose_s, and what its calibration measures)
+    pays_per_candidate: ClassVar[bool] = False
+    # `start` takes its own K/V for the context's first positions from the prefix store (`state_for` gives them)
+    reuses_stored_state: ClassVar[bool] = False
+    # a round may offer no candidate (no match found): the match rate the acceptance tracker learns applies
+    may_offer_none: ClassVar[bool] = False
+    # offers candidates before the round's depth is chosen at no cost, with a `match_class` (rakv.runtime.depth): a
+    # per-round depth applies (rakv.runtime.controller.Controller.round_depth)
+    has_match_classes: ClassVar[bool] = False
+    # model-free and deterministic: a fresh instance replays greedy rounds over a known output without speculating
+    # (rakv.serving.replay.lookup_rounds), so a request that ran none still tells its acceptance
+    replays_rounds: ClassVar[bool] = False
+    # drafts from the target's last hidden states: given them after every verify (`observe_target_hidden`)
+    needs_target_hidden: ClassVar[bool] = False
+
+    def start(self, context: list[int], kv=None) -> None:
+        """Begin a request whose confirmed context is `context` (a draft model prefills here; `kv`: its K/V for
+        the context's first positions, from the prefix store, so that it prefills only the rest)."""
+
+    def propose(self, context: list[int], k: int, sampling: Sampling,
+                generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
+        """Up to k candidates following `context`, and their proposal distributions [n, vocab] or None."""
+
+    def rollback(self, confirmed_length: int) -> None:
+        """Withdraw any state beyond the first `confirmed_length` context tokens."""
+
+    def resume(self, context: list[int], kv=None) -> None:
+        """Like `start` but without feeding anything yet: hold `kv` (its K/V for the context's first positions, from
+        the store) and let the next proposal feed the rest (the serving executor batches that feed)."""
+
+    def reset(self) -> None:
+        """Forget any state: the next proposal starts from the whole context (the serving executor, at a request's
+        first round, when its state did not come from the store)."""
+
+    def state_for(self, token_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Its own K/V (per layer (keys, values)) when it holds them for `token_ids`' positions, to store beside the
+        target's (rakv.runtime.cache.DraftPart); None: nothing to store."""
+        return None
+
+    def observe_target_hidden(self, first_position: int, hidden: torch.Tensor) -> None:
+        """The target's last hidden states (what its output head reads, [rows, hidden]) of a verify forward, for the
+        context positions from `first_position` on; rejected rows included (`rollback` then withdraws them).
+        Called only when `needs_target_hidden`."""
+
+    @classmethod
+    def for_pair(cls, pair) -> "Proposer":
+        """A fresh proposer for one request on a model pair (rakv.runtime.models.ModelPair)."""
+        return cls()
 
 
 def synchronize(device: torch.device) -> None:
@@ -64,25 +125,31 @@ class PhaseTimer:
             self.seconds[name] += self.now() - start
 
 
-def forward(model: torch.nn.Module, ids: torch.Tensor, cache: DynamicCache, keep: int = 0) -> torch.Tensor:
-    """Run `model` over `ids` [1, n] appending to `cache`; returns fp32 logits [n or keep, vocab]."""
+def forward(model: torch.nn.Module, ids: torch.Tensor, cache: DynamicCache, keep: int = 0,
+            return_hidden: bool = False):
+    """Run `model` over `ids` [1, n] appending to `cache`; returns fp32 logits [n or keep, vocab]; with
+    `return_hidden`, (logits, the last hidden states of the same rows: what the output head reads)."""
     compact = compact_of(model)
     if compact is not None:
-        return compact(ids[0], cache, keep)
-    out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep)
+        return compact(ids[0], cache, keep, return_hidden)
+    out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep, output_hidden_states=return_hidden)
+    if return_hidden:
+        return out.logits[0].float(), out.hidden_states[-1][0, -out.logits.shape[1]:]
     return out.logits[0].float()
 
 
-def forward_rows(model: torch.nn.Module, segments: list[Segment]) -> list[torch.Tensor]:
-    """Several requests' new tokens, each appended to its own cache; each segment's fp32 logits [keep or n, vocab].
+def forward_rows(model: torch.nn.Module, segments: list[Segment], return_hidden: bool = False):
+    """Several requests' new tokens, each appended to its own cache; each segment's fp32 logits [keep or n, vocab]
+    (with `return_hidden`, (logits, hidden states) per segment as lists: see rakv.runtime.compact.CompactLM).
 
     Under `compact` kernels (rakv.runtime.compact) one pass over the weights for all of them, whose kernels compute
     every row as it would be computed alone (batch-invariant on the CPU): a request's logits are the same bits alone
     or in any batch, and whatever chunks its prefill was cut into; under `stock`, one forward per request."""
     compact = compact_of(model)
-    if compact is None:
-        return [forward(model, s.ids.unsqueeze(0), s.cache, s.keep) for s in segments]
-    return compact.forward_rows(segments)
+    if compact is not None:
+        return compact.forward_rows(segments, return_hidden)
+    outs = [forward(model, s.ids.unsqueeze(0), s.cache, s.keep, return_hidden) for s in segments]
+    return ([o[0] for o in outs], [o[1] for o in outs]) if return_hidden else outs
 
 
 def cache_nbytes(cache) -> int:
@@ -171,7 +238,7 @@ class DecodeState:
     plain_rounds: int = 0  # rounds whose candidates a per-round depth (rakv.runtime.depth) chose not to verify
     peak_kv_bytes: int = 0  # most K/V held at once: the target's cache plus the proposer's (rejected positions too)
 
-    def note_memory(self, cache, proposer=None) -> None:
+    def note_memory(self, cache, proposer: Proposer | None = None) -> None:
         held = cache_nbytes(cache) + cache_nbytes(getattr(proposer, "cache", None))
         self.peak_kv_bytes = max(self.peak_kv_bytes, held)
 
@@ -236,7 +303,7 @@ def decode_autoregressive(target, cache, state: DecodeState, sampling, generator
     state.note_memory(cache)  # an autoregressive cache only grows: its peak is its final size
 
 
-def decode_speculative(target, cache, proposer, k: int, prompt: list[int], state: DecodeState, sampling,
+def decode_speculative(target, cache, proposer: Proposer, k: int, prompt: list[int], state: DecodeState, sampling,
                        generator, timer: PhaseTimer, device, depth: RoundDepth | None = None, draft_kv=None) -> None:
     """Speculative rounds until done. Invariant: `cache` holds prompt + all confirmed tokens but the last.
 
@@ -254,10 +321,20 @@ def decode_speculative(target, cache, proposer, k: int, prompt: list[int], state
             candidates, proposal, match = kept_candidates(proposer, depth, len(context), offered, proposal)
         ids = torch.tensor([[context[-1], *candidates]], dtype=torch.long, device=device)
         with timer.phase("verify"):
-            logits = forward(target, ids, cache)
+            logits = verify_forward(target, ids, cache, proposer, len(context) - 1)
             new_tokens = accept_round(candidates, proposal, logits, sampling, generator)
         with timer.phase("rollback"):
             close_round(state, cache, proposer, len(context), new_tokens, candidates, offered, depth, match)
+
+
+def verify_forward(target, ids: torch.Tensor, cache, proposer: Proposer, first_position: int) -> torch.Tensor:
+    """A round's verify forward over `ids` [1, n] (context positions from `first_position` on): its logits; a
+    proposer that drafts from the target's hidden states is given those of the same rows."""
+    if not proposer.needs_target_hidden:
+        return forward(target, ids, cache)
+    logits, hidden = forward(target, ids, cache, return_hidden=True)
+    proposer.observe_target_hidden(first_position, hidden)
+    return logits
 
 
 def round_depth(state: DecodeState, k: int) -> int:
@@ -265,7 +342,7 @@ def round_depth(state: DecodeState, k: int) -> int:
     return min(k, state.max_new_tokens - len(state.tokens) - 1)
 
 
-def kept_candidates(proposer, depth: RoundDepth | None, context_length: int, candidates: list[int],
+def kept_candidates(proposer: Proposer, depth: RoundDepth | None, context_length: int, candidates: list[int],
                     proposal: torch.Tensor | None) -> tuple[list[int], torch.Tensor | None, str | None]:
     """The candidates a per-round depth keeps for this round's match class (all of them without a depth)."""
     if depth is None or not candidates:
@@ -283,7 +360,7 @@ def accept_round(candidates: list[int], proposal: torch.Tensor | None, logits: t
     return accept_sampled(candidates, proposal, logits, sampling, generator)
 
 
-def close_round(state: DecodeState, cache, proposer, context_length: int, new_tokens: list[int],
+def close_round(state: DecodeState, cache, proposer: Proposer, context_length: int, new_tokens: list[int],
                 candidates: list[int], offered: list[int], depth: RoundDepth | None, match: str | None) -> None:
     """Roll the target and the proposer back to the confirmed tokens, log the round, confirm its tokens."""
     state.note_memory(cache, proposer)  # before rollback: the rejected candidates' K/V are still held
@@ -292,7 +369,7 @@ def close_round(state: DecodeState, cache, proposer, context_length: int, new_to
     state.emit(new_tokens)
 
 
-def rollback_round(cache, proposer, context_length: int, new_tokens: list[int], candidates: list[int],
+def rollback_round(cache, proposer: Proposer, context_length: int, new_tokens: list[int], candidates: list[int],
                    offered: list[int], depth: RoundDepth | None, match: str | None) -> None:
     """The tensor side of closing a round: crop the target's cache and the proposer's to the confirmed tokens, and
     tell a per-round depth what its match class earned."""

@@ -30,13 +30,14 @@ from rakv.runtime.decoding import (
 from rakv.runtime.errors import RakvError
 from rakv.runtime.kernels import new_kv_cache
 from rakv.runtime.models import ModelPair, load_pair
-from rakv.runtime.proposers import DraftModelProposer, PromptLookupProposer
+from rakv.runtime.proposers import PROPOSERS as PROPOSER_TYPES
+from rakv.runtime.proposers import Proposer, proposer_type
 
 if TYPE_CHECKING:
     from rakv.runtime.controller import Decision
     from rakv.runtime.depth import RoundDepth
 
-PROPOSERS = ("draft", "prompt-lookup")
+PROPOSERS = tuple(PROPOSER_TYPES)  # the configurable proposers' names (rakv.runtime.proposers: the registry)
 
 
 def open_engine(pair: str, proposer: str, *, cache_budget_mib: float, salt: str | None = None, device: str = "cpu",
@@ -120,6 +121,13 @@ class RequestResult:
         return row
 
 
+def check_depth(proposer: Proposer | None, depth: RoundDepth | None) -> None:
+    """A per-round depth needs a proposer with match classes (rakv.runtime.depth)."""
+    if depth is not None and (proposer is None or not proposer.has_match_classes):
+        raise RakvError(f"a per-round depth needs a proposer with match classes (prompt lookup), not "
+                        f"{getattr(proposer, 'name', 'none')}")
+
+
 ROW_FIELDS = tuple(f.name for f in fields(RequestResult)
                    if f.name not in ("id", "token_ids", "text", "round_log", "decision", "proposer"))
 
@@ -133,8 +141,12 @@ class Engine:
     reuse_draft: bool = True  # store entries carry the draft model's K/V too (conf/cache: reuse_draft)
 
     def __post_init__(self):
-        if self.proposer not in PROPOSERS:
-            raise RakvError(f"unknown proposer '{self.proposer}'; choose one of: {', '.join(PROPOSERS)}")
+        proposer_type(self.proposer)  # an unknown name fails here
+
+    @property
+    def proposer_type(self) -> type[Proposer]:
+        """The class of this engine's proposer (`proposer` is its name: the data calibrations and results carry)."""
+        return proposer_type(self.proposer)
 
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str) or not text.strip():
@@ -147,24 +159,20 @@ class Engine:
     @property
     def draft_key(self) -> str | None:
         """The identity under which the draft's state is stored and found (None: no draft state reused)."""
-        if self.proposer != "draft" or not self.reuse_draft:
+        if not self.proposer_type.has_draft_model or not self.reuse_draft:
             return None
         return self.pair.draft.fingerprint.key()
 
     def peek(self, token_ids: list[int], salt: str | None = None) -> Hit:
         return self.store.peek(self.namespace(salt), np.asarray(token_ids, dtype=np.int64), self.draft_key)
 
-    def draft_part(self, proposer, token_ids: list[int]) -> DraftPart | None:
+    def draft_part(self, proposer: Proposer | None, token_ids: list[int]) -> DraftPart | None:
         """The draft's K/V for `token_ids` to store beside the target's, when it holds them (None otherwise)."""
-        if (self.draft_key is None or not isinstance(proposer, DraftModelProposer) or proposer.cache is None
-                or proposer.fed[:len(token_ids)] != list(token_ids)):
-            return None
-        return DraftPart(self.draft_key, [(layer.keys, layer.values) for layer in proposer.cache.layers])
+        state = proposer.state_for(token_ids) if self.draft_key is not None and proposer is not None else None
+        return DraftPart(self.draft_key, state) if state is not None else None
 
-    def make_proposer(self):
-        if self.proposer == "prompt-lookup":
-            return PromptLookupProposer()
-        return DraftModelProposer(self.pair.draft.module, self.pair.device)
+    def make_proposer(self) -> Proposer:
+        return self.proposer_type.for_pair(self.pair)
 
     def check_lengths(self, prompt_tokens: int, max_new_tokens: int) -> None:
         if max_new_tokens <= 0:
@@ -176,10 +184,21 @@ class Engine:
             raise RakvError(f"prompt ({prompt_tokens} tokens) + max-new-tokens ({max_new_tokens}) exceeds "
                             f"the model context of {limit} tokens")
 
+    def store_prompt(self, ns: str, prompt: np.ndarray, cache, prompt_logits: torch.Tensor, hit: Hit,
+                     proposer: Proposer | None) -> None:
+        """The prompt's K/V (and its draft's, when held) into the store after a request, unless the store held it
+        already (an exact hit that also had the draft's part, or had nothing to add)."""
+        draft = self.draft_part(proposer, prompt.tolist())
+        if not hit.exact or (draft is not None and not hit.draft_tokens):
+            crop_cache(cache, len(prompt))
+            self.store.insert(ns, prompt, [(layer.keys, layer.values) for layer in cache.layers], prompt_logits,
+                              draft=draft)
+
     @torch.inference_mode()
     def run(self, token_ids: list[int], action: Action, max_new_tokens: int, *, sampling: Sampling = Sampling(),
             salt: str | None = None, ignore_eos: bool = False, on_token: Callable[[int], None] | None = None,
-            proposer=None, request_id: str = "0", depth: RoundDepth | None = None) -> RequestResult:
+            proposer: Proposer | None = None, request_id: str = "0",
+            depth: RoundDepth | None = None) -> RequestResult:
         """Generate for one prompt under one action; the store is read only when `action.reuse`; `depth`: revise
         k every round (rakv.runtime.depth; only with k > 0)."""
         self.check_lengths(len(token_ids), max_new_tokens)
@@ -189,15 +208,13 @@ class Engine:
         prompt_array = np.asarray(prompt, dtype=np.int64)
         generator = None if sampling.greedy else torch.Generator(device=device).manual_seed(sampling.seed)
         proposer = proposer if proposer is not None else (self.make_proposer() if action.k else None)
-        if depth is not None and not hasattr(proposer, "match_class"):
-            raise RakvError(f"a per-round depth needs a proposer with match classes (prompt lookup), not "
-                            f"{getattr(proposer, 'name', 'none')}")
+        check_depth(proposer, depth)
         timer = PhaseTimer(device)
         state = DecodeState(max_new_tokens, self.pair.eos_token_id, ignore_eos, on_token)
 
         start = timer.now()
         hit, kv, stored_logits, draft_kv = Hit(prompt_length=len(prompt)), None, None, None
-        drafting = isinstance(proposer, DraftModelProposer) and action.k > 0
+        drafting = action.k > 0 and proposer.reuses_stored_state
         with timer.phase("kv_copy"):
             if action.reuse:
                 hit, kv, stored_logits, draft_kv = self.store.lookup(ns, prompt_array,
@@ -219,11 +236,7 @@ class Engine:
         latency = timer.now() - start
 
         with timer.phase("store_insert"):
-            draft = self.draft_part(proposer, prompt)
-            if not hit.exact or (draft is not None and not hit.draft_tokens):
-                crop_cache(cache, len(prompt))
-                self.store.insert(ns, prompt_array, [(layer.keys, layer.values) for layer in cache.layers],
-                                  prompt_logits, draft=draft)
+            self.store_prompt(ns, prompt_array, cache, prompt_logits, hit, proposer)
         s = timer.seconds
         return RequestResult(
             id=str(request_id), prompt_tokens=len(prompt), hit_tokens=hit.reused_tokens,

@@ -1,52 +1,56 @@
-"""Proposers of speculative tokens, behind one small interface.
+"""Proposers of speculative tokens, behind one small interface, and the registry of the configurable ones.
 
 A proposer sees the confirmed context (prompt + confirmed output) and returns up to `k` candidate
 tokens plus, for sampling, the distribution each was drawn from (`None` = deterministic choice,
 i.e. a point mass, which the rejection sampler handles exactly). Nothing a proposer returns is
 confirmed: the target's verification decides.
+
+`PROPOSERS` maps a configuration's proposer name (conf/configuration: `proposer`, `--proposer`) to its class, and
+`proposer_type(name)` is the one way from a name to that class. The name stays the proposer's identity wherever it
+is data (calibration keys and file names, results' columns); what a kind of proposer implies for the rest of the
+system (a draft model's K/V and costs, the match rate, a per-round depth, the batch cost's proposer term) is class
+data of the `Proposer` protocol (declared in rakv.runtime.decoding, beside the loops that call it), read by the other
+layers instead of comparing names (tests/test_layout.py checks that no name is compared outside this module). A
+proposer that drafts from the target's last hidden states (EAGLE- or Medusa-style heads) sets `needs_target_hidden`
+and is given them after every verify forward (`observe_target_hidden`; rakv.runtime.decoding.verify_forward and the
+serving executor).
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar
 
 import numpy as np
 import torch
 from transformers import DynamicCache
 
 from rakv.runtime.compact import Segment
-from rakv.runtime.decoding import Sampling, crop_cache, forward_rows, probabilities
+from rakv.runtime.decoding import Proposer, Sampling, crop_cache, forward_rows, probabilities
 from rakv.runtime.depth import match_class
+from rakv.runtime.errors import RakvError
 from rakv.runtime.kernels import new_kv_cache
 
 
-class Proposer(Protocol):
-    name: str
-
-    def start(self, context: list[int], kv=None) -> None:
-        """Begin a request whose confirmed context is `context` (a draft model prefills here; `kv`: its K/V for
-        the context's first positions, from the prefix store, so that it prefills only the rest)."""
-
-    def propose(self, context: list[int], k: int, sampling: Sampling,
-                generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
-        """Up to k candidates following `context`, and their proposal distributions [n, vocab] or None."""
-
-    def rollback(self, confirmed_length: int) -> None:
-        """Withdraw any state beyond the first `confirmed_length` context tokens."""
-
-
 @dataclass
-class DraftModelProposer:
+class DraftModelProposer(Proposer):
     """A smaller model drafting autoregressively with its own KV cache."""
+
+    name: ClassVar[str] = "draft"
+    has_draft_model: ClassVar[bool] = True
+    pays_per_candidate: ClassVar[bool] = True
+    reuses_stored_state: ClassVar[bool] = True
 
     model: torch.nn.Module
     device: torch.device
-    name: str = "draft"
     cache: DynamicCache | None = None
     fed: list[int] = field(default_factory=list)  # tokens whose K/V is in `cache`
     pending_logits: torch.Tensor | None = None  # draft logits after the last fed token
+
+    @classmethod
+    def for_pair(cls, pair) -> "DraftModelProposer":
+        return cls(pair.draft.module, pair.device)
 
     def start(self, context: list[int], kv=None) -> None:
         self.resume(context, kv)
@@ -90,6 +94,11 @@ class DraftModelProposer:
         tokens, proposals = propose_batch([self], [context], [k], [sampling], [generator])
         return tokens[0], proposals[0]
 
+    def state_for(self, token_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        if self.cache is None or self.fed[:len(token_ids)] != list(token_ids):
+            return None
+        return [(layer.keys, layer.values) for layer in self.cache.layers]
+
     def rollback(self, confirmed_length: int) -> None:
         if confirmed_length < len(self.fed):
             crop_cache(self.cache, confirmed_length)
@@ -108,7 +117,7 @@ def catch_up(drafts: list[DraftModelProposer], contexts: list[list[int]]) -> Non
         draft.fed_tokens(tokens, logits[-1])
 
 
-def propose_batch(proposers: list, contexts: list[list[int]], ks: list[int], samplings: list[Sampling],
+def propose_batch(proposers: list[Proposer], contexts: list[list[int]], ks: list[int], samplings: list[Sampling],
                   generators: list) -> tuple[list[list[int]], list[torch.Tensor | None]]:
     """Each proposer's up-to-k candidates for its context, drawn with its request's sampling; the draft models'
     steps batched across requests.
@@ -151,12 +160,16 @@ def propose_batch(proposers: list, contexts: list[list[int]], ks: list[int], sam
 
 
 @dataclass
-class PromptLookupProposer:
+class PromptLookupProposer(Proposer):
     """Model-free drafting: copy what followed the latest earlier occurrence of the context's last n-gram."""
+
+    name: ClassVar[str] = "prompt-lookup"
+    may_offer_none: ClassVar[bool] = True
+    has_match_classes: ClassVar[bool] = True
+    replays_rounds: ClassVar[bool] = True
 
     max_ngram: int = 3
     min_ngram: int = 1
-    name: str = "prompt-lookup"
     matched_ngram: int = 0  # length of the n-gram the last proposal continues (0: none found)
 
     def start(self, context, kv=None):
@@ -185,7 +198,7 @@ class PromptLookupProposer:
 
 
 @dataclass
-class ControlledAcceptanceProposer:
+class ControlledAcceptanceProposer(Proposer):
     """Proposes the target's own greedy continuation with probability `alpha` per token, a wrong token otherwise.
 
     It runs a real draft model for every candidate so that a round costs what a draft-model round
@@ -193,12 +206,15 @@ class ControlledAcceptanceProposer:
     `reference` is the full greedy AR token sequence (prompt + output) of the same request.
     """
 
+    name: ClassVar[str] = "controlled"  # not a configuration's proposer: the sensitivity stage passes it to Engine.run
+    has_draft_model: ClassVar[bool] = True
+    pays_per_candidate: ClassVar[bool] = True
+
     draft: DraftModelProposer
     reference: list[int]
     alpha: float
     vocab_size: int
     seed: int = 0
-    name: str = "controlled"
 
     def __post_init__(self):
         self._rng = random.Random(self.seed)
@@ -219,3 +235,15 @@ class ControlledAcceptanceProposer:
 
     def rollback(self, confirmed_length):
         self.draft.rollback(confirmed_length)
+
+
+# A configuration's proposer name -> its class: the one place a name means a kind of proposer.
+PROPOSERS: dict[str, type[Proposer]] = {cls.name: cls for cls in (DraftModelProposer, PromptLookupProposer)}
+
+
+def proposer_type(name: str) -> type[Proposer]:
+    """The class of a configuration's proposer; an unknown name fails with the known ones."""
+    try:
+        return PROPOSERS[name]
+    except KeyError:
+        raise RakvError(f"unknown proposer '{name}'; choose one of: {', '.join(PROPOSERS)}") from None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from rakv.runtime.cache import Hit
 from rakv.runtime.controller import AcceptanceTracker
 from rakv.runtime.errors import RakvError
-from rakv.runtime.proposers import PromptLookupProposer
+from rakv.runtime.proposers import proposer_type
 from rakv.serving.replay import lookup_rounds
 from rakv.serving.request import ServedRequest
 
@@ -28,7 +28,7 @@ class Acceptance:
     source: str = "ewma"  # a request's acceptance at admission: the EWMA across requests, or `prefix`-keyed
     controller: object | None = None  # rakv.runtime.controller.Controller (rakv-asd): its tracker is the EWMA
     tracker: AcceptanceTracker | None = None  # the EWMA to start from without a controller
-    proposer: str = "draft"  # the engine's: prompt lookup's greedy rounds can be replayed without speculating
+    proposer: str = "draft"  # the engine's proposer's name: whether its greedy rounds replay without speculating
     k_by_iteration: tuple[int, ...] = ()  # the load-aware policy's depths (the deepest replays a k = 0 request)
 
     def __post_init__(self):
@@ -54,10 +54,11 @@ class Acceptance:
         (rakv.serving.replay.lookup_rounds: greedy acceptance is fixed by the output, so it is observed without
         speculating, and a k = 0 decision does not starve the estimate)."""
         log, empty = request.state.round_log, request.state.empty_rounds
-        if log or empty or not request.sampling.greedy or self.proposer != "prompt-lookup":
+        replaying = proposer_type(self.proposer)
+        if log or empty or not request.sampling.greedy or not replaying.replays_rounds:
             return log, empty
         depth = max(self.k_by_iteration or (self.controller.config.k_set if self.controller else (4,)))
-        return lookup_rounds(PromptLookupProposer(), request.prompt, request.state.tokens, max(depth, 1))
+        return lookup_rounds(replaying(), request.prompt, request.state.tokens, max(depth, 1))
 
     @staticmethod
     def recorded(request: ServedRequest, log) -> tuple[float, float] | None:

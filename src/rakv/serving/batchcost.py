@@ -50,7 +50,7 @@ from rakv.runtime.costmodel import Curve
 from rakv.runtime.decoding import Sampling, crop_cache, forward, forward_rows
 from rakv.runtime.errors import RakvError
 from rakv.runtime.kernels import new_kv_cache
-from rakv.runtime.proposers import DraftModelProposer
+from rakv.runtime.proposers import proposer_type
 
 METHOD = "batch-pass/2"  # part of the key: a table measured another way is stale
 
@@ -96,7 +96,7 @@ class BatchCost:
     segment_s: float  # each further request in the pass
     kv_s: float  # each K/V position held before the pass
     attend_s: float  # each (row, earlier position) pair beyond rows(R)'s own
-    proposer: str
+    proposer: str  # its name (rakv.runtime.proposers.PROPOSERS)
     proposer_step: Curve  # draft: one batched draft step vs requests; prompt lookup: proposals vs requests
     fit_error: float = 0.0  # largest |fit - measured| / measured over the fitted passes
     measured_s: float = 0.0
@@ -114,7 +114,7 @@ class BatchCost:
         ks = [k for k in ks if k > 0]
         if not ks:
             return 0.0
-        if self.proposer != "draft":
+        if not proposer_type(self.proposer).pays_per_candidate:
             return self.proposer_step(len(ks))  # one lookup per proposing request, whatever its k
         # a draft round: the catch-up pass, then k - 1 steps over the requests still drafting (propose_batch)
         return sum(self.proposer_step(sum(k > step for k in ks)) for step in range(max(ks)))
@@ -228,7 +228,7 @@ def proposer_points(engine, plan: BatchPlan, filler: torch.Tensor) -> dict[tuple
         proposers = [engine.make_proposer() for _ in range(requests)]
         for p in proposers:
             p.start(history[:context])
-        if isinstance(proposers[0], DraftModelProposer):
+        if engine.proposer_type.pays_per_candidate:
             points["proposer", requests] = Point(
                 lambda ps=proposers, m=proposers[0].model, n=context: forward_rows(
                     m, [Segment(filler[n:n + 1], p.cache, 1) for p in ps]),

@@ -26,7 +26,7 @@ from rakv.runtime.decoding import (
     rollback_round,
     select_token,
 )
-from rakv.runtime.proposers import DraftModelProposer, propose_batch
+from rakv.runtime.proposers import propose_batch
 from rakv.serving.batchcost import PassFeatures, pass_features
 from rakv.serving.kv import KVManager, Slot
 from rakv.serving.request import ServedRequest
@@ -73,7 +73,7 @@ class Executor:
         segments += [self._segment(w.request, w.request.tokens[w.request.computed:w.request.computed + w.rows], 1)
                      for w in step.prefills]
         output.features = pass_features([(int(s.ids.shape[0]), s.cache.get_seq_length()) for s in segments])
-        logits = forward_rows(self.target, segments) if segments else []
+        logits = self._forward(step.decodes, segments)
         for work, rows in zip(step.decodes, logits):
             output.requests[work.request.id] = self._close_decode(work, rows, proposals.get(work.request.id))
         for work, rows in zip(step.prefills, logits[len(step.decodes):]):
@@ -82,6 +82,20 @@ class Executor:
             output.requests[request.id].draft_hit_tokens = self.kv.slot(request).draft_hit_tokens
         output.rows = sum(int(s.ids.shape[0]) for s in segments)
         return output
+
+    def _forward(self, decodes, segments: list[Segment]) -> list[torch.Tensor]:
+        """The one batched target forward; a proposer that drafts from the target's hidden states is given those of
+        its request's decode rows (rakv.runtime.proposers.Proposer.needs_target_hidden), as alone."""
+        if not segments:
+            return []
+        proposers = [self.kv.slot(w.request).proposer for w in decodes]
+        wanting = [i for i, p in enumerate(proposers) if p is not None and p.needs_target_hidden]
+        if not wanting:
+            return forward_rows(self.target, segments)
+        logits, hidden = forward_rows(self.target, segments, return_hidden=True)
+        for i in wanting:
+            proposers[i].observe_target_hidden(len(decodes[i].request.tokens) - 1, hidden[i])
+        return logits
 
     def _segment(self, request: ServedRequest, ids: list[int], keep: int) -> Segment:
         return Segment(torch.tensor(ids, dtype=torch.long, device=self.device), self.kv.slot(request).cache, keep)
@@ -102,8 +116,8 @@ class Executor:
             return {}
         slots = [self.kv.slot(w.request) for w in works]
         for slot in slots:
-            if isinstance(slot.proposer, DraftModelProposer) and not slot.drafting:
-                slot.proposer.reset()  # its first round feeds the whole context, as `start` does alone
+            if not slot.drafting:
+                slot.proposer.reset()  # a draft's first round feeds the whole context, as `start` does alone
                 slot.drafting = True
         contexts = [w.request.tokens for w in works]
         offered, proposals = propose_batch([s.proposer for s in slots], contexts, [w.k for w in works],

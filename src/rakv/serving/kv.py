@@ -29,6 +29,7 @@ from rakv.runtime.cache import Hit
 from rakv.runtime.decoding import cache_nbytes, forward
 from rakv.runtime.engine import Engine
 from rakv.runtime.kernels import new_kv_cache
+from rakv.runtime.proposers import Proposer
 from rakv.serving.request import ServedRequest, Status
 
 
@@ -37,9 +38,9 @@ class Slot:
     """The tensor side of a running request."""
 
     cache: object  # the target's K/V (rakv.runtime.kernels.new_kv_cache)
-    proposer: object | None  # its own proposer (a draft model's cache, or prompt lookup)
+    proposer: Proposer | None  # its own proposer (a draft model's cache, or prompt lookup)
     generator: torch.Generator | None  # its sampler's stream (None: greedy)
-    drafting: bool = False  # the draft has been reset (or resumed from the store) for this run of the request
+    drafting: bool = False  # the proposer has been reset (or resumed from the store) for this run of the request
     draft_hit_tokens: int = 0  # positions of the draft's K/V that came from the store at admission
     stored_logits: torch.Tensor | None = None  # an exact repeat's next-token logits: its first token needs no forward
     prompt_logits: torch.Tensor | None = None  # the logits after its prompt (what an exact repeat skips to)
@@ -55,7 +56,8 @@ class KVManager:
         self.slots: dict[str, Slot] = {}
         self.kept_prompt_logits: dict[str, torch.Tensor] = {}  # a preempted request's: its prompt entry at completion
         self.target_bpt = _bytes_per_token(pair.target.module, pair.device)
-        self.draft_bpt = _bytes_per_token(pair.draft.module, pair.device) if self.engine.proposer == "draft" else 0
+        self.draft_bpt = (_bytes_per_token(pair.draft.module, pair.device) if self.engine.proposer_type.has_draft_model
+                          else 0)
 
     # --- queries ---
 
