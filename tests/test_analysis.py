@@ -199,8 +199,10 @@ def test_notebook_setup_names_the_command_when_results_are_missing(tmp_path):
 
 def test_cost_side_feasibility_is_labelled_and_never_claims_a_verdict(runs, tmp_path):
     costs = {"draft_target_cost_ratio": 0.5, "target_step_s": 0.1, "prompt_tokens": 128, "new_tokens": 24}
-    rows = [{"pair": "big-twin", "k": 2, "break_even_alpha": 0.93}, {"pair": "big-twin", "k": 4, "break_even_alpha": 0.88},
-            {"pair": "big-twin", "k": 8, "break_even_alpha": None}, {"pair": "other-twin", "k": 2, "break_even_alpha": 0.5}]
+    rows = [{"pair": "big-twin", "k": 2, "break_even_alpha": 0.93},
+            {"pair": "big-twin", "k": 4, "break_even_alpha": 0.88},
+            {"pair": "big-twin", "k": 8, "break_even_alpha": None},
+            {"pair": "other-twin", "k": 2, "break_even_alpha": 0.5}]
     rows = [{**r, **costs} for r in rows]
     feas = {"status": "cost side only: weights unavailable", "configuration": "big", "twin": "big-twin",
             "twins": ["big-twin", "other-twin"], "break_even": rows}

@@ -126,7 +126,8 @@ def test_option_flags_are_generated_from_the_fields_that_declare_them(capsys, mo
     serving, store = conf_file("serving/default.yaml"), conf_file("cache/default.yaml")
     assert all(getattr(args, name) == serving[name] for name in CONF_FIELDS)
     assert args.proposer == serving.proposer and args.cache_budget_mib == store.budget_mib
-    assert args.reuse_draft == store.reuse_draft and args.memory_budget_mib == ControllerConfig.default().memory_budget_mib
+    assert args.reuse_draft == store.reuse_draft
+    assert args.memory_budget_mib == ControllerConfig.default().memory_budget_mib
     monkeypatch.setenv("COLUMNS", "1000")  # no wrapping inside a help text
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])

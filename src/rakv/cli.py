@@ -15,7 +15,8 @@ def read_prompts(path: str) -> list[dict]:
         with open(path, encoding="utf-8") as fh:
             lines = fh.readlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise RakvError(f"cannot read prompts file {path}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
+        reason = exc.strerror if isinstance(exc, OSError) else exc
+        raise RakvError(f"cannot read prompts file {path}: {reason}") from None
     requests = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -212,7 +213,10 @@ def serve_over_http(args, options) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupted)
-    ready = lambda where: print(f"rakv serve: {name} on http://{where[0]}:{where[1]}/v1 (Ctrl-C stops)", flush=True)
+
+    def ready(where):
+        print(f"rakv serve: {name} on http://{where[0]}:{where[1]}/v1 (Ctrl-C stops)", flush=True)
+
     summary = serve_http(engine, options, address, name, Path(args.out) if args.out else None, parts, ready)
     if summary is not None:
         print(json.dumps({k: summary[k] for k in SHOWN_SUMMARY if k in summary}))
@@ -224,8 +228,8 @@ SHOWN_SUMMARY = ("completed", "failed", "outputs_equal_alone", "duration_s", "re
 
 
 def cmd_trace(args) -> None:
-    from rakv.serving.trace import generate_trace, write_trace
     from rakv.runtime.workloads import dataset_texts
+    from rakv.serving.trace import generate_trace, write_trace
 
     settings = {name: getattr(args, name) for name in TRACE_SETTINGS}
     trace = generate_trace(dataset_texts(args.dataset), **{k: v for k, v in settings.items() if k != "dataset"})
@@ -259,7 +263,8 @@ SERVE_FLAGS = ("strategy", "speculation", "acceptance", "itl_slo_ms", "token_bud
 def build_parser() -> argparse.ArgumentParser:
     """`rakv` and its commands: each command's own flags here, the options' flags generated from their dataclasses
     (rakv.runtime.flags: ServeOptions, Sampling, ControllerConfig, EngineOptions), with conf/ as their defaults."""
-    parser = argparse.ArgumentParser(prog="rakv", description="RAKV-ASD: prefix KV reuse + adaptive speculative decoding")
+    parser = argparse.ArgumentParser(prog="rakv",
+                                     description="RAKV-ASD: prefix KV reuse + adaptive speculative decoding")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_generate(sub.add_parser(
         "generate", help="generate for one prompt or a JSONL file of prompts through one KV store",
@@ -286,18 +291,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_engine_flags(parser, proposer: str = "draft", hidden: tuple[str, ...] = ()) -> None:
     """The engine's flags (EngineOptions), after the command's own; --pair is added first by each command."""
-    from rakv.runtime.flags import add_flags
     from rakv.runtime.engine_options import EngineOptions
+    from rakv.runtime.flags import add_flags
 
     add_flags(parser, EngineOptions, ENGINE_FLAGS, {**EngineOptions.conf_defaults(), "proposer": proposer}, hidden)
 
 
 def add_generate(gen) -> None:
-    from rakv.runtime.flags import add_flags
     from rakv.runtime.actions import FIXED_STRATEGIES
     from rakv.runtime.controller import ControllerConfig
     from rakv.runtime.decoding import Sampling
     from rakv.runtime.engine_options import EngineOptions
+    from rakv.runtime.flags import add_flags
 
     add_flags(gen, EngineOptions, ("pair",))
     source = gen.add_mutually_exclusive_group(required=True)
@@ -318,9 +323,9 @@ def add_generate(gen) -> None:
 
 
 def add_calibrate(cal) -> None:
-    from rakv.runtime.flags import add_flags
     from rakv.runtime.controller import ControllerConfig
     from rakv.runtime.engine_options import EngineOptions
+    from rakv.runtime.flags import add_flags
 
     add_flags(cal, EngineOptions, ("pair",))
     cal.add_argument("--force", action="store_true", help="measure again even if a valid calibration exists")
@@ -335,10 +340,10 @@ def add_calibrate(cal) -> None:
 
 
 def add_serve(srv) -> None:
-    from rakv.runtime.flags import add_flags
     from rakv.runtime.controller import ControllerConfig
     from rakv.runtime.decoding import Sampling
     from rakv.runtime.engine_options import EngineOptions
+    from rakv.runtime.flags import add_flags
     from rakv.runtime.paths import conf_file
     from rakv.serving.server import ServeOptions
 

@@ -467,7 +467,8 @@ def bench(args, pair, stock, engine, ids) -> dict:
     spec = measured["outputs"]["ours-spec-k4"]
     long_ids, other = reuse_prompts(engine, load_humaneval(), args.long_prompt_tokens)
     ttft = store_ttft(engine, long_ids, other, args.repeats)
-    draft_reuse = draft_reuse_rows(engine, long_ids, other, args.repeats) if engine.proposer_type.has_draft_model else None
+    draft_reuse = (draft_reuse_rows(engine, long_ids, other, args.repeats) if engine.proposer_type.has_draft_model
+                   else None)
     kernels = kernel_rows(pair, engine, long_ids, args.repeats)
     target_bytes = weight_bytes(stock.target.module)
     floor_ms = target_bytes / kernels["bandwidth"] * 1e3

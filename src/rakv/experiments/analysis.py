@@ -15,13 +15,32 @@ import pandas as pd
 from rakv.experiments.claims import claims
 from rakv.experiments.oracle import measurements, strategy_latencies
 from rakv.experiments.sentences import feasibility_verdict
-from rakv.experiments.study_stats import (acceptance_mape, acceptance_table, configuration_statistics,
-                                          joint_reuse_by_length, latency_reduction, measured_crossover,
-                                          model_crossover, peak_memory_table, throughput_gain)
-from rakv.experiments.summary import (ABSENT, AcceptanceRow, ByBaseline, Crossover, Exact, Grid, PeakKv, Pooled,
-                                      Summary, read_feasibility)
+from rakv.experiments.study_stats import (
+    acceptance_mape,
+    acceptance_table,
+    configuration_statistics,
+    joint_reuse_by_length,
+    latency_reduction,
+    measured_crossover,
+    model_crossover,
+    peak_memory_table,
+    throughput_gain,
+)
+from rakv.experiments.summary import (
+    ABSENT,
+    AcceptanceRow,
+    ByBaseline,
+    Crossover,
+    Exact,
+    Grid,
+    PeakKv,
+    Pooled,
+    Summary,
+    read_feasibility,
+)
 from rakv.runtime.actions import ADAPTIVE
 from rakv.runtime.paths import shown
+
 
 def break_even_table(results: Path) -> pd.DataFrame:
     """Break-even alpha per k for every calibration in results/<name>/calibration/ (a cold request of the

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+
 def cluster_ci(clusters, numerator, denominator=None, *, transform=lambda x: x, seed: int = 0,
                resamples: int = 2000) -> list[float]:
     """[value, low, high]: transform(sum(numerator) / sum(denominator)) with a 95 % percentile CI from a

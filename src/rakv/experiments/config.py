@@ -23,8 +23,8 @@ from rakv.runtime.engine import PROPOSERS, Engine, open_engine
 from rakv.runtime.errors import RakvError
 from rakv.runtime.kernels import effective_mode
 from rakv.runtime.models import PAIR_NAMES
-from rakv.runtime.proposers import Proposer, proposer_type
 from rakv.runtime.paths import CONF_DIR
+from rakv.runtime.proposers import Proposer, proposer_type
 from rakv.runtime.strategies import action_of
 from rakv.runtime.workloads import Prompt, dataset_texts, parse_scenario, select_prompts
 

@@ -15,16 +15,16 @@ import json
 import pandas as pd
 from omegaconf import DictConfig
 
-from rakv.runtime.actions import Action
-from rakv.experiments.oracle import measurements
-from rakv.runtime.calibration import CalibrationPlan, load_or_calibrate
 from rakv.experiments.config import Configuration, configuration, engine_for, keep_calibration, prompts_for, results_dir
-from rakv.runtime.costmodel import break_even_rows
-from rakv.runtime.errors import RakvError, WeightsUnavailable
-from rakv.runtime.models import twin_of
+from rakv.experiments.oracle import measurements
 from rakv.experiments.records import write_atomic, write_parquet
 from rakv.experiments.sensitivity import controlled_rows
 from rakv.experiments.study import run_main_study
+from rakv.runtime.actions import Action
+from rakv.runtime.calibration import CalibrationPlan, load_or_calibrate
+from rakv.runtime.costmodel import break_even_rows
+from rakv.runtime.errors import RakvError, WeightsUnavailable
+from rakv.runtime.models import twin_of
 
 
 def run_feasibility(cfg: DictConfig) -> None:
@@ -45,7 +45,8 @@ def run_feasibility(cfg: DictConfig) -> None:
         k0 = by_action[[not s for s in speculative]].min()
         spec = by_action[speculative]
         per_scenario.append({"dataset": dataset, "prompt_id": prompt_id, "scenario": scenario,
-                             "best_k0_s": float(k0), "best_spec_s": float(spec.min()), "best_spec_action": spec.idxmin(),
+                             "best_k0_s": float(k0), "best_spec_s": float(spec.min()),
+                             "best_spec_action": spec.idxmin(),
                              "gap": float(spec.min() / k0 - 1)})
     table = pd.DataFrame(per_scenario)
     write_parquet(per_scenario, out_dir / "gap.parquet")

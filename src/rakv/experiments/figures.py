@@ -13,10 +13,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 
 from rakv.experiments import oracle, study_stats  # noqa: E402
 from rakv.experiments.summary import ALL_ITERATIONS, Feasibility, IterationMape, LatencyMape, Slos  # noqa: E402
@@ -308,7 +308,8 @@ def acceptance_vs_break_even(acceptance: pd.DataFrame, out_dir: Path):
     fig, ax = plt.subplots(figsize=(7, 3.8))
     labels = [f"{r.configuration}\n{r.dataset}" for r in acceptance.itertuples()]
     x = np.arange(len(acceptance))
-    err = np.vstack([acceptance.acceptance - acceptance.acceptance_low, acceptance.acceptance_high - acceptance.acceptance])
+    err = np.vstack([acceptance.acceptance - acceptance.acceptance_low,
+                     acceptance.acceptance_high - acceptance.acceptance])
     ax.errorbar(x - 0.1, acceptance.acceptance, yerr=np.nan_to_num(err), fmt="o", capsize=4,
                 label="measured acceptance (95% CI)")
     never = acceptance.break_even_alpha.isna()

@@ -100,7 +100,7 @@ def strategy_latencies(runs: pd.DataFrame, meas: pd.DataFrame | None = None) -> 
     and the best fixed action (per configuration) read from the measurements, and the cross-fitted oracle."""
     meas = measurements(runs) if meas is None else meas
     parts = [runs[(runs.kind == "strategy")][INSTANCE + ["strategy", "latency_s", "tokens_per_s"]]]
-    for name, part in meas.groupby("configuration"):
+    for _, part in meas.groupby("configuration"):
         for strategy in FIXED:
             parts.append(fixed_action_latencies(part, Action.of_strategy(strategy)).assign(strategy=strategy))
         best = best_fixed_action(part)

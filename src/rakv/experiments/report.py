@@ -17,8 +17,16 @@ from rakv.experiments import analysis
 from rakv.experiments.claims import ClaimCounts, claim_counts
 from rakv.experiments.oracle import NOISE_LEVEL
 from rakv.experiments.study_stats import BASELINES, strategy_means
-from rakv.experiments.summary import (ALL_ITERATIONS, AcceptanceRow, ClaimRow, Comparison, ConfigurationStatistics,
-                                      Goal, PeakKv, Summary)
+from rakv.experiments.summary import (
+    ALL_ITERATIONS,
+    AcceptanceRow,
+    ClaimRow,
+    Comparison,
+    ConfigurationStatistics,
+    Goal,
+    PeakKv,
+    Summary,
+)
 from rakv.experiments.verdicts import ci_side
 
 BASELINE_NAMES = {"joint-k4": "Joint", "kv-only": "KvOnly", "ar": "Ar", "spec-k4": "Spec",
@@ -368,7 +376,7 @@ def statistics_table(summary: Summary) -> str:
         ("Spearman $\\rho$, mean per scenario", lambda s: ci_text(s.spearman, num)),
         ("Spearman $\\rho$, pooled", lambda s: num(s.spearman_pooled)),
         ("best fixed action (hindsight)", lambda s: f"\\texttt{{{s.best_fixed_action}}}"),
-        *[(f"latency reduction vs {tex_escape(b)}", (lambda b: lambda s: ci_text(s.latency_reduction.against(b)))(b))
+        *[(f"latency reduction vs {tex_escape(b)}", lambda s, b=b: ci_text(s.latency_reduction.against(b)))
           for b in BASELINES],
         ("best $k\\neq0$ vs $k=0$, slowdown", lambda s: f"{pct(s.spec_slowdown.min, 0)} to "
                                                      f"{pct(s.spec_slowdown.max, 0)}"),
@@ -426,7 +434,7 @@ def claims_markdown(rows: list[ClaimRow]) -> str:
     lines = ["| claim | configuration | kind | reference | reproduced [95 % CI] | band | direction | magnitude |",
              "|---|---|---|---:|---:|---:|:---:|:---:|"]
     for row in rows:
-        reference, reproduced, band = claim_cells(row, lambda v: markdown_value(v, row.unit))
+        reference, reproduced, band = claim_cells(row, lambda v, unit=row.unit: markdown_value(v, unit))
         lines.append(f"| {row.claim} | `{row.configuration}` | {row.kind} | {reference} | "
                      f"{reproduced} | {band} | {shown(row.direction)} | {shown(row.magnitude)} |")
     return "\n".join(lines) + "\n"
@@ -525,14 +533,16 @@ def memory_table(rows: list[PeakKv]) -> str:
 def ablation_table(frame: pd.DataFrame) -> str:
     """The controller ablations (rakv.experiments.ablation.ablation_table) as a LaTeX table."""
     lines = [r"\begin{tabular}{>{\raggedright\arraybackslash}p{4.4cm}lllllll}", r"\toprule",
-             r"Variant & Mean regret & Worst & Acc.\ strict & Acc.\ within noise & Spearman & vs best fixed & Spec.\ share \\",
+             r"Variant & Mean regret & Worst & Acc.\ strict & Acc.\ within noise & Spearman & vs best fixed & "
+             r"Spec.\ share \\",
              r"\midrule"]
     for name, part in frame.groupby("configuration", sort=False):
         lines.append(f"\\multicolumn{{8}}{{l}}{{\\texttt{{{tex_escape(name)}}}}} \\\\")
         for row in part.to_dict("records"):
             lines.append(f"{tex_escape(row['variant'])} & {ci_text(row['mean_regret'])} & {pct(row['worst_regret'])} & "
                          f"{ci_text(row['accuracy_action'], lambda v: pct(v, 0))} & "
-                         f"{ci_text(row['accuracy_within_noise'], lambda v: pct(v, 0))} & {ci_text(row['spearman'], num)} & "
+                         f"{ci_text(row['accuracy_within_noise'], lambda v: pct(v, 0))} & "
+                         f"{ci_text(row['spearman'], num)} & "
                          f"{ci_text(row['vs_best_fixed'])} & {pct(row['speculative_share'], 0)} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
@@ -640,7 +650,8 @@ def joint_reuse_table(summary: Summary) -> str:
     """Speculation on top of reuse, by output length: r = 1 with k = 4 against r = 1 with k = 0."""
     rows = summary.joint_reuse
     lines = ["\\begin{tabular}{llrrrlrl}", "\\toprule",
-             "Configuration & Store hit & $N$ & $r{=}1,k{=}0$ (s) & $r{=}1,k{=}4$ (s) & $k{=}4$ vs $k{=}0$ [95\\,\\% CI] "
+             "Configuration & Store hit & $N$ & $r{=}1,k{=}0$ (s) & $r{=}1,k{=}4$ (s) & "
+             "$k{=}4$ vs $k{=}0$ [95\\,\\% CI] "
              "& draft re-prefilled (s) & draft reuse saves [95\\,\\% CI] \\\\", "\\midrule"]
     for r in rows:
         ablated = r.reprefilled_s is not None
@@ -719,19 +730,22 @@ def peer_section(folder: Path | None) -> str:
             r = serve["engines"][engine][label]
             hit = "--" if missing(r.get("prefix_hit_rate")) else pct(r["prefix_hit_rate"], 0)
             rows.append(f"{tex_escape(label.rsplit('-', 1)[0])} & {rate:g} & {tex_escape(name)} & {r['completed']} & "
-                        f"{r['failed']} & {r['output_throughput']:.1f} & {r['p50_ttft_ms']:.0f} & {r['p99_ttft_ms']:.0f} & "
+                        f"{r['failed']} & {r['output_throughput']:.1f} & {r['p50_ttft_ms']:.0f} & "
+                        f"{r['p99_ttft_ms']:.0f} & "
                         f"{r['p50_tpot_ms']:.0f} & {r['p99_tpot_ms']:.0f} & {r['p99_itl_ms']:.0f} & {hit} \\\\")
     agreed = serve["agreement"]
     equal, total = sum(a["equal"] for a in agreed.values()), sum(a["requests"] for a in agreed.values())
     text = (f"\\paragraph{{Against vLLM.}} The same prompts, at the same seeded Poisson arrivals, were sent by vLLM's "
             f"own benchmark client (\\texttt{{vllm bench serve}}) to \\texttt{{rakv serve --http}} (strategy "
-            f"\\texttt{{{tex_escape(serve['strategy'])}}}) and to vLLM {tex_escape(serve['vllm'])}'s CPU build serving the same "
+            f"\\texttt{{{tex_escape(serve['strategy'])}}}) and to vLLM {tex_escape(serve['vllm'])}'s CPU build "
+            f"serving the same "
             f"fp32 weights, each with its defaults (prefix caching on in both), {serve['requests']} requests of "
             f"{serve['new_tokens']} new tokens per workload (Table~\\ref{{tab:peer}}; "
             f"\\texttt{{scripts/bench\\_vllm\\_serve.py}}, {tex_escape(machine['cpu'])}, {machine['cores']} cores, "
             f"{machine['date']}). Greedy outputs were equal token for token on {equal} of {total} requests.\n")
     table = ("\\begin{table}[h]\\centering\\scriptsize\n\\begin{tabular}{llllrrrrrrrr}\\toprule\n"
-             "workload & req/s & engine & done & failed & tok/s & TTFT p50 & p99 & TPOT p50 & p99 & ITL p99 & hits \\\\\n"
+             "workload & req/s & engine & done & failed & tok/s & TTFT p50 & p99 & TPOT p50 & p99 & ITL p99 & "
+             "hits \\\\\n"
              "\\midrule\n" + "\n".join(rows) + "\n\\bottomrule\\end{tabular}\n"
              "\\caption{rakv serve and vLLM under vLLM's benchmark client (times in ms; hits: prompt tokens reused, "
              "vLLM in blocks of 16 tokens, rakv at token granularity).}\\label{tab:peer}\n\\end{table}\n")
@@ -747,9 +761,11 @@ def tune_text(folder: Path) -> str:
     configs = sorted({r["config"] for r in tune["check"]}, key=lambda c: (c != "tuned", c))
     cs = sorted({r["c"] for r in tune["check"]})
     rate = {(r["config"], r["c"]): r["tok_s"] for r in tune["check"]}
-    rows = [f"{tex_escape(config)} & " + " & ".join(f"{rate[(config, c)]:.1f}" for c in cs) + " \\\\" for config in configs]
+    rows = [f"{tex_escape(config)} & " + " & ".join(f"{rate[(config, c)]:.1f}" for c in cs) + " \\\\"
+            for config in configs]
     return (f"\\texttt{{scripts/tune\\_vllm.py}} measured vLLM's own step on this machine per batch size and $k$ apart "
-            f"from acceptance, fitted the batch cost model's pass form to it (a step = {1e3 * model['fixed_s']:.1f} ms + "
+            f"from acceptance, fitted the batch cost model's pass form to it (a step = "
+            f"{1e3 * model['fixed_s']:.1f} ms + "
             f"{1e3 * model['per_request_s']:.2f} ms per request + {1e3 * model['per_row_s']:.2f} ms per row) and chose "
             f"vLLM's \\texttt{{num\\_speculative\\_tokens\\_per\\_batch\\_size}} for acceptance "
             f"{tune['alpha']:.2f} and n-gram match rate {tune['match_rate']:.2f}: "

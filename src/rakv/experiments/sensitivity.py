@@ -24,18 +24,24 @@ import pandas as pd
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from rakv.runtime.actions import Action
+from rakv.experiments.config import (
+    configurations,
+    controller_config,
+    cost_table_for,
+    engine_for,
+    prompts_for,
+    results_dir,
+)
 from rakv.experiments.oracle import measurements
+from rakv.experiments.records import write_atomic, write_parquet
+from rakv.experiments.study import format_duration, reset_store
+from rakv.runtime.actions import Action
 from rakv.runtime.cache import Hit
-from rakv.experiments.config import (configurations, controller_config, cost_table_for, engine_for, prompts_for,
-                                     results_dir)
 from rakv.runtime.controller import Controller
 from rakv.runtime.costmodel import RequestFeatures, break_even_alpha, estimate_latency
 from rakv.runtime.errors import RakvError
 from rakv.runtime.proposers import ControlledAcceptanceProposer, DraftModelProposer
-from rakv.experiments.records import write_atomic, write_parquet
 from rakv.runtime.strategies import run_strategy
-from rakv.experiments.study import format_duration, reset_store
 from rakv.runtime.workloads import build_scenario, scenario_features, scenario_for_rate
 
 
@@ -80,14 +86,15 @@ def controlled_rows(name: str, engine, table, prompts, *, new_tokens: int, repea
                     tick()
                     measured_alpha = speculative.acceptance_rate
 
-                    def predicted_speedup(a):
+                    def predicted_speedup(a, features=features, k=k):
                         return (estimate_latency(table, features, False, 0, a)
                                 / estimate_latency(table, features, False, k, a))
 
                     rows.append({"configuration": name, "prompt_id": prompt.id, "prompt_tokens": len(ids),
                                  "repeat": repeat, "k": k,
                                  "alpha": alpha, "measured_alpha": measured_alpha, "ar_latency_s": ar,
-                                 "spec_latency_s": speculative.latency_s, "measured_speedup": ar / speculative.latency_s,
+                                 "spec_latency_s": speculative.latency_s,
+                                 "measured_speedup": ar / speculative.latency_s,
                                  "predicted_speedup": predicted_speedup(alpha),
                                  "predicted_speedup_at_measured_alpha": predicted_speedup(
                                      measured_alpha if measured_alpha is not None else alpha),
@@ -256,7 +263,7 @@ def replay_rows(cfg, tables: dict) -> list[dict]:
                 controller = Controller(table, replace(config, beta=beta, memory_penalty_s_per_byte=lam))
                 regrets, hits_k, hits_action = [], 0, 0
                 groups = [(key, g) for key, g in instances if key[0] == configuration]
-                for (_, dataset, prompt_id, scenario), group in groups:
+                for _, group in groups:
                     first = group.iloc[0]
                     hit = hit_from(int(first.prompt_tokens), int(group.available.max()), bool(group.exact.max()),
                                    int(group.available_draft.max()))

@@ -234,8 +234,9 @@ def _run(cfg: DictConfig, out: Path) -> Path:
         engine.store.clear()
         slos = parts_of.slos_ms
         options = options_of(cfg, cell, slos["itl"], slos_ms={"ttft": slos["ttft"], "tpot": slos["tpot"]})
-        parts = serve_parts(engine, options, lambda: parts_of.table, family_controller(cfg, cell["family"]),
-                            cfg.calibration.recalibrate, progress=False, batch_cost=parts_of.batch_cost)
+        parts = serve_parts(engine, options, lambda parts_of=parts_of: parts_of.table,
+                            family_controller(cfg, cell["family"]), cfg.calibration.recalibrate, progress=False,
+                            batch_cost=parts_of.batch_cost)
         summary = serve(engine, trace, target, options, parts, progress=False)
         reference = references[key]
         lines = [json.loads(line) for line in (target / "requests.jsonl").read_text().splitlines()]

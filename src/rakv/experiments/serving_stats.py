@@ -25,8 +25,22 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from rakv.experiments.summary import (AcceptanceErrors, BatchBreakEven, Cell, ChosenK, Comparison, Goal, GoalPair,
-                                      IterationMape, LatencyMape, Margins, ServedExact, ServingSummary, SloSteps, Slos)
+from rakv.experiments.summary import (
+    AcceptanceErrors,
+    BatchBreakEven,
+    Cell,
+    ChosenK,
+    Comparison,
+    Goal,
+    GoalPair,
+    IterationMape,
+    LatencyMape,
+    Margins,
+    ServedExact,
+    ServingSummary,
+    Slos,
+    SloSteps,
+)
 from rakv.experiments.verdicts import all_of, any_of, below, ci_side, higher, non_inferior
 from rakv.runtime.costmodel import tokens_per_round
 from rakv.serving.batchcost import shape_class

@@ -12,10 +12,25 @@ import pandas as pd
 from scipy import stats
 
 from rakv.experiments.bootstrap import cluster_ci, prompt_keys
-from rakv.experiments.oracle import (INSTANCE, PROMPT, SCENARIO, action_stats, adaptive_mask, best_fixed_action,
-                                     controller_choices, oracle_table, strategy_latencies)
-from rakv.experiments.summary import (AcceptanceMape, ByBaseline, ConfigurationStatistics, Crossover, JointReuse,
-                                      SpecSlowdown)
+from rakv.experiments.oracle import (
+    INSTANCE,
+    PROMPT,
+    SCENARIO,
+    action_stats,
+    adaptive_mask,
+    best_fixed_action,
+    controller_choices,
+    oracle_table,
+    strategy_latencies,
+)
+from rakv.experiments.summary import (
+    AcceptanceMape,
+    ByBaseline,
+    ConfigurationStatistics,
+    Crossover,
+    JointReuse,
+    SpecSlowdown,
+)
 from rakv.experiments.verdicts import ci_side
 from rakv.runtime.actions import ADAPTIVE
 
@@ -261,7 +276,8 @@ def joint_reuse_by_length(rows: pd.DataFrame, seed: int = 0, resamples: int = 20
     """Whether speculating pays once the prefix is reused (the sensitivity stage's reuse_output_length part): per
     configuration, scenario and output length, 1 - mean latency(r = 1, k = 4) / mean latency(r = 1, k = 0) over the
     same prompts and repeats, with a cluster-bootstrap CI over prompts; `verdict` pays (the CI above 0), costs (below),
-    inconclusive (it includes 0) or no interval (fewer than two prompts). `draft_hit_share`: the share of the reused positions whose draft state came from the store."""
+    inconclusive (it includes 0) or no interval (fewer than two prompts). `draft_hit_share`: the share of the reused
+    positions whose draft state came from the store."""
     out = []
     for (name, scenario, n), part in rows.groupby(["configuration", "scenario", "new_tokens"], sort=True):
         wide = part.pivot_table(index=["dataset", "prompt_id", "repeat"], columns="strategy", values="latency_s")

@@ -25,10 +25,11 @@ from __future__ import annotations
 import json
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from functools import cache
 from pathlib import Path
-from typing import Callable, NewType, get_args, get_origin, get_type_hints
+from typing import NewType, get_args, get_origin, get_type_hints
 
 import numpy as np
 

@@ -16,8 +16,8 @@ from rakv.runtime.cache import Hit
 from rakv.runtime.costmodel import CostTable, RequestFeatures, action_kv_bytes, estimate_latency
 from rakv.runtime.depth import MATCH_CLASSES, RoundDepth
 from rakv.runtime.errors import RakvError
-from rakv.runtime.proposers import proposer_type
 from rakv.runtime.paths import conf_file
+from rakv.runtime.proposers import proposer_type
 
 
 def k_set_from_text(text: str) -> list[int]:

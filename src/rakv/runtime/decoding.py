@@ -95,7 +95,7 @@ class Proposer(Protocol):
         Called only when `needs_target_hidden`."""
 
     @classmethod
-    def for_pair(cls, pair) -> "Proposer":
+    def for_pair(cls, pair) -> Proposer:
         """A fresh proposer for one request on a model pair (rakv.runtime.models.ModelPair)."""
         return cls()
 

@@ -49,7 +49,7 @@ class DraftModelProposer(Proposer):
     pending_logits: torch.Tensor | None = None  # draft logits after the last fed token
 
     @classmethod
-    def for_pair(cls, pair) -> "DraftModelProposer":
+    def for_pair(cls, pair) -> DraftModelProposer:
         return cls(pair.draft.module, pair.device)
 
     def start(self, context: list[int], kv=None) -> None:

@@ -15,9 +15,9 @@ import json
 import resource
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Callable
 
 from tqdm import tqdm
 
@@ -305,7 +305,7 @@ class EngineCore:
     iterations: list[dict] = field(default_factory=list)
 
     @classmethod
-    def build(cls, engine: Engine, options: ServeOptions, parts: ServeParts | None, out: Path | None) -> "EngineCore":
+    def build(cls, engine: Engine, options: ServeOptions, parts: ServeParts | None, out: Path | None) -> EngineCore:
         parts = parts or ServeParts()
         batch_cost = ScaledCost(parts.batch_cost) if parts.batch_cost is not None else None
         scheduler, executor = build_scheduler(engine, options, parts.controller, batch_cost, parts.tracker,
