@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from rakv.experiments.summary import ABSENT, read_engine_facts, read_feasibility
 from rakv.runtime.costmodel import Curve
 from rakv.runtime.proposers import proposer_type
 
@@ -34,18 +35,24 @@ def _prefill(table: dict | None, name: str) -> dict[int, float]:
     return {n: _at(table[name], n) for n in PREFILL_TOKENS}
 
 
+def _known(record, name: str):
+    """A record's field, None where the record or the field is absent (a part the run did not compute)."""
+    value = getattr(record, name) if record else None
+    return None if value is ABSENT else value
+
+
 def engine_rows(results: Path, label: str | None = None) -> list[dict]:
     """One row per study configuration (and per twin pair of the feasibility stage) of a finished run; `label`
     names its engine in the table (default: its kernels mode)."""
     results = Path(results)
     meta = json.loads((results / "study" / "metadata.json").read_text())
-    summary = json.loads((results / "summary.json").read_text())
+    facts = read_engine_facts(results)
     runs = pd.read_parquet(results / "study" / "runs.parquet")
     kernels = label or meta["config"].get("kernels", "stock")
-    crossover = summary.get("crossover_model_per_configuration", {})
-    acceptance = pd.DataFrame(summary.get("acceptance", []))
+    acceptance = pd.DataFrame([vars(row) for row in facts.acceptance])
     rows = []
-    for configuration, stats in summary["per_configuration"].items():
+    for configuration, best_fixed_action in facts.best_fixed_action.items():
+        crossover = facts.crossover.get(configuration)
         key = meta["calibration_keys"][configuration]  # the run's own: its pair and its proposer's name
         pair, proposer = key["pair"]["pair"], key["proposer"]
         drafts = proposer_type(proposer).has_draft_model
@@ -61,21 +68,20 @@ def engine_rows(results: Path, label: str | None = None) -> list[dict]:
                                  if str(k) in table["verify"]},
             "target_prefill_s": _prefill(table, "target_prefill"),
             "draft_prefill_s": _prefill(table, "proposer_prefill") if drafts else {},
-            "break_even_alpha": crossover.get(configuration, {}).get("median"),
-            "break_even_never": crossover.get(configuration, {}).get("never"),
-            "break_even_settings": crossover.get(configuration, {}).get("settings"),
+            "break_even_alpha": _known(crossover, "median"),
+            "break_even_never": _known(crossover, "never"),
+            "break_even_settings": _known(crossover, "settings"),
             "acceptance": float(measured.acceptance.mean()) if len(measured) else None,
-            "best_fixed_action": stats["best_fixed_action"],
+            "best_fixed_action": best_fixed_action,
             "controller_action": shares.index[0] if len(shares) else None,
             "controller_share": float(shares.iloc[0]) if len(shares) else None,
             "controller_speculates": float((chosen.k > 0).mean()) if len(chosen) else None,
         })
-    feasibility = results / "feasibility" / "summary.json"
-    if feasibility.exists():
-        feas = json.loads(feasibility.read_text())
-        for pair in feas.get("twins", []):
-            paying = [r["break_even_alpha"] for r in feas["break_even"] if r["pair"] == pair
-                      and r["break_even_alpha"] is not None]
+    feasibility = read_feasibility(results)
+    if feasibility.twins:
+        for pair in feasibility.twins:
+            paying = [r.break_even_alpha for r in feasibility.break_even if r.pair == pair
+                      and r.break_even_alpha is not None]
             path = results / "calibration" / f"{pair}-draft.json"
             table = json.loads(path.read_text()) if path.exists() else None
             step = _at(table["target_step"]) if table else None

@@ -644,3 +644,33 @@ def read_feasibility(results: Path) -> Feasibility:
     if not path.exists():
         return Feasibility("missing")
     return load_record(Feasibility, _read_json(path, str(path)), str(path))
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the engine comparison (rakv.experiments.enginecompare) reads of a run's summary. It also reads the
+    earlier reference runs kept for the engine before/after table (data/reference/offline-*-kernels/), whose
+    summaries predate parts of today's schema, so only these parts are read, each checked as its record."""
+    best_fixed_action: dict[str, str]  # per configuration
+    crossover: dict[str, Crossover]  # per configuration (empty: the sensitivity stage did not run)
+    acceptance: list[AcceptanceRow]
+
+
+def read_engine_facts(results: Path) -> EngineFacts:
+    """results/<name>/summary.json's parts the engine comparison needs, from a summary of any version that has
+    them (RakvError naming the first that is missing or malformed)."""
+    path = summary_path(results)
+    data = _read_json(path, str(path))
+    try:
+        best = {name: _check(str, stats["best_fixed_action"], f"per_configuration.{name}.best_fixed_action")
+                for name, stats in data["per_configuration"].items()}
+        crossover = {name: _record(Crossover, part, f"crossover_model_per_configuration.{name}")
+                     for name, part in data.get("crossover_model_per_configuration", {}).items()}
+        acceptance = [_record(AcceptanceRow, row, f"acceptance[{i}]")
+                      for i, row in enumerate(data.get("acceptance", []))]
+    except SchemaError as exc:
+        raise RakvError(f"{path}: {exc}") from None
+    except (KeyError, AttributeError, TypeError) as exc:
+        raise RakvError(f"{path}: no per-configuration statistics ({type(exc).__name__}: {exc})") from None
+    return EngineFacts(best, crossover, acceptance)
+
