@@ -75,8 +75,8 @@ def service_prediction(cost, prefill: int, prompt: int, new_tokens: int, k: int,
     of the requests decoding now (`decoding`, each (tokens, k); default `others`); then `new_tokens - 1` tokens at
     the expected tokens per round (`match` the share of rounds with candidates), every round an iteration with
     `others` (its company, assumed to decode throughout). Prompts that arrive later are not priced: an average of
-    recent prefill rows added to every decode iteration over-priced the reference run's requests by 14-79 %
-    (median) at most loads."""
+    recent prefill rows added to every decode iteration over-priced requests at most loads (compare a run's
+    `served_predicted_s` with its measured times in requests.jsonl)."""
     now = others if decoding is None else decoding
     beside_now, ks_now = [(1 + kk, n) for n, kk in now], [kk for _, kk in now]
     left = max(token_budget - sum(rows for rows, _ in beside_now), 1)
