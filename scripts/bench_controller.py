@@ -21,6 +21,7 @@ from rakv.runtime.calibration import calibration_for
 from rakv.runtime.controller import Controller
 from rakv.runtime.engine import open_engine
 from rakv.runtime.errors import RakvError
+from rakv.runtime.proposers import PROPOSERS
 
 
 def main() -> int:
@@ -66,7 +67,8 @@ def main() -> int:
                   f"{np.percentile(samples, 99) * 1e6:8.1f} us")
         print(f"  goal < 1000 us per decision (median): {'met' if statistics.median(total) < 1e-3 else 'NOT met'}")
     # the per-round depth (rakv.runtime.depth) chooses k once per speculative round, inside the request's decode time
-    depth = Controller(controller.table, replace(controller.config, depth_per_round=True)).round_depth("prompt-lookup")
+    per_round = Controller(controller.table, replace(controller.config, depth_per_round=True))
+    depth = per_round.round_depth(PROPOSERS["prompt-lookup"])
     rng = np.random.default_rng(1)
     rounds = []
     for i in range(args.decisions):

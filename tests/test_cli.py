@@ -137,3 +137,25 @@ def test_option_flags_are_generated_from_the_fields_that_declare_them(capsys, mo
             if "help" in spec.metadata:
                 assert " ".join(spec.metadata["help"].split()) in shown, spec.name
     assert "--no-chunking" in shown and "--goodput METRIC:MS" in shown and "(default 256)" in shown
+
+
+def test_a_switch_named_no_always_clears_its_field_whatever_the_default():
+    import argparse
+    from dataclasses import dataclass, field
+
+    from rakv.runtime.flags import add_flags
+
+    @dataclass
+    class Switches:
+        reuse: bool = field(metadata={"flag": "--no-reuse", "help": "off"})
+        fast: bool = field(metadata={"help": "on"})
+
+    for reuse_default in (True, False):
+        parser = argparse.ArgumentParser()
+        add_flags(parser, Switches, ("reuse", "fast"), {"reuse": reuse_default, "fast": False})
+        assert parser.parse_args([]).reuse is reuse_default
+        assert parser.parse_args(["--no-reuse"]).reuse is False
+        assert parser.parse_args(["--fast"]).fast is True
+    parser = argparse.ArgumentParser()
+    add_flags(parser, Switches, ("fast",), {"fast": True})
+    assert parser.parse_args(["--no-fast"]).fast is False

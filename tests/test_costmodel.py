@@ -26,6 +26,7 @@ from rakv.runtime.costmodel import (
 from rakv.runtime.depth import RoundDepth
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
+from rakv.runtime.proposers import PROPOSERS
 from rakv.runtime.strategies import run_strategy
 
 
@@ -304,8 +305,8 @@ def test_round_depth_learns_from_the_requests_own_rounds_and_shadows():
 def test_controller_round_depth_only_when_enabled_and_for_prompt_lookup():
     off = Controller(table(), configured(depth_per_round=False))
     on = Controller(table(), configured(depth_per_round=True))
-    assert off.round_depth("prompt-lookup") is None and on.round_depth("draft") is None
-    depth = on.round_depth("prompt-lookup")
+    assert off.round_depth(PROPOSERS["prompt-lookup"]) is None and on.round_depth(PROPOSERS["draft"]) is None
+    depth = on.round_depth(PROPOSERS["prompt-lookup"])
     assert depth.prior == {"unigram": 0.6, "ngram": 0.6} and depth.max_k == 8
     depth.observe("unigram", 1, 0)
     depth.observe("ngram", 4, 4)

@@ -18,6 +18,7 @@ import pandas as pd
 
 from rakv.experiments.summary import ABSENT, read_engine_facts, read_feasibility
 from rakv.runtime.costmodel import Curve
+from rakv.runtime.errors import RakvError
 from rakv.runtime.proposers import proposer_type
 
 CONTEXT = 256  # tokens of context at which steps are read off the calibration tables
@@ -53,7 +54,10 @@ def engine_rows(results: Path, label: str | None = None) -> list[dict]:
     rows = []
     for configuration, best_fixed_action in facts.best_fixed_action.items():
         crossover = facts.crossover.get(configuration)
-        key = meta["calibration_keys"][configuration]  # the run's own: its pair and its proposer's name
+        key = meta.get("calibration_keys", {}).get(configuration)  # the run's own: its pair and proposer's name
+        if key is None:
+            raise RakvError(f"{results / 'study' / 'metadata.json'}: no calibration key for configuration "
+                            f"'{configuration}' (a study run by an older version)")
         pair, proposer = key["pair"]["pair"], key["proposer"]
         drafts = proposer_type(proposer).has_draft_model
         table = json.loads((results / "calibration" / f"{pair}-{proposer}.json").read_text())

@@ -17,7 +17,7 @@ from rakv.runtime.costmodel import CostTable, RequestFeatures, action_kv_bytes, 
 from rakv.runtime.depth import MATCH_CLASSES, RoundDepth
 from rakv.runtime.errors import RakvError
 from rakv.runtime.paths import conf_file
-from rakv.runtime.proposers import proposer_type
+from rakv.runtime.proposers import Proposer
 
 
 def k_set_from_text(text: str) -> list[int]:
@@ -204,10 +204,10 @@ class Controller:
                         alpha_before=self.alpha if alpha is None else alpha,
                         decision_s=time.perf_counter() - start, explored=explored)
 
-    def round_depth(self, proposer: str) -> RoundDepth | None:
-        """A per-round depth for one request with the named proposer (None: the option is off, or the proposer has
-        no match classes: it pays per candidate)."""
-        if not self.config.depth_per_round or not proposer_type(proposer).has_match_classes:
+    def round_depth(self, proposer: type[Proposer]) -> RoundDepth | None:
+        """A per-round depth for one request with this kind of proposer (None: the option is off, or the proposer
+        has no match classes: it pays per candidate)."""
+        if not self.config.depth_per_round or not proposer.has_match_classes:
             return None
         return RoundDepth(self.table, self.config.k_set, {c: t.alpha for c, t in self.by_match.items()},
                           self.config.depth_prior_rounds)

@@ -6,8 +6,9 @@ is not --field-name, e.g. --goodput, --memory-penalty, --no-draft-reuse), `metav
 Its default comes from `defaults` (conf/, the one source of default values: ServeOptions' conf/serving,
 ControllerConfig's conf/controller, EngineOptions' conf/config.yaml and conf/cache), else from the field itself;
 a field with neither is a required flag. The help ends with the default unless it is None or the help already
-names it. A bool is a switch: --name when its default is false, --no-name when it
-is true. The dataclass's own checks (its __post_init__) stay the one place values are validated.
+names it. A bool is a switch: --name (sets it) when its default is false, --no-name when it
+is true; a switch named --no-... always clears it. The dataclass's own checks (its __post_init__) stay the one
+place values are validated.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def add_flags(parser, cls: type, names: tuple[str, ...], defaults: Mapping | Non
         if kind is bool:
             if "flag" not in meta and default:
                 name = "--no-" + spec.name.replace("_", "-")
-            extra["action"] = "store_false" if default else "store_true"
+            # the flag's name says what it does: --no-x always switches x off, whatever conf's default is
+            extra["action"] = "store_false" if name.startswith("--no-") else "store_true"
         elif "parse" not in meta:
             extra["type"] = kind
         if isinstance(default, (list, tuple)):  # typed as a comma-separated list, read by `parse`

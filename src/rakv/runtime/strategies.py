@@ -21,6 +21,7 @@ from rakv.runtime.controller import Controller, Decision
 from rakv.runtime.costmodel import RequestFeatures
 from rakv.runtime.engine import Engine, RequestResult
 from rakv.runtime.errors import RakvError
+from rakv.runtime.proposers import Proposer
 
 if TYPE_CHECKING:
     from rakv.runtime.depth import RoundDepth
@@ -47,7 +48,7 @@ class Choice:
     decision: Decision | None = None
 
 
-def choose_action(strategy: str, hit: Hit, prompt_tokens: int, new_tokens: int, proposer: str,
+def choose_action(strategy: str, hit: Hit, prompt_tokens: int, new_tokens: int, proposer: type[Proposer],
                   controller: Controller | None = None, alpha: float | None = None) -> Choice:
     """The one place a request's action is chosen, for `rakv generate` (run_strategy) and `rakv serve` (admission,
     rakv.serving.admission): a fixed strategy's action, or the controller's decision for what the store's lookup
@@ -66,7 +67,7 @@ def run_strategy(engine: Engine, strategy: str, token_ids: list[int], new_tokens
     """Run one request; `run_kwargs` go to `Engine.run` (sampling, salt, ignore_eos, on_token, ...)."""
     start = time.perf_counter()
     hit = engine.peek(token_ids, run_kwargs.get("salt"))
-    choice = choose_action(strategy, hit, len(token_ids), new_tokens, engine.proposer, controller)
+    choice = choose_action(strategy, hit, len(token_ids), new_tokens, engine.proposer_type, controller)
     decision = choice.decision
     if decision is not None:
         decision.decision_s = time.perf_counter() - start

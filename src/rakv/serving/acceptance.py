@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rakv.runtime.cache import Hit
-from rakv.runtime.controller import AcceptanceTracker
+from rakv.runtime.controller import AcceptanceTracker, Controller
 from rakv.runtime.errors import RakvError
-from rakv.runtime.proposers import proposer_type
+from rakv.runtime.proposers import DraftModelProposer, Proposer
 from rakv.serving.replay import lookup_rounds
 from rakv.serving.request import ServedRequest
 
@@ -26,9 +26,9 @@ PRIOR_ROUNDS = 4.0  # weight of the EWMA against a prefix's own recorded rounds
 @dataclass
 class Acceptance:
     source: str = "ewma"  # a request's acceptance at admission: the EWMA across requests, or `prefix`-keyed
-    controller: object | None = None  # rakv.runtime.controller.Controller (rakv-asd): its tracker is the EWMA
+    controller: Controller | None = None  # rakv-asd's: its tracker is the EWMA
     tracker: AcceptanceTracker | None = None  # the EWMA to start from without a controller
-    proposer: str = "draft"  # the engine's proposer's name: whether its greedy rounds replay without speculating
+    proposer: type[Proposer] = DraftModelProposer  # the engine's kind: do its greedy rounds replay unspeculated
     k_by_iteration: tuple[int, ...] = ()  # the load-aware policy's depths (the deepest replays a k = 0 request)
 
     def __post_init__(self):
@@ -54,11 +54,10 @@ class Acceptance:
         (rakv.serving.replay.lookup_rounds: greedy acceptance is fixed by the output, so it is observed without
         speculating, and a k = 0 decision does not starve the estimate)."""
         log, empty = request.state.round_log, request.state.empty_rounds
-        replaying = proposer_type(self.proposer)
-        if log or empty or not request.sampling.greedy or not replaying.replays_rounds:
+        if log or empty or not request.sampling.greedy or not self.proposer.replays_rounds:
             return log, empty
         depth = max(self.k_by_iteration or (self.controller.config.k_set if self.controller else (4,)))
-        return lookup_rounds(replaying(), request.prompt, request.state.tokens, max(depth, 1))
+        return lookup_rounds(self.proposer(), request.prompt, request.state.tokens, max(depth, 1))
 
     @staticmethod
     def recorded(request: ServedRequest, log) -> tuple[float, float] | None:

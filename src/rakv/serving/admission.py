@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 from rakv.runtime.actions import ADAPTIVE
 from rakv.runtime.cache import Hit
+from rakv.runtime.controller import Controller
 from rakv.runtime.costmodel import tokens_per_round
-from rakv.runtime.proposers import proposer_type
+from rakv.runtime.proposers import DraftModelProposer, Proposer
 from rakv.runtime.strategies import check_strategy, choose_action
 from rakv.serving.acceptance import Acceptance
-from rakv.serving.batchcost import pass_features
+from rakv.serving.batchcost import ScaledCost, pass_features
 from rakv.serving.request import ServedRequest, Status
 
 
@@ -31,10 +32,10 @@ from rakv.serving.request import ServedRequest, Status
 class Admission:
     strategy: str
     acceptance: Acceptance
-    proposer: str = "draft"  # the engine's proposer's name (rakv.runtime.proposers: what its kind implies)
-    controller: object | None = None  # rakv.runtime.controller.Controller, for rakv-asd
+    proposer: type[Proposer] = DraftModelProposer  # the engine's kind of proposer (rakv.runtime.proposers)
+    controller: Controller | None = None  # for rakv-asd
     k_by_iteration: tuple[int, ...] = ()  # the load-aware policy's depths: k per iteration from these
-    cost: object | None = None  # rakv.serving.batchcost.ScaledCost: for the service prediction under load
+    cost: ScaledCost | None = None  # for the service prediction under load
     token_budget: int = 1 << 30  # rows per iteration (its prefill's chunks)
 
     def __post_init__(self):
@@ -59,7 +60,7 @@ class Admission:
             others += [typical] * max(int(round(running)) - 1 - len(others), 0)  # a burst's load, kept up
             decoding = [(len(r.tokens), r.action.k) for r in company if r.status == Status.RUNNING and r.decoding]
             ahead = sum(r.needed for r in company if r.status == Status.RUNNING and not r.decoding)
-            match = self.acceptance.tracker.match_rate if proposer_type(self.proposer).may_offer_none else 1.0
+            match = self.acceptance.tracker.match_rate if self.proposer.may_offer_none else 1.0
             predicted = service_prediction(self.cost, len(request.prompt) - reused, len(request.prompt),
                                            request.state.max_new_tokens, choice.action.k, alpha, match,
                                            others, self.token_budget, ahead, decoding)

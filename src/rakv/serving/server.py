@@ -242,9 +242,9 @@ def build_scheduler(engine: Engine, options: ServeOptions, controller: Controlle
     if options.itl_slo_ms is not None and batch_cost is None:
         raise RakvError("--itl-slo-ms needs the batch cost model")
     load_aware = options.speculation == "load-aware"
-    acceptance = Acceptance(options.acceptance, controller, tracker, engine.proposer,
+    acceptance = Acceptance(options.acceptance, controller, tracker, engine.proposer_type,
                             k_set if load_aware else ())
-    admission = Admission(options.strategy, acceptance, engine.proposer, controller, k_set if load_aware else (),
+    admission = Admission(options.strategy, acceptance, engine.proposer_type, controller, k_set if load_aware else (),
                           batch_cost, options.token_budget if options.chunking else 1 << 30)
     kv = KVManager(engine)
     policy = speculation_policy(options.speculation, batch_cost, acceptance.tracker, k_set)
@@ -357,8 +357,8 @@ def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, option
     """Serve a (validated) trace; writes out_dir/requests.jsonl, iterations.jsonl and summary.json; returns the summary.
     `parts`: the controller, acceptance EWMA and batch cost model `options` need (`serve_parts`); none: a fixed
     strategy without the batch cost model."""
+    arrivals = Arrivals(engine, trace, options.ignore_eos, options.sampling)  # before requests.jsonl is opened
     core = EngineCore.build(engine, options, parts, Path(out_dir))
-    arrivals = Arrivals(engine, trace, options.ignore_eos, options.sampling)
     bar = tqdm(total=len(trace), desc="serve", unit="req", disable=not progress, leave=False)
 
     def close(request: ServedRequest) -> None:
