@@ -17,9 +17,10 @@ from omegaconf import DictConfig
 
 from rakv.experiments.config import Configuration, configuration, engine_for, keep_calibration, prompts_for, results_dir
 from rakv.experiments.oracle import measurements
-from rakv.experiments.records import write_atomic, write_parquet
+from rakv.experiments.records import write_parquet
 from rakv.experiments.sensitivity import controlled_rows
 from rakv.experiments.study import run_main_study
+from rakv.experiments.summary import BreakEven, ControlledRun, Feasibility, write_feasibility
 from rakv.runtime.actions import Action
 from rakv.runtime.calibration import CalibrationPlan, load_or_calibrate
 from rakv.runtime.costmodel import break_even_rows
@@ -52,13 +53,13 @@ def run_feasibility(cfg: DictConfig) -> None:
     write_parquet(per_scenario, out_dir / "gap.parquet")
     pair = configuration(feas.configuration)
     calibration = json.loads((results_dir(cfg) / "calibration" / f"{pair.pair}-{pair.proposer}.json").read_text())
-    summary = {"status": "ran", "configuration": feas.configuration, "scenarios": len(table),
-               "gap_min": float(table.gap.min()), "gap_max": float(table.gap.max()),
-               "gap_mean": float(table.gap.mean()), "crossed": bool((table.gap < 0).any()),
-               "calibrated_alpha": calibration["acceptance"]}
-    write_atomic(out_dir / "summary.json", json.dumps(summary, indent=1))
-    print(f"feasibility: best k != 0 vs k = 0 gap {summary['gap_min']:+.1%} to {summary['gap_max']:+.1%} "
-          f"over {len(table)} scenarios; crossed: {summary['crossed']}", flush=True)
+    summary = Feasibility("ran", configuration=feas.configuration, scenarios=len(table),
+                          gap_min=float(table.gap.min()), gap_max=float(table.gap.max()),
+                          gap_mean=float(table.gap.mean()), crossed=bool((table.gap < 0).any()),
+                          calibrated_alpha=calibration["acceptance"])
+    write_feasibility(summary, out_dir)
+    print(f"feasibility: best k != 0 vs k = 0 gap {summary.gap_min:+.1%} to {summary.gap_max:+.1%} "
+          f"over {len(table)} scenarios; crossed: {summary.crossed}", flush=True)
 
 
 COST_SIDE = "cost side only: weights unavailable"
@@ -91,18 +92,19 @@ def run_cost_side(cfg: DictConfig, out_dir, reason: str) -> None:
     if controlled:
         write_parquet(controlled, out_dir / "controlled.parquet")
     errors = [abs(r["measured_speedup"] / r["predicted_speedup_at_measured_alpha"] - 1) for r in controlled]
-    summary = {"status": COST_SIDE, "configuration": feas.configuration, "reason": reason,
-               "note": "cost side only; acceptance needs the real weights",
-               "twin": twin_of(main_pair), "twins": [twin_of(p) for p in side.pairs], "break_even": rows,
-               "controlled": controlled,
-               "controlled_speedup_error_mean": sum(errors) / len(errors) if errors else None,
-               "controlled_speedup_error_max": max(errors) if errors else None}
-    write_atomic(out_dir / "summary.json", json.dumps(summary, indent=1))
-    for pair in summary["twins"]:
+    summary = Feasibility(COST_SIDE, configuration=feas.configuration, reason=reason,
+                          note="cost side only; acceptance needs the real weights",
+                          twin=twin_of(main_pair), twins=[twin_of(p) for p in side.pairs],
+                          break_even=[BreakEven(**r) for r in rows],
+                          controlled=[ControlledRun(**r) for r in controlled],
+                          controlled_speedup_error_mean=sum(errors) / len(errors) if errors else None,
+                          controlled_speedup_error_max=max(errors) if errors else None)
+    write_feasibility(summary, out_dir)
+    for pair in summary.twins:
         values = ", ".join(f"k={r['k']}: " + (f"{r['break_even_alpha']:.3f}" if r["break_even_alpha"] is not None
                                                else "never") for r in rows if r["pair"] == pair)
         print(f"feasibility (cost side) {pair}: break-even alpha {values}", flush=True)
     if errors:
         print(f"feasibility (cost side): controlled-acceptance speedup vs the model's, mean |error| "
-              f"{summary['controlled_speedup_error_mean']:.1%}, max {summary['controlled_speedup_error_max']:.1%} "
+              f"{summary.controlled_speedup_error_mean:.1%}, max {summary.controlled_speedup_error_max:.1%} "
               f"over {len(errors)} runs", flush=True)

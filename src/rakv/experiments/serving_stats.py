@@ -26,6 +26,7 @@ import pandas as pd
 from scipy import stats
 
 from rakv.experiments.summary import (
+    ALL_ITERATIONS,
     AcceptanceErrors,
     BatchBreakEven,
     Cell,
@@ -359,7 +360,8 @@ def iteration_mape(iterations: pd.DataFrame) -> dict:
     known["table"] = ((known.model_s - known.iteration_s).abs() / known.iteration_s) if has_model else np.nan
     known["shape"] = (known.prefill_context.map(lambda c: shape_class(None if pd.isna(c) else int(c)))
                       if "prefill_context" in known else "decode")
-    groups = [("all", known), *known.groupby("family"), *[(f"shape: {s}", g) for s, g in known.groupby("shape")]]
+    groups = [(ALL_ITERATIONS, known), *known.groupby("family"),
+              *[(f"shape: {s}", g) for s, g in known.groupby("shape")]]
     for name, part in groups:
         out[name] = {"scaled": t_interval(part.groupby("repeat").scaled.mean()),
                      "table": t_interval(part.groupby("repeat").table.mean()), "iterations": int(len(part))}

@@ -637,6 +637,15 @@ def read_summary(results: Path) -> Summary:
     return Summary.from_json(_read_json(path, str(path)), str(path))
 
 
+def write_feasibility(feasibility: Feasibility, out_dir: Path) -> Path:
+    """The feasibility stage's outcome, results/<name>/feasibility/summary.json, written through its record."""
+    from rakv.experiments.records import write_atomic
+
+    path = Path(out_dir) / "summary.json"
+    write_atomic(path, json.dumps(to_json(feasibility), indent=1))
+    return path
+
+
 def read_feasibility(results: Path) -> Feasibility:
     """results/<name>/feasibility/summary.json (the feasibility stage's outcome) as a Feasibility record;
     status "missing" where the stage has not run."""

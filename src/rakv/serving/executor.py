@@ -117,7 +117,7 @@ class Executor:
         slots = [self.kv.slot(w.request) for w in works]
         for slot in slots:
             if not slot.drafting:
-                slot.proposer.reset()  # a draft's first round feeds the whole context, as `start` does alone
+                slot.proposer.reset()  # a draft model's first round feeds the whole context, as `start` does alone
                 slot.drafting = True
         contexts = [w.request.tokens for w in works]
         offered, proposals = propose_batch([s.proposer for s in slots], contexts, [w.k for w in works],
