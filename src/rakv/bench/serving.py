@@ -5,7 +5,6 @@ overload run (the script's docstring says what each is and the goals).
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import statistics
@@ -23,6 +22,7 @@ from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
 from rakv.runtime.proposers import PromptLookupProposer
 from rakv.runtime.strategies import action_of
+from rakv.serving.records import read_records
 from rakv.serving.server import ServeOptions, serve
 from rakv.serving.trace import TraceRequest, generate_trace
 
@@ -39,8 +39,7 @@ def ours(pair, proposer, trace, strategy, c, budget, kv_mib) -> tuple[float, dic
         options = ServeOptions.default(strategy=strategy, token_budget=budget, max_batch=c, kv_budget_mib=kv_mib,
                                        ignore_eos=True)
         summary = serve(engine, trace, out, options, progress=False)
-        with open(f"{out}/requests.jsonl") as fh:
-            outputs = {r["id"]: r["token_ids"] for r in map(json.loads, fh)}
+        outputs = {r.id: r.token_ids for r in read_records(Path(out) / "requests.jsonl")}
     return summary["output_throughput"], summary, outputs
 
 

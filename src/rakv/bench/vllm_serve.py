@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rakv.runtime.errors import RakvError
 from rakv.runtime.workloads import dataset_texts
+from rakv.serving.records import read_records
 from rakv.serving.trace import generate_trace
 
 NAME = "SmolLM2-135M-Instruct"
@@ -116,9 +117,8 @@ def hits(engine: str, port: int, out: Path) -> tuple[float, float]:
     if engine == "vllm":
         return vllm_hit_rate(port)
     path = out / "rakv-server" / "requests.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    ok = [r for r in records if r["status"] == "ok"]
-    return float(sum(r["hit_tokens"] for r in ok)), float(sum(r["prompt_tokens"] for r in ok))
+    ok = [r for r in read_records(path) if r.ok]
+    return float(sum(r.hit_tokens for r in ok)), float(sum(r.prompt_tokens for r in ok))
 
 
 def vllm_version(args) -> str:

@@ -48,6 +48,7 @@ from rakv.runtime.errors import RakvError
 from rakv.runtime.proposers import Proposer
 from rakv.runtime.workloads import dataset_texts
 from rakv.serving.batchcost import load_or_calibrate_batch
+from rakv.serving.records import RequestRecord, read_records
 from rakv.serving.replay import lookup_rounds, outputs_alone
 from rakv.serving.server import CONF_FIELDS, ServeOptions, serve, serve_parts
 from rakv.serving.trace import generate_trace, read_trace, write_trace
@@ -239,11 +240,11 @@ def _run(cfg: DictConfig, out: Path) -> Path:
                             batch_cost=parts_of.batch_cost)
         summary = serve(engine, trace, target, options, parts, progress=False)
         reference = references[key]
-        lines = [json.loads(line) for line in (target / "requests.jsonl").read_text().splitlines()]
-        equal = sum(r["status"] == "ok" and r["token_ids"] == reference.get(r["id"]) for r in lines)
+        records = read_records(target / "requests.jsonl")
+        equal = sum(r.ok and r.token_ids == reference.get(r.id) for r in records)
         summary.update(outputs_equal_ar=equal, family=cell["family"], rate=cell["rate"], policy=cell["policy"],
                        repeat=repeat, configuration=cell["configuration"], wall_s=time.perf_counter() - started,
-                       concurrency=mean_concurrency(lines, summary["duration_s"]),
+                       concurrency=mean_concurrency(records, summary["duration_s"]),
                        slo_itl_ms=slos["itl"], slo_ttft_ms=slos["ttft"], slo_tpot_ms=slos["tpot"])
         write_atomic(target / "summary.json", json.dumps(summary, indent=1))
         write_atomic(target / "complete.json", json.dumps({"wall_s": summary["wall_s"]}))
@@ -252,15 +253,15 @@ def _run(cfg: DictConfig, out: Path) -> Path:
         print(f"serving: r{repeat} {cell['family']:<17} rate {cell['rate']:<5g} {cell['policy']:<22} "
               f"{summary['output_throughput']:6.1f} tok/s, p99 ITL {summary['p99_itl_ms'] or 0:7.1f} ms, "
               f"goodput {summary['goodput'] or 0:5.2f}/s, concurrency {summary['concurrency']:4.1f}, "
-              f"equal to AR {equal}/{len(lines)} "
+              f"equal to AR {equal}/{len(records)} "
               f"({summary['wall_s']:.0f} s; {finished}/{len(todo)}, about {left / 60:.0f} min left)", flush=True)
     return collect(cfg, out, {name: s.table for name, s in served.items()}, plan)
 
 
-def mean_concurrency(records: list[dict], duration_s: float) -> float:
+def mean_concurrency(records: list[RequestRecord], duration_s: float) -> float:
     """Requests in the system on average (Little's law: their summed times from arrival to last token over the
     run's duration)."""
-    spent = sum(r["e2el_s"] for r in records if r.get("e2el_s") is not None)
+    spent = sum(r.e2el_s for r in records if r.e2el_s is not None)
     return spent / duration_s if duration_s > 0 else 0.0
 
 
@@ -306,13 +307,13 @@ def _eta(out: Path, todo: int) -> str:
     return f"; about {todo * sum(done) / len(done) / 60:.0f} min left (the mean run so far)"
 
 
-def expost_regret(table, record: dict, k_set: tuple[int, ...], replaying: type[Proposer]) -> float | None:
+def expost_regret(table, record: RequestRecord, k_set: tuple[int, ...], replaying: type[Proposer]) -> float | None:
     """A prompt-lookup request's regret, judged after the fact: its output fixes, for every k, the rounds greedy
     speculation makes (rakv.serving.replay.lookup_rounds, with a fresh `replaying` proposer, one whose
     `replays_rounds`); the cost model with each k's own acceptance and match
     rate then prices every action, and the regret is the chosen action's estimate over the least one, minus 1."""
-    prompt, output = record["prompt_ids"], record["token_ids"]
-    features = RequestFeatures(len(prompt), record["hit_tokens"], len(output), record["hit_tokens"] == len(prompt))
+    prompt, output = record.prompt_ids, record.token_ids
+    features = RequestFeatures(len(prompt), record.hit_tokens, len(output), record.hit_tokens == len(prompt))
     estimates = {}
     for k in k_set:
         alpha, match = 0.0, 1.0
@@ -320,9 +321,9 @@ def expost_regret(table, record: dict, k_set: tuple[int, ...], replaying: type[P
             log, empty = lookup_rounds(replaying(), prompt, output, k)
             alpha = acceptance_estimate(log) or 0.0
             match = len(log) / max(len(log) + empty, 1)
-        for reuse in ((False, True) if record["hit_tokens"] else (False,)):
+        for reuse in ((False, True) if record.hit_tokens else (False,)):
             estimates[Action(reuse, k)] = estimate_latency(table, features, reuse, k, alpha, match_rate=match)
-    chosen = Action(bool(record["reuse"]), int(record["k"]))
+    chosen = Action(bool(record.reuse), int(record.k))
     if chosen not in estimates:
         return None
     return estimates[chosen] / min(estimates.values()) - 1
@@ -343,12 +344,12 @@ def collect(cfg: DictConfig, out: Path, tables: dict, plan: list[dict]) -> Path:
             key = dict(family=cell["family"], rate=cell["rate"], policy=cell["policy"], repeat=repeat,
                        configuration=cell["configuration"])
             replaying = configuration(cell["configuration"]).proposer_type
-            for line in (target / "requests.jsonl").read_text().splitlines():
-                record = json.loads(line)
-                row = {**key, **{k: v for k, v in record.items() if k not in ("token_ids", "prompt_ids", "text")}}
-                row["itl_s"] = json.dumps(record["itl_s"])
-                row["prefix_acceptance"] = json.dumps(record["prefix_acceptance"])
-                if replaying.replays_rounds and record["status"] == "ok" and cell["family"] == "acceptance":
+            for record in read_records(target / "requests.jsonl"):
+                line = record.to_json()
+                row = {**key, **{k: v for k, v in line.items() if k not in ("token_ids", "prompt_ids", "text")}}
+                row["itl_s"] = json.dumps(record.itl_s)
+                row["prefix_acceptance"] = json.dumps(record.prefix_acceptance)
+                if replaying.replays_rounds and record.ok and cell["family"] == "acceptance":
                     row["expost_regret"] = expost_regret(tables[cell["configuration"]], record, k_set, replaying)
                 requests.append(row)
             for line in (target / "iterations.jsonl").read_text().splitlines():

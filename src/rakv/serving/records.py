@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from rakv.runtime.errors import RakvError
 from rakv.serving.request import ServedRequest, Status
 
 
@@ -60,6 +61,24 @@ class RequestRecord:
     def to_json(self) -> dict:
         """The requests.jsonl line's object: every field, in declaration order."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, line: dict) -> RequestRecord:
+        return cls(**line)
+
+
+def read_records(path: Path) -> list[RequestRecord]:
+    """A requests.jsonl as its records (missing: none); a line of another shape stops with one line naming it."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            records.append(RequestRecord.from_json(json.loads(line)))
+        except (ValueError, TypeError) as exc:
+            raise RakvError(f"{path}:{number}: not a requests.jsonl record ({exc})") from None
+    return records
 
 
 def record_of(request: ServedRequest, text: str) -> RequestRecord:
