@@ -19,7 +19,8 @@ from rakv.runtime.actions import ADAPTIVE
 from rakv.runtime.calibration import calibration_for
 from rakv.runtime.controller import ControllerConfig
 from rakv.runtime.costmodel import CostTable
-from rakv.runtime.engine import PROPOSERS, Engine, open_engine
+from rakv.runtime.engine import PROPOSERS, Engine
+from rakv.runtime.engine_options import EngineOptions
 from rakv.runtime.errors import RakvError
 from rakv.runtime.kernels import effective_mode
 from rakv.runtime.models import PAIR_NAMES
@@ -64,9 +65,7 @@ def controller_config(cfg: DictConfig) -> ControllerConfig:
 
 
 def engine_for(cfg: DictConfig, configuration: Configuration) -> Engine:
-    return open_engine(configuration.pair, configuration.proposer, cache_budget_mib=cfg.cache.budget_mib,
-                       salt=cfg.cache.salt, device=cfg.device, dtype=cfg.dtype, threads=cfg.threads,
-                       kernels=cfg.kernels, reuse_draft=cfg.cache.reuse_draft)
+    return EngineOptions.from_config(cfg, configuration.pair, configuration.proposer).open()
 
 
 def cost_table_for(cfg: DictConfig, engine: Engine) -> CostTable:

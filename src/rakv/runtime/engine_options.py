@@ -32,12 +32,21 @@ class EngineOptions:
     threads: int | None = field(default=None, metadata={"help": "CPU threads (default: all cores)"})
 
     @staticmethod
-    def conf_defaults() -> dict:
-        """The defaults conf/ holds for these fields (the pipeline's and the store's), so the CLI and the stages
-        agree."""
-        pipeline, store = conf_file("config.yaml"), conf_file("cache/default.yaml")
+    def conf_fields(pipeline, store) -> dict:
+        """These fields' values in a pipeline config node (device, dtype, kernels) and its `cache` group's node."""
         return {"device": pipeline.device, "dtype": pipeline.dtype, "kernels": pipeline.kernels,
                 "salt": store.salt, "cache_budget_mib": store.budget_mib, "reuse_draft": store.reuse_draft}
+
+    @classmethod
+    def conf_defaults(cls) -> dict:
+        """The defaults conf/ holds for these fields (the pipeline's and the store's), so the CLI and the stages
+        agree."""
+        return cls.conf_fields(conf_file("config.yaml"), conf_file("cache/default.yaml"))
+
+    @classmethod
+    def from_config(cls, cfg, pair: str, proposer: str) -> EngineOptions:
+        """A stage's engine for one configuration, from the composed config (its overrides included)."""
+        return cls(pair=pair, proposer=proposer, threads=cfg.threads, **cls.conf_fields(cfg, cfg.cache))
 
     def open(self) -> Engine:
         return open_engine(self.pair, self.proposer, cache_budget_mib=self.cache_budget_mib, salt=self.salt,
