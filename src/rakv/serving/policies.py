@@ -28,9 +28,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rakv.runtime.controller import AcceptanceTracker
 from rakv.runtime.costmodel import tokens_per_round
 from rakv.runtime.errors import RakvError
-from rakv.serving.batchcost import pass_features
+from rakv.serving.batchcost import BatchCost, ScaledCost, pass_features
 from rakv.serving.request import ServedRequest
 
 
@@ -76,8 +77,8 @@ def most_goodput(k_set, rate: Callable[[int], float]) -> int:
 class Goodput:
     """SmartSpec: the batch's one k of most expected tokens per second (candidates `k_set`)."""
 
-    cost: object  # rakv.serving.batchcost.BatchCost
-    tracker: object  # rakv.runtime.controller.AcceptanceTracker: the acceptance and match rate across requests
+    cost: BatchCost | ScaledCost
+    tracker: AcceptanceTracker  # the acceptance and match rate across requests
     k_set: tuple[int, ...]
     name: str = "smartspec"
 
@@ -100,8 +101,8 @@ class LoadAware:
     """RAKV-ASD under load: each request's k (from `k_set`, at most its own) maximising the batch's expected tokens
     per second, with each request's own acceptance; two passes of coordinate ascent from all k = 0."""
 
-    cost: object  # rakv.serving.batchcost.BatchCost
-    tracker: object  # the match rate across requests (prompt lookup's empty rounds)
+    cost: BatchCost | ScaledCost
+    tracker: AcceptanceTracker  # the match rate across requests (prompt lookup's empty rounds)
     k_set: tuple[int, ...]
     name: str = "load-aware"
 
@@ -143,7 +144,7 @@ class SloBudget:
     shipped run). With no decode in the iteration no request is waiting for its next token, so the chunk is the
     token budget's."""
 
-    cost: object  # rakv.serving.batchcost.ScaledCost (or BatchCost)
+    cost: BatchCost | ScaledCost
     slo_s: float
     floor: int = 16
     headroom: float = 0.3
