@@ -197,27 +197,26 @@ def served_engine(args, options):
 
 
 def serve_over_http(args, options) -> None:
-    """rakv serve --http: the OpenAI-compatible endpoint (rakv.serving.http) until Ctrl-C or SIGTERM."""
-    import signal
+    """rakv serve --http: the OpenAI-compatible server (rakv.serving.http) until SIGTERM or Ctrl-C, then drained."""
     from pathlib import Path
 
-    from rakv.serving.http import parse_address, serve_http
+    from rakv.runtime.flags import flag_values
+    from rakv.serving.http import make_server, parse_address, serve_http
+    from rakv.serving.http_options import HTTP_FLAGS, HttpOptions
 
     address = parse_address(args.http)
+    http = HttpOptions(**flag_values(args, HttpOptions, HTTP_FLAGS))  # checked before the models load
     if args.check_alone:
         raise RakvError("--check-alone replays a trace; it does not apply to --http")
     engine, parts = served_engine(args, options)
     name = args.served_model_name or engine.pair.target.fingerprint.name
 
-    def interrupted(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupted)
-
     def ready(where):
-        print(f"rakv serve: {name} on http://{where[0]}:{where[1]}/v1 (Ctrl-C stops)", flush=True)
+        print(f"rakv serve: {name} on http://{where[0]}:{where[1]}/v1 (SIGTERM or Ctrl-C drains and stops)",
+              flush=True)
 
-    summary = serve_http(engine, options, address, name, Path(args.out) if args.out else None, parts, ready)
+    server = make_server(engine, options, address, name, Path(args.out) if args.out else None, parts, http, ready)
+    summary = serve_http(server)
     if summary is not None:
         print(json.dumps({k: summary[k] for k in SHOWN_SUMMARY if k in summary}))
 
@@ -345,6 +344,8 @@ def add_serve(srv) -> None:
     from rakv.runtime.engine_options import EngineOptions
     from rakv.runtime.flags import add_flags
     from rakv.runtime.paths import conf_file
+    from rakv.serving.http_options import HTTP_FLAGS, HttpOptions
+    from rakv.serving.http_options import conf_defaults as http_defaults
     from rakv.serving.server import ServeOptions
 
     serving = conf_file("serving/default.yaml")  # conf/: the one source of defaults
@@ -352,8 +353,8 @@ def add_serve(srv) -> None:
     source = srv.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", metavar="FILE.jsonl", help="replay a trace's arrivals")
     source.add_argument("--http", metavar="HOST:PORT",
-                        help="serve an OpenAI-compatible /v1/completions endpoint instead (docs/peers.md); "
-                             "bind to 127.0.0.1 unless the host is meant to be reachable")
+                        help="serve the OpenAI-compatible API instead (/v1/completions, /v1/chat/completions, "
+                             "/metrics; docs/serving.md); bind to 127.0.0.1 unless the host is meant to be reachable")
     srv.add_argument("--out", metavar="DIR", help="where requests.jsonl and summary.json go (required with --trace)")
     srv.add_argument("--served-model-name", default=None, help="--http: the model name clients ask for "
                                                                 "(default: the target's, e.g. SmolLM2-135M-Instruct)")
@@ -364,6 +365,7 @@ def add_serve(srv) -> None:
     add_flags(srv, Sampling, SAMPLING_FLAGS)
     add_flags(srv, ControllerConfig, CONTROLLER_FLAGS, vars(ControllerConfig.default()),
               hidden=CONTROLLER_FLAGS[1:])
+    add_flags(srv.add_argument_group("--http limits"), HttpOptions, HTTP_FLAGS, http_defaults())
     srv.add_argument("--no-calibrate", action="store_true", help="rakv-asd: fail rather than calibrate here")
     srv.add_argument("--quiet", action="store_true", help="no progress bar")
     add_engine_flags(srv, proposer=serving.proposer)

@@ -9,10 +9,18 @@ model's steps, `kept_candidates`, `accept_round`, `rollback_round` (crop, propos
 `select_token`. What is new is only that the forwards of several requests run together
 (`rakv.runtime.decoding.forward_rows`), whose kernels compute each row as they would alone (batch-invariant), so a
 greedy request's output is the one `rakv generate` gives it alone.
+
+A request's own part of an iteration (its admission's K/V and sampler, its acceptance, rollback and sampling) runs
+`alone`: if it raises, its output carries the error in one line (and the traceback goes to the log), the scheduler
+fails that request alone and the others go on. The shared part (proposals, the batched forward) has no one request
+to blame: an exception there leaves `execute`, and the caller fails the iteration's requests
+(rakv.serving.server.StepFailed).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -30,7 +38,9 @@ from rakv.runtime.proposers import propose_batch
 from rakv.serving.batchcost import PassFeatures, pass_features
 from rakv.serving.kv import KVManager, Slot
 from rakv.serving.request import ServedRequest
-from rakv.serving.scheduler import Step
+from rakv.serving.scheduler import Step, Work
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,6 +52,7 @@ class RequestOutput:
     round: tuple[int, int, bool] | None = None  # a speculative round: (verified, accepted, candidates offered)
     held_bytes: int = 0  # K/V it held at its peak in the iteration (before rollback), for its peak_kv_bytes
     draft_hit_tokens: int | None = None  # at admission: positions of the draft's K/V the store gave
+    error: str | None = None  # its part of the iteration raised: why, in one line (the scheduler fails it alone)
 
 
 @dataclass
@@ -64,26 +75,32 @@ class Executor:
     def execute(self, step: Step) -> StepOutput:
         """Admissions' K/V (store hits copied in), proposals, one batched target forward, then each request's
         acceptance and rollback."""
-        output = StepOutput(ks=[w.k for w in step.decodes])
+        output = StepOutput()
+        requests = output.requests
         for request in step.admitted:
-            output.requests[request.id] = self._allocate(request)
-        proposals = self._propose([w for w in step.decodes if w.k > 0])
+            requests[request.id] = alone(lambda r=request: self._allocate(r))
+        decodes = [w for w in step.decodes if w.request.id not in requests or not requests[w.request.id].error]
+        prefills = [w for w in step.prefills if w.request.id not in requests or not requests[w.request.id].error]
+        output.ks = [w.k for w in decodes]
+        proposals = self._propose([w for w in decodes if w.k > 0])
         segments = [self._segment(w.request, [w.request.tokens[-1], *(proposals[w.request.id][1] if w.k else [])],
-                                  0 if w.k else 1) for w in step.decodes]
+                                  0 if w.k else 1) for w in decodes]
         segments += [self._segment(w.request, w.request.tokens[w.request.computed:w.request.computed + w.rows], 1)
-                     for w in step.prefills]
+                     for w in prefills]
         output.features = pass_features([(int(s.ids.shape[0]), s.cache.get_seq_length()) for s in segments])
-        logits = self._forward(step.decodes, segments)
-        for work, rows in zip(step.decodes, logits):
-            output.requests[work.request.id] = self._close_decode(work, rows, proposals.get(work.request.id))
-        for work, rows in zip(step.prefills, logits[len(step.decodes):]):
-            output.requests[work.request.id] = self._close_prefill(work.request, rows)
+        logits = self._forward(decodes, segments)
+        for work, rows in zip(decodes, logits):
+            requests[work.request.id] = alone(lambda w=work, x=rows: self._close_decode(w, x,
+                                                                                  proposals.get(w.request.id)))
+        for work, rows in zip(prefills, logits[len(decodes):]):
+            requests[work.request.id] = alone(lambda w=work, x=rows: self._close_prefill(w.request, x))
         for request in step.admitted:  # (after any prefill chunk of theirs replaced their admission's output)
-            output.requests[request.id].draft_hit_tokens = self.kv.slot(request).draft_hit_tokens
+            if not requests[request.id].error:
+                requests[request.id].draft_hit_tokens = self.kv.slot(request).draft_hit_tokens
         output.rows = sum(int(s.ids.shape[0]) for s in segments)
         return output
 
-    def _forward(self, decodes, segments: list[Segment]) -> list[torch.Tensor]:
+    def _forward(self, decodes: list[Work], segments: list[Segment]) -> list[torch.Tensor]:
         """The one batched target forward; a proposer that drafts from the target's hidden states is given those of
         its request's decode rows (rakv.runtime.proposers.Proposer.needs_target_hidden), as alone."""
         if not segments:
@@ -154,3 +171,19 @@ class Executor:
         slot.last_logits = logits
         token = select_token(logits, request.sampling, slot.generator)
         return RequestOutput([token], slot.cache.get_seq_length(), None, cache_nbytes(slot.cache))
+
+
+def alone(work: Callable[[], RequestOutput]) -> RequestOutput:
+    """One request's part of an iteration; if it raises, an output carrying the error in one line (the traceback to
+    the log) instead: that request fails alone (Scheduler.update_from_output)."""
+    try:
+        return work()
+    except Exception as exc:  # any failure of one request's own work is that request's alone
+        log.exception("serving one request raised; it fails alone")
+        return RequestOutput(error=one_line(exc))
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as the one line a client is shown: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

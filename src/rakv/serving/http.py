@@ -1,354 +1,414 @@
-"""`rakv serve --http HOST:PORT`: an OpenAI-compatible completions endpoint on the engine step loop trace replay uses.
+"""`rakv serve --http HOST:PORT`: an OpenAI-compatible server on FastAPI + uvicorn, as vLLM and SGLang serve.
 
     rakv serve --pair smollm2 --http 127.0.0.1:8000 --out results/http
-    curl -s 127.0.0.1:8000/v1/completions -d '{"prompt": "def fib(n):", "max_tokens": 16, "stream": true}'
+    curl -s 127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
+        -d '{"prompt": "def fib(n):", "max_tokens": 16, "stream": true}'
 
-so that clients written elsewhere (vLLM's `vllm bench serve --backend openai`) drive this engine and vLLM alike.
+- `POST /v1/completions`, `POST /v1/chat/completions` (the model's chat template), streaming as server-sent events
+  (`stream_options.include_usage` as OpenAI's); the bodies are rakv.serving.protocol's pydantic models.
+- `GET /v1/models`, `GET /health` (200 while the engine runs; 503 draining or stopped), `GET /metrics`
+  (Prometheus, vLLM's names: rakv.serving.prometheus), `GET /openapi.json`, `GET /docs`.
 
-- `POST /v1/completions`: `prompt` (a string, or a list of token ids), `max_tokens` (16), `temperature` (the
-  server's --temperature when absent; 0 = greedy), `top_p`, `seed`, `stream`, `stream_options.include_usage`,
-  `ignore_eos` (vLLM's extension), `n` = 1; `model`, when given, must be the served name (--served-model-name).
-- `GET /v1/models`, `GET /health`.
-
-One thread runs the engine: between iterations it takes new requests and aborts from a queue, then runs one step
-(rakv.serving.server.step_once: schedule -> execute -> update_from_output) and hands each request's newly confirmed
-tokens to its handler's queue. Handler threads only parse, submit and write, so request state still changes in
-the scheduler alone. A malformed request is answered 400 without reaching the engine; one over the context or the
-K/V budget alone is refused by the scheduler (400); a client that goes away is aborted between iterations and its
-K/V freed; the other requests are served on. With --out, requests.jsonl grows as requests end and summary.json /
-iterations.jsonl are written when the server stops (Ctrl-C), as for a trace.
+Handlers only validate, tokenise, submit and stream: the engine thread (rakv.serving.engine_loop.EngineLoop) owns
+the scheduler. Every input is bounded before it reaches the engine (docs/serving.md, "Over HTTP"): the body's size
+(413), how long its head and body take to arrive (408 / closed), each field (400, one line, OpenAI's error shape),
+`max_tokens` and the prompt against the context (a string prompt too long to fit is refused before it is
+tokenised; tokenising runs in a worker thread on the handlers' own tokenizer, never under a lock the engine takes),
+the queue (429 with Retry-After), connections (503). A request whose serving raises ends alone with a 500; an engine
+that cannot go on answers 503 to everyone waiting and on /health. SIGTERM / Ctrl-C drains: new requests 503,
+running ones finish within --drain-s, then requests.jsonl is complete and summary.json written (with --out).
 """
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import json
-import queue
-import select
+import logging
 import socket
 import threading
 import time
-import uuid
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from pathlib import Path
 
-from rakv.runtime.decoding import DecodeState, Sampling
+import anyio
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
+from rakv.serving.engine_loop import END, EngineLoop, Live, Overloaded, Unavailable, finish_reason
+from rakv.serving.http_options import RETRY_AFTER_S, HttpOptions
+from rakv.serving.prometheus import CONTENT_TYPE, ServerMetrics
+from rakv.serving.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    Delta,
+    ErrorResponse,
+    Health,
+    ModelCard,
+    ModelList,
+    SamplingFields,
+    Usage,
+    error_body,
+)
 from rakv.serving.request import ServedRequest, Status
-from rakv.serving.server import EngineCore, ServeOptions, ServeParts
+from rakv.serving.server import ServeOptions, ServeParts
 
-DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
-IDLE_WAIT_S = 0.05  # how long the engine thread blocks on its inbox when nothing runs
+log = logging.getLogger(__name__)
 
-
-class BadRequest(ValueError):
-    """A request the endpoint answers 400 (or `status`) without it reaching the engine."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
+DISCONNECT_POLL_S = 0.5  # how often a waiting handler checks that its client is still there
+ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 408, 413, 429, 500, 503)}
+SSE = {200: {"content": {"text/event-stream": {}}}}
 
 
-@dataclass(frozen=True)
-class Completion:
-    """A parsed /v1/completions body."""
+class ApiError(HTTPException):
+    """An answer other than 200: its status and one line (rendered as OpenAI's error body)."""
 
-    prompt: str | list[int]
-    max_tokens: int
-    sampling: Sampling
-    stream: bool
-    include_usage: bool
-    ignore_eos: bool
+    def __init__(self, status: int, message: str, retry: bool = False):
+        super().__init__(status, message, {"Retry-After": str(RETRY_AFTER_S)} if retry else None)
 
 
-def parse_completion(body: bytes, served_name: str, default: Sampling, ignore_eos: bool) -> Completion:
-    """The body checked field by field: a BadRequest names the first thing wrong."""
-    try:
-        data = json.loads(body or b"{}")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"the body is not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise BadRequest("the body must be a JSON object")
-    if data.get("model") not in (None, served_name):
-        raise BadRequest(f"model '{data['model']}' is not served here; this server serves '{served_name}'", 404)
-    prompt = data.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, list):
-        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
-            raise BadRequest("prompt must be a non-empty string or a non-empty list of token ids (one prompt per "
-                             "request)")
-    elif not isinstance(prompt, str) or not prompt:
-        raise BadRequest("prompt must be a non-empty string or a non-empty list of token ids")
-    if data.get("n", 1) != 1 or data.get("best_of") not in (None, 1):
-        raise BadRequest("n and best_of must be 1 (one completion per request)")
-    for unsupported in ("stop", "logprobs", "suffix", "logit_bias"):
-        if data.get(unsupported) not in (None, [], 0, False, ""):
-            raise BadRequest(f"'{unsupported}' is not supported by this server")
-    if data.get("echo"):
-        raise BadRequest("'echo' is not supported by this server")
-    max_tokens = _number(data, "max_tokens", DEFAULT_MAX_TOKENS, int, lambda v: v >= 1, "an integer >= 1")
-    temperature = _number(data, "temperature", default.temperature, float, lambda v: v >= 0, "a number >= 0")
-    top_p = _number(data, "top_p", default.top_p, float, lambda v: 0 < v <= 1, "a number in (0, 1]")
-    seed = _number(data, "seed", default.seed, int, lambda v: True, "an integer")
-    stream_options = data.get("stream_options") or {}
-    if not isinstance(stream_options, dict):
-        raise BadRequest("stream_options must be an object")
-    return Completion(prompt, max_tokens, Sampling(temperature=temperature, top_p=top_p, seed=seed),
-                      bool(data.get("stream", False)), bool(stream_options.get("include_usage", False)),
-                      bool(data.get("ignore_eos", ignore_eos)))
+class Tokenizing:
+    """The handlers' side of the tokenizer: copies of their own, so that no handler ever waits on a lock the engine
+    thread takes. `encode_*` run in worker threads (one at a time: a fast tokenizer is not safe to share across
+    threads); `decode` in the event loop's thread only."""
+
+    def __init__(self, engine: Engine):
+        tokenizer = engine.pair.tokenizer
+        self.encoder, self.decoder = copy.deepcopy(tokenizer), copy.deepcopy(tokenizer)
+        self.lock = threading.Lock()
+        self.engine = engine
+        self.vocabulary = engine.pair.target.module.config.vocab_size
+        self.max_context = engine.pair.max_context
+        # a string longer than this has more tokens than the context: refused without tokenising it
+        self.max_chars = self.max_context * max(len(piece) for piece in tokenizer.get_vocab())
+
+    def completion(self, body: CompletionRequest) -> list[int]:
+        prompt = body.prompt
+        if isinstance(prompt, str):
+            self._check_chars(len(prompt))
+            with self.lock:
+                prompt = self.encoder.encode(prompt, add_special_tokens=False)
+        elif any(t >= self.vocabulary for t in prompt):
+            raise ApiError(400, f"prompt: a token id is outside the vocabulary of {self.vocabulary}")
+        return self._checked(list(prompt), body.new_tokens)
+
+    def chat(self, body: ChatCompletionRequest) -> list[int]:
+        if not getattr(self.encoder, "chat_template", None):
+            raise ApiError(400, "this model has no chat template; use /v1/completions")
+        self._check_chars(sum(len(m.text) for m in body.messages))
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in body.messages]
+        with self.lock:
+            ids = self.encoder.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return self._checked(list(ids["input_ids"] if hasattr(ids, "keys") else ids), body.new_tokens)
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.decoder.decode(tokens, skip_special_tokens=True)
+
+    def _check_chars(self, chars: int) -> None:
+        if chars > self.max_chars:
+            raise ApiError(400, f"the prompt ({chars} characters) is longer than the context of {self.max_context} "
+                                "tokens can hold")
+
+    def _checked(self, prompt: list[int], new_tokens: int) -> list[int]:
+        try:
+            self.engine.check_lengths(len(prompt), new_tokens)
+        except RakvError as exc:
+            raise ApiError(400, str(exc)) from None
+        return prompt
 
 
-def _number(data: dict, key: str, default, kind, ok, wanted: str):
-    value = data.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-        raise BadRequest(f"{key} must be {wanted}, got {json.dumps(value)}")
-    value = kind(value)
-    if not ok(value):
-        raise BadRequest(f"{key} must be {wanted}, got {json.dumps(value)}")
-    return value
+class Limits:
+    """ASGI middleware: a body larger than the limit is refused 413 (by its Content-Length before a byte is read, or
+    as it arrives), and a body that does not arrive within the read timeout 408."""
+
+    def __init__(self, app, max_bytes: int, read_timeout_s: float):
+        self.app, self.max_bytes, self.read_timeout_s = app, max_bytes, read_timeout_s
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length", b"0")
+        if length.isdigit() and int(length) > self.max_bytes:
+            return await self._refuse(send, 413, f"the body ({int(length)} bytes) is over {self.max_bytes} bytes")
+        received, complete, deadline = 0, False, time.monotonic() + self.read_timeout_s
+
+        async def limited():
+            nonlocal received, complete
+            if complete:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise ApiError(408, f"the body did not arrive within {self.read_timeout_s:g} s") from None
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise ApiError(413, f"the body is over {self.max_bytes} bytes")
+                complete = not message.get("more_body", False)
+            return message
+
+        await self.app(scope, limited, send)
+
+    @staticmethod
+    async def _refuse(send, status: int, message: str):
+        await JSONResponse(error_body(status, message), status)(
+            {"type": "http"}, None, send)
+
+
+def head_timeout_protocol(read_timeout_s: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with one more timeout: a connection must send a whole request head within
+    `read_timeout_s` of connecting or of its previous answer, else it is closed (uvicorn itself only times out a
+    kept-alive connection that sends nothing, so a client trickling a head byte by byte would hold a connection)."""
+
+    class HeadTimeout(H11Protocol):
+        timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self):
+            self._arm()
+            super().on_response_complete()  # (a pipelined request's head may complete here: disarmed again)
+
+        def handle_events(self):
+            super().handle_events()
+            if self.cycle is not None and not self.cycle.response_complete and self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+
+        def connection_lost(self, exc):
+            if self.timer is not None:
+                self.timer.cancel()
+            super().connection_lost(exc)
+
+        def _arm(self):
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = self.loop.call_later(read_timeout_s, self._expire)
+
+        def _expire(self):
+            if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+                self.transport.close()
+
+    return HeadTimeout
 
 
 @dataclass
-class Live:
-    """A request in flight and the queue its handler reads: ("tokens", n confirmed so far) then ("end", request)."""
+class Api:
+    """What the routes share: the engine loop, the handlers' tokenizer, the served name, the defaults."""
 
-    request: ServedRequest
-    events: queue.Queue = field(default_factory=queue.Queue)
-    sent: int = 0
-
-
-class EngineLoop:
-    """The engine thread: requests in through `submit`, aborts through `abort`, tokens out through each Live's queue.
-    The engine itself is trace replay's (rakv.serving.server.EngineCore), set up the same way."""
-
-    def __init__(self, engine: Engine, options: ServeOptions, out: Path | None, parts: ServeParts | None):
-        self.engine, self.options = engine, options
-        self.core = EngineCore.build(engine, options, parts, out)
-        self.scheduler = self.core.scheduler
-        self.inbox: queue.Queue = queue.Queue()
-        self.live: dict[str, Live] = {}
-        self.stopping = threading.Event()
-        self.tokenizer_lock = threading.Lock()  # one fast tokenizer, used from the handlers' threads and this one
-
-    def encode(self, text: str) -> list[int]:
-        with self.tokenizer_lock:
-            return self.engine.encode(text)
-
-    def decode(self, tokens: list[int]) -> str:
-        with self.tokenizer_lock:
-            return self.engine.pair.tokenizer.decode(tokens, skip_special_tokens=True)
-
-    def now(self) -> float:
-        return self.core.now()
-
-    def submit(self, completion: Completion) -> Live:
-        """A new request (tokenised and length-checked here, in the handler's thread): refused at once if bad."""
-        now = self.now()
-        state = DecodeState(completion.max_tokens, self.engine.pair.eos_token_id, completion.ignore_eos)
-        request = ServedRequest(id=f"cmpl-{uuid.uuid4().hex[:16]}", arrival_s=now, prompt=[], state=state,
-                                sampling=completion.sampling)
-        live = Live(request)
-        try:
-            prompt = completion.prompt
-            request.prompt = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            vocabulary = self.engine.pair.target.module.config.vocab_size
-            if any(t >= vocabulary for t in request.prompt):
-                raise RakvError(f"a prompt token id is outside the vocabulary of {vocabulary}")
-            self.engine.check_lengths(len(request.prompt), completion.max_tokens)
-        except RakvError as exc:
-            request.refuse(str(exc), now)
-            self._close(live)
-            return live
-        self.inbox.put(("submit", live))
-        return live
-
-    def abort(self, live: Live) -> None:
-        self.inbox.put(("abort", live))
-
-    def run(self) -> None:
-        """Until `stopping`: take what arrived, then one engine step; block briefly on the inbox when idle."""
-        while not self.stopping.is_set():
-            self._drain(block=not self.core.busy)
-            if not self.core.busy:
-                continue
-            done = self.core.step(self.now())
-            for request in done.step.refused:
-                self._close(self.live.pop(request.id))
-            if done.output is None:
-                continue
-            for request_id in done.output.requests:
-                live = self.live.get(request_id)
-                if live is not None and len(live.request.state.tokens) > live.sent:
-                    live.sent = len(live.request.state.tokens)
-                    live.events.put(("tokens", live.sent))
-            for request in done.finished:
-                self._close(self.live.pop(request.id))
-
-    def _drain(self, block: bool) -> None:
-        try:
-            item = self.inbox.get(timeout=IDLE_WAIT_S) if block else self.inbox.get_nowait()
-            while True:
-                kind, live = item
-                if kind == "submit":
-                    self.live[live.request.id] = live
-                    self.scheduler.waiting.append(live.request)
-                elif live.request.id in self.live:  # an abort of a request still in flight
-                    self.scheduler.abort(self.live.pop(live.request.id).request, "the client went away", self.now())
-                    self._close(live)
-                item = self.inbox.get_nowait()
-        except queue.Empty:
-            return
-
-    def _close(self, live: Live) -> None:
-        request = live.request
-        self.core.close(request, self.decode(request.state.tokens))
-        live.events.put(("end", request))
-
-    def finish(self) -> dict | None:
-        """After the engine thread stopped: summary.json and iterations.jsonl (with --out)."""
-        return self.core.finish([])
-
-
-def finish_reason(request: ServedRequest, eos: int | None) -> str:
-    tokens = request.state.tokens
-    return "stop" if (not request.state.ignore_eos and tokens and eos is not None and tokens[-1] == eos) else "length"
-
-
-class Handler(BaseHTTPRequestHandler):
-    """One connection's requests (ThreadingHTTPServer: a thread each)."""
-
-    server_version = "rakv"
-    protocol_version = "HTTP/1.1"
-    loop: EngineLoop  # set on the subclass `make_server` builds
+    loop: EngineLoop
+    tokenizing: Tokenizing
     served_name: str
+    options: ServeOptions
 
-    def log_message(self, format, *args) -> None:  # quiet: a line per request would swamp a benchmark's output
-        pass
+    def check_model(self, model: str | None) -> None:
+        if model not in (None, self.served_name):
+            raise ApiError(404, f"model '{model}' is not served here; this server serves '{self.served_name}'")
 
-    def do_GET(self) -> None:
-        if self.path == "/health":
-            self._json(200, {"status": "ok"})
-        elif self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": self.served_name, "object": "model",
-                                                          "owned_by": "rakv", "max_model_len":
-                                                              self.loop.engine.pair.max_context}]})
-        else:
-            self._error(404, f"no route {self.path}")
+    async def generate(self, http: Request, body: SamplingFields, prompt: list[int], chat: bool):
+        """Submit, then answer: the whole completion, or a stream once the first event is in. A request refused or
+        failed before its first token is answered with its status instead."""
+        served = self.loop.new_request(prompt, body.new_tokens, body.sampling(self.options.sampling),
+                                       body.stops_at_eos(self.options.ignore_eos), "chatcmpl" if chat else "cmpl")
+        events: asyncio.Queue = asyncio.Queue()
+        running = asyncio.get_running_loop()
 
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if self.path != "/v1/completions":
-            self._error(404, f"no route {self.path} (this server has /v1/completions)")
-            return
-        try:
-            completion = parse_completion(body, self.served_name, self.loop.options.sampling,
-                                          self.loop.options.ignore_eos)
-        except BadRequest as exc:
-            self._error(exc.status, str(exc))
-            return
-        live = self.loop.submit(completion)
-        try:
-            if completion.stream:
-                self._stream(live, completion)
-            else:
-                self._complete(live)
-        except (BrokenPipeError, ConnectionResetError):
-            self.loop.abort(live)
-
-    def _next_event(self, live: Live):
-        """The next event of this request; None once the client has gone (it is then aborted)."""
-        while True:
+        def notify(event):  # from the engine thread
             try:
-                return live.events.get(timeout=0.5)
-            except queue.Empty:
-                if self._client_gone():
-                    self.loop.abort(live)
-                    return None
+                running.call_soon_threadsafe(events.put_nowait, event)
+            except RuntimeError:  # the event loop has closed: the server stopped, nobody is waiting
+                pass
 
-    def _client_gone(self) -> bool:
-        readable, _, _ = select.select([self.connection], [], [], 0)
-        if not readable:
-            return False
         try:
-            return self.connection.recv(1, socket.MSG_PEEK) == b""
-        except OSError:
-            return True
-
-    def _complete(self, live: Live) -> None:
-        while (event := self._next_event(live)) is not None and event[0] != "end":
-            pass
-        if event is None:
-            return
-        request = live.request
-        if request.status != Status.FINISHED:
-            self._error(400, request.error or "refused")
-            return
-        choice = {"index": 0, "text": self.loop.decode(request.state.tokens), "logprobs": None,
-                  "finish_reason": finish_reason(request, self.loop.engine.pair.eos_token_id)}
-        self._json(200, self._envelope(request, [choice]) | {"usage": self._usage(request)})
-
-    def _stream(self, live: Live, completion: Completion) -> None:
-        """Server-sent events: a chunk per iteration that confirmed text, one with the finish reason, the usage
-        (if asked), then [DONE]. A refusal before the first byte is a plain 400."""
-        request, shown, started = live.request, "", False
-        while (event := self._next_event(live)) is not None:
-            if event[0] == "end" and request.status != Status.FINISHED and not started:
-                self._error(400, request.error or "refused")
-                return
-            if not started:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Cache-Control", "no-cache")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                started = True
-            text = self.loop.decode(request.state.tokens[:event[1]] if event[0] == "tokens" else request.state.tokens)
-            if event[0] == "tokens" and text.endswith("\ufffd"):
-                continue  # a multi-byte character cut in two: wait for its other half
-            if len(text) > len(shown):
-                self._event(self._envelope(request, [{"index": 0, "text": text[len(shown):], "logprobs": None,
-                                                      "finish_reason": None}]))
-                shown = text
-            if event[0] == "end":
-                reason = finish_reason(request, self.loop.engine.pair.eos_token_id) \
-                    if request.status == Status.FINISHED else "abort"
-                self._event(self._envelope(request, [{"index": 0, "text": "", "logprobs": None,
-                                                      "finish_reason": reason}]))
-                if completion.include_usage:
-                    self._event(self._envelope(request, []) | {"usage": self._usage(request)})
-                self.wfile.write(b"data: [DONE]\n\n")
-                self.wfile.flush()
-                self.close_connection = True
-                return
-
-    def _envelope(self, request: ServedRequest, choices: list) -> dict:
-        return {"id": request.id, "object": "text_completion", "created": int(time.time()), "model": self.served_name,
-                "choices": choices}
+            live = self.loop.submit(served, notify)
+        except Overloaded as exc:
+            raise ApiError(429, str(exc), retry=True) from None
+        except Unavailable as exc:
+            raise ApiError(503, str(exc), retry=True) from None
+        try:
+            event = await self.next_event(http, events)
+            while event is not None and not body.stream and event[0] != END:
+                event = await self.next_event(http, events)
+        except BaseException:  # cancelled: the client went away (or the server is stopping)
+            self.loop.abort(live)
+            raise
+        if event is None:  # the client went away
+            self.loop.abort(live)
+            return Response(status_code=499)
+        if event[0] == END and served.status != Status.FINISHED:
+            raise self.unfinished(served)
+        if not body.stream:
+            return self.whole(served, chat)
+        stream = Stream(self, live, events, chat, body.include_usage)
+        return StreamingResponse(stream.events(event), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
 
     @staticmethod
-    def _usage(request: ServedRequest) -> dict:
-        prompt, completion = len(request.prompt), len(request.state.tokens)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    async def next_event(http: Request, events: asyncio.Queue):
+        """The request's next event; None once its client has gone."""
+        while True:
+            try:
+                return await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+            except TimeoutError:
+                if await http.is_disconnected():
+                    return None
 
-    def _event(self, payload: dict) -> None:
-        self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
-        self.wfile.flush()
+    def unfinished(self, served: ServedRequest) -> ApiError:
+        """The answer to a request that ended without finishing."""
+        reason = served.error or "not served"
+        if served.status == Status.REFUSED:
+            return ApiError(400, reason)
+        if served.status == Status.FAILED and self.loop.dead is None:
+            return ApiError(500, reason)
+        return ApiError(503, reason, retry=True)  # the engine stopped, or the server is stopping
 
-    def _json(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    def whole(self, served: ServedRequest, chat: bool):
+        text, reason, usage = self.tokenizing.decode(served.state.tokens), finish_reason(served), usage_of(served)
+        if chat:
+            return ChatCompletionResponse(id=served.id, model=self.served_name, usage=usage, choices=[
+                ChatChoice(message=AssistantMessage(content=text), finish_reason=reason)])
+        return CompletionResponse(id=served.id, model=self.served_name, usage=usage,
+                                  choices=[CompletionChoice(text=text, finish_reason=reason)])
 
-    def _error(self, status: int, message: str) -> None:
-        kind = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "Error")
-        self._json(status, {"error": {"message": message, "type": kind, "code": status}})
+
+@dataclass
+class Stream:
+    """One request's server-sent events: a chunk per iteration that confirmed text, one with the finish reason, the
+    usage (if asked), then [DONE]. A client that goes away mid-stream is aborted (its K/V freed)."""
+
+    api: Api
+    live: Live
+    queue: asyncio.Queue
+    chat: bool
+    include_usage: bool
+
+    async def events(self, event):
+        served, shown, ended = self.live.request, "", False
+        try:
+            if self.chat:
+                yield self.chunk(Delta(role="assistant", content=""))
+            while True:
+                upto = len(served.state.tokens) if event[0] == END else event[1]
+                text = self.api.tokenizing.decode(served.state.tokens[:upto])
+                if len(text) > len(shown) and (event[0] == END or not text.endswith("\ufffd")):  # (half a character)
+                    yield self.chunk(Delta(content=text[len(shown):]) if self.chat else text[len(shown):])
+                    shown = text
+                if event[0] == END:
+                    ended = True
+                    async for line in self.closing(served):
+                        yield line
+                    return
+                event = await self.queue.get()
+        finally:
+            if not ended:  # the client went away, or the server is stopping: the engine drops it
+                self.api.loop.abort(self.live)
+
+    async def closing(self, served: ServedRequest):
+        if served.status != Status.FINISHED:
+            error = self.api.unfinished(served)
+            yield sse(error_body(error.status_code, error.detail))
+        reason = finish_reason(served) or "abort"
+        yield self.chunk(Delta() if self.chat else "", reason)
+        if self.include_usage:
+            usage = usage_of(served)
+            envelope = ChatCompletionChunk(id=served.id, model=self.api.served_name, choices=[], usage=usage) \
+                if self.chat else CompletionResponse(id=served.id, model=self.api.served_name, choices=[],
+                                                     usage=usage)
+            yield sse(envelope.model_dump())
+        yield b"data: [DONE]\n\n"
+
+    def chunk(self, content, reason: str | None = None) -> bytes:
+        served, name = self.live.request, self.api.served_name
+        if self.chat:
+            return sse(ChatCompletionChunk(id=served.id, model=name, choices=[
+                ChatChunkChoice(delta=content, finish_reason=reason)]).model_dump(exclude_none=True))
+        return sse(CompletionResponse(id=served.id, model=name, choices=[
+            CompletionChoice(text=content, finish_reason=reason)]).model_dump(exclude={"usage"}))
+
+
+def sse(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def usage_of(served: ServedRequest) -> Usage:
+    prompt, completion = len(served.prompt), len(served.state.tokens)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def build_app(api: Api, metrics: ServerMetrics, http: HttpOptions) -> FastAPI:
+    """The routes, the error shape and the body limits around one engine loop."""
+    app = FastAPI(title="rakv serve", summary="RAKV-ASD's OpenAI-compatible server", version="1")
+    app.add_middleware(Limits, max_bytes=http.max_body_bytes, read_timeout_s=http.read_timeout_s)
+    add_error_handlers(app)
+
+    @app.post("/v1/completions", response_model=CompletionResponse, responses={**ERRORS, **SSE})
+    async def completions(body: CompletionRequest, request: Request):
+        api.check_model(body.model)
+        prompt = await anyio.to_thread.run_sync(api.tokenizing.completion, body)
+        return await api.generate(request, body, prompt, chat=False)
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses={**ERRORS, **SSE})
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        api.check_model(body.model)
+        prompt = await anyio.to_thread.run_sync(api.tokenizing.chat, body)
+        return await api.generate(request, body, prompt, chat=True)
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def models():
+        return ModelList(data=[ModelCard(id=api.served_name, max_model_len=api.tokenizing.max_context)])
+
+    @app.get("/health", response_model=Health, responses={503: {"model": Health}})
+    async def health():
+        status, reason = api.loop.health()
+        return JSONResponse(Health(status=status, reason=reason).model_dump(), 200 if status == "ok" else 503)
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    return app
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every answer other than 200 in OpenAI's error shape, with one line of message."""
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        if first.get("type") == "json_invalid":
+            return JSONResponse(error_body(400, "the body is not valid JSON"), 400)
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+        return JSONResponse(error_body(400, f"{where}: {message}" if where else message, where or None), 400)
+
+    @app.exception_handler(HTTPException)
+    async def answered(request: Request, exc: HTTPException):
+        headers, message = dict(exc.headers or {}), str(exc.detail)
+        if exc.status_code in (404, 405) and message in ("Not Found", "Method Not Allowed"):
+            message = f"no route {request.method} {request.url.path}"
+        if exc.status_code == 408:
+            headers["Connection"] = "close"  # a slow client: its connection goes
+        return JSONResponse(error_body(exc.status_code, message), exc.status_code, headers=headers)
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, exc: Exception):
+        log.exception("a handler raised")
+        return JSONResponse(error_body(500, f"{type(exc).__name__}: {exc}"), 500)
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -358,33 +418,62 @@ def parse_address(text: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+class HttpServer(uvicorn.Server):
+    """uvicorn's server around the app and its engine loop: the engine starts with it, SIGTERM / Ctrl-C begin the
+    drain (new requests 503 while running ones finish), and `serve_http` stops the engine after it."""
+
+    def __init__(self, config: uvicorn.Config, loop: EngineLoop, listening: socket.socket, ready=None):
+        super().__init__(config)
+        self.engine_loop, self.listening, self.ready = loop, listening, ready
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.listening.getsockname()[:2]
+
+    def handle_exit(self, sig, frame) -> None:
+        self.engine_loop.draining = True
+        super().handle_exit(sig, frame)
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.ready is not None and self.started:
+            self.ready(self.address)
+
+
 def make_server(engine: Engine, options: ServeOptions, address: tuple[str, int], served_name: str,
-                out: Path | None = None, parts: ServeParts | None = None) -> tuple[ThreadingHTTPServer, EngineLoop]:
-    """The HTTP server and its engine loop (neither started: `serve_http` runs both; tests drive them)."""
-    loop = EngineLoop(engine, options, out, parts)
-    handler = type("BoundHandler", (Handler,), {"loop": loop, "served_name": served_name})
+                out: Path | None = None, parts: ServeParts | None = None, http: HttpOptions | None = None,
+                ready=None) -> HttpServer:
+    """The server and its engine loop, neither started (`serve_http` runs both; tests run them in a thread)."""
+    http = http or HttpOptions.default()
+    metrics = ServerMetrics(served_name)
+    loop = EngineLoop(engine, options, out, parts, http.max_waiting, metrics)
+    app = build_app(Api(loop, Tokenizing(engine), served_name, options), metrics, http)
+    config = uvicorn.Config(app, host=address[0], port=address[1], http=head_timeout_protocol(http.read_timeout_s),
+                            limit_concurrency=http.max_connections, timeout_keep_alive=http.idle_timeout_s,
+                            timeout_graceful_shutdown=http.drain_s, log_level="warning", access_log=False,
+                            lifespan="off")
+    return HttpServer(config, loop, listen(address), ready)
+
+
+def listen(address: tuple[str, int]) -> socket.socket:
+    """The listening socket, bound here so that a taken port is one line before anything starts (port 0: a free
+    one, `HttpServer.address` says which)."""
     try:
-        server = ThreadingHTTPServer(address, handler)
+        sock = socket.create_server(address, family=socket.AF_INET6 if ":" in address[0] else socket.AF_INET,
+                                    reuse_port=False)
     except OSError as exc:
         raise RakvError(f"cannot listen on {address[0]}:{address[1]}: {exc.strerror or exc}") from None
-    server.daemon_threads = True
-    return server, loop
+    sock.set_inheritable(True)
+    return sock
 
 
-def serve_http(engine: Engine, options: ServeOptions, address: tuple[str, int], served_name: str,
-               out: Path | None = None, parts: ServeParts | None = None, ready=None) -> dict | None:
-    """Serve until interrupted (Ctrl-C / SIGTERM via KeyboardInterrupt); returns the summary with --out."""
-    server, loop = make_server(engine, options, address, served_name, out, parts)
-    engine_thread = threading.Thread(target=loop.run, name="rakv-engine", daemon=True)
-    engine_thread.start()
-    if ready is not None:
-        ready(server.server_address)
+def serve_http(server: HttpServer) -> dict | None:
+    """Serve until SIGTERM / Ctrl-C (then drain: new requests 503, running ones finish within --drain-s); then the
+    engine stops, what is left is aborted and recorded, and the summary is returned (with --out)."""
+    server.engine_loop.start()
     try:
-        server.serve_forever(poll_interval=0.2)
-    except KeyboardInterrupt:
-        pass
+        server.run(sockets=[server.listening])
     finally:
-        server.server_close()
-        loop.stopping.set()
-        engine_thread.join()
-    return loop.finish()
+        server.engine_loop.stop()
+        server.listening.close()
+    return server.engine_loop.finish()

@@ -108,7 +108,7 @@ class KVManager:
         """Drop its K/V; a preempted request's prompt logits are kept (a recompute does not produce them again), so
         its prompt is still stored when it completes; an aborted request's go too."""
         slot = self.slots.pop(request.id, None)
-        if request.status == Status.ABORTED:
+        if request.status in (Status.ABORTED, Status.FAILED):
             self.kept_prompt_logits.pop(request.id, None)
         elif slot is not None and slot.prompt_logits is not None and not request.state.finished:
             self.kept_prompt_logits[request.id] = slot.prompt_logits

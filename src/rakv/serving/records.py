@@ -14,6 +14,10 @@ from pathlib import Path
 from rakv.runtime.errors import RakvError
 from rakv.serving.request import ServedRequest, Status
 
+STATUS_NAMES = {Status.FINISHED: "ok", Status.REFUSED: "refused", Status.ABORTED: "aborted",
+                Status.FAILED: "failed"}
+"""A record's `status` for each way a request leaves the engine."""
+
 
 @dataclass(frozen=True)
 class RequestRecord:
@@ -21,8 +25,8 @@ class RequestRecord:
     for a request that did not finish."""
 
     id: str
-    status: str  # ok, refused or aborted
-    error: str | None  # why it was refused or aborted
+    status: str  # ok, refused, aborted or failed
+    error: str | None  # why it was refused, aborted or failed
     prompt_tokens: int
     hit_tokens: int  # prompt positions whose K/V came from the prefix store
     draft_hit_tokens: int  # of those, positions whose draft-model K/V came from the store too
@@ -89,7 +93,7 @@ def record_of(request: ServedRequest, text: str) -> RequestRecord:
     ttft = times[0] - request.arrival_s if ok and times else None
     e2el = request.finished_s - request.arrival_s if ok else None
     return RequestRecord(
-        id=request.id, status={Status.FINISHED: "ok", Status.ABORTED: "aborted"}.get(request.status, "refused"),
+        id=request.id, status=STATUS_NAMES[request.status],
         error=request.error, prompt_tokens=len(request.prompt), hit_tokens=request.hit_tokens,
         draft_hit_tokens=request.draft_hit_tokens, new_tokens=len(state.tokens), token_ids=state.tokens, text=text,
         arrival_s=request.arrival_s, ttft_s=ttft,

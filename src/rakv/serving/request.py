@@ -14,7 +14,8 @@ from one place (docs/serving.md):
     refuse    status, error                            Scheduler.schedule (too large alone), serve's arrival
     advance   output tokens, round counts, computed    Scheduler.update_from_output (rakv.serving.scheduler)
     finish    status, finish time, realised acceptance Scheduler.update_from_output
-    abort     status, error, finish time               Scheduler.abort (its client went away)
+    abort     status, error, finish time               Scheduler.abort (its client went away, the server stopped)
+    fail      status, error, finish time               Scheduler.fail (serving it raised: it alone ends)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Status(IntEnum):
     FINISHED = 2
     REFUSED = 3  # bad request (empty, longer than the context or the K/V budget): refused alone
     ABORTED = 4  # its client went away (rakv serve --http): dropped where it was, its K/V freed
+    FAILED = 5  # serving it raised (rakv.serving.executor): it ends with the error, its K/V freed; the others go on
 
 
 @dataclass
@@ -135,6 +137,10 @@ class ServedRequest:
     def abort(self, reason: str, now: float) -> None:
         assert self.status in (Status.WAITING, Status.RUNNING), f"request {self.id}: aborted while {self.status.name}"
         self.status, self.error, self.finished_s = Status.ABORTED, reason, now
+
+    def fail(self, reason: str, now: float) -> None:
+        assert self.status in (Status.WAITING, Status.RUNNING), f"request {self.id}: failed while {self.status.name}"
+        self.status, self.error, self.finished_s = Status.FAILED, reason, now
 
     def finish(self, now: float, realised_alpha: float | None = None) -> None:
         assert self.status == Status.RUNNING and self.state.finished, f"request {self.id}: finished too early"

@@ -108,6 +108,7 @@ class Step:
     admitted: list[ServedRequest] = field(default_factory=list)  # the executor copies their store hit in first
     preempted: list[ServedRequest] = field(default_factory=list)  # their K/V already dropped (recomputed later)
     refused: list[ServedRequest] = field(default_factory=list)  # larger than the K/V budget on their own
+    failed: list[ServedRequest] = field(default_factory=list)  # serving them raised (update_from_output): K/V freed
     at_s: float = 0.0  # when it was planned (the scheduler's clock): its iteration ran from then to its output
 
     @property
@@ -275,14 +276,29 @@ class Scheduler:
         request.abort(reason, now)
         self.kv.free(request)  # (a preempted one's kept logits too)
 
+    def fail(self, request: ServedRequest, reason: str, now: float) -> None:
+        """Serving this request raised (an iteration's work for it, or the whole iteration it was in): it ends with
+        the reason and its K/V is freed, nothing of it goes into the store; the other requests go on."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.fail(reason, now)
+        self.kv.free(request)
+
     def update_from_output(self, step: Step, output: Outputs, now: float) -> list[ServedRequest]:
         """Apply an iteration's output (rakv.serving.executor.StepOutput): each request it touched advances (tokens,
-        rounds, computed positions); a finished one leaves the running set, its K/V goes into the store and is
-        freed, and its rounds teach the acceptance estimate. Returns the requests finished, in admission order."""
+        rounds, computed positions), or fails alone if its part raised (into `step.failed`); a finished one leaves the
+        running set, its K/V goes into the store and is freed, and its rounds teach the acceptance estimate. Returns
+        the requests finished, in admission order."""
         touched = {r.id: r for r in step.admitted + [w.request for w in step.decodes + step.prefills]}
         assert set(output.requests) == set(touched), "the output does not answer the step's requests"
         for request_id, result in output.requests.items():
             request = touched[request_id]
+            if result.error is not None:  # its own part of the iteration raised (rakv.serving.executor)
+                self.fail(request, result.error, now)
+                step.failed.append(request)
+                continue
             prefilling = not request.state.tokens
             request.advance(result, now)
             if prefilling and request.state.tokens:  # its prompt is computed: shared from now, as vLLM's blocks are

@@ -32,7 +32,7 @@ from rakv.runtime.strategies import check_strategy
 from rakv.serving.acceptance import ACCEPTANCE_SOURCES, Acceptance
 from rakv.serving.admission import Admission
 from rakv.serving.batchcost import BatchCost, ScaledCost, load_or_calibrate_batch
-from rakv.serving.executor import Executor, StepOutput
+from rakv.serving.executor import Executor, StepOutput, one_line
 from rakv.serving.kv import KVManager
 from rakv.serving.metrics import parse_goodput, summarize
 from rakv.serving.policies import MODEL_POLICIES, SloBudget, speculation_policy
@@ -266,6 +266,15 @@ class Iteration:
     record: dict | None = None
 
 
+class StepFailed(RuntimeError):
+    """An iteration's shared part (its proposals, the batched forward) raised: no one request to blame, so the
+    requests it ran are failed (EngineCore.fail_step); `step` is its plan."""
+
+    def __init__(self, step: Step, cause: BaseException):
+        super().__init__(one_line(cause))
+        self.step = step
+
+
 def step_once(scheduler: Scheduler, executor: Executor, start: float, now: float,
               batch_cost: ScaledCost | None) -> Iteration:
     """One engine step, the same for trace replay and the HTTP endpoint: schedule -> execute -> update_from_output
@@ -275,7 +284,10 @@ def step_once(scheduler: Scheduler, executor: Executor, start: float, now: float
     scheduled = time.perf_counter()
     if step.idle:
         return Iteration(step)
-    output = executor.execute(step)
+    try:
+        output = executor.execute(step)
+    except Exception as exc:
+        raise StepFailed(step, exc) from exc
     ended = time.perf_counter()
     finished = scheduler.update_from_output(step, output, ended - start)
     record = iteration_record(ended - start, step, output, scheduler.running + finished, scheduler.held_bytes,
@@ -330,6 +342,15 @@ class EngineCore:
             self.iterations.append(done.record)
         return done
 
+    def fail_step(self, failure: StepFailed, now: float) -> list[ServedRequest]:
+        """An iteration raised in its shared part: each request it ran fails (its K/V freed), the others go on."""
+        step = failure.step
+        ran = {r.id: r for r in step.admitted + [w.request for w in step.decodes + step.prefills]}
+        failed = [r for r in ran.values() if r.status in (Status.RUNNING, Status.WAITING)]
+        for request in failed:
+            self.scheduler.fail(request, f"the iteration serving it failed: {failure}", now)
+        return failed
+
     def close(self, request: ServedRequest, text: str) -> RequestRecord:
         """A request left the engine (finished, refused or aborted): its record, on disk before the next step."""
         record = record_of(request, text)
@@ -374,7 +395,7 @@ def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, option
             for request in arrivals.due(now):
                 close(request) if request.status == Status.REFUSED else core.scheduler.waiting.append(request)
             done = core.step(now)
-            for request in done.step.refused:
+            for request in done.step.refused + done.step.failed:
                 close(request)
             if done.output is None:  # nothing to run yet: wait for the next arrival
                 if not core.busy and arrivals.next_s() is not None:
