@@ -26,9 +26,10 @@ class HttpOptions:
         "requests queued beyond the running ones; beyond that a request is refused 429 with Retry-After")})
     max_connections: int = field(metadata={"metavar": "N", "help": "open connections at most; beyond that 503"})
     idle_timeout_s: float = field(metadata={"metavar": "S", "help": (
-        "a connection that sends nothing for this long (before or between requests) is closed")})
+        "a kept-alive connection that sends nothing for this long after an answer is closed")})
     read_timeout_s: float = field(metadata={"metavar": "S", "help": (
-        "a request's head and body must arrive within this (slow clients: 408 and the connection closed)")})
+        "a request's head (from connecting, or from the previous answer) and its body must each arrive within this; "
+        "else the connection is closed (a body: 408)")})
     drain_s: float = field(metadata={"metavar": "S", "help": (
         "on SIGTERM or Ctrl-C, running requests get this long to finish while new ones get 503")})
 
