@@ -16,7 +16,6 @@ from pathlib import Path
 
 from rakv.runtime.errors import RakvError
 from rakv.runtime.workloads import dataset_texts
-from rakv.serving.records import read_records
 from rakv.serving.trace import generate_trace
 
 NAME = "SmolLM2-135M-Instruct"
@@ -69,8 +68,10 @@ def client(port: int, dataset: Path, rate: float, args, out: Path, label: str) -
     return json.loads((out / f"{label}.json").read_text())
 
 
-def vllm_hit_rate(port: int) -> tuple[float, float]:
-    """(hit tokens, queried tokens) of vLLM's prefix cache so far, from its Prometheus counters."""
+def prefix_cache_counts(port: int) -> tuple[float, float]:
+    """(hit tokens, queried tokens) of the server's prefix cache so far, from its Prometheus counters under vLLM's
+    names, which rakv serve --http exports too (rakv.serving.prometheus: counted as each request ends, so when the
+    client returns all of its requests are in)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
 
     def counter(name: str) -> float:
@@ -99,9 +100,9 @@ def run_engine(engine: str, port: int, loads: dict, args, out: Path) -> dict[str
         for label, (prompts, rate) in loads.items():
             dataset = out / f"{label}.jsonl"
             dataset.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-            before = hits(engine, port, out)
+            before = prefix_cache_counts(port)
             result = client(port, dataset, rate, args, out, f"{engine}-{label}")
-            after = hits(engine, port, out)
+            after = prefix_cache_counts(port)
             queried = after[1] - before[1]
             result["prefix_hit_rate"] = (after[0] - before[0]) / queried if queried else None
             results[label] = result
@@ -109,16 +110,6 @@ def run_engine(engine: str, port: int, loads: dict, args, out: Path) -> dict[str
         server.terminate()
         server.wait(timeout=120)
     return results
-
-
-def hits(engine: str, port: int, out: Path) -> tuple[float, float]:
-    """(prompt tokens reused, prompt tokens) so far: vLLM's counters, or our server's requests.jsonl (a line per
-    request as it ends: when the client returns, all of its requests are in)."""
-    if engine == "vllm":
-        return vllm_hit_rate(port)
-    path = out / "rakv-server" / "requests.jsonl"
-    ok = [r for r in read_records(path) if r.ok]
-    return float(sum(r.hit_tokens for r in ok)), float(sum(r.prompt_tokens for r in ok))
 
 
 def vllm_version(args) -> str:
