@@ -10,7 +10,12 @@
     server.py     ServeOptions (each field also a flag), ServeParts, EngineCore (the engine's one set-up and step,
                   for trace replay and HTTP), the trace-replay loop serve(), summary.json
     records.py    RequestRecord: a served request's requests.jsonl line, typed; its fsynced writer
-    http.py       rakv serve --http: the OpenAI-compatible endpoint on the same EngineCore
+    engine_loop.py  rakv serve --http's engine thread: the scheduler's one owner, guarded (a fault fails its requests
+                  alone; an engine that cannot go on answers 503), the bounded queue, the drain
+    protocol.py   the OpenAI-compatible API's bodies as pydantic models: every field typed and bounded
+    http.py       rakv serve --http: the FastAPI routes, the body and slow-client limits, uvicorn, SSE streaming
+    http_options.py  the HTTP server's limits (flags; conf/serving/default.yaml) and the fields' bounds
+    prometheus.py GET /metrics: Prometheus metrics under vLLM's names
     metrics.py    summary.json's statistics, under vLLM benchmark_serving's names
     policies.py   speculation under load: k per decoding request (per-request, disable-by-batch-size, k-by-batch)
     batchcost.py  the batch cost model: what one iteration costs, measured on this machine
