@@ -22,9 +22,11 @@ running ones finish within --drain-s, then requests.jsonl is complete and summar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import logging
+import signal
 import socket
 import threading
 import time
@@ -392,6 +394,8 @@ def add_error_handlers(app: FastAPI) -> None:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         if first.get("type") == "json_invalid":
             return JSONResponse(error_body(400, "the body is not valid JSON"), 400)
+        if tuple(first.get("loc", ())) == ("body",):
+            return JSONResponse(error_body(400, "the body must be a JSON object, sent as application/json"), 400)
         where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
         message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
         return JSONResponse(error_body(400, f"{where}: {message}" if where else message, where or None), 400)
@@ -467,12 +471,29 @@ def listen(address: tuple[str, int]) -> socket.socket:
     return sock
 
 
+@contextlib.contextmanager
+def signals_kept():
+    """SIGTERM and SIGINT handled by uvicorn while it serves (the drain), and by nothing after: uvicorn raises the
+    signal again once it has stopped, for the handler that was there before it, which would kill the process before
+    the engine stops and the summary is written. (In a thread other than the main one, uvicorn leaves signals be.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def serve_http(server: HttpServer) -> dict | None:
     """Serve until SIGTERM / Ctrl-C (then drain: new requests 503, running ones finish within --drain-s); then the
     engine stops, what is left is aborted and recorded, and the summary is returned (with --out)."""
     server.engine_loop.start()
     try:
-        server.run(sockets=[server.listening])
+        with signals_kept():
+            server.run(sockets=[server.listening])
     finally:
         server.engine_loop.stop()
         server.listening.close()
