@@ -22,6 +22,7 @@ import fcntl
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from functools import cache
@@ -104,7 +105,12 @@ def native():
         with open(folder / "rakv.flock", "w") as held:
             fcntl.flock(held, fcntl.LOCK_EX)
             (folder / "lock").unlink(missing_ok=True)
-            return load(name="rakv_kernels", sources=[str(_SOURCE)], build_directory=str(folder),
+            # compiled from a copy in the folder: the build's command names the copy, the same from every checkout
+            # of this source (another checkout's path would make ninja compile again, and again on returning)
+            source = folder / _SOURCE.name
+            if not source.exists() or source.read_bytes() != _SOURCE.read_bytes():
+                shutil.copyfile(_SOURCE, source)
+            return load(name="rakv_kernels", sources=[str(source)], build_directory=str(folder),
                         extra_cflags=["-O3", f"-march={target_arch()}", "-fopenmp", "-ffp-contract=off"],
                         verbose=False)
     except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:

@@ -149,10 +149,10 @@ class EngineLoop:
         log.error("an iteration failed (%d in a row): %s", in_a_row, failure, exc_info=failure.__cause__)
         if self.metrics is not None:
             self.metrics.failed_iterations.inc()
+        if in_a_row >= MAX_FAILED_ITERATIONS:  # (before any request is told: they are told the engine stopped)
+            raise RuntimeError(f"{in_a_row} iterations failed in a row, the last: {failure}")
         for request in self.core.fail_step(failure, self.core.now()):
             self._close(self.live.pop(request.id))
-        if in_a_row >= MAX_FAILED_ITERATIONS:
-            raise RuntimeError(f"{in_a_row} iterations failed in a row, the last: {failure}")
 
     def _take(self, block: bool) -> None:
         try:

@@ -394,7 +394,7 @@ def add_error_handlers(app: FastAPI) -> None:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         if first.get("type") == "json_invalid":
             return JSONResponse(error_body(400, "the body is not valid JSON"), 400)
-        if tuple(first.get("loc", ())) == ("body",):
+        if first.get("type") in ("model_attributes_type", "dict_type"):
             return JSONResponse(error_body(400, "the body must be a JSON object, sent as application/json"), 400)
         where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
         message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
