@@ -91,8 +91,13 @@ def print_figures(tally, generated: int, bad: list, final: dict, wall_s: float) 
     print(f"{'  sent and answered or timed out':<40} {tally.sent}")
     print(f"{'  max_tokens capped to ' + str(CAP_TOKENS):<40} {tally.capped}  (generated values in "
           f"({CAP_TOKENS}, context]; beyond the context sent as generated)")
-    for status, count in sorted(tally.statuses.items(), key=lambda item: str(item[0])):
-        print(f"{'  status ' + str(status):<40} {count}")
+    print(f"{'  answered':<40} {'positive':>9} {'negative':>9} {'total':>7}")
+    for status in sorted({status for _, status in tally.statuses}, key=str):
+        counts = [tally.statuses[mode, status] for mode in ("positive", "negative")]
+        print(f"{'  ' + str(status):<40} {counts[0]:>9} {counts[1]:>9} {sum(counts):>7}")
+    print("  positive data refused, by reason (the schema admits what the server refuses):")
+    for (status, reason), count in tally.refusals.most_common(8):
+        print(f"    {count:>5} x {status} {reason}")
     print(f"{'5xx other than 503 with Retry-After':<40} {len(tally.server_errors)}")
     print(f"{'hung (no answer within ' + format(TIMEOUT_S, 'g') + ' s)':<40} {len(tally.hung)}")
     print(f"{'dropped (closed without an answer)':<40} {len(tally.dropped)}")

@@ -55,7 +55,8 @@ def checks() -> list:
 class Tally:
     """What the fuzzed requests got. Lists hold one line per fault (with a reproducer where schemathesis gives one)."""
 
-    statuses: Counter = field(default_factory=Counter)
+    statuses: Counter = field(default_factory=Counter)  # (mode, status or "hung" / "dropped") -> requests
+    refusals: Counter = field(default_factory=Counter)  # positive data refused 4xx: (status, message) -> requests
     server_errors: list[str] = field(default_factory=list)  # 5xx other than 503-with-Retry-After
     hung: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
@@ -125,20 +126,20 @@ def cap(case, max_context: int) -> bool:
 
 def send(case, base_url: str, session: requests.Session, tally: Tally) -> None:
     """One case: sent, its answer checked and tallied."""
-    where = f"{case.method} {case.path}"
+    where, mode = f"{case.method} {case.path}", case.meta.generation.mode.value
     try:
         response = case.call(base_url=base_url, session=session, timeout=TIMEOUT_S)
     except requests.Timeout:
-        return record(tally, "hung", f"{where}: no answer within {TIMEOUT_S:g} s: {case.as_curl_command()}")
+        return record(tally, mode, "hung", f"{where}: no answer within {TIMEOUT_S:g} s: {case.as_curl_command()}")
     except requests.RequestException as exc:
-        return record(tally, "dropped", f"{where}: {type(exc).__name__}: {exc}")
+        return record(tally, mode, "dropped", f"{where}: {type(exc).__name__}: {exc}")
     status = response.status_code
     faults = []
     if status >= 500 and not (status == 503 and "retry-after" in response.headers):  # (lowercase keys)
         faults.append(("server_errors", f"{where} -> {status} {response.text[:200]}: {case.as_curl_command()}"))
     try:
         case.validate_response(response, checks=checks())
-    except Exception as exc:  # schemathesis's FailureGroup: the failures and a curl command
+    except (schemathesis.errors.FailureGroup, Exception) as exc:  # (a BaseExceptionGroup): the failures, a curl
         faults.append(("nonconforming", f"{where} -> {status}: {' '.join(str(exc).split())[:600]}"))
     answered = None
     if status == 200 and case.method.upper() == "POST":
@@ -147,18 +148,29 @@ def send(case, base_url: str, session: requests.Session, tally: Tally) -> None:
             faults.append(("nonconforming", f"{where} -> 200: {problem}: {case.as_curl_command()}"))
     with tally.lock:
         tally.sent += 1
-        tally.statuses[status] += 1
+        tally.statuses[mode, status] += 1
+        if mode == "positive" and 400 <= status < 500:
+            tally.refusals[status, refusal(response)] += 1
         if answered:
             tally.answered.append(answered)
         for kind, line in faults:
             getattr(tally, kind).append(line)
 
 
-def record(tally: Tally, kind: str, line: str) -> None:
+def record(tally: Tally, mode: str, kind: str, line: str) -> None:
     with tally.lock:
         tally.sent += 1
-        tally.statuses[kind] += 1
+        tally.statuses[mode, kind] += 1
         getattr(tally, kind).append(line)
+
+
+def refusal(response) -> str:
+    """An error answer's message, its values blanked (so that refusals group by reason)."""
+    try:
+        message = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return response.text[:80]
+    return re.sub(r"'[^']*'|\d+", "_", message)[:100]
 
 
 def answer_id(response) -> tuple[str | None, str | None]:
