@@ -1,7 +1,7 @@
 """Fuzz `rakv serve --http` (docs/serving.md, "Over HTTP"): schemathesis over the server's own OpenAPI schema, then
 the bad inputs sent raw, then a drain and the records checked.
 
-    PYTHONPATH=src .venv/bin/python scripts/fuzz_http.py [--examples 1000] [--concurrency 4] [--out DIR]
+    .venv/bin/python scripts/fuzz_http.py [--examples 1000] [--concurrency 4] [--out DIR]
 
 Starts `rakv serve --pair tiny --strategy joint-k2 --http 127.0.0.1:0 --out DIR/server` as a subprocess, then:
 1. >= --examples property-based requests over every operation of its /openapi.json (positive and negative data;
