@@ -176,7 +176,11 @@ def refusal(response) -> str:
 def answer_id(response) -> tuple[str | None, str | None]:
     """A 200 completion's id, and what is wrong with it (a stream: every event JSON, the last [DONE])."""
     if not response.headers.get("content-type", [""])[0].startswith("text/event-stream"):  # (lists of values)
-        return response.json().get("id"), None
+        try:
+            body = response.json()
+        except ValueError:
+            return None, "the body is not JSON"
+        return (body.get("id") if isinstance(body, dict) else None), None
     events = [block[len("data: "):] for block in response.text.split("\n\n") if block.strip()]
     if not events or events[-1] != "[DONE]":
         return None, "the stream does not end with data: [DONE]"
