@@ -2,12 +2,16 @@
 schemathesis's property-based requests over the server's own OpenAPI schema, positive and negative data, get no 5xx
 but a 503 with Retry-After, none hangs, every answer conforms to the schema, /health stays 200, and requests.jsonl
 has one line per request that reached the engine; the bad inputs of docs/serving.md are each refused 4xx (or, a
-malformed HTTP head, closed) with the server still serving after each."""
+malformed HTTP head, closed) with the server still serving after each; a real SIGTERM drains, writes the summary,
+and is not raised again once the server has stopped (uvicorn does that by default, which ended the process first)."""
 
+import os
+import signal
 import threading
 import time
 
 import pytest
+import requests
 
 from rakv.bench.fuzz_http import (
     bad_input_requests,
@@ -78,3 +82,32 @@ def test_the_bad_inputs_are_refused_and_the_server_serves_after_each(served):
     assert [r.name for r, _ in results] == list(bad_input_requests())
     assert [(r.name, r.outcome, r.served_after) for r, ok in results if not ok] == []
     assert health(url) == 200
+
+
+def test_a_real_sigterm_drains_writes_the_summary_and_is_not_raised_again(tiny_pair, tmp_path):
+    """serve_http in the main thread, as `rakv serve --http` runs it (uvicorn installs its signal handlers there only);
+    a SIGTERM the process gets must end in the drain, not in the signal raised again after it."""
+    raised_again = []
+    previous = signal.signal(signal.SIGTERM, lambda sig, frame: raised_again.append(sig))
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30))
+    server = make_server(engine, ServeOptions.default(strategy="joint-k2", max_batch=4), ("127.0.0.1", 0), "tiny",
+                         tmp_path, http=HttpOptions.default())
+    answers = []
+
+    def client():
+        while not server.started:
+            time.sleep(0.02)
+        url = "http://{}:{}".format(*server.address)
+        answers.append(requests.post(f"{url}/v1/completions", json={"prompt": "def f(x):", "max_tokens": 4},
+                                     timeout=60).status_code)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=client, daemon=True)
+    thread.start()
+    try:
+        summary = serve_http(server)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    thread.join(10)
+    assert answers == [200] and raised_again == []
+    assert summary is not None and summary["completed"] == 1 and (tmp_path / "summary.json").exists()
