@@ -284,7 +284,7 @@ def test_request_bodies_are_checked_field_by_field():
     assert CompletionRequest.model_validate({"prompt": [[5, 6]]}).prompt == [5, 6]
     for body, message in [({"prompt": "x", "max_tokens": 1.5}, "max_tokens"), ({"prompt": "x", "top_p": 0}, "top_p"),
                           ({"prompt": "x", "seed": True}, "seed"), ({"prompt": [True]}, "prompt"),
-                          ({"prompt": "x", "echo": True}, "echo"), ({"prompt": ["a", "b"]}, "one prompt"),
+                          ({"prompt": "x", "echo": True}, "echo"), ({"prompt": ["a", "b"]}, "at most 1 item"),
                           ({"prompt": "x", "temperature": float("inf")}, "temperature"),
                           ({"prompt": "x", "seed": -(1 << 63) - 1}, "seed")]:
         with pytest.raises(ValueError, match=message):

@@ -47,6 +47,7 @@ from rakv.serving.engine_loop import END, EngineLoop, Live, Overloaded, Unavaila
 from rakv.serving.http_options import RETRY_AFTER_S, HttpOptions
 from rakv.serving.prometheus import CONTENT_TYPE, ServerMetrics
 from rakv.serving.protocol import (
+    UNION_RULES,
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -396,8 +397,14 @@ def add_error_handlers(app: FastAPI) -> None:
             return JSONResponse(error_body(400, "the body is not valid JSON"), 400)
         if first.get("type") in ("model_attributes_type", "dict_type"):
             return JSONResponse(error_body(400, "the body must be a JSON object, sent as application/json"), 400)
-        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-        message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+        loc = [part for part in first.get("loc", ()) if part != "body"]
+        union = next((i for i, part in enumerate(loc) if part in UNION_RULES), None)
+        if union is not None and union + 1 < len(loc):  # a union's member failed: say what the field must be
+            loc = loc[:union + 1]
+            message = f"must be {UNION_RULES[loc[-1]]}"
+        else:
+            message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+        where = ".".join(str(part) for part in loc)
         return JSONResponse(error_body(400, f"{where}: {message}" if where else message, where or None), 400)
 
     @app.exception_handler(HTTPException)

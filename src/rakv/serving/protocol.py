@@ -22,11 +22,18 @@ from rakv.serving.http_options import MAX_TEMPERATURE, MIN_TEMPERATURE, SEED_RAN
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 
 TokenId = Annotated[int, Field(strict=True, ge=0)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+Text = Annotated[str, Field(strict=True, min_length=1)]
 Temperature = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0, le=MAX_TEMPERATURE, description=(
     f"0 is greedy; otherwise in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}]"))]
 TopP = Annotated[float, Field(strict=True, allow_inf_nan=False, gt=0, le=1)]
 Seed = Annotated[int, Field(strict=True, ge=SEED_RANGE[0], le=SEED_RANGE[1])]
 MaxTokens = Annotated[int, Field(strict=True, ge=1)]
+
+# what a field whose type is a union must be: a failed union's own errors name its members, not the rule
+UNION_RULES = {"prompt": "a non-empty string or a non-empty list of token ids (integers >= 0), or a list of one of "
+                         "either",
+               "content": "a string or a list of {\"type\": \"text\", \"text\": ...} parts"}
 
 # OpenAI fields this server does not implement: refused when given a value other than their no-op default
 UNSUPPORTED = ("stop", "logprobs", "top_logprobs", "suffix", "logit_bias", "echo", "tools", "tool_choice",
@@ -85,18 +92,14 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     """POST /v1/completions: one prompt (a string or token ids; a batch of one is taken as its prompt)."""
 
-    prompt: StrictStr | list[TokenId] | list[StrictStr] | list[list[TokenId]]
+    prompt: Text | TokenIds | Annotated[list[Text], Field(min_length=1, max_length=1)] | \
+        Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
     max_tokens: MaxTokens = DEFAULT_MAX_TOKENS
 
     @model_validator(mode="after")
     def one_prompt(self):
-        prompt = self.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise ValueError("prompt: one prompt per request (a batch of one at most)")
-            self.prompt = prompt = prompt[0]
-        if not prompt:
-            raise ValueError("prompt must be a non-empty string or a non-empty list of token ids")
+        if isinstance(self.prompt, list) and isinstance(self.prompt[0], (str, list)):  # a batch of one: its prompt
+            self.prompt = self.prompt[0]
         return self
 
     @property
