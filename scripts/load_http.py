@@ -109,6 +109,9 @@ def print_load(args, run: LoadRun) -> dict[str, bool]:
           f"{run.idle.get('vllm:num_requests_running')}, waiting {run.idle.get('vllm:num_requests_waiting')}")
     print(f"  RSS after {args.warmup_s:.0f} s: {r.rss_mib[0]:.0f}-{r.rss_mib[1]:.0f} MiB (spread {r.rss_spread:.1%}); "
           f"at rest before {r.before.rss_mib:.0f}, after {r.after.rss_mib:.0f} MiB")
+    minutes = {int(s.at_s // 60): s.rss_mib for s in samples}  # the last sample of each minute
+    print("  RSS at the end of each minute: " + ", ".join(f"{m + 1}: {v:.0f}" for m, v in sorted(minutes.items()))
+          + " MiB")
     print(f"  threads {r.before.threads} before, {r.peak.threads} at most, {r.after.threads} after; sockets "
           f"{r.before.sockets} / {r.peak.sockets} / {r.after.sockets}; fds {r.before.fds} / {r.peak.fds} / "
           f"{r.after.fds}")

@@ -147,7 +147,7 @@ def scrape(url: str) -> dict[str, float]:
 
 
 class Sampler:
-    """A thread looking at the server every `every_s` while the load runs (samples.jsonl beside the records)."""
+    """A thread looking at the server every `every_s` while the load runs (OUT/samples.jsonl, beside the records)."""
 
     def __init__(self, server: ServerProcess, every_s: float):
         self.server, self.every_s = server, every_s
@@ -164,16 +164,17 @@ class Sampler:
     def __exit__(self, *exc) -> None:
         self.stopping.set()
         self.thread.join()
-        with (self.server.out / "samples.jsonl").open("w") as fh:
-            fh.writelines(json.dumps(asdict(s)) + "\n" for s in self.samples)
 
     def _run(self) -> None:
-        while not self.stopping.is_set():
-            try:
-                self.samples.append(look(self.server.pid, self.server.url, time.monotonic() - self.start_s))
-            except (OSError, StopIteration):  # the process has gone: the checks after say so
-                return
-            self.stopping.wait(self.every_s)
+        with (self.server.out / "samples.jsonl").open("w") as fh:  # as they come: a long run can be watched
+            while not self.stopping.is_set():
+                try:
+                    self.samples.append(look(self.server.pid, self.server.url, time.monotonic() - self.start_s))
+                except (OSError, StopIteration):  # the process has gone: the checks after say so
+                    return
+                fh.write(json.dumps(asdict(self.samples[-1])) + "\n")
+                fh.flush()
+                self.stopping.wait(self.every_s)
 
 
 def wait_idle(url: str, timeout_s: float = 300) -> dict[str, float]:
