@@ -5,8 +5,8 @@ the resident memory flat after warm-up; no thread or socket leak; throughput at 
 - The server runs as a subprocess (`start_server`, `stop_server`), sampled from outside (`Sampler`: /proc and
   /metrics) while locust's users (scripts/locustfile_http.py) or this module's own threads (`run_users`, httpx)
   drive it; the users' logs (rakv.bench.load_client) are then held against the server's records (`account`).
-- `replay_throughput` / `http_throughput`: the same requests (fixed max_tokens, ignore_eos) served by trace replay
-  (all arriving at once, --max-batch B) and by B closed-loop HTTP clients against a server with the same flags.
+- `run_users` and `next_from` also serve rakv.bench.http_overhead: the same requests by trace replay and by B
+  closed-loop HTTP clients.
 """
 
 from __future__ import annotations
