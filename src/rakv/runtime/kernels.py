@@ -85,7 +85,8 @@ def build_directory() -> Path:
 
     digest = hashlib.blake2b(_SOURCE.read_bytes(), digest_size=4).hexdigest()
     tag = f"{sys.implementation.cache_tag}-torch{torch.__version__}-{target_arch()}-{digest}"
-    return Path(get_default_build_root()) / "rakv" / re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()  # (torch's helper ignores the variable)
+    return Path(root) / "rakv" / re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
 
 
 @cache
