@@ -20,8 +20,8 @@ from rakv.runtime.decoding import Sampling
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
 from rakv.serving import engine_loop, executor
-from rakv.serving.http import make_server, parse_address, serve_http
 from rakv.serving.http_options import HttpOptions
+from rakv.serving.http_server import make_server, parse_address, serve_http
 from rakv.serving.protocol import ChatCompletionRequest, CompletionRequest
 from rakv.serving.server import ServeOptions
 

@@ -26,8 +26,8 @@ from rakv.bench.fuzz_http import (
 )
 from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.engine import Engine
-from rakv.serving.http import make_server, serve_http
 from rakv.serving.http_options import HttpOptions
+from rakv.serving.http_server import make_server, serve_http
 from rakv.serving.server import ServeOptions
 
 EXAMPLES = 240  # about 50 per operation and mode for the two POST operations (the GET ones have one case each)

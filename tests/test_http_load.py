@@ -12,8 +12,8 @@ from rakv.bench.load_client import ClientLog, Mix, read_logs
 from rakv.bench.load_http import account, drawn_until, load_prompts, run_users, wait_idle
 from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.engine import Engine
-from rakv.serving.http import make_server, serve_http
 from rakv.serving.http_options import HttpOptions
+from rakv.serving.http_server import make_server, serve_http
 from rakv.serving.records import RequestRecord, read_records
 from rakv.serving.server import ServeOptions
 

@@ -197,12 +197,12 @@ def served_engine(args, options):
 
 
 def serve_over_http(args, options) -> None:
-    """rakv serve --http: the OpenAI-compatible server (rakv.serving.http) until SIGTERM or Ctrl-C, then drained."""
+    """rakv serve --http: the OpenAI-compatible server (rakv.serving.http_server) until SIGTERM or Ctrl-C drains it."""
     from pathlib import Path
 
     from rakv.runtime.flags import flag_values
-    from rakv.serving.http import make_server, parse_address, serve_http
     from rakv.serving.http_options import HTTP_FLAGS, HttpOptions
+    from rakv.serving.http_server import make_server, parse_address, serve_http
 
     address = parse_address(args.http)
     http = HttpOptions(**flag_values(args, HttpOptions, HTTP_FLAGS))  # checked before the models load

@@ -13,7 +13,8 @@
     engine_loop.py  rakv serve --http's engine thread: the scheduler's one owner, guarded (a fault fails its requests
                   alone; an engine that cannot go on answers 503), the bounded queue, the drain
     protocol.py   the OpenAI-compatible API's bodies as pydantic models: every field typed and bounded
-    http.py       rakv serve --http: the FastAPI routes, the body and slow-client limits, uvicorn, SSE streaming
+    http.py       rakv serve --http's app: the FastAPI routes, the body limits, SSE streaming, the error shape
+    http_server.py  its process: uvicorn with a head timeout, the socket, the drain, make_server / serve_http
     http_options.py  the HTTP server's limits (flags; conf/serving/default.yaml) and the fields' bounds
     prometheus.py GET /metrics: Prometheus metrics under vLLM's names
     metrics.py    summary.json's statistics, under vLLM benchmark_serving's names
