@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from rakv.cli import main
 from rakv.runtime.errors import RakvError, WeightsUnavailable
@@ -103,6 +104,43 @@ def test_unreachable_hub_model_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
     with pytest.raises(WeightsUnavailable, match="neither in the local Hugging Face cache"):
         load_pair("gpt2-distilgpt2")
+
+
+def test_an_unreachable_hub_is_asked_once_then_the_local_cache_only(monkeypatch, tmp_path):
+    """Without HF_HUB_OFFLINE, an unreachable hub is found by one connection attempt, and the loaders then read the
+    local cache only (no per-file retries with back-off); a reachable one (or a proxy) leaves them as they are."""
+    import socket
+
+    import transformers
+
+    from rakv.runtime import models
+
+    for name in ("HF_HUB_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    attempts, asked = [], []
+
+    def refused(address, timeout):
+        attempts.append(address)
+        raise OSError("Name or service not known")
+
+    def from_pretrained(model_id, **kwargs):
+        asked.append(kwargs.get("local_files_only"))
+        raise OSError("not cached")
+
+    monkeypatch.setattr(socket, "create_connection", refused)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
+    models.hub_reachable.cache_clear()
+    try:
+        with pytest.raises(WeightsUnavailable, match="neither in the local Hugging Face cache"):
+            models._hub_model("gpt2", "cpu", torch.float32)
+        assert attempts == [("huggingface.co", 443)] and asked == [True]
+        monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
+        models.hub_reachable.cache_clear()
+        with pytest.raises(WeightsUnavailable):
+            models._hub_model("gpt2", "cpu", torch.float32)
+        assert len(attempts) == 1 and asked == [True, False]
+    finally:
+        models.hub_reachable.cache_clear()
 
 
 def test_console_script_error_has_no_traceback():

@@ -12,11 +12,13 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import warnings
 import zlib
 from dataclasses import asdict, dataclass, replace
 from functools import cache
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 
@@ -258,12 +260,35 @@ def _smollm2_pair(device, dtype, kernels):
     return target, draft, tokenizer
 
 
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+@cache
+def hub_reachable() -> bool:
+    """Whether the Hugging Face hub answers at all: one TCP connection to its endpoint, no retries. Offline, the hub
+    loaders would retry each file five times with back-off and print every failure (about 50 s per model) before
+    giving up; when the hub is unreachable they read the local cache only, and a model not in it is unavailable at
+    once. HF_HUB_OFFLINE set: not reachable. Behind a proxy (HTTPS_PROXY) the loaders are left to find out."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname, port), timeout=HUB_PROBE_TIMEOUT_S).close()
+    except OSError:
+        return False
+    return True
+
+
 def _hub_model(model_id, device, dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    local = not hub_reachable()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_id)
-        module = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(model_id, local_files_only=local)
+        module = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, local_files_only=local)
     except OSError as exc:
         raise WeightsUnavailable(
             f"model '{model_id}' is neither in the local Hugging Face cache nor reachable on the hub "
