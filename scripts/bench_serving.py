@@ -11,7 +11,10 @@ finished request's place at once). Printed per c, each a median of `--repeats` r
   copy of the pair loaded with stock kernels (transformers as shipped);
 - the ratios ours / sequential (goals: >= 5 at 8, >= 8 at 16) beside Amdahl's estimate (decode rows free beside
   the first, prefill unbatched, from the sequential run's share of time before first tokens), ours / transformers
-  (goal at 8: >= 1.5), and whether every served output equals the request's output alone.
+  (goal at 8: >= 1.5), and whether every served output equals the request's output alone;
+- the machine's bound for the trace at each c (rakv.bench.roofline.trace_bound: prefill FLOPs at the FMA peak
+  measured here, then each decode step's weights and K/V at the measured streaming bandwidth) and ours as a
+  fraction of it (goal >= 60 % at 8 and 16); a decode step of 1-32 requests by kernel beside its floor (CPU).
 `--peer vllm`: the same requests (their token ids) through vLLM's CPU build on the same fp32 weights, offline
 `LLM.generate` with max_num_seqs = c (scripts/vllm_peer.py in the peer's venv; scripts/setup_vllm_peer.sh builds it):
 its tok/s (median of --repeats after a warm-up), ours / vLLM (goals: >= 2 at c = 1, >= 1.5 at 8 and 16), and how
@@ -26,7 +29,8 @@ import argparse
 import json
 import sys
 
-from rakv.bench.serving import concurrency_row, ours, overload, requests_of, vllm_peer
+from rakv.bench.roofline import format_row_costs, trace_bound
+from rakv.bench.serving import concurrency_row, ours, overload, requests_of, trace_roofline, vllm_peer
 from rakv.runtime.errors import RakvError
 from rakv.runtime.models import load_pair
 from rakv.runtime.paths import conf_file
@@ -78,13 +82,20 @@ def measure(args) -> dict:
     peer = vllm_peer(pair, trace, args) if args.peer == "vllm" else {}
     ours(pair, args.proposer, trace[:2], args.strategy, 2, args.token_budget, args.kv_budget_mib)  # warm-up
     rows, equal = [], True
+    roofline = trace_roofline(pair, trace, args.new_tokens) if pair.device.type == "cpu" else None
     for c in args.concurrency:
         row, same = concurrency_row(pair, stock, trace, c, peer, args)
+        if roofline is not None:
+            bound = trace_bound(roofline["geometry"], roofline["limits"], roofline["prompt_tokens"], args.new_tokens, c)
+            row |= {"bound_tok_s": bound["tok_s"], "of_bound": row["ours_tok_s"] / bound["tok_s"],
+                    "bound_prefill_s": bound["prefill_s"], "bound_decode_s": bound["decode_s"]}
         rows.append(row)
         equal &= same
     result = {"pair": args.pair, "strategy": args.strategy, "proposer": args.proposer, "requests": args.requests,
               "new_tokens": args.new_tokens, "token_budget": args.token_budget, "rows": rows,
-              "outputs_equal_alone": equal}
+              "outputs_equal_alone": equal,
+              "limits": None if roofline is None else vars(roofline["limits"]),
+              "row_costs": None if roofline is None else {str(b): r for b, r in roofline["row_costs"].items()}}
     if peer:
         result["vllm"] = next(iter(peer.values()))["version"]
         result["vllm_ngram"] = args.vllm_ngram
@@ -116,6 +127,19 @@ def print_rows(args, result: dict) -> None:
                   + (f"{r['ours_over_transformers']:.2f}" if r["ours_over_transformers"] else "-") + " (goal >= 1.5); "
                   f"scheduler {r['scheduler_share']:.1%} of an iteration (goal <= 5 %)")
     print(f"every served output equal to the request alone: {equal}")
+    if result["limits"] is None:
+        return
+    limits = result["limits"]
+    print(f"the machine's bound for this trace (rakv.bench.roofline.trace_bound: every prefill at the FMA peak "
+          f"measured here, {limits['fma_peak_gflops']:.0f} GFLOPS, then waves of c requests decoding, each step's "
+          f"weights and K/V at the streaming bandwidth, {limits['stream_gb_s']:.1f} GB/s):")
+    for r in rows:
+        goal = " (goal >= 60 %)" if r["concurrency"] in (8, 16) else ""
+        print(f"  c = {r['concurrency']:>2}: bound {r['bound_tok_s']:7.1f} tok/s (prefill "
+              f"{r['bound_prefill_s']:.2f} s, decode {r['bound_decode_s']:.2f} s); ours {r['ours_tok_s']:.1f} = "
+              f"{r['of_bound']:.0%} of it{goal}")
+    print("a decode step of b requests at this trace's prompt lengths, by kernel (rakv.bench.roofline.row_costs):")
+    print("\n".join("  " + line for line in format_row_costs({int(b): r for b, r in result["row_costs"].items()})))
 
 
 def print_peer_and_overload(args, result: dict) -> None:

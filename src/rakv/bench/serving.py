@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from rakv.bench.peers import agreement, run_peer_job
+from rakv.bench.roofline import Geometry, measured_limits, row_costs
 from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.decoding import synchronize
 from rakv.runtime.engine import Engine
@@ -176,3 +177,16 @@ def concurrency_row(pair, stock, trace, c: int, peer: dict, args) -> tuple[dict,
                         "scheduler_share": statistics.median(shares), "mean_batch_rows": statistics.median(batch_rows),
                         "sequential_prefill_share": statistics.median(prefill_shares),
                         "amdahl_over_sequential": amdahl_estimate(statistics.median(prefill_shares), c)}, equal
+
+
+
+def trace_roofline(pair, trace, new_tokens: int, sizes=(1, 2, 4, 8, 16, 32)) -> dict:
+    """What the machine's bound and the per-row cost table need for this trace (rakv.bench.roofline): the two
+    limits measured now, the target's geometry, each request's prompt length, and a decode step of b requests at
+    these prompts' lengths (the trace's prompts repeated to fill the largest b) by kernel."""
+    limits = measured_limits(pair.device)
+    model = pair.target.module
+    prompts = [pair.tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in trace]
+    contexts = [prompts[i % len(prompts)] for i in range(max(sizes))]
+    return {"limits": limits, "geometry": Geometry.of(model), "prompt_tokens": [len(p) for p in prompts],
+            "row_costs": row_costs(model, pair.device, contexts, sizes, 5, limits)}

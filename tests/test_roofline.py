@@ -1,0 +1,51 @@
+"""The benchmarks' floors (rakv.bench.roofline): a pass at the larger of its bytes and its FLOPs, the trace's bound,
+and the per-row cost table's parts adding up to the step."""
+
+import pytest
+
+from rakv.bench.roofline import Geometry, Limits, format_row_costs, row_costs, trace_bound
+from rakv.runtime.models import load_pair
+
+# 1 GB of weights, 100 M multiply-adds per row in the layers, 10 M in the head, 1 KB of K/V per position
+GEOMETRY = Geometry(weight_bytes=10**9, body_macs=10**8, head_macs=10**7, layers=2, heads=4, head_dim=8,
+                    kv_bytes_per_position=1000)
+LIMITS = Limits(fma_peak_gflops=100.0, stream_gb_s=10.0)
+
+
+def test_a_decode_step_is_bound_by_bytes_until_rows_make_flops_the_larger():
+    one = GEOMETRY.decode_step_s([100], LIMITS)
+    assert one == pytest.approx((10**9 + 100 * 1000) / 10e9)  # 0.1 s of bytes; 2.2e8 FLOPs = 2.2 ms
+    many = GEOMETRY.decode_step_s([100] * 1000, LIMITS)  # 2.2e11 FLOPs = 2.2 s > 0.11 s of bytes
+    assert many == pytest.approx((2 * 1000 * 1.1e8 + 1000 * 4 * 2 * 4 * 8 * 100) / 100e9)
+
+
+def test_a_prefill_computes_every_row_and_one_row_of_logits():
+    flops = GEOMETRY.prefill_flops(10)
+    assert flops == pytest.approx(2 * (10 * 10**8 + 2 * 2 * 4 * 8 * 10 * 11 / 2 + 10**7))
+
+
+def test_the_trace_bound_reads_the_weights_once_per_step_for_every_running_request():
+    prompts = [50, 60, 70, 80]
+    alone, together = (trace_bound(GEOMETRY, LIMITS, prompts, 9, c) for c in (1, 4))
+    assert alone["prefill_s"] == together["prefill_s"]
+    # one request at a time: 4 x 8 steps, each the weights and its K/V; four together: 8 steps
+    assert alone["decode_s"] == pytest.approx(sum(GEOMETRY.decode_step_s([n + t], LIMITS)
+                                                  for n in prompts for t in range(1, 9)))
+    assert together["decode_s"] == pytest.approx(sum(GEOMETRY.decode_step_s([n + t for n in prompts], LIMITS)
+                                                     for t in range(1, 9)))
+    assert together["decode_s"] < alone["decode_s"] / 3.5  # four requests share each read of the weights
+    assert together["tok_s"] == pytest.approx(4 * 9 / together["seconds"])
+
+
+def test_the_per_row_table_splits_a_real_step_into_its_kernels():
+    pair = load_pair("tiny", threads=2, kernels="compact")
+    model = pair.target.module
+    contexts = [list(range(5 + i, 40 + i)) for i in range(4)]
+    rows = row_costs(model, pair.device, contexts, (1, 2, 4), 2, Limits(100.0, 10.0))
+    assert list(rows) == [1, 2, 4]
+    for b, row in rows.items():
+        assert row["step_ms"] > 0 and row["gemm_ms"] > 0 and row["attention_ms"] > 0
+        assert row["other_ms"] == pytest.approx(row["step_ms"] - row["gemm_ms"] - row["attention_ms"])
+        assert row["kv_mb"] == pytest.approx(b * 34 * Geometry.of(model).kv_bytes_per_position / 1e6)
+    assert rows[1]["over_one"] == 1.0
+    assert len(format_row_costs(rows)) == 4
