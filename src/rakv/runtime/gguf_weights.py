@@ -76,7 +76,9 @@ def _tensors(path: Path, config, dtype: torch.dtype):
         result = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
                                    tensor_key_mapping=names, parsed_parameters={})
         if result.name in names:
-            yield names[result.name], torch.from_numpy(np.copy(result.weights)).to(dtype)
+            weights = result.weights  # a view of the read-only file map (F32 tensors) is copied, as transformers does
+            owned = weights.flags.writeable and weights.flags.c_contiguous
+            yield names[result.name], torch.from_numpy(weights if owned else np.copy(weights)).to(dtype)
 
 
 def _rotary(config, dtype: torch.dtype) -> Rotary:
