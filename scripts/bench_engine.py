@@ -44,10 +44,10 @@ import sys
 from rakv.bench.engine import (
     bench,
     draft_reuse_rows,
+    fresh_rss,
     gemm_table,
     load_sides,
     make_sides,
-    fresh_rss,
     peak_increase_mib,
     reuse_prompts,
     rss_probe,

@@ -41,7 +41,8 @@ def layout_digest() -> str:
     """What the packed bytes depend on besides the GGUF and the dtype: the panel width, the packing and quantising
     code (its source, so that an edit re-packs), the readers' versions."""
     sources = [inspect.getsource(f) for f in (kernels.pack, kernels.pack_int8, Linear.of, Linear.int8, Rotary.of,
-                                              CompactLM.state, CompactLM.int8_draft, packed_state)]
+                                              CompactLM.state, CompactLM.int8_draft, packed_state, _take_layer_parts,
+                                              _tensors)]
     versions = [importlib.metadata.version(name) for name in ("gguf", "transformers", "torch")]
     blob = json.dumps([LAYOUT_VERSION, kernels.PANEL, sources, versions]).encode()
     return hashlib.blake2b(blob, digest_size=6).hexdigest()
@@ -97,15 +98,7 @@ def packed_state(path: Path, config, dtype: torch.dtype) -> dict[str, torch.Tens
     for name, tensor in _tensors(path, config, dtype):
         dense[name] = tensor
         if name.startswith("model.layers."):
-            layer = int(name.split(".")[2])
-            prefix = f"model.layers.{layer}."
-            for fused, parts in LLAMA_PROJECTIONS.items():
-                if all(f"{prefix}{part}.weight" in dense for part in parts):
-                    weights = [dense.pop(f"{prefix}{part}.weight") for part in parts]
-                    _put_linear(state, f"blocks.{layer}.{fused}", torch.cat(weights) if len(weights) > 1 else weights[0])
-            for short, long in LLAMA_NORMS.items():
-                if f"{prefix}{long}.weight" in dense:
-                    state[f"blocks.{layer}.{short}.weight"] = dense.pop(f"{prefix}{long}.weight")
+            _take_layer_parts(state, dense, int(name.split(".")[2]))
     state["norm_out.weight"] = dense.pop("model.norm.weight")
     embedding = dense.pop("model.embed_tokens.weight")
     if config.tie_word_embeddings:  # the head's panels are the embedding table
@@ -118,6 +111,19 @@ def packed_state(path: Path, config, dtype: torch.dtype) -> dict[str, torch.Tens
         raise RakvError(f"GGUF {path.name}: tensors the compact model has no place for: {', '.join(sorted(dense))}")
     rotary = _rotary(config, dtype)
     return state | {"rotary.cos": rotary.cos, "rotary.sin_signed": rotary.sin_signed}
+
+
+def _take_layer_parts(state: dict, dense: dict, layer: int) -> None:
+    """Move what of layer `layer` is complete in `dense` into `state`: a projection once all its parts are read
+    (concatenated and packed as CompactLM's `_linear` does), a norm as it is."""
+    prefix = f"model.layers.{layer}."
+    for fused, parts in LLAMA_PROJECTIONS.items():
+        if all(f"{prefix}{part}.weight" in dense for part in parts):
+            weights = [dense.pop(f"{prefix}{part}.weight") for part in parts]
+            _put_linear(state, f"blocks.{layer}.{fused}", torch.cat(weights) if len(weights) > 1 else weights[0])
+    for short, long in LLAMA_NORMS.items():
+        if f"{prefix}{long}.weight" in dense:
+            state[f"blocks.{layer}.{short}.weight"] = dense.pop(f"{prefix}{long}.weight")
 
 
 def _put_linear(state: dict, name: str, weight: torch.Tensor) -> None:
