@@ -4,6 +4,7 @@ ratios. The measurements are rakv.bench.engine's.
     .venv/bin/python scripts/bench_engine.py [--pair smollm2] [--kernels compact] [--new-tokens 64] [--repeats 3]
         [--json]
     .venv/bin/python scripts/bench_engine.py --gemm   # only the GEMM table (rakv.runtime.kernels.cpp) by row count
+    .venv/bin/python scripts/bench_engine.py --load   # only memory and start-up (fresh processes)
     .venv/bin/python scripts/bench_engine.py --draft-reuse   # only the draft's prefill with and without its stored
                                                              # state
     pip install -e '.[peers]'   # optional: llama.cpp beside us (llama-cpp-python builds from source, 10-15 min)
@@ -30,7 +31,10 @@ Printed, each a median of interleaved repeats, with the goal beside it:
 - the draft's prefill before a joint-k4 request's first round, with the draft's state in the store and without
   (exact repeat: goal <= 0.05 of it without; 50 % partial hit);
 - memory: the peak increase while each generation runs (fresh processes), and a fresh process's peak
-  resident set against the bytes of the weights it holds plus its K/V (goal <= 1.3).
+  resident set against the bytes of the weights it holds plus its K/V, whole and above an interpreter with torch
+  imported (goal <= 1.3);
+- start-up: a fresh `rakv generate` to its first token with the packed weights' cache cold and warm (goal warm
+  <= 10 s; rakv.runtime.gguf_weights).
 """
 
 from __future__ import annotations
@@ -42,12 +46,14 @@ import sys
 from rakv.bench.engine import (
     bench,
     draft_reuse_rows,
+    fresh_rss,
     gemm_table,
     load_sides,
     make_sides,
     peak_increase_mib,
     reuse_prompts,
     rss_probe,
+    startup,
 )
 from rakv.bench.roofline import format_row_costs
 from rakv.runtime.actions import SPEC_K, Action
@@ -95,6 +101,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--draft-reuse", action="store_true",
                         help="only the draft's prefill before a joint-k4 request's first round, with and without "
                              "the draft's state in the store")
+    parser.add_argument("--load", action="store_true",
+                        help="only memory and start-up (fresh processes: peak RSS; `rakv generate` to its first "
+                             "token with the packed weights' cache cold and warm)")
     parser.add_argument("--probe", choices=("ours-ar", "hf-ar", "ours-spec-k4", "hf-spec-k4", "rss"),
                         help=argparse.SUPPRESS)  # internal: one memory measurement in a fresh process
     return parser.parse_args()
@@ -173,11 +182,7 @@ def print_kernels(report: dict) -> None:
               + f"; faster at every point: {pre['faster_than_previous_everywhere']}")
     if report["gemm"] is not None:
         print_gemm_table(report["gemm"])
-    m = report["memory"]
-    print(f"memory (fresh process, our pair only): peak RSS {m['peak_rss_bytes'] / 1e6:.0f} MB vs weights "
-          f"{m['weight_bytes'] / 1e6:.0f} MB + K/V {m['kv_bytes'] / 1e6:.1f} MB: ratio {m['over_weights_and_kv']:.2f} "
-          f"(goal <=1.3); before loading {m['rss_before_load_bytes'] / 1e6:.0f} MB (interpreter and libraries), "
-          f"peak once loaded {m['peak_rss_after_load_bytes'] / 1e6:.0f} MB (dequantisation and packing)")
+    print_load(report["memory"], report["startup"])
     peer_row = report["llama_cpp"]
     if peer_row is None:
         print("llama.cpp: not installed (pip install -e '.[peers]', builds from source in 10-15 min) or --no-peer")
@@ -192,6 +197,24 @@ def print_kernels(report: dict) -> None:
           f"{pre['ours_tokens_per_s']:.0f} tokens/s = {peer_row['prefill_over_f32']:.2f}x (goal >=1.5)")
 
 
+def print_load(m: dict, start: dict) -> None:
+    print(f"memory (fresh process, our pair only): peak RSS {m['peak_rss_bytes'] / 1e6:.0f} MB vs weights "
+          f"{m['weight_bytes'] / 1e6:.0f} MB + K/V {m['kv_bytes'] / 1e6:.1f} MB: ratio {m['over_weights_and_kv']:.2f}; "
+          f"above an interpreter with torch imported ({m['torch_baseline_bytes'] / 1e6:.0f} MB): ratio "
+          f"{m['above_torch_over_weights_and_kv']:.2f} (goal <=1.3); before loading "
+          f"{m['rss_before_load_bytes'] / 1e6:.0f} MB (interpreter and libraries), peak once loaded "
+          f"{m['peak_rss_after_load_bytes'] / 1e6:.0f} MB")
+    print(f"start-up, fresh `rakv generate` to its first token: packed weights' cache cold "
+          f"{start['cold_first_token_s']:.1f} s (reads and packs the GGUF, writes the cache), warm "
+          f"{start['warm_first_token_s']:.1f} s (median of {start['warm_runs']}; goal <={start['goal_warm_s']:.0f} s)")
+
+
+def load_only(args) -> int:
+    report = {"memory": fresh_rss(args), "startup": startup(args)}
+    print(json.dumps(report)) if args.json else print_load(report["memory"], report["startup"])
+    return 0
+
+
 def main() -> int:
     args = parse_args()
     try:
@@ -202,6 +225,8 @@ def main() -> int:
             return gemm_only(args)
         if args.draft_reuse:
             return draft_reuse_only(args)
+        if args.load:
+            return load_only(args)
         pair, stock, engine, ids = load_sides(args)
     except RakvError as exc:
         print(f"bench_engine: error: {exc}", file=sys.stderr)

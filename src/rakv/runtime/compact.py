@@ -20,8 +20,10 @@ The architecture's differences (Llama: RMSNorm, RoPE, SiLU-gated MLP; GPT-2: Lay
 biases) are data chosen once at load (`Norm`, `Rotary`, the activation), not branches in the forward. The int8 draft
 (`int8_draft`) is the target with int8 projections, one scale per output row, whose inputs are quantised to int8
 per row and multiplied with integer dot products (rakv.runtime.kernels.linear_int8): a quarter of the target's
-bytes per step, and a quarter of its arithmetic where the CPU has VNNI. transformers stays the loader and the
-reference (`kernels=stock`); the tests hold the two within fp32 tolerance and to the same greedy output.
+bytes per step, and a quarter of its arithmetic where the CPU has VNNI. transformers stays the reference
+(`kernels=stock`); the tests hold the two within fp32 tolerance and to the same greedy output. A CompactLM is built
+from a transformers module or, with no module at all, from its packed tensors (`state` / `from_state`): SmolLM2's
+come straight from its GGUF or from the packed file a previous process wrote (rakv.runtime.gguf_weights).
 """
 
 from __future__ import annotations
@@ -76,8 +78,10 @@ class Linear:
         if not on_cpu(self.weight):
             raise RakvError("the int8 projections run on the CPU only")
         w = self.dense()
-        scale = (w.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(w.dtype).tiny)
-        quantised = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        # max |w| as max(max w, -min w), rounding and clamping in place: the same numbers with two fewer copies of
+        # the weight at the loading peak (the tied head's is 113 MB); `w` itself may be a view of the panels
+        scale = (torch.maximum(w.amax(dim=1), -w.amin(dim=1)) / 127.0).clamp_min(torch.finfo(w.dtype).tiny)
+        quantised = (w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)
         packed, colsum = kernels.pack_int8(quantised)
         padded = torch.cat([scale, scale.new_ones(-len(scale) % kernels.PANEL)]).float().contiguous()
         return Linear(packed, self.out_features, self.in_features, self.bias, padded, colsum)
@@ -170,6 +174,15 @@ def _linear(modules: list) -> Linear:
     return linear
 
 
+def _state_linear(state: dict[str, torch.Tensor], name: str) -> Linear | None:
+    """The Linear `CompactLM.state` wrote under `name`, or None."""
+    if f"{name}.weight" not in state:
+        return None
+    out, inner = (int(v) for v in state[f"{name}.shape"])
+    return Linear(state[f"{name}.weight"], out, inner, state.get(f"{name}.bias"), state.get(f"{name}.scale"),
+                  state.get(f"{name}.colsum"))
+
+
 def _release(modules: list) -> None:
     for module in modules:
         module.weight = torch.nn.Parameter(module.weight.new_empty(0), requires_grad=False)
@@ -195,12 +208,11 @@ class CompactLM:
         embedding = module.get_input_embeddings()
         tied = head.weight is embedding.weight or head.weight.data_ptr() == embedding.weight.data_ptr()
         self.rotary, self.positions = None, None
+        eps = self._configure(config)
         if config.model_type == "llama":
-            self._init_llama(module)
-        elif config.model_type == "gpt2":
-            self._init_gpt2(module)
+            self._init_llama(module, eps)
         else:
-            raise RakvError(f"compact kernels support llama and gpt2 models, not {config.model_type}")
+            self._init_gpt2(module, eps)
         # a tied head is the embedding table (rows gathered from its panels); an untied embedding stays as it is
         self.embed_table = None if tied else embedding.weight.detach()
         self.lm_head = _linear([head])
@@ -208,22 +220,38 @@ class CompactLM:
         if tied:
             _release([embedding])
         _refuse_own_forward(module)
-        self.scale = self.head_dim ** -0.5
         setattr(self, COMPACT_ATTR, self)  # rakv.runtime.kernels.compact_of: a compact-only model runs itself
 
-    def _init_llama(self, module) -> None:
-        cfg = module.config
-        if cfg.hidden_act != "silu" or getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
-            raise RakvError("compact kernels: this Llama variant (activation or biases) is not supported")
-        rope = cfg.rope_parameters or {}
-        if rope.get("rope_type", "default") != "default":
-            raise RakvError(f"compact kernels: rope type {rope.get('rope_type')} is not supported")
-        model = module.model
-        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    def _configure(self, cfg) -> float:
+        """The shape and functions `cfg` asks for (heads, head size, activation), or RakvError for an architecture
+        the compact forward does not compute; returns the norms' epsilon."""
+        if cfg.model_type == "llama":
+            if cfg.hidden_act != "silu" or getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
+                raise RakvError("compact kernels: this Llama variant (activation or biases) is not supported")
+            rope = cfg.rope_parameters or {}
+            if rope.get("rope_type", "default") != "default":
+                raise RakvError(f"compact kernels: rope type {rope.get('rope_type')} is not supported")
+            self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+            self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+            self.activation: Callable = kernels.silu_mul
+            eps = cfg.rms_norm_eps
+        elif cfg.model_type == "gpt2":
+            if cfg.activation_function not in ("gelu_new", "gelu_pytorch_tanh") or cfg.scale_attn_by_inverse_layer_idx \
+                    or cfg.reorder_and_upcast_attn or not cfg.scale_attn_weights:
+                raise RakvError("compact kernels: this GPT-2 variant (activation or attention scaling) is not "
+                                "supported")
+            self.heads = self.kv_heads = cfg.n_head
+            self.head_dim = cfg.n_embd // cfg.n_head
+            self.activation = kernels.gelu
+            eps = cfg.layer_norm_epsilon
+        else:
+            raise RakvError(f"compact kernels support llama and gpt2 models, not {cfg.model_type}")
         self._check_head_dim()
-        self.activation: Callable = kernels.silu_mul
-        eps = cfg.rms_norm_eps
+        self.scale = self.head_dim ** -0.5
+        return eps
+
+    def _init_llama(self, module, eps: float) -> None:
+        cfg, model = module.config, module.model
         self.blocks = []
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -236,17 +264,8 @@ class CompactLM:
         self.rotary = Rotary.of(model.rotary_emb.inv_freq, cfg.max_position_embeddings, model.norm.weight.dtype)
         self.context = cfg.max_position_embeddings
 
-    def _init_gpt2(self, module) -> None:
-        cfg = module.config
-        if cfg.activation_function not in ("gelu_new", "gelu_pytorch_tanh") or cfg.scale_attn_by_inverse_layer_idx \
-                or cfg.reorder_and_upcast_attn or not cfg.scale_attn_weights:
-            raise RakvError("compact kernels: this GPT-2 variant (activation or attention scaling) is not supported")
+    def _init_gpt2(self, module, eps: float) -> None:
         model = module.transformer
-        self.heads = self.kv_heads = cfg.n_head
-        self.head_dim = cfg.n_embd // cfg.n_head
-        self._check_head_dim()
-        self.activation = kernels.gelu
-        eps = cfg.layer_norm_epsilon
         self.positions = model.wpe.weight
         self.blocks = [Block(norm_in=Norm(b.ln_1.weight, b.ln_1.bias, eps), qkv=_linear([b.attn.c_attn]),
                              out=_linear([b.attn.c_proj]), norm_mlp=Norm(b.ln_2.weight, b.ln_2.bias, eps),
@@ -254,6 +273,55 @@ class CompactLM:
                        for b in model.h]
         self.norm_out = Norm(model.ln_f.weight, model.ln_f.bias, eps)
         self.context = self.positions.shape[0]
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Every tensor of this model by name (a projection's shape as a tensor [out, in]), from which `from_state`
+        rebuilds it with its config: what rakv.runtime.gguf_weights builds from a GGUF and keeps on disk. A tensor
+        two entries share (a tied head and the embedding, the int8 draft's fp32 embedding) is one storage."""
+        state = {}
+        linears = {"lm_head": self.lm_head, "embedding": self.embedding}
+        norms = {"norm_out": self.norm_out}
+        for i, b in enumerate(self.blocks):
+            linears |= {f"blocks.{i}.{name}": getattr(b, name) for name in ("qkv", "out", "up", "down")}
+            norms |= {f"blocks.{i}.norm_in": b.norm_in, f"blocks.{i}.norm_mlp": b.norm_mlp}
+        for name, p in linears.items():
+            if p is not None:
+                fields = {"weight": p.weight, "bias": p.bias, "scale": p.scale, "colsum": p.colsum,
+                          "shape": torch.tensor([p.out_features, p.in_features])}
+                state |= {f"{name}.{key}": t for key, t in fields.items() if t is not None}
+        for name, n in norms.items():
+            state |= {f"{name}.{key}": t for key, t in (("weight", n.weight), ("bias", n.bias)) if t is not None}
+        rotary = {"rotary.cos": self.rotary.cos, "rotary.sin_signed": self.rotary.sin_signed} if self.rotary else {}
+        extra = {"embed_table": self.embed_table, "positions": self.positions} | rotary
+        return state | {name: t.detach() if isinstance(t, torch.nn.Parameter) else t
+                        for name, t in extra.items() if t is not None}
+
+    @classmethod
+    def from_state(cls, config, state: dict[str, torch.Tensor]) -> CompactLM:
+        """The model `state()` describes, over those very tensors (none copied: memory-mapped ones stay mapped)."""
+        self = cls.__new__(cls)
+        self.config = config
+        eps = self._configure(config)
+
+        def linear(name):
+            return _state_linear(state, name)
+
+        def norm(name):
+            return Norm(state[f"{name}.weight"], state.get(f"{name}.bias"), eps)
+
+        layers = len({key.split(".")[1] for key in state if key.startswith("blocks.")})
+        self.blocks = [Block(norm(f"blocks.{i}.norm_in"), linear(f"blocks.{i}.qkv"), linear(f"blocks.{i}.out"),
+                             norm(f"blocks.{i}.norm_mlp"), linear(f"blocks.{i}.up"), linear(f"blocks.{i}.down"))
+                       for i in range(layers)]
+        self.norm_out, self.lm_head = norm("norm_out"), linear("lm_head")
+        embedding = linear("embedding")
+        tied = embedding is not None and embedding.weight.data_ptr() == self.lm_head.weight.data_ptr()
+        self.embedding = self.lm_head if tied else embedding  # one Linear for a tied head, as __init__ makes
+        self.embed_table, self.positions = state.get("embed_table"), state.get("positions")
+        self.rotary = Rotary(state["rotary.cos"], state["rotary.sin_signed"]) if "rotary.cos" in state else None
+        self.context = self.positions.shape[0] if self.positions is not None else config.max_position_embeddings
+        setattr(self, COMPACT_ATTR, self)
+        return self
 
     def _check_head_dim(self) -> None:
         if self.head_dim % 8 or self.head_dim > 256:  # what kernels.cpp's attention takes
@@ -275,13 +343,20 @@ class CompactLM:
         extra = [self.embed_table, self.positions] + ([self.rotary.cos, self.rotary.sin_signed] if self.rotary else [])
         return self.projection_tensors() + [t for t in extra if t is not None]
 
-    def int8_draft(self) -> CompactLM:
+    def int8_draft(self, state: dict[str, torch.Tensor] | None = None) -> CompactLM:
         """This model with every projection (and the output head) in int8 (`Linear.int8`), one scale per output row;
-        the embedding (the fp32 head's panels when tied), norms and rotary tables are shared, not copied."""
+        the embedding (the fp32 head's panels when tied), norms and rotary tables are shared, not copied.
+        `state`: a draft's `state()` kept from an earlier quantisation (rakv.runtime.gguf_weights), whose int8
+        projections are taken as they are instead of quantising again."""
+
+        def int8(name: str, linear: Linear) -> Linear:
+            return linear.int8() if state is None else _state_linear(state, name)
+
         draft = copy.copy(self)
-        draft.blocks = [replace(b, qkv=b.qkv.int8(), out=b.out.int8(), up=b.up.int8(), down=b.down.int8())
-                        for b in self.blocks]
-        draft.lm_head = self.lm_head.int8()
+        draft.blocks = [replace(b, qkv=int8(f"blocks.{i}.qkv", b.qkv), out=int8(f"blocks.{i}.out", b.out),
+                                up=int8(f"blocks.{i}.up", b.up), down=int8(f"blocks.{i}.down", b.down))
+                        for i, b in enumerate(self.blocks)]
+        draft.lm_head = int8("lm_head", self.lm_head)
         draft._rakv_compact = draft
         return draft
 

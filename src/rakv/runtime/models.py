@@ -22,9 +22,10 @@ from urllib.parse import urlparse
 
 import torch
 
+from rakv.runtime import gguf_weights
 from rakv.runtime.compact import apply_kernels
 from rakv.runtime.errors import RakvError, WeightsUnavailable
-from rakv.runtime.kernels import compact_of, effective_mode, mode_label
+from rakv.runtime.kernels import effective_mode, mode_label
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -184,6 +185,12 @@ def _finish(module, name, weights, dtype, quantisation, tok_hash, device) -> Loa
     return LoadedModel(module=module.to(device), fingerprint=fp, max_context=_context_length(module.config))
 
 
+def packed_weights_file(gguf: Path, dtype: torch.dtype) -> Path:
+    """Where a GGUF's packed compact weights are kept (rakv.runtime.gguf_weights): named by the GGUF's hash, the
+    packing layout and the dtype."""
+    return derived_files_dir() / "packed" / gguf_weights.cache_name(file_hash(gguf), dtype)
+
+
 def _tiny_pair(device, dtype):
     """Random GPT-2s for tests: a 4-layer target and a 2-layer draft made of the target's lower half.
 
@@ -228,15 +235,36 @@ def quantise_int8_dynamic(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _smollm2_pair(device, dtype, kernels):
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
     if device.type != "cpu":
         raise RakvError("pair smollm2 uses an int8 draft whose kernels are CPU-only; "
                         "use device=cpu, or a GPT-2 reference pair on CUDA")
     gguf = smollm2_gguf_path()
     tokenizer = smollm2_tokenizer()
     tok_hash = tokenizer_hash(tokenizer)
+    fingerprint = Fingerprint(name="SmolLM2-135M-Instruct", weights=f"gguf:{file_hash(gguf)}",
+                              dtype=str(dtype).removeprefix("torch."), quantisation="none", tokenizer=tok_hash)
+    if effective_mode(kernels, device) == "compact":
+        # straight from the GGUF into the panels, or mapped from the packed file a previous process wrote; the
+        # draft: the target's projections in weight-only int8 (rakv.runtime.compact.CompactLM.int8_draft)
+        target, draft = gguf_weights.compact_pair(gguf, packed_weights_file(gguf, dtype), dtype)
+        context = _context_length(target.config)
+        return (LoadedModel(module=target, fingerprint=fingerprint, max_context=context),
+                LoadedModel(module=draft, fingerprint=replace(fingerprint, quantisation="int8-w8a8-per-row"),
+                            max_context=context), tokenizer)
+    module = smollm2_transformers(gguf, dtype)
+    target = _finish(module, fingerprint.name, fingerprint.weights, dtype, "none", tok_hash, device)
+    quantised = quantise_int8_dynamic(module)
+    # only Linears are quantised: the draft's fp32 embedding and norms are the target's, shared, not copied
+    quantised.model.embed_tokens = module.model.embed_tokens
+    draft = _finish(quantised, fingerprint.name, fingerprint.weights, dtype, "int8-dynamic", tok_hash, device)
+    return target, draft, tokenizer
+
+
+def smollm2_transformers(gguf: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """SmolLM2 as transformers loads its GGUF: a full fp32 module (kernels=stock, and the tests' reference)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -245,19 +273,7 @@ def _smollm2_pair(device, dtype, kernels):
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
-    weights = f"gguf:{file_hash(gguf)}"
-    target = _finish(module, "SmolLM2-135M-Instruct", weights, dtype, "none", tok_hash, device)
-    if effective_mode(kernels, device) == "compact":
-        # the compact draft: the target's projections in weight-only int8 (rakv.runtime.compact.CompactLM.int8_draft)
-        apply_kernels(module, "compact", device)
-        draft = LoadedModel(module=compact_of(module).int8_draft(), max_context=target.max_context,
-                            fingerprint=replace(target.fingerprint, quantisation="int8-w8a8-per-row"))
-        return target, draft, tokenizer
-    quantised = quantise_int8_dynamic(module)
-    # only Linears are quantised: the draft's fp32 embedding and norms are the target's, shared, not copied
-    quantised.model.embed_tokens = module.model.embed_tokens
-    draft = _finish(quantised, "SmolLM2-135M-Instruct", weights, dtype, "int8-dynamic", tok_hash, device)
-    return target, draft, tokenizer
+    return module
 
 
 HUB_PROBE_TIMEOUT_S = 3.0
