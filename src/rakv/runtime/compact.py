@@ -5,7 +5,8 @@ bandwidth, but a transformers forward adds a fixed cost per call (dozens of smal
 position bookkeeping, a cache object per layer) that is as large as the step itself for a 135M-parameter model,
 and larger still for its int8 draft. The price of speculation (k draft steps plus one verify of k + 1) and of
 batching is then a property of that overhead, not of the hardware. `CompactLM` computes the same function with a
-few kernel calls per layer (rakv.runtime.kernels; on the CPU the batch-invariant C++ of kernels.cpp):
+few kernel calls per layer (rakv.runtime.kernels; on the CPU the batch-invariant C++ of kernels.cpp, where every
+layer of a step runs in one call, `kernels.forward_blocks`, the same kernels in the same order):
 
 - one fused QKV and, for Llama, one fused gate/up projection, packed once into the GEMM's panels; the packed
   tensors replace the transformers module's weights (one copy), so that module no longer runs a forward itself
