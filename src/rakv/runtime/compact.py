@@ -5,7 +5,8 @@ bandwidth, but a transformers forward adds a fixed cost per call (dozens of smal
 position bookkeeping, a cache object per layer) that is as large as the step itself for a 135M-parameter model,
 and larger still for its int8 draft. The price of speculation (k draft steps plus one verify of k + 1) and of
 batching is then a property of that overhead, not of the hardware. `CompactLM` computes the same function with a
-few kernel calls per layer (rakv.runtime.kernels; on the CPU the batch-invariant C++ of kernels.cpp):
+few kernel calls per layer (rakv.runtime.kernels; on the CPU the batch-invariant C++ of kernels.cpp, where every
+layer of a step runs in one call, `kernels.forward_blocks`, the same kernels in the same order):
 
 - one fused QKV and, for Llama, one fused gate/up projection, packed once into the GEMM's panels; the packed
   tensors replace the transformers module's weights (one copy), so that module no longer runs a forward itself
@@ -248,6 +249,7 @@ class CompactLM:
             raise RakvError(f"compact kernels support llama and gpt2 models, not {cfg.model_type}")
         self._check_head_dim()
         self.scale = self.head_dim ** -0.5
+        self._fused = None  # kernels.cpp's blocks (CPU), made on first use: _native_blocks
         return eps
 
     def _init_llama(self, module, eps: float) -> None:
@@ -357,6 +359,7 @@ class CompactLM:
                                 up=int8(f"blocks.{i}.up", b.up), down=int8(f"blocks.{i}.down", b.down))
                         for i, b in enumerate(self.blocks)]
         draft.lm_head = int8("lm_head", self.lm_head)
+        draft._fused = None
         draft._rakv_compact = draft
         return draft
 
@@ -370,6 +373,21 @@ class CompactLM:
         `return_hidden`, the last hidden states of the same rows)."""
         out = self.forward_rows([Segment(ids, cache, keep)], return_hidden)
         return (out[0][0], out[1][0]) if return_hidden else out[0]
+
+    def _block(self, block: Block, x: torch.Tensor, layers: list, starts: list[int], lengths: list[int],
+               rotary) -> torch.Tensor:
+        """One layer over every row (plain torch off the CPU; kernels.cpp's Block.forward is this on the CPU)."""
+        qkv = block.qkv(block.norm_in(x))  # [T, (H + 2 KV) head_dim]
+        attended = kernels.attention(qkv, layers, starts, lengths, self.heads, self.kv_heads, self.scale, rotary)
+        x = block.out(attended, residual=x)
+        return block.down(self.activation(block.up(block.norm_mlp(x))), residual=x)
+
+    def _native_blocks(self) -> list:
+        """This model's blocks as kernels.cpp's, made on first use (rakv.runtime.kernels.native_blocks)."""
+        if self._fused is None:
+            self._fused = kernels.native_blocks(self.blocks, self.activation is kernels.silu_mul, self.heads,
+                                                self.kv_heads, self.scale)
+        return self._fused
 
     def forward_rows(self, segments: list[Segment], return_hidden: bool = False):
         """Several requests' new tokens in one pass over the weights; each segment's logits [keep or n, vocab].
@@ -391,15 +409,15 @@ class CompactLM:
         if self.positions is not None:
             x = x + self.positions[position]
         rotary = (self.rotary.cos[position], self.rotary.sin_signed[position]) if self.rotary is not None else None
-        layers = [s.cache.layers for s in segments]
-        for index, block in enumerate(self.blocks):
-            these = [cache_layers[index] for cache_layers in layers]
+        layers = [[s.cache.layers[index] for s in segments] for index in range(len(self.blocks))]
+        for these in layers:
             for layer, n in zip(these, lengths):
                 layer.extend(n, self.kv_heads, self.head_dim, x)
-            qkv = block.qkv(block.norm_in(x))  # [T, (H + 2 KV) head_dim]
-            attended = kernels.attention(qkv, these, starts, lengths, self.heads, self.kv_heads, self.scale, rotary)
-            x = block.out(attended, residual=x)
-            x = block.down(self.activation(block.up(block.norm_mlp(x))), residual=x)
+        if on_cpu(x):  # every layer in one call (kernels.forward_blocks): the same kernels, the same bits
+            x = kernels.forward_blocks(self._native_blocks(), x, layers, starts, lengths, rotary)
+        else:
+            for block, these in zip(self.blocks, layers):
+                x = self._block(block, x, these, starts, lengths, rotary)
         kept, row = [], 0
         for segment, n in zip(segments, lengths):
             keep = n if segment.keep in (0, None) else min(segment.keep, n)

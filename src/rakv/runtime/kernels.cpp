@@ -38,6 +38,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -253,25 +254,33 @@ void gemm_packed(const float* X, const float* P, int64_t M, int64_t K, int64_t N
 // ---------------------------------------------------------------------------------------------------------------
 // int8 GEMM of the draft: int8 weights (one scale per output) and int8 activations (one scale per row), integer sums
 
-// acc[i] += sum of the four products a[4i..4i+3] * b[4i..4i+3], a unsigned, b signed bytes (VNNI's dpbusd). Without
-// VNNI, the same integers by 16-bit multiply-adds: integer sums are exact, so both give the same bits.
-inline __m256i dot4(__m256i acc, __m256i a, __m256i b) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(acc, a, b);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(acc, a, b);
+// Which integers the int8 GEMM sums. With VNNI, dpbusd multiplies unsigned by signed bytes, so each row of x is
+// stored + 128 as unsigned bytes and the 128 per element comes back out through the weights' row sums (colsum).
+// Without VNNI (AVX2), x's bytes are read back as signed (x ^ 0x80) and multiplied with maddubs (unsigned |x| by
+// sign(x) * w: two products of at most 127 * 128 per 16-bit lane, which cannot saturate), then madd by ones to
+// int32: the signed products directly, no row-sum correction. Both give sum_k x_q[k] W_q[k] exactly: the same bits.
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+constexpr bool kBiasedX = true;
 #else
-  const __m256i lo = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(a)),
-                                       _mm256_cvtepi8_epi16(_mm256_castsi256_si128(b)));
-  const __m256i hi = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(a, 1)),
-                                       _mm256_cvtepi8_epi16(_mm256_extracti128_si256(b, 1)));
-  // hadd gives the lanes' sums in the order 0 1 4 5 | 2 3 6 7
-  return _mm256_add_epi32(acc, _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo, hi),
-                                                           _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7)));
+constexpr bool kBiasedX = false;
+#endif
+
+// acc[i] += sum of the four products x[4i..4i+3] * w[4i..4i+3] (w signed bytes). x given twice: `xa` what the dot
+// multiplies (VNNI: x + 128 unsigned; AVX2: |x|), `xs` x as signed bytes (AVX2: its signs).
+inline __m256i dot4(__m256i acc, __m256i xa, __m256i xs, __m256i w) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  (void)xs;
+  return _mm256_dpbusd_epi32(acc, xa, w);
+#elif defined(__AVXVNNI__)
+  (void)xs;
+  return _mm256_dpbusd_avx_epi32(acc, xa, w);
+#else
+  const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(w, xs));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 #endif
 }
 
-// acc[r][0..32) += sum over groups q in [0, qn) of four k's: x[r] (unsigned bytes, 4 per group) . panel[q] (32
+// acc[r][0..32) += sum over groups q in [0, qn) of four k's: x[r] (4 bytes per group, + 128 unsigned) . panel[q] (32
 // outputs x 4 signed bytes). panel: [qn][32][4].
 template <int R>
 inline void micro_i8(const int8_t* panel, int64_t qn, const uint8_t* x, int64_t ldx, int32_t* acc, bool zero,
@@ -289,20 +298,21 @@ inline void micro_i8(const int8_t* panel, int64_t qn, const uint8_t* x, int64_t 
     __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32));
     __m256i w2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64));
     __m256i w3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 96));
-    asm("" : "+x"(w0), "+x"(w1), "+x"(w2), "+x"(w3));
+    if (kBiasedX) asm("" : "+x"(w0), "+x"(w1), "+x"(w2), "+x"(w3));  // (AVX2 has no registers to spare for them)
     if (ahead) {
       _mm_prefetch(reinterpret_cast<const char*>(w + ahead), _MM_HINT_T1);
       _mm_prefetch(reinterpret_cast<const char*>(w + ahead + 64), _MM_HINT_T1);
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      int32_t four;
+      uint32_t four;
       std::memcpy(&four, x + r * ldx + q * 4, 4);
-      const __m256i xv = _mm256_set1_epi32(four);
-      a[r][0] = dot4(a[r][0], xv, w0);
-      a[r][1] = dot4(a[r][1], xv, w1);
-      a[r][2] = dot4(a[r][2], xv, w2);
-      a[r][3] = dot4(a[r][3], xv, w3);
+      const __m256i xs = _mm256_set1_epi32(static_cast<int32_t>(four ^ 0x80808080u));  // x as signed bytes
+      const __m256i xa = kBiasedX ? _mm256_set1_epi32(static_cast<int32_t>(four)) : _mm256_abs_epi8(xs);
+      a[r][0] = dot4(a[r][0], xa, xs, w0);
+      a[r][1] = dot4(a[r][1], xa, xs, w1);
+      a[r][2] = dot4(a[r][2], xa, xs, w2);
+      a[r][3] = dot4(a[r][3], xa, xs, w3);
     }
   }
 #pragma GCC unroll 8
@@ -367,8 +377,9 @@ void gemm_int8(const float* X, const int8_t* P, const int32_t* colsum, int64_t M
           micro_i8_rows(std::min<int64_t>(kRows, M - r), panel + q0 * kPanel * 4, qn, xq.data() + r * ldx + q0 * 4,
                         ldx, acc.data() + r * kPanel, q0 == 0, r == 0 ? ahead : 0);
       }
-      for (int64_t r = 0; r < M; ++r)
-        for (int64_t c = 0; c < kPanel; ++c) acc[r * kPanel + c] -= 128 * colsum[g * kPanel + c];
+      if (kBiasedX)
+        for (int64_t r = 0; r < M; ++r)
+          for (int64_t c = 0; c < kPanel; ++c) acc[r * kPanel + c] -= 128 * colsum[g * kPanel + c];
       epilogue(nullptr, M, g * kPanel, N, row_scale.data(), scale, bias, residual, Y, acc.data());
     }
   });
@@ -796,6 +807,75 @@ double fma_peak_gflops(int64_t iterations) {
   return threads * static_cast<double>(iterations) * 12 * 8 * 2 / seconds / 1e9;
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// The layers of the compact forward in one call per step (rakv.runtime.compact.CompactLM.forward_rows on the CPU).
+// A step of a 30-layer model is otherwise ~240 calls from Python, each with its arguments parsed and its tensors
+// wrapped, plus the Python between them; here a layer's weights are held once (`Block`), and `forward_blocks` runs
+// every layer with the same functions in the same order as the Python loop does (norm, QKV, attention, output
+// projection + residual, norm, up, activation, down + residual): the same bits.
+
+// one projection: fp32 packed (gemm) or int8 (gemm_i8: scale and colsum given)
+struct Projection {
+  torch::Tensor weight;
+  int64_t out = 0;
+  c10::optional<torch::Tensor> bias, scale, colsum;
+
+  torch::Tensor operator()(const torch::Tensor& x, const c10::optional<torch::Tensor>& residual = c10::nullopt) const {
+    if (scale.has_value() && scale->defined()) return ::gemm_i8(x, weight, *colsum, out, *scale, bias, residual);
+    return ::gemm(x, weight, out, bias, residual);
+  }
+};
+
+// RMSNorm (no bias) or LayerNorm of each row
+struct RowNorm {
+  torch::Tensor weight;
+  c10::optional<torch::Tensor> bias;
+  double eps = 0;
+
+  torch::Tensor operator()(const torch::Tensor& x) const {
+    return bias.has_value() && bias->defined() ? ::layer_norm(x, weight, *bias, eps) : ::rms_norm(x, weight, eps);
+  }
+};
+
+// one transformer layer's weights and shape, as rakv.runtime.compact.Block holds them
+struct Block {
+  RowNorm norm_in, norm_mlp;
+  Projection qkv, out, up, down;
+  bool gated = true;  // SiLU(gate) * up (Llama) or GELU (GPT-2)
+  int64_t heads = 0, kv_heads = 0;
+  double scale = 1;
+
+  torch::Tensor forward(const torch::Tensor& x, const std::vector<torch::Tensor>& keys,
+                        const std::vector<torch::Tensor>& values, const std::vector<int64_t>& starts,
+                        const std::vector<int64_t>& lengths, const c10::optional<torch::Tensor>& cos,
+                        const c10::optional<torch::Tensor>& sin_signed) const {
+    const torch::Tensor attended = ::attention(qkv(norm_in(x)), keys, values, starts, lengths, heads, kv_heads, scale,
+                                             cos, sin_signed);
+    const torch::Tensor h = out(attended, x);
+    const torch::Tensor hidden = up(norm_mlp(h));
+    return down(gated ? ::silu_mul(hidden) : ::gelu(hidden), h);
+  }
+};
+
+Projection make_projection(torch::Tensor weight, int64_t out, c10::optional<torch::Tensor> bias,
+                           c10::optional<torch::Tensor> scale, c10::optional<torch::Tensor> colsum) {
+  return Projection{std::move(weight), out, std::move(bias), std::move(scale), std::move(colsum)};
+}
+
+// x after every block; keys[i] / values[i]: block i's K/V buffer of each segment (already extended, as `attention`
+// takes them)
+torch::Tensor forward_blocks(const std::vector<std::shared_ptr<Block>>& blocks, torch::Tensor x,
+                             const std::vector<std::vector<torch::Tensor>>& keys,
+                             const std::vector<std::vector<torch::Tensor>>& values, const std::vector<int64_t>& starts,
+                             const std::vector<int64_t>& lengths, const c10::optional<torch::Tensor>& cos,
+                             const c10::optional<torch::Tensor>& sin_signed) {
+  TORCH_CHECK(keys.size() == blocks.size() && values.size() == blocks.size(),
+              "forward_blocks: one list of K/V buffers per block");
+  for (size_t i = 0; i < blocks.size(); ++i)
+    x = blocks[i]->forward(x, keys[i], values[i], starts, lengths, cos, sin_signed);
+  return x;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm", &gemm, "y = x W^T (+ bias) (+ residual), W packed in panels of 32 outputs, batch-invariant");
   m.def("gemm_i8", &gemm_i8, "y = x (W_q scale)^T (+ bias) (+ residual), int8 weights and per-row int8 activations");
@@ -807,5 +887,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate/up output");
   m.def("gelu", &gelu, "GELU, tanh approximation, of every element");
   m.def("panel_rows", &panel_rows, "rows of a packed fp32 matrix (an embedding lookup in a tied head)");
+  py::class_<Projection>(m, "Projection");
+  m.def("projection", &make_projection, "a projection for Block: fp32 packed, or int8 with its scale and colsum");
+  py::class_<RowNorm>(m, "RowNorm")
+      .def(py::init([](torch::Tensor weight, c10::optional<torch::Tensor> bias, double eps) {
+        return RowNorm{std::move(weight), std::move(bias), eps};
+      }));
+  py::class_<Block, std::shared_ptr<Block>>(m, "Block")
+      .def(py::init([](RowNorm norm_in, Projection qkv, Projection out, RowNorm norm_mlp, Projection up,
+                       Projection down, bool gated, int64_t heads, int64_t kv_heads, double scale) {
+        return std::make_shared<Block>(Block{std::move(norm_in), std::move(norm_mlp), std::move(qkv), std::move(out),
+                                             std::move(up), std::move(down), gated, heads, kv_heads, scale});
+      }));
+  m.def("forward_blocks", &forward_blocks, "every layer of a compact forward step in one call (Block's forward)");
   m.def("fma_peak_gflops", &fma_peak_gflops, "fp32 FMA GFLOPS of all threads, twelve chains each");
 }

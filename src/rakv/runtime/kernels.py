@@ -247,6 +247,32 @@ def attention(qkv: torch.Tensor, layers: list, starts: list[int], lengths: list[
     return torch.cat(outputs) if len(outputs) > 1 else outputs[0]
 
 
+def native_blocks(blocks: list, gated: bool, heads: int, kv_heads: int, scale: float) -> list:
+    """kernels.cpp's `Block` of each of rakv.runtime.compact's blocks (CPU; the tensors shared, not copied), for
+    `forward_blocks`."""
+    lib = native()
+
+    def projection(p):
+        return lib.projection(p.weight, p.out_features, p.bias, p.scale, p.colsum)
+
+    def norm(n):
+        return lib.RowNorm(n.weight, n.bias, n.eps)
+
+    return [lib.Block(norm(b.norm_in), projection(b.qkv), projection(b.out), norm(b.norm_mlp), projection(b.up),
+                      projection(b.down), gated, heads, kv_heads, scale) for b in blocks]
+
+
+def forward_blocks(blocks: list, x: torch.Tensor, layers: list[list], starts: list[int], lengths: list[int],
+                   rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """Every layer of a step in one C++ call (CPU): `blocks` from `native_blocks`; layers[i]: block i's GrowingLayer
+    of each segment, already extended (as `attention` takes them). The same kernels in the same order as one call
+    each: the same bits."""
+    cos, sin_signed = rotary or (None, None)
+    keys = [[layer.buffers[0] for layer in these] for these in layers]
+    values = [[layer.buffers[1] for layer in these] for these in layers]
+    return native().forward_blocks(blocks, x, keys, values, starts, lengths, cos, sin_signed)
+
+
 class GrowingLayer(DynamicLayer):
     """A DynamicLayer whose K/V live in a buffer with spare room: appends write in place, crops shorten the view.
 
