@@ -10,13 +10,27 @@
 // No library offers a CPU GEMM that is both batch-invariant and at the machine's price, so:
 //
 // GEMM, y = x W^T. W is packed once into panels of 32 outputs, [ceil(N / 32)][K][32], so that the weights a thread
-// needs are one contiguous stream. A micro-kernel keeps 32 outputs x R rows of accumulators in registers (R = 2
-// with AVX2's 16 registers, 6 with AVX-512's 32) and walks k in order; K is cut into blocks
-// that stay in L1 (16 KB of weights), the partial sums going through memory between blocks, which does not change
-// their order. Each output is therefore one chain of fused multiply-adds over k = 0 .. K - 1, starting from zero,
-// whatever the other rows are and however rows are grouped: batch invariance by construction. Threads split the
-// output panels, never k. With few rows a pass streams the weights once (the memory's price); with many, each
-// 16 KB block is reused from L1 by every row (the FMA units' price).
+// needs are one contiguous stream. x's rows are copied into groups of T side by side ([K][T] per group), and a
+// micro-kernel keeps a tile of T rows x 16 outputs (half a panel) of accumulators in registers (T = 6 with AVX2's 16
+// registers, 12 with AVX-512's 32; one or two rows take the whole panel in one tile) and walks k in order; K is cut
+// into balanced blocks of at most 192 k (24 KB of a panel's weights) that stay in L1 while every row group uses
+// them, the partial sums going through memory between blocks, which does not change their order. Each output is
+// therefore one chain of fused multiply-adds over k = 0 .. K - 1, starting from zero, whatever the other rows are
+// and however rows are grouped or tiled: batch invariance by construction. Threads split the output panels, never
+// k. With few rows a pass streams the weights once (the memory's price: the first row group prefetches two blocks
+// ahead); with many, each block is reused from L1 by every row (the FMA units' price).
+//
+// What limited the former kernel (2 x 32 tiles of unpacked rows with AVX2, K blocks of 16 KB; SmolLM2-135M's
+// projections, one thread, timed by thread CPU time on this 2-core Sapphire Rapids guest, issue 40): 512 rows at
+// 70-79 GFLOPS of the 108 that one core's two 256-bit FMA ports give (3.4 GHz x 2 x 16). Ports were not the limit
+// (6 loads per 8 FMAs, 3 load ports); 2 rows x 4 vectors are 8 accumulators, exactly the 8 chains two FMA ports of
+// latency 4 need in flight, so every late broadcast (two rows K floats apart, out of L1 for K = 1536) stalled
+// them. 6 x 16 tiles hold 12 chains (2 weight loads + 6 broadcasts per 12 FMAs) and packed rows make a tile's x
+// one sequential stream: 82-88 GFLOPS; K blocks of 192 instead of 128 (fewer accumulator round trips per k) 86-93,
+// i.e. 80-86 % of the core's peak. (The "FMA peak" this file measured, 323 GFLOPS for 2 threads, was GCC merging
+// fma_peak_gflops' twelve equal chains into one: the real 256-bit peak here is ~215, so the former prefill's
+// 148-153 GFLOPS were ~70 % of it, not 46 %.) With AVX-512's 32 registers the former 6 x 32 tile was already at
+// ~85 %; 12 x 16 on packed rows measures the same.
 //
 // int8 GEMM (the draft): weights int8 with one scale per output, packed [G][K / 4][32][4]; each row of x quantised
 // to int8 on its own (scale max |x| / 127); products summed as exact int32s (VNNI's dpbusd where the CPU has it,
