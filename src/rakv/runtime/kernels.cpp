@@ -10,27 +10,13 @@
 // No library offers a CPU GEMM that is both batch-invariant and at the machine's price, so:
 //
 // GEMM, y = x W^T. W is packed once into panels of 32 outputs, [ceil(N / 32)][K][32], so that the weights a thread
-// needs are one contiguous stream. x's rows are copied into groups of T side by side ([K][T] per group), and a
-// micro-kernel keeps a tile of T rows x 16 outputs (half a panel) of accumulators in registers (T = 6 with AVX2's 16
-// registers, 12 with AVX-512's 32; one or two rows take the whole panel in one tile) and walks k in order; K is cut
-// into balanced blocks of at most 192 k (24 KB of a panel's weights) that stay in L1 while every row group uses
-// them, the partial sums going through memory between blocks, which does not change their order. Each output is
-// therefore one chain of fused multiply-adds over k = 0 .. K - 1, starting from zero, whatever the other rows are
-// and however rows are grouped or tiled: batch invariance by construction. Threads split the output panels, never
-// k. With few rows a pass streams the weights once (the memory's price: the first row group prefetches two blocks
-// ahead); with many, each block is reused from L1 by every row (the FMA units' price).
-//
-// What limited the former kernel (2 x 32 tiles of unpacked rows with AVX2, K blocks of 16 KB; SmolLM2-135M's
-// projections, one thread, timed by thread CPU time on this 2-core Sapphire Rapids guest, issue 40): 512 rows at
-// 70-79 GFLOPS of the 108 that one core's two 256-bit FMA ports give (3.4 GHz x 2 x 16). Ports were not the limit
-// (6 loads per 8 FMAs, 3 load ports); 2 rows x 4 vectors are 8 accumulators, exactly the 8 chains two FMA ports of
-// latency 4 need in flight, so every late broadcast (two rows K floats apart, out of L1 for K = 1536) stalled
-// them. 6 x 16 tiles hold 12 chains (2 weight loads + 6 broadcasts per 12 FMAs) and packed rows make a tile's x
-// one sequential stream: 82-88 GFLOPS; K blocks of 192 instead of 128 (fewer accumulator round trips per k) 86-93,
-// i.e. 80-86 % of the core's peak. (The "FMA peak" this file measured, 323 GFLOPS for 2 threads, was GCC merging
-// fma_peak_gflops' twelve equal chains into one: the real 256-bit peak here is ~215, so the former prefill's
-// 148-153 GFLOPS were ~70 % of it, not 46 %.) With AVX-512's 32 registers the former 6 x 32 tile was already at
-// ~85 %; 12 x 16 on packed rows measures the same.
+// needs are one contiguous stream. A micro-kernel keeps 32 outputs x R rows of accumulators in registers (R = 2
+// with AVX2's 16 registers, 6 with AVX-512's 32) and walks k in order; K is cut into blocks
+// that stay in L1 (16 KB of weights), the partial sums going through memory between blocks, which does not change
+// their order. Each output is therefore one chain of fused multiply-adds over k = 0 .. K - 1, starting from zero,
+// whatever the other rows are and however rows are grouped: batch invariance by construction. Threads split the
+// output panels, never k. With few rows a pass streams the weights once (the memory's price); with many, each
+// 16 KB block is reused from L1 by every row (the FMA units' price).
 //
 // int8 GEMM (the draft): weights int8 with one scale per output, packed [G][K / 4][32][4]; each row of x quantised
 // to int8 on its own (scale max |x| / 127); products summed as exact int32s (VNNI's dpbusd where the CPU has it,
@@ -145,83 +131,71 @@ inline void for_rows(int64_t rows, int64_t work_per_row, F f) {
 // ---------------------------------------------------------------------------------------------------------------
 // GEMM
 
-// acc[r][0 .. 8 V) += sum over k in [0, kn) of x[r][k] * w[k][0 .. 8 V), for R rows, a tile of 8 V of a panel's 32
-// outputs (w points at the tile's first output at the block's first k; its rows are kPanel apart); acc (rows kPanel
-// apart) starts at zero when `zero`. x holds row r's k at x[k * R + r] (the rows packed side by side, pack_rows).
-// The FMA order per output is k ascending, whatever R and V are. The loops over rows and vectors are unrolled so
-// that the accumulators stay in registers; the empty asm keeps the weight vectors in registers too (GCC would
-// otherwise fold them into every FMA as memory operands: R times the loads, which halved the throughput).
+// four vectors of eight weights at one k of a panel
+inline void weights_at(const float* p, __m256& w0, __m256& w1, __m256& w2, __m256& w3) {
+  w0 = _mm256_loadu_ps(p); w1 = _mm256_loadu_ps(p + 8); w2 = _mm256_loadu_ps(p + 16); w3 = _mm256_loadu_ps(p + 24);
+}
+
+// acc[r][0..32) += sum over k in [0, kn) of x[r][k] * panel[k][0..32), for R rows; acc starts at zero when `zero`.
+// The FMA order per output is k ascending, whatever R is. The loops over rows and vectors are unrolled so that the
+// accumulators stay in registers; the empty asm keeps the four weight vectors in registers too (GCC would otherwise
+// fold them into every FMA as memory operands: R times the loads, which halved the throughput).
 // `ahead` (elements, 0 = none): also prefetch the weights that far ahead into L2 (the first row group of a block
 // does, two blocks ahead: while the other groups compute on this block from L1, the memory keeps streaming; without
 // it, 8 rows cost 1.4-1.7x one row here, with it 1.03x, measured on SmolLM2's shapes).
-template <int R, int V>
-inline void micro(const float* w, int64_t kn, const float* x, float* acc, bool zero, int64_t ahead) {
-  static_assert(V == 2 || V == 4, "a tile is half a panel or a whole one");
-  __m256 a[R][V];
-#pragma GCC unroll 16
+template <int R, typename T>
+inline void micro(const T* panel, int64_t kn, const float* x, int64_t ldx, float* acc, bool zero, int64_t ahead) {
+  __m256 a[R][4];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) a[r][v] = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + r * kPanel + v * 8);
+    for (int v = 0; v < 4; ++v) a[r][v] = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + r * kPanel + v * 8);
   for (int64_t k = 0; k < kn; ++k) {
-    __m256 wv[V];
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) wv[v] = _mm256_loadu_ps(w + k * kPanel + v * 8);
-    if constexpr (V == 2) asm("" : "+x"(wv[0]), "+x"(wv[1]));
-    else asm("" : "+x"(wv[0]), "+x"(wv[1]), "+x"(wv[2]), "+x"(wv[3]));
+    __m256 w0, w1, w2, w3;
+    weights_at(panel + k * kPanel, w0, w1, w2, w3);
+    asm("" : "+x"(w0), "+x"(w1), "+x"(w2), "+x"(w3));
     if (ahead) {
-#pragma GCC unroll 2
-      for (int v = 0; v < V; v += 2) _mm_prefetch(reinterpret_cast<const char*>(w + k * kPanel + ahead + v * 8),
-                                                  _MM_HINT_T1);
+      const char* next = reinterpret_cast<const char*>(panel + k * kPanel + ahead);
+      _mm_prefetch(next, _MM_HINT_T1);
+      if (sizeof(T) * kPanel > 64) _mm_prefetch(next + 64, _MM_HINT_T1);
     }
-#pragma GCC unroll 16
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m256 xv = _mm256_broadcast_ss(x + k * R + r);
-#pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) a[r][v] = _mm256_fmadd_ps(xv, wv[v], a[r][v]);
+      const __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
+      a[r][0] = _mm256_fmadd_ps(xv, w0, a[r][0]);
+      a[r][1] = _mm256_fmadd_ps(xv, w1, a[r][1]);
+      a[r][2] = _mm256_fmadd_ps(xv, w2, a[r][2]);
+      a[r][3] = _mm256_fmadd_ps(xv, w3, a[r][3]);
     }
   }
-#pragma GCC unroll 16
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) _mm256_storeu_ps(acc + r * kPanel + v * 8, a[r][v]);
+    for (int v = 0; v < 4; ++v) _mm256_storeu_ps(acc + r * kPanel + v * 8, a[r][v]);
 }
 
-// rows per fp32 tile: 2 R accumulators (half a panel: two vectors of eight) + 2 weights + 1 broadcast must fit the
-// vector registers: R = 6 with AVX2's 16 (15 used), 12 with AVX-512's 32 encodings (27 used). 12 accumulators are
-// 12 independent FMA chains, more than the 8 that two FMA ports with a latency of four cycles need in flight (the
-// former 2 x 32 tile had exactly 8). Which rows share a tile never changes a row's sums.
-#if defined(__AVX512F__)
-constexpr int kTileRows = 12;
-#else
-constexpr int kTileRows = 6;
-#endif
-
-// one row group of a K block, the whole panel: groups of 1-2 rows as one tile of 32 outputs (4 R chains, 4 weight
-// loads per k shared by fewer rows), larger ones as two tiles of 16
-inline void micro_rows(int rows, const float* w, int64_t kn, const float* x, float* acc, bool zero, int64_t ahead) {
-#define RAKV_HALVES(R)                                                                   \
-  case R:                                                                                \
-    micro<R, 2>(w, kn, x, acc, zero, ahead);                                             \
-    micro<R, 2>(w + 16, kn, x, acc + 16, zero, ahead);                                    \
-    break;
-  switch (rows) {
-    case 1: micro<1, 4>(w, kn, x, acc, zero, ahead); break;
-    case 2: micro<2, 4>(w, kn, x, acc, zero, ahead); break;
-    RAKV_HALVES(3) RAKV_HALVES(4) RAKV_HALVES(5) RAKV_HALVES(6)
-#if defined(__AVX512F__)
-    RAKV_HALVES(7) RAKV_HALVES(8) RAKV_HALVES(9) RAKV_HALVES(10) RAKV_HALVES(11) RAKV_HALVES(12)
-#endif
-  }
-#undef RAKV_HALVES
-}
-
-// rows per int8 micro-kernel call (micro_i8): 4 R accumulators + 4 weights + 1 broadcast must fit the vector registers (16 with
+// rows per micro-kernel call: 4 R accumulators + 4 weights + 1 broadcast must fit the vector registers (16 with
 // AVX2: R = 2; 32 with AVX-512's encodings: R = 6). Which rows share a call never changes a row's sums.
 #if defined(__AVX512F__)
 constexpr int kRows = 6;
 #else
 constexpr int kRows = 2;
 #endif
+
+template <typename T>
+inline void micro_rows(int64_t rows, const T* panel, int64_t kn, const float* x, int64_t ldx, float* acc, bool zero,
+                       int64_t ahead) {
+  switch (rows) {
+    case 1: micro<1>(panel, kn, x, ldx, acc, zero, ahead); break;
+    case 2: micro<2>(panel, kn, x, ldx, acc, zero, ahead); break;
+#if defined(__AVX512F__)
+    case 3: micro<3>(panel, kn, x, ldx, acc, zero, ahead); break;
+    case 4: micro<4>(panel, kn, x, ldx, acc, zero, ahead); break;
+    case 5: micro<5>(panel, kn, x, ldx, acc, zero, ahead); break;
+    case 6: micro<6>(panel, kn, x, ldx, acc, zero, ahead); break;
+#endif
+  }
+}
 
 // y[M, N] = ((x[M, K] @ W^T) * scale + bias) + residual, W packed [G][K][32]
 // y[r][n0 .. n0 + 32) for every row r from a panel's sums: ((sum * row_scale[r]) * scale[n] + bias[n]) + residual,
@@ -256,39 +230,11 @@ inline void epilogue(const float* acc, int64_t M, int64_t n0, int64_t N, const f
   }
 }
 
-// K per fp32 block: 192 k of a panel are 24 KB of weights, which stay in L1 (48 KB here, 32 KB on many AVX2 cores)
-// beside a row group's 192 k of x while every row group uses them. Blocks are balanced (576 = 3 x 192, 1536 = 8 x
-// 192); the block size changes no sum (partial sums go through memory exactly).
-constexpr int64_t kBlockK = 192;
-
-// x's rows packed by row group: group i (rows i T .. i T + n, n = min(T, M - i T)) holds its rows side by side,
-// [K][n] from dst + i T K, so that a tile's broadcasts are one contiguous stream instead of n rows K floats apart
-// (copying is a few % of a many-row GEMM; with 2 x 32 tiles of unpacked rows 512-row GEMMs ran at 70 % of the FMA
-// peak per core, packed 6 x 16 tiles at 80 %, measured one thread on SmolLM2's shapes).
-void pack_rows(const float* X, int64_t M, int64_t K, float* dst) {
-  const int64_t groups = (M + kTileRows - 1) / kTileRows;
-  at::parallel_for(0, groups, std::max<int64_t>(1, 65536 / (kTileRows * K)), [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t r0 = i * kTileRows, n = std::min<int64_t>(kTileRows, M - r0);
-      float* out = dst + r0 * K;
-      for (int64_t k = 0; k < K; ++k)
-        for (int64_t r = 0; r < n; ++r) out[k * n + r] = X[(r0 + r) * K + k];
-    }
-  });
-}
-
 void gemm_packed(const float* X, const float* P, int64_t M, int64_t K, int64_t N, const float* bias,
                  const float* residual, float* Y) {
   const int64_t groups = (N + kPanel - 1) / kPanel;
-  const int64_t blocks = (K + kBlockK - 1) / kBlockK, kc = (K + blocks - 1) / blocks;
-  const int64_t ahead = 2 * kBlockK * kPanel;  // prefetch distance, in weights: two blocks
-  std::unique_ptr<float[]> packed_rows;
-  const float* xp = X;  // one row is its own packing
-  if (M > 1) {
-    packed_rows.reset(new float[static_cast<size_t>(M * K)]);
-    pack_rows(X, M, K, packed_rows.get());
-    xp = packed_rows.get();
-  }
+  const int64_t kc = kBlockBytes / (kPanel * static_cast<int64_t>(sizeof(float)));  // a block fills 16 KB
+  const int64_t ahead = 2 * kBlockBytes / static_cast<int64_t>(sizeof(float));  // prefetch distance, in weights
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     std::vector<float> acc_buffer(static_cast<size_t>(M) * kPanel);  // this panel's partial sums, all rows
     float* acc = acc_buffer.data();
@@ -296,11 +242,9 @@ void gemm_packed(const float* X, const float* P, int64_t M, int64_t K, int64_t N
       const float* panel = P + g * K * kPanel;
       for (int64_t k0 = 0; k0 < K; k0 += kc) {
         const int64_t kn = std::min(kc, K - k0);
-        for (int64_t r = 0; r < M; r += kTileRows) {
-          const int rows = static_cast<int>(std::min<int64_t>(kTileRows, M - r));
-          micro_rows(rows, panel + k0 * kPanel, kn, xp + r * K + k0 * rows, acc + r * kPanel, k0 == 0,
-                     r == 0 ? ahead : 0);
-        }
+        for (int64_t r = 0; r < M; r += kRows)
+          micro_rows(std::min<int64_t>(kRows, M - r), panel + k0 * kPanel, kn, X + r * K + k0, K, acc + r * kPanel,
+                     k0 == 0, r == 0 ? ahead : 0);
       }
       epilogue(acc, M, g * kPanel, N, nullptr, nullptr, bias, residual, Y);
     }
@@ -842,13 +786,8 @@ double fma_peak_gflops(int64_t iterations) {
   const auto start = std::chrono::steady_clock::now();
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      // twelve different starting values: chains that start equal compute equal values, and GCC merged them into
-      // one chain (one FMA per iteration, latency-bound), so this reported 12 x 8 x 2 flops per 4 cycles, 1.5x the
-      // machine's peak (323 "GFLOPS" with 2 threads here, where 256-bit FMAs reach ~215)
-      __m256 a0 = _mm256_set1_ps(1.0f), a1 = _mm256_set1_ps(1.01f), a2 = _mm256_set1_ps(1.02f),
-             a3 = _mm256_set1_ps(1.03f), a4 = _mm256_set1_ps(1.04f), a5 = _mm256_set1_ps(1.05f),
-             a6 = _mm256_set1_ps(1.06f), a7 = _mm256_set1_ps(1.07f), a8 = _mm256_set1_ps(1.08f),
-             a9 = _mm256_set1_ps(1.09f), a10 = _mm256_set1_ps(1.10f), a11 = _mm256_set1_ps(1.11f);
+      __m256 a0 = _mm256_set1_ps(1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
+             a9 = a0, a10 = a0, a11 = a0;
       const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
       for (int64_t i = 0; i < iterations; ++i) {
         a0 = _mm256_fmadd_ps(a0, m, c); a1 = _mm256_fmadd_ps(a1, m, c); a2 = _mm256_fmadd_ps(a2, m, c);
