@@ -197,3 +197,14 @@ def test_a_switch_named_no_always_clears_its_field_whatever_the_default():
     parser = argparse.ArgumentParser()
     add_flags(parser, Switches, ("fast",), {"fast": True})
     assert parser.parse_args(["--no-fast"]).fast is False
+
+
+def test_the_process_age_a_server_reports_when_ready_counts_from_the_process_start():
+    import time
+
+    from rakv.cli import process_age_s
+
+    age = process_age_s()
+    assert age is not None and age > 0  # this process has run the test session's imports and collection by now
+    time.sleep(0.3)
+    assert process_age_s() - age == pytest.approx(0.3, abs=0.1)  # /proc's clock ticks at 100 Hz

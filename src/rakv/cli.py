@@ -212,13 +212,30 @@ def serve_over_http(args, options) -> None:
     name = args.served_model_name or engine.pair.target.fingerprint.name
 
     def ready(where):
-        print(f"rakv serve: {name} on http://{where[0]}:{where[1]}/v1 (SIGTERM or Ctrl-C drains and stops)",
+        age = process_age_s()
+        since = f", ready {age:.1f} s after the process started" if age is not None else ""
+        print(f"rakv serve: {name} on http://{where[0]}:{where[1]}/v1 (SIGTERM or Ctrl-C drains and stops{since})",
               flush=True)
 
     server = make_server(engine, options, address, name, Path(args.out) if args.out else None, parts, http, ready)
     summary = serve_http(server)
     if summary is not None:
         print(json.dumps({k: summary[k] for k in SHOWN_SUMMARY if k in summary}))
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux's /proc; None elsewhere): the start-up a server reports when it is
+    ready, interpreter, imports and weights included."""
+    import os
+
+    try:
+        with open("/proc/self/stat") as fh:
+            started_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return uptime - started_ticks / os.sysconf("SC_CLK_TCK")
 
 
 SHOWN_SUMMARY = ("completed", "failed", "outputs_equal_alone", "duration_s", "request_throughput", "output_throughput",
