@@ -483,6 +483,34 @@ def first_token_seconds(args, env: dict) -> tuple[float, float]:
     return first, time.perf_counter() - started
 
 
+def serve_first_token_seconds(args, env: dict) -> float:
+    """A fresh `rakv serve --http` process (AR, a free port) from its start to the first token of one completion
+    (one new token) asked as soon as it says it is ready; the server is then drained with SIGTERM."""
+    import re
+    import signal
+    import urllib.request
+
+    command = [sys.executable, "-m", "rakv.cli", "serve", "--http", "127.0.0.1:0", "--pair", args.pair, "--strategy",
+               "ar", "--no-calibrate", "--device", args.device, "--kernels", args.kernels, "--quiet"] + (
+        ["--threads", str(args.threads)] if args.threads else [])
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
+    try:
+        line = process.stdout.readline()
+        where = re.search(r"rakv serve: (.+) on http://([^/]+)/v1", line)
+        if where is None:
+            raise RuntimeError(f"rakv serve --http did not say where it listens: {line.strip() or 'no output'}")
+        body = json.dumps({"model": where[1], "prompt": STARTUP_PROMPT, "max_tokens": 1}).encode()
+        request = urllib.request.Request(f"http://{where[2]}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            json.loads(response.read())
+        return time.perf_counter() - started
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+
+
 def startup(args, warm_runs: int = 2) -> dict:
     """Start-up to the first token of fresh `rakv generate` processes: once with the packed weights' cache cold (a
     derived-files folder without them: the GGUF is read and packed, then written), then warm (mapped). The folder
@@ -503,9 +531,11 @@ def startup(args, warm_runs: int = 2) -> dict:
         env = {**os.environ, "RAKV_CACHE_DIR": folder}
         cold = first_token_seconds(args, env)
         warm = [first_token_seconds(args, env) for _ in range(warm_runs)]
+        serve_warm = [serve_first_token_seconds(args, env) for _ in range(warm_runs)]
     return {"cold_first_token_s": cold[0], "cold_exit_s": cold[1],
             "warm_first_token_s": statistics.median(w[0] for w in warm),
-            "warm_exit_s": statistics.median(w[1] for w in warm), "warm_runs": warm_runs, "goal_warm_s": 10.0}
+            "warm_exit_s": statistics.median(w[1] for w in warm), "warm_runs": warm_runs, "goal_warm_s": 10.0,
+            "serve_warm_first_token_s": statistics.median(serve_warm)}
 
 
 def bench(args, pair, stock, engine, ids) -> dict:

@@ -114,7 +114,9 @@ def row_costs(model, device, contexts: list[list[int]], sizes, repeats: int, lim
     its parts timed alone on the same rows: the projections (GEMM, every layer's and the head's), attention (every
     layer's call over the b requests' K/V) and the rest (norms, activation, embedding, the Python between kernels:
     the step minus the two). Beside it the step's floor (`Geometry.decode_step_s`). Medians of interleaved
-    repeats, ms."""
+    repeats, ms. The parts are timed as calls from Python, one per kernel, while the step on the CPU runs every
+    layer in one call (rakv.runtime.kernels.forward_blocks): the rest is negative where the step saves more
+    dispatch than its norms and activations cost."""
     compact, geometry = compact_of(model), Geometry.of(model)
     caches = [new_kv_cache(model) for _ in contexts]
     with torch.inference_mode():

@@ -20,6 +20,7 @@ import inspect
 import json
 import os
 import pickle
+import sys
 import zipfile
 from pathlib import Path
 
@@ -152,7 +153,7 @@ def _read(cache: Path) -> tuple[CompactLM, CompactLM] | None:
     except (RuntimeError, OSError, EOFError, ValueError, KeyError, TypeError, AttributeError, IndexError,
             pickle.UnpicklingError, zipfile.BadZipFile) as exc:
         print(f"rakv: packed weights {cache} are unreadable ({type(exc).__name__}: {str(exc)[:120]}); "
-              "rebuilding them from the GGUF", flush=True)
+              "rebuilding them from the GGUF", file=sys.stderr, flush=True)  # stdout may be a command's JSON
         return None
 
 
