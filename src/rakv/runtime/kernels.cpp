@@ -18,6 +18,15 @@
 // output panels, never k. With few rows a pass streams the weights once (the memory's price); with many, each
 // 16 KB block is reused from L1 by every row (the FMA units' price).
 //
+// Measured against the FMA peak as fma_peak_gflops now measures it (~215 GFLOPS for 2 threads of 256-bit FMAs on a
+// 2-core Sapphire Rapids guest; it used to report 323, see there), 512 rows run at ~70 % (AVX-512 encodings) and
+// ~63 % (AVX2). Tried and not kept (issue 40): 6 x 16 tiles over rows copied side by side, K blocks of 192 (12 x 16
+// with AVX-512's registers), the classic AVX2 register tile (12 chains instead of 8). One thread timed by its CPU
+// time, 512 rows went from 70-79 to 86-93 GFLOPS with AVX2; with 2 threads, measured side by side, 512 rows were
+// no faster (1,002 vs 1,013 ms with AVX2, 989 vs 929 with AVX-512 encodings) and 4-16 rows were slower (16 rows
+// 2.30x one row instead of 1.84x with AVX2, 1.99x instead of 1.65x with AVX-512): the extra pass copying the
+// rows, and two half-panel tiles per block where one full-panel tile reads each weight once.
+//
 // int8 GEMM (the draft): weights int8 with one scale per output, packed [G][K / 4][32][4]; each row of x quantised
 // to int8 on its own (scale max |x| / 127); products summed as exact int32s (VNNI's dpbusd where the CPU has it,
 // 16-bit multiply-adds otherwise: the same integers), then scaled. Integer sums are exact, so no order can change a
@@ -797,8 +806,13 @@ double fma_peak_gflops(int64_t iterations) {
   const auto start = std::chrono::steady_clock::now();
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      __m256 a0 = _mm256_set1_ps(1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
-             a9 = a0, a10 = a0, a11 = a0;
+      // twelve different starting values: chains that start equal compute equal values, and GCC merged them into
+      // one chain (one FMA per iteration, latency-bound), so this reported 12 x 8 x 2 flops per 4 cycles, 1.5x the
+      // machine's peak (323 "GFLOPS" with 2 threads on a 2-core Sapphire Rapids guest, where 256-bit FMAs reach ~215)
+      __m256 a0 = _mm256_set1_ps(1.0f), a1 = _mm256_set1_ps(1.01f), a2 = _mm256_set1_ps(1.02f),
+             a3 = _mm256_set1_ps(1.03f), a4 = _mm256_set1_ps(1.04f), a5 = _mm256_set1_ps(1.05f),
+             a6 = _mm256_set1_ps(1.06f), a7 = _mm256_set1_ps(1.07f), a8 = _mm256_set1_ps(1.08f),
+             a9 = _mm256_set1_ps(1.09f), a10 = _mm256_set1_ps(1.10f), a11 = _mm256_set1_ps(1.11f);
       const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
       for (int64_t i = 0; i < iterations; ++i) {
         a0 = _mm256_fmadd_ps(a0, m, c); a1 = _mm256_fmadd_ps(a1, m, c); a2 = _mm256_fmadd_ps(a2, m, c);
