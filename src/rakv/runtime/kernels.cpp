@@ -18,6 +18,15 @@
 // output panels, never k. With few rows a pass streams the weights once (the memory's price); with many, each
 // 16 KB block is reused from L1 by every row (the FMA units' price).
 //
+// Measured against the FMA peak as fma_peak_gflops now measures it (~215 GFLOPS for 2 threads of 256-bit FMAs on a
+// 2-core Sapphire Rapids guest; it used to report 323, see there), 512 rows run at ~70 % (AVX-512 encodings) and
+// ~63 % (AVX2). Tried and not kept (issue 40): 6 x 16 tiles over rows copied side by side, K blocks of 192 (12 x 16
+// with AVX-512's registers), the classic AVX2 register tile (12 chains instead of 8). One thread timed by its CPU
+// time, 512 rows went from 70-79 to 86-93 GFLOPS with AVX2; with 2 threads, measured side by side, 512 rows were
+// no faster (1,002 vs 1,013 ms with AVX2, 989 vs 929 with AVX-512 encodings) and 4-16 rows were slower (16 rows
+// 2.30x one row instead of 1.84x with AVX2, 1.99x instead of 1.65x with AVX-512): the extra pass copying the
+// rows, and two half-panel tiles per block where one full-panel tile reads each weight once.
+//
 // int8 GEMM (the draft): weights int8 with one scale per output, packed [G][K / 4][32][4]; each row of x quantised
 // to int8 on its own (scale max |x| / 127); products summed as exact int32s (VNNI's dpbusd where the CPU has it,
 // 16-bit multiply-adds otherwise: the same integers), then scaled. Integer sums are exact, so no order can change a
@@ -140,25 +149,30 @@ inline void weights_at(const float* p, __m256& w0, __m256& w1, __m256& w2, __m25
 // The FMA order per output is k ascending, whatever R is. The loops over rows and vectors are unrolled so that the
 // accumulators stay in registers; the empty asm keeps the four weight vectors in registers too (GCC would otherwise
 // fold them into every FMA as memory operands: R times the loads, which halved the throughput).
-// `ahead` (elements, 0 = none): also prefetch the weights that far ahead into L2 (the first row group of a block
-// does, two blocks ahead: while the other groups compute on this block from L1, the memory keeps streaming; without
-// it, 8 rows cost 1.4-1.7x one row here, with it 1.03x, measured on SmolLM2's shapes).
+// `prefetch`: lines of the weights two blocks ahead to bring into L2 while this call computes, spread evenly over
+// its k (gemm_packed deals each row group of a block its share of the block two ahead, so that the memory keeps
+// streaming however many row groups a block has: when only the first group prefetched its whole share, the
+// others computed with no line in flight, and 16 rows cost 1.65-1.84x one row (issue 40); without any prefetch,
+// 8 rows cost 1.4-1.7x one row, with it 1.03x, measured on SmolLM2's shapes).
+struct Prefetch {
+  const char* lines = nullptr;
+  int64_t count = 0;
+};
+
 template <int R, typename T>
-inline void micro(const T* panel, int64_t kn, const float* x, int64_t ldx, float* acc, bool zero, int64_t ahead) {
+inline void micro(const T* panel, int64_t kn, const float* x, int64_t ldx, float* acc, bool zero, Prefetch prefetch) {
   __m256 a[R][4];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) a[r][v] = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + r * kPanel + v * 8);
+  int64_t issued = 0;
   for (int64_t k = 0; k < kn; ++k) {
     __m256 w0, w1, w2, w3;
     weights_at(panel + k * kPanel, w0, w1, w2, w3);
     asm("" : "+x"(w0), "+x"(w1), "+x"(w2), "+x"(w3));
-    if (ahead) {
-      const char* next = reinterpret_cast<const char*>(panel + k * kPanel + ahead);
-      _mm_prefetch(next, _MM_HINT_T1);
-      if (sizeof(T) * kPanel > 64) _mm_prefetch(next + 64, _MM_HINT_T1);
-    }
+    for (; issued < prefetch.count && issued * kn < (k + 1) * prefetch.count; ++issued)
+      _mm_prefetch(prefetch.lines + issued * 64, _MM_HINT_T1);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
@@ -184,15 +198,15 @@ constexpr int kRows = 2;
 
 template <typename T>
 inline void micro_rows(int64_t rows, const T* panel, int64_t kn, const float* x, int64_t ldx, float* acc, bool zero,
-                       int64_t ahead) {
+                       Prefetch prefetch) {
   switch (rows) {
-    case 1: micro<1>(panel, kn, x, ldx, acc, zero, ahead); break;
-    case 2: micro<2>(panel, kn, x, ldx, acc, zero, ahead); break;
+    case 1: micro<1>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 2: micro<2>(panel, kn, x, ldx, acc, zero, prefetch); break;
 #if defined(__AVX512F__)
-    case 3: micro<3>(panel, kn, x, ldx, acc, zero, ahead); break;
-    case 4: micro<4>(panel, kn, x, ldx, acc, zero, ahead); break;
-    case 5: micro<5>(panel, kn, x, ldx, acc, zero, ahead); break;
-    case 6: micro<6>(panel, kn, x, ldx, acc, zero, ahead); break;
+    case 3: micro<3>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 4: micro<4>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 5: micro<5>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 6: micro<6>(panel, kn, x, ldx, acc, zero, prefetch); break;
 #endif
   }
 }
@@ -235,6 +249,7 @@ void gemm_packed(const float* X, const float* P, int64_t M, int64_t K, int64_t N
   const int64_t groups = (N + kPanel - 1) / kPanel;
   const int64_t kc = kBlockBytes / (kPanel * static_cast<int64_t>(sizeof(float)));  // a block fills 16 KB
   const int64_t ahead = 2 * kBlockBytes / static_cast<int64_t>(sizeof(float));  // prefetch distance, in weights
+  const int64_t row_groups = (M + kRows - 1) / kRows;
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     std::vector<float> acc_buffer(static_cast<size_t>(M) * kPanel);  // this panel's partial sums, all rows
     float* acc = acc_buffer.data();
@@ -242,9 +257,14 @@ void gemm_packed(const float* X, const float* P, int64_t M, int64_t K, int64_t N
       const float* panel = P + g * K * kPanel;
       for (int64_t k0 = 0; k0 < K; k0 += kc) {
         const int64_t kn = std::min(kc, K - k0);
-        for (int64_t r = 0; r < M; r += kRows)
+        // the block two ahead (the next panel's first blocks at a panel's end), a share per row group
+        const char* next = reinterpret_cast<const char*>(panel + k0 * kPanel + ahead);
+        const int64_t lines = kn * kPanel * static_cast<int64_t>(sizeof(float)) / 64;
+        for (int64_t r = 0, group = 0; r < M; r += kRows, ++group) {
+          const int64_t first = group * lines / row_groups, last = (group + 1) * lines / row_groups;
           micro_rows(std::min<int64_t>(kRows, M - r), panel + k0 * kPanel, kn, X + r * K + k0, K, acc + r * kPanel,
-                     k0 == 0, r == 0 ? ahead : 0);
+                     k0 == 0, Prefetch{next + first * 64, last - first});
+        }
       }
       epilogue(acc, M, g * kPanel, N, nullptr, nullptr, bias, residual, Y);
     }
@@ -786,8 +806,13 @@ double fma_peak_gflops(int64_t iterations) {
   const auto start = std::chrono::steady_clock::now();
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      __m256 a0 = _mm256_set1_ps(1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
-             a9 = a0, a10 = a0, a11 = a0;
+      // twelve different starting values: chains that start equal compute equal values, and GCC merged them into
+      // one chain (one FMA per iteration, latency-bound), so this reported 12 x 8 x 2 flops per 4 cycles, 1.5x the
+      // machine's peak (323 "GFLOPS" with 2 threads on a 2-core Sapphire Rapids guest, where 256-bit FMAs reach ~215)
+      __m256 a0 = _mm256_set1_ps(1.0f), a1 = _mm256_set1_ps(1.01f), a2 = _mm256_set1_ps(1.02f),
+             a3 = _mm256_set1_ps(1.03f), a4 = _mm256_set1_ps(1.04f), a5 = _mm256_set1_ps(1.05f),
+             a6 = _mm256_set1_ps(1.06f), a7 = _mm256_set1_ps(1.07f), a8 = _mm256_set1_ps(1.08f),
+             a9 = _mm256_set1_ps(1.09f), a10 = _mm256_set1_ps(1.10f), a11 = _mm256_set1_ps(1.11f);
       const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
       for (int64_t i = 0; i < iterations; ++i) {
         a0 = _mm256_fmadd_ps(a0, m, c); a1 = _mm256_fmadd_ps(a1, m, c); a2 = _mm256_fmadd_ps(a2, m, c);
