@@ -341,3 +341,40 @@ def test_a_lock_file_left_by_a_killed_build_does_not_stop_the_kernels_loading():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == kernels.int8_dot(), done.stderr[-500:]
     assert not (kernels.build_directory() / "lock").exists()
+
+
+_GEMM_PROBE = """
+import sys, torch
+from rakv.runtime.compact import Linear
+torch.manual_seed(0)
+out = {}
+for inner, outputs in ((576, 960), (1536, 576), (96, 200)):
+    projection = Linear.of(torch.randn(outputs, inner) * 0.05, torch.randn(outputs))
+    x = torch.randn(40, inner)
+    with torch.inference_mode():
+        for rows in (1, 5, 6, 13, 16, 17, 40):
+            out[inner, outputs, rows] = projection(x[:rows])
+torch.save(out, sys.argv[1])
+"""
+
+
+@pytest.mark.slow
+def test_an_avx2_build_gives_every_gemm_row_the_bits_of_this_machines_build(tmp_path):
+    """The GEMM's bits do not depend on the vector width (kernels.cpp: eight-lane tiles on AVX2, sixteen-lane ones
+    with AVX-512, two or more row counts per call): the same rows through a build for x86-64-v3 (AVX2 + FMA, compiled
+    on first use, about a minute) and through this machine's build, in two fresh processes, are equal bit for bit."""
+    import os
+    import subprocess
+    import sys
+
+    results = {}
+    for march in ("native", "x86-64-v3"):
+        path = tmp_path / f"{march}.pt"
+        env = {**os.environ, "RAKV_KERNELS_MARCH": march}
+        done = subprocess.run([sys.executable, "-c", _GEMM_PROBE, str(path)], env=env, capture_output=True,
+                              text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-1000:]
+        results[march] = torch.load(path)
+    assert results["native"].keys() == results["x86-64-v3"].keys()
+    for key, value in results["native"].items():
+        assert torch.equal(value, results["x86-64-v3"][key]), f"{key}: the two builds differ"

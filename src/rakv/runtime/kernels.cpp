@@ -1,6 +1,6 @@
 // The CPU kernels of the compact forward (rakv.runtime.compact): one GEMM for every row count, attention per query
 // row, and the row-wise RMSNorm / LayerNorm / RoPE / SiLU*up / GELU. Compiled on first use for the machine it runs on
-// (rakv.runtime.kernels.native); AVX2 + FMA are required, nothing newer is used.
+// (rakv.runtime.kernels.native); AVX2 + FMA are required, AVX-512 and VNNI used where the build's -march has them.
 //
 // Why hand-written: every row of every batched forward must come out bit-identical to the same row computed alone
 // (a decode step alone, inside a verify of k + 1 rows, beside other requests' rows, or as one row of a prefill chunk
@@ -10,22 +10,24 @@
 // No library offers a CPU GEMM that is both batch-invariant and at the machine's price, so:
 //
 // GEMM, y = x W^T. W is packed once into panels of 32 outputs, [ceil(N / 32)][K][32], so that the weights a thread
-// needs are one contiguous stream. A micro-kernel keeps 32 outputs x R rows of accumulators in registers (R = 2
-// with AVX2's 16 registers, 6 with AVX-512's 32) and walks k in order; K is cut into blocks
+// needs are one contiguous stream. A micro-kernel keeps 32 outputs x R rows of accumulators in registers (with
+// AVX2's sixteen 8-lane registers, four vectors per row and R = 2; with AVX-512's thirty-two 16-lane registers, two
+// vectors per row and R = 6, or 12 when there are more than 16 rows) and walks k in order; K is cut into blocks
 // that stay in L1 (16 KB of weights), the partial sums going through memory between blocks, which does not change
 // their order. Each output is therefore one chain of fused multiply-adds over k = 0 .. K - 1, starting from zero,
-// whatever the other rows are and however rows are grouped: batch invariance by construction. Threads split the
+// whatever the other rows are, however rows are grouped and whatever the vector width (a lane never sees another):
+// batch invariance by construction, and the same bits from an AVX2 build as from an AVX-512 one. Threads split the
 // output panels, never k. With few rows a pass streams the weights once (the memory's price); with many, each
 // 16 KB block is reused from L1 by every row (the FMA units' price).
 //
-// Measured against the FMA peak as fma_peak_gflops now measures it (~215 GFLOPS for 2 threads of 256-bit FMAs on a
-// 2-core Sapphire Rapids guest; it used to report 323, see there), 512 rows run at ~70 % (AVX-512 encodings) and
-// ~63 % (AVX2). Tried and not kept (issue 40): 6 x 16 tiles over rows copied side by side, K blocks of 192 (12 x 16
-// with AVX-512's registers), the classic AVX2 register tile (12 chains instead of 8). One thread timed by its CPU
-// time, 512 rows went from 70-79 to 86-93 GFLOPS with AVX2; with 2 threads, measured side by side, 512 rows were
-// no faster (1,002 vs 1,013 ms with AVX2, 989 vs 929 with AVX-512 encodings) and 4-16 rows were slower (16 rows
-// 2.30x one row instead of 1.84x with AVX2, 1.99x instead of 1.65x with AVX-512): the extra pass copying the
-// rows, and two half-panel tiles per block where one full-panel tile reads each weight once.
+// Measured on a 2-core Sapphire Rapids guest (2 threads, SmolLM2's projections; issue 40): with AVX-512, 16-lane
+// FMAs took 512 rows from ~207 to ~300 GFLOPS (the FMA peak fma_peak_gflops measures is ~490 with 16 lanes, ~262
+// with 8) and 16 rows from 1.21x to 1.1x one row. Tried and not kept: 32 KB K blocks (5 % faster at 512 rows here,
+// but they would not stay in the 32 KB L1 of many AVX2 and AVX-512 CPUs), 14 rows per call with AVX-512 (slower:
+// 294 GFLOPS), 8 rows per call up to 16 rows (8 rows 1.05x one row, against 0.95x six at a time); 6 x 16 tiles over
+// rows copied side by side, K blocks of 192, the classic AVX2 register tile (12 chains instead of 8): with 2
+// threads 512 rows were no faster and 4-16 rows slower (the extra pass copying the rows, and two half-panel tiles
+// per block where one full-panel tile reads each weight once).
 //
 // int8 GEMM (the draft): weights int8 with one scale per output, packed [G][K / 4][32][4]; each row of x quantised
 // to int8 on its own (scale max |x| / 127); products summed as exact int32s (VNNI's dpbusd where the CPU has it,
@@ -188,27 +190,77 @@ inline void micro(const T* panel, int64_t kn, const float* x, int64_t ldx, float
     for (int v = 0; v < 4; ++v) _mm256_storeu_ps(acc + r * kPanel + v * 8, a[r][v]);
 }
 
-// rows per micro-kernel call: 4 R accumulators + 4 weights + 1 broadcast must fit the vector registers (16 with
-// AVX2: R = 2; 32 with AVX-512's encodings: R = 6). Which rows share a call never changes a row's sums.
 #if defined(__AVX512F__)
-constexpr int kRows = 6;
-#else
-constexpr int kRows = 2;
+// The same micro-kernel with AVX-512's 16-lane vectors: a panel's 32 outputs are two vectors instead of four. A lane
+// never sees another lane, so each output is the same chain of fused multiply-adds over k as with eight lanes (the
+// bits do not depend on the build's vector width: tests/test_kernels.py), at twice the work per instruction; on a
+// CPU with two 512-bit FMA units (Sapphire Rapids) that is twice the arithmetic per cycle, where a GEMM of 16 or more
+// rows is bound.
+template <int R>
+inline void micro16(const float* panel, int64_t kn, const float* x, int64_t ldx, float* acc, bool zero,
+                    Prefetch prefetch) {
+  __m512 a[R][2];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < 2; ++v) a[r][v] = zero ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * kPanel + v * 16);
+  int64_t issued = 0;
+  for (int64_t k = 0; k < kn; ++k) {
+    __m512 w0 = _mm512_loadu_ps(panel + k * kPanel), w1 = _mm512_loadu_ps(panel + k * kPanel + 16);
+    asm("" : "+v"(w0), "+v"(w1));
+    for (; issued < prefetch.count && issued * kn < (k + 1) * prefetch.count; ++issued)
+      _mm_prefetch(prefetch.lines + issued * 64, _MM_HINT_T1);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_set1_ps(x[r * ldx + k]);
+      a[r][0] = _mm512_fmadd_ps(xv, w0, a[r][0]);
+      a[r][1] = _mm512_fmadd_ps(xv, w1, a[r][1]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < 2; ++v) _mm512_storeu_ps(acc + r * kPanel + v * 16, a[r][v]);
+}
 #endif
+
+// rows per micro-kernel call: the accumulators (4 R of eight lanes, 2 R of sixteen) + the weights + 1 broadcast must
+// fit the vector registers (16 with AVX2: R = 2; 32 with AVX-512: R up to 12). With AVX-512, up to 16 rows go six
+// at a time and more rows twelve at a time (measured on SmolLM2's projections, 2 threads: 8 rows cost 0.95x one row
+// six at a time and 1.05x eight at a time; 512 rows ran at ~300 GFLOPS twelve at a time, ~280 six or eight at a
+// time). Which rows share a call never changes a row's sums.
+#if defined(__AVX512F__)
+constexpr int kRowsFew = 6, kRowsMany = 12;
+#else
+constexpr int kRowsFew = 2, kRowsMany = 2;
+#endif
+inline int64_t rows_per_call(int64_t M) { return M > 16 ? kRowsMany : kRowsFew; }
+constexpr int kRowsI8 = kRowsFew;  // the int8 kernel's eight-lane integer tiles: 4 R + 4 + 1 registers
 
 template <typename T>
 inline void micro_rows(int64_t rows, const T* panel, int64_t kn, const float* x, int64_t ldx, float* acc, bool zero,
                        Prefetch prefetch) {
+#if defined(__AVX512F__)
+  switch (rows) {
+    case 1: micro16<1>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 2: micro16<2>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 3: micro16<3>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 4: micro16<4>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 5: micro16<5>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 6: micro16<6>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 7: micro16<7>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 8: micro16<8>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 9: micro16<9>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 10: micro16<10>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 11: micro16<11>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 12: micro16<12>(panel, kn, x, ldx, acc, zero, prefetch); break;
+  }
+#else
   switch (rows) {
     case 1: micro<1>(panel, kn, x, ldx, acc, zero, prefetch); break;
     case 2: micro<2>(panel, kn, x, ldx, acc, zero, prefetch); break;
-#if defined(__AVX512F__)
-    case 3: micro<3>(panel, kn, x, ldx, acc, zero, prefetch); break;
-    case 4: micro<4>(panel, kn, x, ldx, acc, zero, prefetch); break;
-    case 5: micro<5>(panel, kn, x, ldx, acc, zero, prefetch); break;
-    case 6: micro<6>(panel, kn, x, ldx, acc, zero, prefetch); break;
-#endif
   }
+#endif
 }
 
 // y[M, N] = ((x[M, K] @ W^T) * scale + bias) + residual, W packed [G][K][32]
@@ -249,7 +301,7 @@ void gemm_packed(const float* X, const float* P, int64_t M, int64_t K, int64_t N
   const int64_t groups = (N + kPanel - 1) / kPanel;
   const int64_t kc = kBlockBytes / (kPanel * static_cast<int64_t>(sizeof(float)));  // a block fills 16 KB
   const int64_t ahead = 2 * kBlockBytes / static_cast<int64_t>(sizeof(float));  // prefetch distance, in weights
-  const int64_t row_groups = (M + kRows - 1) / kRows;
+  const int64_t kRows = rows_per_call(M), row_groups = (M + kRows - 1) / kRows;
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     std::vector<float> acc_buffer(static_cast<size_t>(M) * kPanel);  // this panel's partial sums, all rows
     float* acc = acc_buffer.data();
@@ -393,8 +445,8 @@ void gemm_int8(const float* X, const int8_t* P, const int32_t* colsum, int64_t M
       const int8_t* panel = P + g * K4 * kPanel * 4;
       for (int64_t q0 = 0; q0 < K4; q0 += qc) {
         const int64_t qn = std::min(qc, K4 - q0);
-        for (int64_t r = 0; r < M; r += kRows)
-          micro_i8_rows(std::min<int64_t>(kRows, M - r), panel + q0 * kPanel * 4, qn, xq.data() + r * ldx + q0 * 4,
+        for (int64_t r = 0; r < M; r += kRowsI8)
+          micro_i8_rows(std::min<int64_t>(kRowsI8, M - r), panel + q0 * kPanel * 4, qn, xq.data() + r * ldx + q0 * 4,
                         ldx, acc.data() + r * kPanel, q0 == 0, r == 0 ? ahead : 0);
       }
       if (kBiasedX)
@@ -798,38 +850,55 @@ torch::Tensor panel_rows(const torch::Tensor& packed, const torch::Tensor& ids_i
   return out;
 }
 
-// The machine's fp32 FMA peak as this code can reach it: every thread runs twelve independent chains of 8-lane FMAs
-// for `iterations` steps; returns GFLOPS of all threads together.
+// the FMA chains of fma_peak_gflops: twelve of vector type V, `iterations` each; returns their sum (kept)
+template <typename V, typename Set, typename Fma, typename Add>
+V fma_chains(int64_t iterations, Set set1, Fma fma, Add add) {
+  // twelve different starting values: chains that start equal compute equal values, and GCC merged them into one
+  // chain (one FMA per iteration, latency-bound), so this reported 12 x 8 x 2 flops per 4 cycles, 1.5x the
+  // machine's peak (323 "GFLOPS" with 2 threads on a 2-core Sapphire Rapids guest, where 256-bit FMAs reach ~260)
+  V a0 = set1(1.0f), a1 = set1(1.01f), a2 = set1(1.02f), a3 = set1(1.03f), a4 = set1(1.04f), a5 = set1(1.05f),
+    a6 = set1(1.06f), a7 = set1(1.07f), a8 = set1(1.08f), a9 = set1(1.09f), a10 = set1(1.10f), a11 = set1(1.11f);
+  const V m = set1(0.999999f), c = set1(1e-7f);
+  for (int64_t i = 0; i < iterations; ++i) {
+    a0 = fma(a0, m, c); a1 = fma(a1, m, c); a2 = fma(a2, m, c); a3 = fma(a3, m, c); a4 = fma(a4, m, c);
+    a5 = fma(a5, m, c); a6 = fma(a6, m, c); a7 = fma(a7, m, c); a8 = fma(a8, m, c); a9 = fma(a9, m, c);
+    a10 = fma(a10, m, c); a11 = fma(a11, m, c);
+  }
+  return add(add(add(add(a0, a1), add(a2, a3)), add(add(a4, a5), add(a6, a7))), add(add(a8, a9), add(a10, a11)));
+}
+
+// fp32 FMA throughput of all threads, GFLOPS, with the vectors the GEMM uses (sixteen lanes where the build has
+// AVX-512, eight otherwise): the peak prefill is measured against
 double fma_peak_gflops(int64_t iterations) {
   const int threads = at::get_num_threads();
-  std::vector<float> sink(threads * 8);
+#if defined(__AVX512F__)
+  constexpr int lanes = 16;
+#else
+  constexpr int lanes = 8;
+#endif
+  std::vector<float> sink(threads * lanes);
   const auto start = std::chrono::steady_clock::now();
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      // twelve different starting values: chains that start equal compute equal values, and GCC merged them into
-      // one chain (one FMA per iteration, latency-bound), so this reported 12 x 8 x 2 flops per 4 cycles, 1.5x the
-      // machine's peak (323 "GFLOPS" with 2 threads on a 2-core Sapphire Rapids guest, where 256-bit FMAs reach ~215)
-      __m256 a0 = _mm256_set1_ps(1.0f), a1 = _mm256_set1_ps(1.01f), a2 = _mm256_set1_ps(1.02f),
-             a3 = _mm256_set1_ps(1.03f), a4 = _mm256_set1_ps(1.04f), a5 = _mm256_set1_ps(1.05f),
-             a6 = _mm256_set1_ps(1.06f), a7 = _mm256_set1_ps(1.07f), a8 = _mm256_set1_ps(1.08f),
-             a9 = _mm256_set1_ps(1.09f), a10 = _mm256_set1_ps(1.10f), a11 = _mm256_set1_ps(1.11f);
-      const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-      for (int64_t i = 0; i < iterations; ++i) {
-        a0 = _mm256_fmadd_ps(a0, m, c); a1 = _mm256_fmadd_ps(a1, m, c); a2 = _mm256_fmadd_ps(a2, m, c);
-        a3 = _mm256_fmadd_ps(a3, m, c); a4 = _mm256_fmadd_ps(a4, m, c); a5 = _mm256_fmadd_ps(a5, m, c);
-        a6 = _mm256_fmadd_ps(a6, m, c); a7 = _mm256_fmadd_ps(a7, m, c); a8 = _mm256_fmadd_ps(a8, m, c);
-        a9 = _mm256_fmadd_ps(a9, m, c); a10 = _mm256_fmadd_ps(a10, m, c); a11 = _mm256_fmadd_ps(a11, m, c);
-      }
-      __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                               _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
-      s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
-      _mm256_storeu_ps(sink.data() + t * 8, s);
+#if defined(__AVX512F__)
+      const __m512 s = fma_chains<__m512>(
+          iterations, [](float v) { return _mm512_set1_ps(v); },
+          [](__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); },
+          [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
+      _mm512_storeu_ps(sink.data() + t * lanes, s);
+#else
+      const __m256 s = fma_chains<__m256>(
+          iterations, [](float v) { return _mm256_set1_ps(v); },
+          [](__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); },
+          [](__m256 a, __m256 b) { return _mm256_add_ps(a, b); });
+      _mm256_storeu_ps(sink.data() + t * lanes, s);
+#endif
     }
   });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   volatile float keep = sink[0];
   (void)keep;
-  return threads * static_cast<double>(iterations) * 12 * 8 * 2 / seconds / 1e9;
+  return threads * static_cast<double>(iterations) * 12 * lanes * 2 / seconds / 1e9;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
