@@ -189,12 +189,16 @@ def print_kernels(report: dict) -> None:
         return
     for label in ("f32", "q4_1"):
         row = peer_row[label]
-        print(f"llama.cpp {peer_row['version']} {label}: decode {row['ms_per_token']:.2f} ms/token, prefill "
+        if "error" in row:
+            print(f"llama.cpp {label}: not measured: {row['error']}")
+            continue
+        print(f"llama.cpp {row['version']} {label}: decode {row['ms_per_token']:.2f} ms/token, prefill "
               f"{row['prefill_tokens_per_s']:.0f} tokens/s ({row['prefill_tokens']} tokens); first 16 tokens "
               f"equal ours: {row['same_first_tokens_as_ours']}")
-    print(f"ours / llama.cpp F32: AR decode after the first token {peer_row['ours_decode_ms_per_token']:.2f} "
-          f"ms/token = {peer_row['ar_over_f32']:.3f}x (goal <=1.0), prefill of {pre['prompt_tokens']} tokens "
-          f"{pre['ours_tokens_per_s']:.0f} tokens/s = {peer_row['prefill_over_f32']:.2f}x (goal >=1.5)")
+    if peer_row["ar_over_f32"] is not None:
+        print(f"ours / llama.cpp F32: AR decode after the first token {peer_row['ours_decode_ms_per_token']:.2f} "
+              f"ms/token = {peer_row['ar_over_f32']:.3f}x (goal <=1.0), prefill of {pre['prompt_tokens']} tokens "
+              f"{pre['ours_tokens_per_s']:.0f} tokens/s = {peer_row['prefill_over_f32']:.2f}x (goal >=1.5)")
 
 
 def print_load(m: dict, start: dict) -> None:
