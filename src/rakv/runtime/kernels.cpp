@@ -22,8 +22,7 @@
 //
 // Measured on a 2-core Sapphire Rapids guest (2 threads, SmolLM2's projections; issue 40): with AVX-512, 16-lane
 // FMAs took 512 rows from ~207 to ~300 GFLOPS (the FMA peak fma_peak_gflops measures is ~490 with 16 lanes, ~262
-// with 8) and 16 rows from 1.21x to 1.1x one row; walking k outside a chunk of panels for more than 16 rows, with
-// the prefetches out of the micro-kernel, took 512 rows in cache to 300-380 (gemm_packed). Tried and not kept: 32 KB K blocks (5 % faster at 512 rows here,
+// with 8) and 16 rows from 1.21x to 1.1x one row. Tried and not kept: 32 KB K blocks (5 % faster at 512 rows here,
 // but they would not stay in the 32 KB L1 of many AVX2 and AVX-512 CPUs), 14 rows per call with AVX-512 (slower:
 // 294 GFLOPS), 8 rows per call up to 16 rows (8 rows 1.05x one row, against 0.95x six at a time); 6 x 16 tiles over
 // rows copied side by side, K blocks of 192, the classic AVX2 register tile (12 chains instead of 8): with 2
@@ -197,9 +196,7 @@ inline void micro(const T* panel, int64_t kn, const float* x, int64_t ldx, float
 // bits do not depend on the build's vector width: tests/test_kernels.py), at twice the work per instruction; on a
 // CPU with two 512-bit FMA units (Sapphire Rapids) that is twice the arithmetic per cycle, where a GEMM of 16 or more
 // rows is bound.
-// `Fetch = false` leaves the prefetching to the caller: with R = 12 the rows' addresses, the panel, k and the prefetch
-// counters outnumber the integer registers, and the spilled ones were reloaded from the stack on every k.
-template <int R, bool Fetch = true>
+template <int R>
 inline void micro16(const float* panel, int64_t kn, const float* x, int64_t ldx, float* acc, bool zero,
                     Prefetch prefetch) {
   __m512 a[R][2];
@@ -211,9 +208,8 @@ inline void micro16(const float* panel, int64_t kn, const float* x, int64_t ldx,
   for (int64_t k = 0; k < kn; ++k) {
     __m512 w0 = _mm512_loadu_ps(panel + k * kPanel), w1 = _mm512_loadu_ps(panel + k * kPanel + 16);
     asm("" : "+v"(w0), "+v"(w1));
-    if (Fetch)
-      for (; issued < prefetch.count && issued * kn < (k + 1) * prefetch.count; ++issued)
-        _mm_prefetch(prefetch.lines + issued * 64, _MM_HINT_T1);
+    for (; issued < prefetch.count && issued * kn < (k + 1) * prefetch.count; ++issued)
+      _mm_prefetch(prefetch.lines + issued * 64, _MM_HINT_T1);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512 xv = _mm512_set1_ps(x[r * ldx + k]);
@@ -241,30 +237,6 @@ constexpr int kRowsFew = 2, kRowsMany = 2;
 inline int64_t rows_per_call(int64_t M) { return M > 16 ? kRowsMany : kRowsFew; }
 constexpr int kRowsI8 = kRowsFew;  // the int8 kernel's eight-lane integer tiles: 4 R + 4 + 1 registers
 
-#if defined(__AVX512F__)
-// rows (1 .. 12), row-major x, no prefetch in the loop (gemm_packed issues a block's prefetches before it)
-inline void micro_rows_nofetch(int64_t rows, const float* panel, int64_t kn, const float* x, int64_t ldx, float* acc,
-                               bool zero) {
-  switch (rows) {
-    case 1: micro16<1, false>(panel, kn, x, ldx, acc, zero, {}); break;
-    case 2: micro16<2, false>(panel, kn, x, ldx, acc, zero, {}); break;
-    case 3: micro16<3, false>(panel, kn, x, ldx, acc, zero, {}); break;
-    case 4: micro16<4, false>(panel, kn, x, ldx, acc, zero, {}); break;
-    case 5: micro16<5, false>(panel, kn, x, ldx, acc, zero, {}); break;
-    case 6: micro16<6, false>(panel, kn, x, ldx, acc, zero, {}); break;
-    case 7: micro16<7, false>(panel, kn, x, ldx, acc, zero, {}); break;
-    case 8: micro16<8, false>(panel, kn, x, ldx, acc, zero, {}); break;
-    case 9: micro16<9, false>(panel, kn, x, ldx, acc, zero, {}); break;
-    case 10: micro16<10, false>(panel, kn, x, ldx, acc, zero, {}); break;
-    case 11: micro16<11, false>(panel, kn, x, ldx, acc, zero, {}); break;
-    case 12: micro16<12, false>(panel, kn, x, ldx, acc, zero, {}); break;
-  }
-}
-#else
-inline void micro_rows_nofetch(int64_t rows, const float* panel, int64_t kn, const float* x, int64_t ldx, float* acc,
-                               bool zero);
-#endif
-
 template <typename T>
 inline void micro_rows(int64_t rows, const T* panel, int64_t kn, const float* x, int64_t ldx, float* acc, bool zero,
                        Prefetch prefetch) {
@@ -290,13 +262,6 @@ inline void micro_rows(int64_t rows, const T* panel, int64_t kn, const float* x,
   }
 #endif
 }
-
-#if !defined(__AVX512F__)
-inline void micro_rows_nofetch(int64_t rows, const float* panel, int64_t kn, const float* x, int64_t ldx, float* acc,
-                               bool zero) {
-  micro_rows(rows, panel, kn, x, ldx, acc, zero, Prefetch{});
-}
-#endif
 
 // y[M, N] = ((x[M, K] @ W^T) * scale + bias) + residual, W packed [G][K][32]
 // y[r][n0 .. n0 + 32) for every row r from a panel's sums: ((sum * row_scale[r]) * scale[n] + bias[n]) + residual,
@@ -337,39 +302,6 @@ void gemm_packed(const float* X, const float* P, int64_t M, int64_t K, int64_t N
   const int64_t kc = kBlockBytes / (kPanel * static_cast<int64_t>(sizeof(float)));  // a block fills 16 KB
   const int64_t ahead = 2 * kBlockBytes / static_cast<int64_t>(sizeof(float));  // prefetch distance, in weights
   const int64_t kRows = rows_per_call(M), row_groups = (M + kRows - 1) / kRows;
-  if (M > 16) {
-    // Many rows: a thread takes its panels kChunk at a time and walks k outermost, so that a K block of x (M x 128
-    // floats) is reused from L2 by all of them, where walking the panels outermost streamed the whole of x (3 MB at
-    // 512 rows of 1536) from L3 once per panel; the sums of kChunk panels (kChunk x M x 32 floats) wait in L2
-    // between K blocks. A block's prefetches are issued before it, outside the micro-kernel, whose twelve rows'
-    // addresses already fill the integer registers. Each output's chain keeps its order. Measured in cache (2
-    // threads, 512 rows): ~300 -> 350-380 GFLOPS of a 490 peak.
-    constexpr int64_t kChunk = 8;
-    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-      std::vector<float> acc_buffer(static_cast<size_t>(std::min(kChunk, g1 - g0) * M * kPanel));
-      for (int64_t c0 = g0; c0 < g1; c0 += kChunk) {
-        const int64_t c1 = std::min(g1, c0 + kChunk), n = c1 - c0;
-        for (int64_t k0 = 0; k0 < K; k0 += kc) {
-          const int64_t kn = std::min(kc, K - k0);
-          const int64_t lines = kn * kPanel * static_cast<int64_t>(sizeof(float)) / 64;
-          for (int64_t g = c0; g < c1; ++g) {
-            // the block two on in this order (panel within k), a share per row group; none past the chunk's last
-            const int64_t j = g - c0 + 2, nk = k0 + (j / n) * kc, ng = c0 + j % n;
-            const char* next = nk < K ? reinterpret_cast<const char*>(P + ng * K * kPanel + nk * kPanel) : nullptr;
-            float* acc = acc_buffer.data() + (g - c0) * M * kPanel;
-            if (next)
-              for (int64_t l = 0; l < lines; ++l) _mm_prefetch(next + l * 64, _MM_HINT_T1);
-            for (int64_t r = 0; r < M; r += kRows)
-              micro_rows_nofetch(std::min<int64_t>(kRows, M - r), P + g * K * kPanel + k0 * kPanel, kn,
-                                 X + r * K + k0, K, acc + r * kPanel, k0 == 0);
-          }
-        }
-        for (int64_t g = c0; g < c1; ++g)
-          epilogue(acc_buffer.data() + (g - c0) * M * kPanel, M, g * kPanel, N, nullptr, nullptr, bias, residual, Y);
-      }
-    });
-    return;
-  }
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     std::vector<float> acc_buffer(static_cast<size_t>(M) * kPanel);  // this panel's partial sums, all rows
     float* acc = acc_buffer.data();
@@ -382,9 +314,8 @@ void gemm_packed(const float* X, const float* P, int64_t M, int64_t K, int64_t N
         const int64_t lines = kn * kPanel * static_cast<int64_t>(sizeof(float)) / 64;
         for (int64_t r = 0, group = 0; r < M; r += kRows, ++group) {
           const int64_t first = group * lines / row_groups, last = (group + 1) * lines / row_groups;
-          const int64_t rows = std::min<int64_t>(kRows, M - r);
-          micro_rows(rows, panel + k0 * kPanel, kn, X + r * K + k0, K, acc + r * kPanel, k0 == 0,
-                     Prefetch{next + first * 64, last - first});
+          micro_rows(std::min<int64_t>(kRows, M - r), panel + k0 * kPanel, kn, X + r * K + k0, K, acc + r * kPanel,
+                     k0 == 0, Prefetch{next + first * 64, last - first});
         }
       }
       epilogue(acc, M, g * kPanel, N, nullptr, nullptr, bias, residual, Y);
