@@ -22,7 +22,10 @@
 //
 // Measured on a 2-core Sapphire Rapids guest (2 threads, SmolLM2's projections; issue 40): with AVX-512, 16-lane
 // FMAs took 512 rows from ~207 to ~300 GFLOPS (the FMA peak fma_peak_gflops measures is ~490 with 16 lanes, ~262
-// with 8) and 16 rows from 1.21x to 1.1x one row. Tried and not kept: 32 KB K blocks (5 % faster at 512 rows here,
+// with 8) and 16 rows from 1.21x to 1.1x one row. Tried and not kept: for more than 16 rows, a thread's panels
+// eight at a time with k outermost, the prefetches out of the micro-kernel (300-380 GFLOPS at 512 rows with the
+// weights in cache, but slower from 32 rows up with them streaming from memory, prefill of 64 tokens 57 -> 71 ms:
+// jumping between panels defeats the hardware's stream prefetch), 32 KB K blocks (5 % faster at 512 rows here,
 // but they would not stay in the 32 KB L1 of many AVX2 and AVX-512 CPUs), 14 rows per call with AVX-512 (slower:
 // 294 GFLOPS), 8 rows per call up to 16 rows (8 rows 1.05x one row, against 0.95x six at a time); 6 x 16 tiles over
 // rows copied side by side, K blocks of 192, the classic AVX2 register tile (12 chains instead of 8): with 2
