@@ -171,13 +171,13 @@ inline void micro(const T* panel, int64_t kn, const float* x, int64_t ldx, float
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) a[r][v] = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + r * kPanel + v * 8);
-  int64_t issued = 0;
+  const char* line = prefetch.lines;  // the spread counted by addition (micro_half says why)
+  int64_t owed = 0;
   for (int64_t k = 0; k < kn; ++k) {
     __m256 w0, w1, w2, w3;
     weights_at(panel + k * kPanel, w0, w1, w2, w3);
     asm("" : "+x"(w0), "+x"(w1), "+x"(w2), "+x"(w3));
-    for (; issued < prefetch.count && issued * kn < (k + 1) * prefetch.count; ++issued)
-      _mm_prefetch(prefetch.lines + issued * 64, _MM_HINT_T1);
+    for (owed += prefetch.count; owed >= kn; owed -= kn, line += 64) _mm_prefetch(line, _MM_HINT_T1);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
@@ -207,12 +207,12 @@ inline void micro16(const float* panel, int64_t kn, const float* x, int64_t ldx,
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 2
     for (int v = 0; v < 2; ++v) a[r][v] = zero ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * kPanel + v * 16);
-  int64_t issued = 0;
+  const char* line = prefetch.lines;  // the spread counted by addition (micro_half says why)
+  int64_t owed = 0;
   for (int64_t k = 0; k < kn; ++k) {
     __m512 w0 = _mm512_loadu_ps(panel + k * kPanel), w1 = _mm512_loadu_ps(panel + k * kPanel + 16);
     asm("" : "+v"(w0), "+v"(w1));
-    for (; issued < prefetch.count && issued * kn < (k + 1) * prefetch.count; ++issued)
-      _mm_prefetch(prefetch.lines + issued * 64, _MM_HINT_T1);
+    for (owed += prefetch.count; owed >= kn; owed -= kn, line += 64) _mm_prefetch(line, _MM_HINT_T1);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512 xv = _mm512_set1_ps(x[r * ldx + k]);
@@ -227,17 +227,67 @@ inline void micro16(const float* panel, int64_t kn, const float* x, int64_t ldx,
 }
 #endif
 
-// rows per micro-kernel call: the accumulators (4 R of eight lanes, 2 R of sixteen) + the weights + 1 broadcast must
-// fit the vector registers (16 with AVX2: R = 2; 32 with AVX-512: R up to 12). With AVX-512, up to 16 rows go six
-// at a time and more rows twelve at a time (measured on SmolLM2's projections, 2 threads: 8 rows cost 0.95x one row
-// six at a time and 1.05x eight at a time; 512 rows ran at ~300 GFLOPS twelve at a time, ~280 six or eight at a
-// time). Which rows share a call never changes a row's sums.
+#if !defined(__AVX512F__)
+// With AVX2's sixteen vector registers a full panel (four vectors per row) fits only two rows, whose eight chains of
+// FMAs (each waiting four cycles for the last) keep two FMA units barely fed and load a weight vector per two FMAs.
+// From three rows on, a panel is computed as two halves of 16 outputs each, six rows at a time: twelve accumulators
+// + two weight vectors + one broadcast, twelve FMAs per two weight loads. A half is one of the two cache lines of
+// each k of the panel, so the block in L1 is read once per half. Each output is still one chain over k in order
+// from its starting value: the same bits as the full-panel kernel (tests/test_kernels.py).
+template <int R>
+inline void micro_half(const float* panel, int64_t kn, const float* x, int64_t ldx, float* acc, bool zero,
+                       Prefetch prefetch) {
+  __m256 a[R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < 2; ++v) a[r][v] = zero ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + r * kPanel + v * 8);
+  // the block's share spread evenly over k, counted by addition (Bresenham). It was counted by
+  // `issued * kn < (k + 1) * count`, two multiplies and two compares per k beside the FMAs; by addition, SmolLM2's
+  // projections with their weights streaming (AVX2, 2 threads) went 64 rows 144 -> 84 ms, 512 rows 826 -> 727 ms,
+  // 16 rows 36 -> 25-31 ms (one row 17-20 ms), with this kernel's halves; the same bits.
+  const char* line = prefetch.lines;
+  int64_t owed = 0;
+  for (int64_t k = 0; k < kn; ++k) {
+    __m256 w0 = _mm256_loadu_ps(panel + k * kPanel), w1 = _mm256_loadu_ps(panel + k * kPanel + 8);
+    asm("" : "+x"(w0), "+x"(w1));
+    for (owed += prefetch.count; owed >= kn; owed -= kn, line += 64) _mm_prefetch(line, _MM_HINT_T1);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
+      a[r][0] = _mm256_fmadd_ps(xv, w0, a[r][0]);
+      a[r][1] = _mm256_fmadd_ps(xv, w1, a[r][1]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < 2; ++v) _mm256_storeu_ps(acc + r * kPanel + v * 8, a[r][v]);
+}
+
+// both halves of a panel for R rows, the block's prefetch share split between them
+template <int R>
+inline void micro_halves(const float* panel, int64_t kn, const float* x, int64_t ldx, float* acc, bool zero,
+                         Prefetch prefetch) {
+  const int64_t first = prefetch.count / 2;
+  micro_half<R>(panel, kn, x, ldx, acc, zero, Prefetch{prefetch.lines, first});
+  micro_half<R>(panel + 16, kn, x, ldx, acc + 16, zero, Prefetch{prefetch.lines + first * 64, prefetch.count - first});
+}
+#endif
+
+// rows per micro-kernel call: the accumulators + the weights + 1 broadcast must fit the vector registers. With
+// AVX-512 (32 registers, two 16-lane vectors per row of a panel), up to 16 rows go six at a time and more rows twelve
+// at a time (measured on SmolLM2's projections, 2 threads: 8 rows cost 0.95x one row six at a time and 1.05x eight
+// at a time; 512 rows ran at ~300 GFLOPS twelve at a time, ~280 six or eight at a time). With AVX2 (16 registers),
+// one or two rows go through the full panel, more six at a time through its halves (micro_half). Which rows share a
+// call never changes a row's sums.
 #if defined(__AVX512F__)
 constexpr int kRowsFew = 6, kRowsMany = 12;
-#else
-constexpr int kRowsFew = 2, kRowsMany = 2;
-#endif
 inline int64_t rows_per_call(int64_t M) { return M > 16 ? kRowsMany : kRowsFew; }
+#else
+constexpr int kRowsFew = 2, kRowsMany = 6;
+inline int64_t rows_per_call(int64_t M) { return M > 2 ? kRowsMany : kRowsFew; }
+#endif
 constexpr int kRowsI8 = kRowsFew;  // the int8 kernel's eight-lane integer tiles: 4 R + 4 + 1 registers
 
 template <typename T>
@@ -259,9 +309,18 @@ inline void micro_rows(int64_t rows, const T* panel, int64_t kn, const float* x,
     case 12: micro16<12>(panel, kn, x, ldx, acc, zero, prefetch); break;
   }
 #else
+  if (rows <= kRowsFew) {  // one or two rows (a large GEMM's last call too): the full panel
+    if (rows == 1) micro<1>(panel, kn, x, ldx, acc, zero, prefetch);
+    else micro<2>(panel, kn, x, ldx, acc, zero, prefetch);
+    return;
+  }
   switch (rows) {
-    case 1: micro<1>(panel, kn, x, ldx, acc, zero, prefetch); break;
-    case 2: micro<2>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 1: micro_halves<1>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 2: micro_halves<2>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 3: micro_halves<3>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 4: micro_halves<4>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 5: micro_halves<5>(panel, kn, x, ldx, acc, zero, prefetch); break;
+    case 6: micro_halves<6>(panel, kn, x, ldx, acc, zero, prefetch); break;
   }
 #endif
 }
