@@ -39,7 +39,7 @@ def read_prompts(path: str) -> list[dict]:
 
 ENGINE_FLAGS = ("proposer", "salt", "cache_budget_mib", "reuse_draft", "device", "dtype", "threads", "kernels")
 CONTROLLER_FLAGS = ("k_set", "beta", "memory_penalty_s_per_byte", "memory_budget_mib")
-SAMPLING_FLAGS = ("temperature", "top_p", "seed")
+SAMPLING_FLAGS = ("temperature", "top_p", "seed", "verify")
 
 
 def make_engine(args):

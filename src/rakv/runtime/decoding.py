@@ -19,6 +19,7 @@ from transformers import DynamicCache
 
 from rakv.runtime.compact import Segment
 from rakv.runtime.kernels import compact_of
+from rakv.runtime.verification import VERIFY_RULES, Verdict, probabilities, verify
 
 if TYPE_CHECKING:
     from rakv.runtime.depth import RoundDepth
@@ -33,6 +34,12 @@ class Sampling:
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling: the smallest set of tokens whose "
                                                         "probability reaches it"})
     seed: int = field(default=0, metadata={"help": "of the sampling stream"})
+    verify: str = field(default="token", metadata={
+        "help": "how a sampled round verifies its candidates: 'token' (token-wise rejection sampling) or 'block' "
+                "(the block judged jointly; rakv.runtime.verification)", "choices": VERIFY_RULES})
+
+    def __post_init__(self):
+        assert self.verify in VERIFY_RULES, f"verify must be one of {VERIFY_RULES}, not {self.verify!r}"
 
     @property
     def greedy(self) -> bool:
@@ -167,60 +174,10 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
         cache.crop(-excess)
 
 
-def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-    """Temperature then nucleus (top-p) filtering, as transformers' warpers do; rows sum to 1."""
-    scaled = logits / sampling.temperature
-    if sampling.top_p < 1.0:
-        sorted_logits, order = scaled.sort(dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cumulative - sorted_logits.softmax(-1) >= sampling.top_p  # keeps the token crossing p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        scaled = torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
-    return scaled.softmax(-1)
-
-
 def select_token(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
     if sampling.greedy:
         return int(logits.argmax())
     return int(torch.multinomial(probabilities(logits, sampling), 1, generator=generator))
-
-
-def accept_greedy(candidates: list[int], logits: torch.Tensor) -> list[int]:
-    """Longest agreeing prefix of the candidates, then the target's own token (correction or bonus)."""
-    target = logits.argmax(-1).tolist()
-    n = 0
-    while n < len(candidates) and candidates[n] == target[n]:
-        n += 1
-    return candidates[:n] + [target[n]]
-
-
-def accept_sampled(candidates: list[int], proposal: torch.Tensor | None, logits: torch.Tensor,
-                   sampling: Sampling, generator: torch.Generator) -> list[int]:
-    """Modified rejection sampling: the output is distributed exactly as the target's sampler.
-
-    Accept candidate x with probability min(1, p(x)/q(x)); on the first rejection draw from
-    normalise(max(0, p - q)); if all pass, draw a bonus token from p. `proposal` None means each
-    candidate was chosen deterministically (q is a point mass on it).
-    """
-    p = probabilities(logits, sampling)
-    out = []
-    for i, x in enumerate(candidates):
-        if proposal is None:
-            q = torch.zeros_like(p[i])
-            q[x] = 1.0
-        else:
-            q = proposal[i]
-        u = torch.rand((), generator=generator, device=p.device)
-        if u * q[x] < p[i, x]:  # u < p/q without dividing by a possibly zero q
-            out.append(x)
-            continue
-        residual = (p[i] - q).clamp_min(0)
-        total = residual.sum()
-        residual = residual / total if total > 0 else p[i]
-        out.append(int(torch.multinomial(residual, 1, generator=generator)))
-        return out
-    out.append(int(torch.multinomial(p[len(candidates)], 1, generator=generator)))
-    return out
 
 
 @dataclass
@@ -233,6 +190,9 @@ class DecodeState:
     on_token: Callable[[int], None] | None = None
     tokens: list[int] = field(default_factory=list)
     round_log: list[tuple[int, int]] = field(default_factory=list)  # (proposed, accepted) per speculative round
+    # per round of round_log, each verified candidate's token-wise acceptance probability given the round reached it
+    # (rakv.runtime.verification.Verdict.closed_form): what the measured acceptance is checked against
+    closed_form_log: list[tuple[float, ...]] = field(default_factory=list)
     finished: bool = False
     empty_rounds: int = 0  # rounds whose proposer offered no candidate (prompt lookup without a match, or the budget)
     plain_rounds: int = 0  # rounds whose candidates a per-round depth (rakv.runtime.depth) chose not to verify
@@ -259,11 +219,13 @@ class DecodeState:
         """Rounds that ended at a rejected candidate (the rest accepted all and earned a bonus token)."""
         return sum(a < p for p, a in self.round_log)
 
-    def record_round(self, verified: int, accepted: int, offered: bool) -> None:
-        """Count one speculative round: `verified` candidates of which `accepted` passed; a round that verified none
-        either had candidates a per-round depth declined (`offered`) or none at all."""
+    def record_round(self, verified: int, accepted: int, offered: bool, closed_form: tuple[float, ...] = ()) -> None:
+        """Count one speculative round: `verified` candidates of which `accepted` passed (`closed_form`: their
+        acceptance probabilities, rakv.runtime.verification.Verdict); a round that verified none either had
+        candidates a per-round depth declined (`offered`) or none at all."""
         if verified:
             self.round_log.append((verified, accepted))
+            self.closed_form_log.append(tuple(closed_form))
         elif offered:
             self.plain_rounds += 1
         else:
@@ -322,9 +284,9 @@ def decode_speculative(target, cache, proposer: Proposer, k: int, prompt: list[i
         ids = torch.tensor([[context[-1], *candidates]], dtype=torch.long, device=device)
         with timer.phase("verify"):
             logits = verify_forward(target, ids, cache, proposer, len(context) - 1)
-            new_tokens = accept_round(candidates, proposal, logits, sampling, generator)
+            verdict = accept_round(candidates, proposal, logits, sampling, generator)
         with timer.phase("rollback"):
-            close_round(state, cache, proposer, len(context), new_tokens, candidates, offered, depth, match)
+            close_round(state, cache, proposer, len(context), verdict, candidates, offered, depth, match)
 
 
 def verify_forward(target, ids: torch.Tensor, cache, proposer: Proposer, first_position: int) -> torch.Tensor:
@@ -353,20 +315,19 @@ def kept_candidates(proposer: Proposer, depth: RoundDepth | None, context_length
 
 
 def accept_round(candidates: list[int], proposal: torch.Tensor | None, logits: torch.Tensor, sampling: Sampling,
-                 generator: torch.Generator | None) -> list[int]:
-    """The tokens a verify confirms: the accepted candidates and the target's own next token."""
-    if sampling.greedy:
-        return accept_greedy(candidates, logits)
-    return accept_sampled(candidates, proposal, logits, sampling, generator)
+                 generator: torch.Generator | None) -> Verdict:
+    """What a verify confirms (the accepted candidates and the target's own next token) under the request's sampling
+    and verification rule, with each candidate's closed-form acceptance (rakv.runtime.verification)."""
+    return verify(candidates, proposal, logits, sampling, generator)
 
 
-def close_round(state: DecodeState, cache, proposer: Proposer, context_length: int, new_tokens: list[int],
+def close_round(state: DecodeState, cache, proposer: Proposer, context_length: int, verdict: Verdict,
                 candidates: list[int], offered: list[int], depth: RoundDepth | None, match: str | None) -> None:
     """Roll the target and the proposer back to the confirmed tokens, log the round, confirm its tokens."""
     state.note_memory(cache, proposer)  # before rollback: the rejected candidates' K/V are still held
-    rollback_round(cache, proposer, context_length, new_tokens, candidates, offered, depth, match)
-    state.record_round(len(candidates), len(new_tokens) - 1, bool(offered))
-    state.emit(new_tokens)
+    rollback_round(cache, proposer, context_length, verdict.tokens, candidates, offered, depth, match)
+    state.record_round(len(candidates), verdict.accepted, bool(offered), verdict.closed_form)
+    state.emit(verdict.tokens)
 
 
 def rollback_round(cache, proposer: Proposer, context_length: int, new_tokens: list[int], candidates: list[int],

@@ -49,7 +49,8 @@ class RequestOutput:
 
     tokens: list[int] = field(default_factory=list)  # tokens it produced, in order (the stopping rule applies later)
     cache_positions: int = 0  # positions its target cache holds after the iteration (after rollback)
-    round: tuple[int, int, bool] | None = None  # a speculative round: (verified, accepted, candidates offered)
+    # a speculative round: (verified, accepted, candidates offered, the candidates' closed-form acceptance)
+    round: tuple[int, int, bool, tuple[float, ...]] | None = None
     held_bytes: int = 0  # K/V it held at its peak in the iteration (before rollback), for its peak_kv_bytes
     draft_hit_tokens: int | None = None  # at admission: positions of the draft's K/V the store gave
     error: str | None = None  # its part of the iteration raised: why, in one line (the scheduler fails it alone)
@@ -150,13 +151,14 @@ class Executor:
         if not work.k:
             return self._select(request, slot, logits[-1])
         offered, kept, dists, match = proposal
-        new_tokens = accept_round(kept, dists, logits, request.sampling, slot.generator)
+        verdict = accept_round(kept, dists, logits, request.sampling, slot.generator)
+        new_tokens = verdict.tokens
         held = cache_nbytes(slot.cache) + cache_nbytes(getattr(slot.proposer, "cache", None))  # before rollback
         rollback_round(slot.cache, slot.proposer, len(request.tokens), new_tokens, kept, offered,
                        request.choice.depth, match)
         slot.last_logits = logits[request.state.confirmable(new_tokens) - 1]
-        return RequestOutput(new_tokens, slot.cache.get_seq_length(), (len(kept), len(new_tokens) - 1, bool(offered)),
-                             held)
+        return RequestOutput(new_tokens, slot.cache.get_seq_length(),
+                             (len(kept), verdict.accepted, bool(offered), verdict.closed_form), held)
 
     def _close_prefill(self, request: ServedRequest, logits) -> RequestOutput:
         slot = self.kv.slot(request)

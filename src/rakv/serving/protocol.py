@@ -79,7 +79,7 @@ class SamplingFields(BaseModel):
     def sampling(self, default: Sampling) -> Sampling:
         return Sampling(temperature=default.temperature if self.temperature is None else self.temperature,
                         top_p=default.top_p if self.top_p is None else self.top_p,
-                        seed=default.seed if self.seed is None else self.seed)
+                        seed=default.seed if self.seed is None else self.seed, verify=default.verify)
 
     @property
     def include_usage(self) -> bool:
