@@ -5,6 +5,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,60 @@ def test_every_offline_profile_selects_its_prompts_without_network_or_workspace_
     lines = done.stdout.split("\n")
     assert sum(line.startswith(("smoke", "offline")) for line in lines) == 6
     assert "offline wikitext2 4 bundled" in lines
+
+
+# --- the structured-output and long-context workloads (issue 41)
+
+from rakv.runtime.structured_outputs import SCHEMAS, record, schema_of, structured_texts, validity  # noqa: E402
+from rakv.runtime.workloads import dataset_texts, select_documents, wikitext2_articles  # noqa: E402
+
+
+def test_structured_prompts_are_seeded_and_their_worked_examples_follow_their_schemas():
+    import json
+
+    import numpy as np
+
+    texts = structured_texts(8, seed=3)
+    assert texts == structured_texts(8, seed=3) and texts != structured_texts(8, seed=4)
+    assert {schema_of(i) is SCHEMAS["person"] or schema_of(i) is SCHEMAS["order"] for i, _ in texts} == {True}
+    for prompt_id, text in texts:
+        example = text.split("JSON: ")[1].split("\n")[0]  # the worked example the prompt shows
+        assert validity(example, schema_of(prompt_id)).matches, (prompt_id, example)
+    rng = np.random.default_rng(0)
+    for schema in SCHEMAS:
+        assert validity(" " + json.dumps(record(schema, rng)) + " and more text", SCHEMAS[schema]).matches
+    assert dataset_texts("structured") == structured_texts()
+
+
+@pytest.mark.parametrize("output, parses, matches", [
+    ('{"name": "Ada Lovelace", "age": 36, "city": "Oslo", "skills": ["compilers"]}', True, True),
+    ('{"name": "Ada Lovelace", "age": "36", "city": "Oslo", "skills": ["compilers"]}', True, False),  # a string age
+    ('{"name": "Ada Lovelace", "age": 36, "city": "Oslo"}', True, False),  # a field missing
+    ('{"name": "Ada Lovelace", "age": 36, "city": "Oslo", "skills": [], "x": 1}', True, False),
+    ('{"name": "Ada Lovelace", "age": 36,', False, False),  # cut off
+    ('Sure! {"name": "Ada"}', False, False),  # not JSON first
+    ("", False, False),
+])
+def test_validity_tells_parsing_from_following_the_schema(output, parses, matches):
+    v = validity(output, SCHEMAS["person"])
+    assert (v.parses, v.matches) == (parses, matches)
+
+
+def test_long_context_documents_share_their_prefix_across_questions():
+    articles = wikitext2_articles()
+    assert len(articles) > 50 and all(a.title and a.text for a in articles)
+    assert articles[0].title == "Robert <unk>" and "Career" in articles[0].sections
+
+    def encode(text):  # words as tokens: the selection needs lengths, not a tokenizer
+        return [zlib.crc32(w.encode()) % 50_000 for w in text.split()]
+
+    docs = select_documents(articles, encode, [(1000, 2000), (2000, 4000)], per_bin=2, questions=3, seed=0)
+    assert [d.length_bin for d in docs] == ["1000-2000"] * 2 + ["2000-4000"] * 2
+    assert docs == select_documents(articles, encode, [(1000, 2000), (2000, 4000)], 2, 3, seed=0)
+    for doc in docs:
+        low, high = map(int, doc.length_bin.split("-"))
+        assert low <= len(doc.document) < high and len(doc.questions) == 3
+        prompts = [doc.prompt(i) for i in range(3)]
+        assert all(p[:len(doc.document)] == doc.document for p in prompts) and len(set(prompts)) == 3
+    with pytest.raises(RakvError, match="only"):
+        select_documents(articles, encode, [(100_000, 200_000)], per_bin=1, questions=1, seed=0)

@@ -395,7 +395,7 @@ def add_trace(tr) -> None:
 
     tr.add_argument("--out", required=True, metavar="FILE.jsonl")
     settings = conf_file("serving/default.yaml").trace  # conf/: the one source of defaults
-    choices = {"dataset": ("humaneval", "wikitext2"), "kind": KINDS, "arrivals": ("poisson", "gamma")}
+    choices = {"dataset": ("humaneval", "wikitext2", "structured"), "kind": KINDS, "arrivals": ("poisson", "gamma")}
     for name in TRACE_SETTINGS:
         tr.add_argument(f"--{name.replace('_', '-')}", type=type(settings[name]), default=settings[name],
                         choices=choices.get(name), help="(default %(default)s)")

@@ -86,14 +86,92 @@ def load_wikitext2(source: str = "bundled", split: str = "test"):
 
 
 def dataset_texts(name: str, source: str = "bundled", split: str = "test") -> list[tuple[str, str]]:
-    """(id, text) pairs: HumanEval prompts, or WikiText-2 paragraphs (headings and blank lines dropped)."""
+    """(id, text) pairs: HumanEval prompts, WikiText-2 paragraphs (headings and blank lines dropped), or the
+    structured-output prompts (rakv.runtime.structured_outputs; `source` and `split` do not apply)."""
     if name == "humaneval":
         return [(row["task_id"], row["prompt"]) for row in load_humaneval()]
     if name == "wikitext2":
         lines = load_wikitext2(source, split)["text"]
         return [(f"wikitext2/{split}/{i}", line.strip()) for i, line in enumerate(lines)
                 if line.strip() and not re.fullmatch(r"\s*=.*=\s*", line)]
-    raise RakvError(f"unknown dataset '{name}'; choose humaneval or wikitext2")
+    if name == "structured":
+        from rakv.runtime.structured_outputs import structured_texts
+
+        return structured_texts()
+    raise RakvError(f"unknown dataset '{name}'; choose humaneval, wikitext2 or structured")
+
+
+@dataclass(frozen=True)
+class Article:
+    """A WikiText-2 article: its title, its text (section headings kept as WikiText writes them) and its sections'
+    titles."""
+
+    title: str
+    text: str
+    sections: tuple[str, ...]
+
+
+def wikitext2_articles(source: str = "bundled", split: str = "test") -> list[Article]:
+    """The split's articles, cut at WikiText's top-level headings (` = Title = `)."""
+    articles, title, lines, sections = [], None, [], []
+    for raw in [*load_wikitext2(source, split)["text"], " = <end> = "]:
+        line = raw.strip()
+        top = re.fullmatch(r"= ([^=].*[^=]) =", line)
+        if top:
+            if title is not None and lines:
+                articles.append(Article(title, "\n".join(lines), tuple(sections)))
+            title, lines, sections = top[1].strip(), [], []
+            continue
+        if not line:
+            continue
+        section = re.fullmatch(r"= = ([^=].*[^=]) = =", line)
+        if section:
+            sections.append(section[1].strip())
+        lines.append(line)
+    return articles
+
+
+GENERIC_QUESTIONS = ("Who or what is this article about?", "Which years does the article mention, and why?",
+                     "Summarise the article in two sentences.", "What is the most surprising fact in the article?")
+
+
+@dataclass(frozen=True)
+class LongContextDocument:
+    """A retrieved document and the questions asked about it: each question is a request whose prompt is the
+    document then the question, so the requests of one document share its whole prefix."""
+
+    id: str
+    length_bin: str
+    document: tuple[int, ...]
+    questions: tuple[tuple[int, ...], ...]
+
+    def prompt(self, i: int) -> tuple[int, ...]:
+        return self.document + self.questions[i]
+
+
+def question_texts(article: Article, count: int) -> list[str]:
+    """`count` questions about `article`: one per section first (in order), then generic ones."""
+    asked = [f"What does the article say about {section.lower()}?" for section in article.sections]
+    asked += list(GENERIC_QUESTIONS)
+    return [f"\n\nQuestion: {q}\nAnswer:" for q in asked[:count]]
+
+
+def select_documents(articles: list[Article], encode, bins: list[tuple[int, int]], per_bin: int, questions: int,
+                     seed: int) -> list[LongContextDocument]:
+    """`per_bin` articles whose token length lies in each [low, high) bin (seeded), each with `questions` questions
+    (the long-context workload: partial hits of thousands of tokens)."""
+    rng = np.random.default_rng(seed)
+    encoded = [(article, encode(f"{article.title}\n{article.text}")) for article in articles]
+    chosen = []
+    for low, high in bins:
+        candidates = [(a, ids) for a, ids in encoded if low <= len(ids) < high]
+        if len(candidates) < per_bin:
+            raise RakvError(f"wikitext2 articles: only {len(candidates)} of {low}-{high} tokens, {per_bin} needed")
+        for index in sorted(rng.choice(len(candidates), size=per_bin, replace=False)):
+            article, ids = candidates[index]
+            chosen.append(LongContextDocument(f"wikitext2-article/{article.title}", f"{low}-{high}", tuple(ids),
+                                              tuple(tuple(encode(q)) for q in question_texts(article, questions))))
+    return chosen
 
 
 @dataclass(frozen=True)
