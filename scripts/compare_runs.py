@@ -87,13 +87,15 @@ def hardware(folder: Path) -> dict | None:
         found = json.loads((folder / "study" / "metadata.json").read_text()).get("hardware") or {}
     except (OSError, ValueError):
         return None
-    return {key: found.get(key) for key in ("processor", "device", "threads", "dtype")}
+    return {key: found.get(key) for key in ("processor", "isa", "device", "threads", "dtype")}
 
 
 def described(machine: dict | None) -> str:
     if machine is None:
         return "hardware not recorded"
-    return f"{machine['processor']} ({machine['device']}, {machine['threads'] or 'GPU'} threads, {machine['dtype']})"
+    isa = f", {machine['isa']}" if machine.get("isa") else ""
+    return (f"{machine['processor']} ({machine['device']}{isa}, {machine['threads'] or 'GPU'} threads, "
+            f"{machine['dtype']})")
 
 
 def main(argv=None) -> int:

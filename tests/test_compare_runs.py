@@ -39,10 +39,10 @@ def test_inside_and_outside_the_interval(tmp_path, capsys):
     assert MOVED in capsys.readouterr().out
 
 
-def with_hardware(folder: Path, processor: str) -> Path:
+def with_hardware(folder: Path, processor: str, isa: str | None = None) -> Path:
     (folder / "study").mkdir()
     (folder / "study" / "metadata.json").write_text(json.dumps(
-        {"hardware": {"processor": processor, "device": "cpu", "threads": 2, "dtype": "float32"}}))
+        {"hardware": {"processor": processor, "device": "cpu", "threads": 2, "dtype": "float32", "isa": isa}}))
     return folder
 
 
@@ -58,6 +58,15 @@ def test_outside_on_the_same_hardware_fails_and_on_other_hardware_is_reported(tm
     assert compare_runs.main([str(a), str(other)]) == 0
     out = capsys.readouterr().out
     assert "CPU Y" in out and "different hardware" in out
+
+
+def test_one_processor_name_with_two_instruction_sets_is_other_hardware(tmp_path, capsys):
+    """Two machines sold as 'AMD EPYC', one with AVX-512 and one without, price a round differently."""
+    a = with_hardware(write(tmp_path / "a", summary([0.10, 0.04, 0.17])), "AMD EPYC", "avx2+fma+avx512f")
+    b = with_hardware(write(tmp_path / "b", summary([0.01, -0.06, 0.08])), "AMD EPYC", "avx2+fma")
+    assert compare_runs.main([str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "AMD EPYC (cpu, avx2+fma, 2 threads, float32)" in out and "different hardware" in out
 
 
 def test_unreadable_input_is_a_one_line_error(tmp_path, capsys):

@@ -100,7 +100,8 @@ def provenance(results: Path) -> str:
     except (OSError, ValueError):
         return "no metadata.json beside its runs"
     hardware = meta.get("hardware", {})
-    return (f"measured on {hardware.get('processor', '?')} ({hardware.get('device', '?')}, "
+    isa = f", {hardware['isa']}" if hardware.get("isa") else ""
+    return (f"measured on {hardware.get('processor', '?')} ({hardware.get('device', '?')}{isa}, "
             f"{hardware.get('threads') or 'GPU'} threads), commit {(meta.get('git_commit') or 'unknown')[:12]}")
 
 

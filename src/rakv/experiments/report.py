@@ -152,7 +152,8 @@ def substitutions(summary: Summary, meta: dict, results: Path) -> str:
                 "which price every cost exactly and say nothing about acceptance; the feasibility stage measures "
                 "the cost side of GPT-2 Large/Medium on them.")
     hardware = meta["hardware"]
-    text.append(f"The machine is {tex_escape(hardware['processor'])} ({tex_escape(hardware['device'])}); the code "
+    isa = f", {tex_escape(hardware['isa'])}" if hardware.get("isa") else ""
+    text.append(f"The machine is {tex_escape(hardware['processor'])} ({tex_escape(hardware['device'])}{isa}); the code "
                 "runs unchanged on CUDA, but no GPU measurement is part of this run.")
     profile = meta["config"]["profile"]
     study_tokens, other_tokens = summary.grid.new_tokens, (profile.get("sensitivity") or {}).get("new_tokens")

@@ -40,6 +40,20 @@ from rakv.runtime.kernels import new_kv_cache
 from rakv.runtime.models import derived_files_dir
 from rakv.runtime.workloads import calibration_prompts
 
+# The vector extensions that decide which of kernels.cpp's paths runs (and so a round's price): two machines sold
+# under one name ("AMD EPYC") can differ here, and a run must say which it was.
+VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile")
+
+
+def instruction_set() -> str | None:
+    """The vector extensions of this CPU that the kernels use, joined by '+' (e.g. 'avx2+fma'); None off Linux."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = set(next(line.split(":", 1)[1].split() for line in fh if line.startswith("flags")))
+    except (OSError, StopIteration):
+        return None
+    return "+".join(flag for flag in VECTOR_FLAGS if flag in flags) or "none"
+
 
 def hardware_fingerprint(device: torch.device, dtype: str) -> dict:
     if device.type == "cuda":
@@ -51,7 +65,8 @@ def hardware_fingerprint(device: torch.device, dtype: str) -> dict:
                 processor = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
         except (OSError, StopIteration):
             pass
-    return {"processor": processor, "device": device.type, "dtype": dtype,
+    return {"processor": processor, "isa": instruction_set() if device.type == "cpu" else None,
+            "device": device.type, "dtype": dtype,
             "threads": torch.get_num_threads() if device.type == "cpu" else None,
             "torch": torch.__version__, "transformers": transformers.__version__}
 
