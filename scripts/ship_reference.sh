@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 source_dir=${1:?usage: scripts/ship_reference.sh RESULTS_DIR [PROFILE]}
 profile=${2:-offline}
 [ -f "$source_dir/study/runs.parquet" ] || { echo "ship_reference: $source_dir/study/runs.parquet is missing" >&2; exit 2; }
-for meta in "$source_dir/study/metadata.json" "$source_dir/serving/metadata.json"; do
+for meta in "$source_dir/study/metadata.json" "$source_dir/serving/metadata.json" "$source_dir/sampling/design.json"; do
     if [ -f "$meta" ] && grep -q -- '-dirty"' "$meta"; then
         echo "ship_reference: $meta says it was measured from uncommitted code; measure committed code" >&2
         exit 2

@@ -154,14 +154,16 @@ def test_summary_claims_and_exactness(runs, tmp_path):
 
 @pytest.fixture(scope="session")
 def smoke_outputs(tmp_path_factory):
-    """A small real results set: the smoke profile's study, serving, sensitivity and feasibility stages on the tiny pair
-    and HumanEval alone, then every notebook, with figures and LaTeX written beside it (not into the repository)."""
+    """A small real results set: the smoke profile's study, serving, sensitivity, sampling and feasibility stages on the
+    tiny pair and HumanEval alone, then every notebook, with figures and LaTeX written beside it (not into the
+    repository)."""
     root = tmp_path_factory.mktemp("smoke")
     results = root / "results"
     overrides = ["profile=smoke", f"results_dir={results}", "configurations=[tiny,tiny-lookup]", "datasets=[humaneval]"]
     serving = ["profile.serving.repeats=2", "profile.serving.rates={chunking:[64],speculation:[16,64],acceptance:[16]}"]
-    for stage in ("study", "serving", "sensitivity", "feasibility"):
-        extra = serving if stage == "serving" else []
+    sampling = ["profile.sampling.seeds=1", "profile.sampling.distribution.seeds=12"]
+    for stage in ("study", "serving", "sensitivity", "sampling", "feasibility"):
+        extra = {"serving": serving, "sampling": sampling}.get(stage, [])
         done = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_stage.py"), stage, *overrides, *extra],
                               capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, f"{stage}: {done.stderr[-2000:]}"
@@ -185,7 +187,7 @@ def test_every_figure_and_summary_key_listed_in_the_docs_is_produced(smoke_outpu
         assert key in produced, key
     for name in ("macros.tex", "claims_table.tex", "strategy_table.tex", "abstract.tex", "limitations.tex",
                  "statistics_table.tex", "acceptance_table.tex", "memory_table.tex", "serving.tex",
-                 "serving_goals_table.tex"):
+                 "serving_goals_table.tex", "sampling.tex"):
         assert (smoke_outputs.generated / name).exists()
     assert not (ROOT / "figures" / smoke_outputs.results.name).exists()  # nothing written into the repository
 

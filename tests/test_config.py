@@ -8,11 +8,12 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from rakv.experiments.config import CONF_DIR, configurations, controller_config, validate
+from rakv.experiments.stages import PRIMARY_CONFIGS
 from rakv.runtime.errors import RakvError
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "rakv"
 PROFILES = sorted(p.stem for p in (CONF_DIR / "profile").glob("*.yaml"))
-PRIMARY = ("config", "sensitivity", "feasibility", "serving_study")  # the stages' primary configs
+PRIMARY = ("config", *sorted(set(PRIMARY_CONFIGS.values())))  # the stages' primary configs
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 

@@ -168,7 +168,10 @@ def total_variation(a, b):
 @pytest.mark.parametrize("point_mass", [False, True], ids=["draft", "point-mass"])
 @pytest.mark.parametrize("rule", [tokenwise_outcomes, block_outcomes], ids=["token", "block"])
 def test_a_rule_emits_exactly_the_targets_distribution(rule, point_mass, gamma):
-    assert total_variation(emitted(rule, 4, gamma, point_mass), target_sequences(4)) < 1e-12
+    # three candidates enumerated over four tokens take minutes; over three they still cover every rejection point
+    # of a full block (the bonus token is covered by one and two candidates)
+    length = 4 if gamma < 3 else 3
+    assert total_variation(emitted(rule, length, gamma, point_mass), target_sequences(length)) < 1e-12
 
 
 @pytest.mark.parametrize("point_mass", [False, True], ids=["draft", "point-mass"])

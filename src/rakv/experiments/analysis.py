@@ -119,7 +119,9 @@ def summarize(results: Path, seed: int = 0, resamples: int = 2000) -> Summary:
     feasibility = read_feasibility(results)
     verdict = feasibility_verdict(feasibility)
     from rakv.experiments import serving_stats
+    from rakv.experiments.sampling_stats import sampling_summary
 
+    sampling = sampling_summary(results, tables, seed=seed)
     return Summary(
         # the folder as typed from the repository root, so that a summary does not depend on where the checkout is
         results=shown(results), runs=len(runs), strategy_runs=int((runs.kind == "strategy").sum()),
@@ -136,4 +138,6 @@ def summarize(results: Path, seed: int = 0, resamples: int = 2000) -> Summary:
         feasibility=feasibility, feasibility_verdict=verdict,
         claims=claims(per_configuration, sensitivity["crossover_model_per_configuration"] or {}, feasibility, verdict),
         # the serving study (stage `serving`): its own statistics and goals
-        serving=serving_stats.serving_summary(results, seed) if serving_stats.available(results) else ABSENT)
+        serving=serving_stats.serving_summary(results, seed) if serving_stats.available(results) else ABSENT,
+        # sampling and workloads (stage `sampling`)
+        sampling=sampling if sampling is not None else ABSENT)

@@ -125,5 +125,28 @@ def validate(cfg: DictConfig) -> None:
                         ">= 1 (the AR reference is a measurement)")
     if any(low >= high for low, high in grid.length_bins):
         raise RakvError(f"profile.study.length_bins must be [low, high) with low < high, got {list(grid.length_bins)}")
+    if cfg.experiment.name == "sampling":
+        validate_sampling(cfg)
     if not 0 <= cfg.study.shard_index < cfg.study.num_shards:
         raise RakvError(f"study.shard_index must be in [0, {cfg.study.num_shards}), got {cfg.study.shard_index}")
+
+
+def validate_sampling(cfg: DictConfig) -> None:
+    """The sampling stage's design (conf/experiment/sampling.yaml): temperatures, top-p and the rules it names."""
+    from rakv.runtime.verification import CONTROL_RULES, VERIFY_RULES
+
+    exp = cfg.experiment
+    if any(t < 0 for t in exp.temperatures) or not 0 < exp.top_p <= 1:
+        raise RakvError(f"experiment.temperatures must be >= 0 and top_p in (0, 1], got {list(exp.temperatures)} "
+                        f"and {exp.top_p}")
+    for rule in exp.verify_rules:
+        if rule not in VERIFY_RULES:
+            raise RakvError(f"experiment.verify_rules: unknown rule '{rule}'; choose from {', '.join(VERIFY_RULES)}")
+    for arm in exp.distribution.arms:
+        if arm not in VERIFY_RULES + CONTROL_RULES:
+            raise RakvError(f"experiment.distribution.arms: unknown rule '{arm}'; choose from "
+                            f"{', '.join(VERIFY_RULES + CONTROL_RULES)}")
+    if exp.distribution.temperature <= 0:
+        raise RakvError("experiment.distribution.temperature must be > 0 (the tests compare sampled outputs)")
+    for k in exp.ks:
+        action_of(f"spec-k{k}")

@@ -25,6 +25,7 @@ from rakv.runtime.actions import SPEC_K, Action  # noqa: E402
 FIGURES = ("strategy_latency_throughput", "chosen_actions", "predicted_vs_measured", "regret_distribution",
            "speedup_vs_alpha", "cache_budget", "feasibility_gap", "break_even_vs_cost_ratio",
            "acceptance_vs_break_even")
+SAMPLING_FIGURES = ("acceptance_vs_temperature", "long_context_speedup")  # the sampling stage's, when it ran
 STRATEGY_ORDER = ["ar", "kv-only", "spec-k4", "joint-k4", "best-fixed", "rakv-asd", "oracle"]
 SCENARIO_ORDER = ["cold", "partial-50", "partial-90", "prefix", "exact"]
 
@@ -450,3 +451,58 @@ def serving_mape(latency: dict[str, LatencyMape], iteration_mape: dict[str, Iter
     ax.set(xlabel="mean absolute percentage error (%)")
     ax.legend(fontsize=8, frameon=False, loc="lower right")
     return save(fig, out_dir, "serving_mape")
+
+
+def acceptance_vs_temperature(checks: list, out_dir: Path):
+    """Per configuration: measured acceptance (with its CI) and its closed form against temperature, per rule and k
+    (rakv.experiments.sampling_stats.closed_form_checks)."""
+    frame = pd.DataFrame([{"configuration": c.configuration, "temperature": c.temperature, "verify": c.verify,
+                           "k": c.k, "measured": c.measured[0], "low": c.measured[1], "high": c.measured[2],
+                           "closed_form": c.closed_form} for c in checks])
+    names = in_order(frame.configuration.unique(), [])
+    fig, axes = panels(len(names), sharey=True)
+    colors = k_colors()
+    for ax, name in zip(axes, names, strict=True):
+        mine = frame[frame.configuration == name]
+        for (k, rule), group in mine.groupby(["k", mine.verify.replace("greedy", "token")]):
+            group = group.sort_values("temperature")
+            style = "-" if rule == "token" else ":"
+            ax.errorbar(group.temperature, group.measured, yerr=[group.measured - group.low,
+                                                                 group.high - group.measured],
+                        color=colors.get(k), linestyle=style, marker="o", capsize=3,
+                        label=f"k = {k}, {rule}: measured")
+            if rule == "token":
+                ax.plot(group.temperature, group.closed_form, color=colors.get(k), marker="x", linestyle="none",
+                        markersize=9, label=f"k = {k}: closed form")
+        ax.set_title(name)
+        ax.set_xlabel("temperature (0 = greedy)")
+        ax.set_ylabel("acceptance per position reached")
+    legend_beside(axes[-1])
+    return save(fig, out_dir, "acceptance_vs_temperature")
+
+
+def long_context_speedup(rows: list, out_dir: Path):
+    """Latency relative to AR on the long-context workload, per store budget and strategy (geometric means over
+    documents with 95 % CIs; below 1: faster than AR)."""
+    frame = pd.DataFrame([{"configuration": r.configuration, "budget": f"{r.budget_mib:g} MiB",
+                           "strategy": r.strategy, "ratio": r.vs_ar[0], "low": r.vs_ar[1], "high": r.vs_ar[2],
+                           "hit_tokens": r.hit_tokens} for r in rows if r.strategy != "ar"])
+    names = in_order(frame.configuration.unique(), [])
+    fig, axes = panels(len(names), sharey=True)
+    for ax, name in zip(axes, names, strict=True):
+        mine = frame[frame.configuration == name]
+        budgets = list(dict.fromkeys(mine.budget))
+        strategies = in_order(mine.strategy.unique(), STRATEGY_ORDER)
+        width = 0.8 / max(len(strategies), 1)
+        for i, strategy in enumerate(strategies):
+            part = mine[mine.strategy == strategy].set_index("budget").reindex(budgets)
+            x = np.arange(len(budgets)) + (i - (len(strategies) - 1) / 2) * width
+            ax.bar(x, part.ratio, width, label=strategy,
+                   yerr=[(part.ratio - part.low).fillna(0), (part.high - part.ratio).fillna(0)], capsize=3)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xticks(np.arange(len(budgets)), budgets)
+        ax.set_xlabel("prefix store budget")
+        ax.set_ylabel("latency / AR's (same requests)")
+        ax.set_title(name)
+    legend_beside(axes[-1], "strategy")
+    return save(fig, out_dir, "long_context_speedup")

@@ -805,9 +805,150 @@ def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path
         "joint_reuse_table.tex": joint_reuse_table(summary),
         "joint_reuse.tex": joint_reuse_text(summary),
         "peer.tex": peer_section(peer_folder(results)),
+        "sampling.tex": sampling_text(summary),
     }
     paths = []
     for name, text in files.items():
         (out_dir / name).write_text(text)
         paths.append(out_dir / name)
     return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling and workloads (the sampling stage; rakv.experiments.sampling_stats)
+
+
+def ratio_text(triple) -> str:
+    """A latency ratio (ours / theirs) with its CI, e.g. 0.91 [0.85, 0.97]."""
+    return ci_text(triple, fmt=lambda v: num(v, 2))
+
+
+def ratio_words(triple, baseline: str) -> str:
+    """A latency ratio worded by the side of 1 its CI lies on."""
+    side = ci_side(triple, 1.0, point_if_no_interval=False)
+    if side == "below":
+        return f"faster than {baseline} (latency ratio {ratio_text(triple)})"
+    if side == "above":
+        return f"slower than {baseline} (latency ratio {ratio_text(triple)})"
+    return f"not distinguishable from {baseline} (latency ratio {ratio_text(triple)})"
+
+
+def temperature_label(t: float) -> str:
+    return "greedy" if t == 0 else f"$T={t:g}$"
+
+
+def sampling_tables(summary: Summary) -> str:
+    s = summary.sampling
+    lines = ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\resizebox{\\textwidth}{!}{%",
+             "\\begin{tabular}{llrrlllll}", "\\toprule",
+             "Configuration & Decoding & $\\alpha$ measured [95\\,\\% CI] & closed form & agrees? & "
+             "spec-k4 / AR & RAKV-ASD / AR & RAKV-ASD / best fixed & best fixed \\\\", "\\midrule"]
+    checks = {(c.configuration, c.temperature, c.k): c for c in s.closed_form if c.verify in ("token", "greedy")}
+    for t in s.temperatures:
+        check = checks.get((t.configuration, t.temperature, 4))
+        measured = ci_text(check.measured, fmt=lambda v: num(v, 3)) if check else "--"
+        closed = num(check.closed_form, 3) if check else "--"
+        lines.append(f"{tex_escape(t.configuration)} & {temperature_label(t.temperature)} & {measured} & {closed} & "
+                     f"{check.verdict if check else '--'} & {ratio_text(t.spec_k4_vs_ar)} & {ratio_text(t.vs_ar)} & "
+                     f"{ratio_text(t.vs_best_fixed)} & {tex_escape(t.best_fixed)} \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}}",
+              "\\caption{Speculation by temperature (sampling stage). $\\alpha$: spec-k4's accepted candidates per "
+              "position reached, token-wise verification (greedy: the target's argmax), with the mean of its closed "
+              "form $\\sum_x\\min(p(x),q(x))$ over the same positions (CI over requests; agrees: the CI of the "
+              "difference includes 0). Latency ratios: geometric means over prompts of paired (prompt, seed) "
+              "ratios with 95\\,\\% t CIs; below 1 is faster.}\\label{tab:sampling}", "\\end{table}"]
+    return "\n".join(lines) + "\n" + sampling_tests_table(s) + workloads_table(s)
+
+
+def sampling_tests_table(s) -> str:
+    """The distribution tests and block against token-wise verification."""
+    lines = []
+    if s.block_vs_token or s.distribution:
+        lines += ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\begin{tabular}{llrrrlll}", "\\toprule",
+                  "Configuration & Rule (arm) & samples & tests & min.\\ Holm $p$ & rejected & "
+                  "rejection rate (resampled) & \\\\", "\\midrule"]
+        for d in s.distribution:
+            arm = f"{d.arm} (positive control)" if d.control else d.arm
+            lines.append(f"{tex_escape(d.configuration)} & {tex_escape(arm)} & "
+                         f"{d.samples_per_prompt}$\\times${d.prompts} & {d.tests} & {d.min_adjusted_p:.3g} & "
+                         f"{'yes' if d.rejected else 'no'} & "
+                         f"{pct(d.resampled_rejection_rate, 0)} & \\\\")
+        if s.block_vs_token:
+            lines += ["\\midrule", "Configuration & $T$, $k$ & token / round & block / round & "
+                      "block $-$ token [95\\,\\% CI] & verdict & block / token latency & \\\\", "\\midrule"]
+            for b in s.block_vs_token:
+                lines.append(f"{tex_escape(b.configuration)} & {b.temperature:g}, {b.k} & {b.token_per_round:.3f} & "
+                             f"{b.block_per_round:.3f} & {ci_text(b.difference, fmt=lambda v: num(v, 3))} & "
+                             f"{b.verdict} & {ratio_text(b.latency_ratio)} & \\\\")
+        lines += ["\\bottomrule", "\\end{tabular}",
+                  "\\caption{Top: speculative against plain sampling of the same prompts (first tokens, many seeds): "
+                  "chi-square tests of the token counts at every position and prompt and Kolmogorov-Smirnov tests of "
+                  "the target's log-likelihood of the samples, Holm-corrected per arm at 5\\,\\%; the rejection rate "
+                  "on resampled data of the same size is the positive control's power. Bottom: accepted candidates "
+                  "per round under block and token-wise verification of the same (prompt, seed) pairs (CI over "
+                  "prompts).}\\label{tab:sampling-tests}", "\\end{table}"]
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def workloads_table(s) -> str:
+    """Structured outputs and long retrieved contexts."""
+    lines = []
+    if s.structured or s.long_context:
+        lines += ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\begin{tabular}{lllrrrl}", "\\toprule",
+                  "Configuration & Strategy & & parses & valid & latency (s) & same tokens as AR \\\\", "\\midrule"]
+        for r in s.structured:
+            lines.append(f"{tex_escape(r.configuration)} & {tex_escape(r.strategy)} & & {pct(r.parse_rate, 0)} & "
+                         f"{pct(r.valid_rate, 0)} & {r.latency_s:.2f} & {'yes' if r.same_as_ar else 'no'} \\\\")
+        if s.long_context:
+            lines += ["\\midrule", "Configuration & Strategy & store & reused tokens & evictions & TTFT (s) & "
+                      "latency / AR \\\\", "\\midrule"]
+            for r in s.long_context:
+                lines.append(f"{tex_escape(r.configuration)} & {tex_escape(r.strategy)} & {r.budget_mib:g} MiB & "
+                             f"{r.hit_tokens:.0f} of {r.document_tokens:.0f} & {r.evictions} & {r.ttft_s:.2f} & "
+                             f"{ratio_text(r.vs_ar)} \\\\")
+        lines += ["\\bottomrule", "\\end{tabular}",
+                  "\\caption{Top: structured outputs (JSON following a schema; greedy). Bottom: long retrieved "
+                  "contexts (WikiText-2 articles as documents, several questions each as separate requests, documents "
+                  "in turn) under two prefix-store budgets; reused tokens are per request, latency ratios geometric "
+                  "means over documents with 95\\,\\% t CIs.}\\label{tab:workloads}", "\\end{table}"]
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def sampling_text(summary: Summary) -> str:
+    """The section's findings, each worded by its verdict; empty where the stage did not run."""
+    s = summary.sampling
+    if not s:
+        return ("The sampling stage did not run for this results folder (its profile has no \\texttt{sampling} "
+                "section), so every result of this paper is for greedy decoding on code and prose.\n")
+    text = []
+    token_checks = [c for c in s.closed_form if c.verify != "block"]
+    agree = sum(c.verdict == "agrees" for c in token_checks)
+    text.append(f"Measured acceptance agrees with its closed form in {agree} of {len(token_checks)} "
+                "(configuration, temperature, $k$) cells of token-wise or greedy verification "
+                "(Table~\\ref{tab:sampling})"
+                + ("." if agree == len(token_checks) else
+                   "; where it does not, the difference's CI is in the table."))
+    for t in s.temperatures:
+        text.append(f"At {temperature_label(t.temperature)}, {tex_escape(t.configuration)}'s spec-k4 is "
+                    f"{ratio_words(t.spec_k4_vs_ar, 'AR')}, and RAKV-ASD is {ratio_words(t.vs_ar, 'AR')} and "
+                    f"{ratio_words(t.vs_best_fixed, 'the best fixed strategy (' + tex_escape(t.best_fixed) + ')')}; "
+                    f"its controller started from $\\alpha={t.controller_alpha0:.3f}$ measured at this temperature"
+                    + (f" against a break-even acceptance of {t.break_even_alpha:.3f} for $k=4$"
+                       if t.break_even_alpha is not None else "") + ".")
+    controls = [d for d in s.distribution if d.control]
+    others = [d for d in s.distribution if not d.control]
+    if s.distribution:
+        rejected = [d for d in others if d.rejected]
+        text.append(f"Of the {len(others)} distribution-preserving arms tested against plain sampling, "
+                    f"{len(rejected)} {'was' if len(rejected) == 1 else 'were'} rejected at the Holm-corrected 5\\,\\% "
+                    "level; the positive control (a rule that accepts the target's argmax at any temperature) was "
+                    + ", ".join(f"{'rejected' if d.rejected else 'not rejected'} for {tex_escape(d.configuration)} "
+                                f"(power {pct(d.resampled_rejection_rate, 0)} at this size)" for d in controls)
+                    + " (Table~\\ref{tab:sampling-tests}).")
+    for b in s.block_vs_token:
+        words = {"more": "accepts more candidates per round than", "fewer": "accepts fewer candidates per round than",
+                 "inconclusive": "is not distinguishable in candidates accepted per round from"}[b.verdict]
+        text.append(f"At $T={b.temperature:g}$, $k={b.k}$, block verification on {tex_escape(b.configuration)} "
+                    f"{words} token-wise verification ({b.block_per_round:.3f} vs {b.token_per_round:.3f}; "
+                    f"difference {ci_text(b.difference, fmt=lambda v: num(v, 3))}).")
+    return " ".join(text) + "\n\n" + sampling_tables(summary)

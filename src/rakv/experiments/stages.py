@@ -51,6 +51,12 @@ def sensitivity(cfg: DictConfig) -> None:
     run_sensitivity(cfg)
 
 
+def sampling(cfg: DictConfig) -> None:
+    from rakv.experiments.sampling import run_sampling
+
+    run_sampling(cfg)
+
+
 def feasibility(cfg: DictConfig) -> None:
     from rakv.experiments.feasibility import run_feasibility
 
@@ -111,9 +117,10 @@ def paper(cfg: DictConfig) -> None:
 
 
 STAGES = {"calibrate": calibrate, "study": study, "serving": serving, "sensitivity": sensitivity,
-          "feasibility": feasibility, "analysis": analysis, "paper": paper}
+          "sampling": sampling, "feasibility": feasibility, "analysis": analysis, "paper": paper}
 # the stages whose primary config in conf/ is not config.yaml (the shared config plus the stage's overrides)
-PRIMARY_CONFIGS = {"serving": "serving_study", "sensitivity": "sensitivity", "feasibility": "feasibility"}
+PRIMARY_CONFIGS = {"serving": "serving_study", "sensitivity": "sensitivity", "sampling": "sampling",
+                   "feasibility": "feasibility"}
 
 
 def peak_rss_bytes() -> int:

@@ -474,6 +474,107 @@ class ServingSummary:
 # The summary
 
 
+# ---------------------------------------------------------------------------------------------
+# The sampling stage (rakv.experiments.sampling_stats)
+
+
+@dataclass(frozen=True)
+class ClosedFormCheck:
+    """Measured acceptance (accepted / positions reached) against its closed form, per (configuration, temperature,
+    rule, k); verdict: agrees | differs (token-wise and greedy) | bound (block: token-wise's closed form)."""
+    configuration: str
+    temperature: float
+    verify: str
+    k: int
+    requests: int
+    positions: int
+    measured: Interval
+    closed_form: float
+    difference: Interval  # measured - closed form
+    verdict: str
+
+
+@dataclass(frozen=True)
+class TemperatureResult:
+    """Per (configuration, temperature): latency ratios (ours / theirs, geometric mean over prompts), the best fixed
+    strategy, the controller's k, measured acceptance and the cost model's break-even acceptance for k = 4."""
+    configuration: str
+    temperature: float
+    acceptance: float | None  # spec-k4, token-wise (greedy at T = 0)
+    controller_alpha0: float  # where this temperature's controller started (the calibration prompts at T)
+    spec_k4_vs_ar: Interval
+    vs_ar: Interval  # rakv-asd / AR
+    vs_best_fixed: Interval  # rakv-asd / the best fixed strategy
+    best_fixed: str  # strategy/rule
+    best_k: int
+    chosen_k: dict[str, int]  # rakv-asd's k -> requests
+    break_even_alpha: float | None
+    speculation: str  # spec-k4 against AR: pays | costs | inconclusive
+
+
+@dataclass(frozen=True)
+class BlockVsToken:
+    configuration: str
+    temperature: float
+    k: int
+    requests: int  # pairs of (prompt, seed)
+    token_per_round: float
+    block_per_round: float
+    difference: Interval  # block - token, accepted candidates per round (prompts as clusters)
+    latency_ratio: Interval  # block / token
+    verdict: str  # more | fewer | inconclusive
+
+
+@dataclass(frozen=True)
+class DistributionTest:
+    configuration: str
+    arm: str  # token | block | biased (the positive control)
+    temperature: float
+    samples_per_prompt: int
+    prompts: int
+    tests: int
+    min_adjusted_p: float  # Holm over the family
+    rejected: bool
+    resampled_rejection_rate: float  # the control's power at this size; the others' rejection rate on resamples
+    control: bool
+
+
+@dataclass(frozen=True)
+class StructuredRow:
+    configuration: str
+    strategy: str
+    requests: int
+    parse_rate: float
+    valid_rate: float
+    latency_s: float
+    tokens_per_s: float
+    same_as_ar: bool
+
+
+@dataclass(frozen=True)
+class LongContextRow:
+    configuration: str
+    budget_mib: float
+    strategy: str
+    requests: int
+    document_tokens: float
+    hit_tokens: float
+    evictions: int
+    ttft_s: float
+    latency_s: float
+    vs_ar: Interval  # latency / AR's, geometric mean over documents
+
+
+@dataclass(frozen=True)
+class SamplingSummary:
+    closed_form: list[ClosedFormCheck]
+    temperatures: list[TemperatureResult]
+    block_vs_token: list[BlockVsToken]
+    distribution: list[DistributionTest]
+    structured: list[StructuredRow]
+    long_context: list[LongContextRow]
+
+
 @dataclass(frozen=True)
 class Summary:
     """Every statistic of the study, sensitivity, feasibility and serving results under `results`."""
@@ -498,6 +599,7 @@ class Summary:
     feasibility_verdict: str = "missing"
     claims: list[ClaimRow] = field(default_factory=list)
     serving: ServingSummary = optional()  # absent without the serving stage
+    sampling: SamplingSummary = optional()  # absent without the sampling stage
 
     def to_json(self) -> dict:
         """The summary as summary.json holds it (JSON-ready: plain numbers, NaN as null, absent parts left out)."""

@@ -19,7 +19,7 @@ from transformers import DynamicCache
 
 from rakv.runtime.compact import Segment
 from rakv.runtime.kernels import compact_of
-from rakv.runtime.verification import VERIFY_RULES, Verdict, probabilities, verify
+from rakv.runtime.verification import CONTROL_RULES, VERIFY_RULES, Verdict, probabilities, verify
 
 if TYPE_CHECKING:
     from rakv.runtime.depth import RoundDepth
@@ -39,7 +39,8 @@ class Sampling:
                 "(the block judged jointly; rakv.runtime.verification)", "choices": VERIFY_RULES})
 
     def __post_init__(self):
-        assert self.verify in VERIFY_RULES, f"verify must be one of {VERIFY_RULES}, not {self.verify!r}"
+        rules = VERIFY_RULES + CONTROL_RULES
+        assert self.verify in rules, f"verify must be one of {rules}, not {self.verify!r}"
 
     @property
     def greedy(self) -> bool:

@@ -32,6 +32,7 @@ from rakv.runtime.kernels import new_kv_cache
 from rakv.runtime.models import ModelPair, load_pair
 from rakv.runtime.proposers import PROPOSERS as PROPOSER_TYPES
 from rakv.runtime.proposers import Proposer, proposer_type
+from rakv.runtime.verification import closed_form_moments
 
 if TYPE_CHECKING:
     from rakv.runtime.controller import Decision
@@ -83,6 +84,13 @@ class RequestResult:
     draft_hit_tokens: int = 0  # positions of the draft model's K/V taken from the store (its prefill skipped them)
     reuse_draft: bool = False  # whether store entries carry the draft's state in this run (conf/cache: reuse_draft)
     peak_kv_bytes: int = 0  # most K/V bytes held at once during the request, the proposer's included
+    # sums over the positions the rounds reached of the token-wise rule's acceptance probability sum_x min(p, q)
+    # and of its Bernoulli variance (rakv.runtime.verification.closed_form_moments): the closed form the measured
+    # `accepted` is checked against
+    closed_form_accepted: float = 0.0
+    closed_form_variance: float = 0.0
+    temperature: float = 0.0  # of the request's sampling (0: greedy)
+    verify: str = ""  # the verification rule of its sampled rounds (token, block); "" when greedy
     round_log: list[tuple[int, int]] = field(default_factory=list)
     strategy: str = ""  # set by rakv.runtime.strategies.run_strategy: ar, spec-k4, rakv-asd, or a sweep's action label
     available_hit_tokens: int = 0  # what the store offered, whether or not the action reused it
@@ -98,10 +106,17 @@ class RequestResult:
     def acceptance_rate(self) -> float | None:
         return acceptance_estimate(self.round_log)
 
+    @property
+    def closed_form_acceptance(self) -> float | None:
+        """The mean closed-form acceptance over the positions reached: `acceptance_rate`'s expectation."""
+        reached = self.accepted + self.rejections
+        return self.closed_form_accepted / reached if reached else None
+
     def to_row(self) -> dict:
         """One flat row of scalars (the study's runs.parquet columns; the CLI's --json adds the text)."""
         row = {name: getattr(self, name) for name in ROW_FIELDS}
-        row.update(action=self.action.label, acceptance_rate=self.acceptance_rate)
+        row.update(action=self.action.label, acceptance_rate=self.acceptance_rate,
+                   closed_form_acceptance=self.closed_form_acceptance)
         decision = self.decision
         row.update(predictions=json.dumps(decision.predictions) if decision else None,
                    alpha_before=decision.alpha_before if decision else None,
@@ -238,6 +253,7 @@ class Engine:
         with timer.phase("store_insert"):
             self.store_prompt(ns, prompt_array, cache, prompt_logits, hit, proposer)
         s = timer.seconds
+        expected, variance = closed_form_moments(state.round_log, state.closed_form_log)
         return RequestResult(
             id=str(request_id), prompt_tokens=len(prompt), hit_tokens=hit.reused_tokens,
             new_tokens=len(state.tokens), token_ids=state.tokens,
@@ -251,4 +267,6 @@ class Engine:
             store_insert_s=s["store_insert"], exact_hit=hit.exact, peak_kv_bytes=state.peak_kv_bytes,
             draft_hit_tokens=hit.draft_tokens if draft_kv is not None else 0,
             reuse_draft=self.draft_key is not None,
+            closed_form_accepted=expected, closed_form_variance=variance,
+            temperature=max(sampling.temperature, 0.0), verify="" if sampling.greedy else sampling.verify,
             round_log=state.round_log)

@@ -21,6 +21,11 @@ any proposer under greedy decoding) is a point mass on each candidate. The rules
   (tests/test_verification.py checks both by exact enumeration on a toy vocabulary).
 
 Every rule returns a `Verdict`: the confirmed tokens and, per verified candidate, alpha_j.
+
+One more rule exists only as the positive control of the distribution tests (rakv.experiments.sampling): **biased**
+accepts a candidate exactly when it is the target's most likely token, at any temperature, and otherwise draws from
+p_j. It over-weights the argmax (it emits it with probability q(a) + (1 - q(a)) p(a), not p(a)), so a test that
+cannot tell it from the target's distribution has no power. Never a serving option.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 VERIFY_RULES = ("token", "block")
+CONTROL_RULES = ("biased",)  # deliberately not distribution-preserving: the tests' positive control
 
 
 def probabilities(logits: torch.Tensor, sampling) -> torch.Tensor:
@@ -108,6 +114,30 @@ def accept_tokenwise(candidates: list[int], q: torch.Tensor, p: torch.Tensor,
     return out
 
 
+def accept_biased(candidates: list[int], p: torch.Tensor, generator: torch.Generator | None) -> list[int]:
+    """The positive control: keep c_j while it is argmax p_j; at the first other candidate draw from p_j (not the
+    residual), after all a bonus from p_n. Biased towards the argmax whenever q puts mass on it."""
+    target = p.argmax(-1).tolist()
+    for i, x in enumerate(candidates):
+        if x != target[i]:
+            return candidates[:i] + [_draw(p[i], generator)]
+    return candidates + [_draw(p[len(candidates)], generator)]
+
+
+def closed_form_moments(round_log: list[tuple[int, int]],
+                        closed_form_log: list[tuple[float, ...]]) -> tuple[float, float]:
+    """Sums over the positions the rounds reached (the accepted ones and the one rejected) of alpha_j and of
+    alpha_j (1 - alpha_j). Under the token-wise rule each reached position passes with probability alpha_j given
+    everything before it, so the accepted count minus the first sum has mean zero and, by the martingale's
+    predictable variation, the second sum as its variance: what the measured acceptance is checked against."""
+    mean = variance = 0.0
+    for (verified, accepted), alphas in zip(round_log, closed_form_log, strict=True):
+        reached = alphas[:accepted + (accepted < verified)]
+        mean += sum(reached)
+        variance += sum(a * (1.0 - a) for a in reached)
+    return mean, variance
+
+
 def block_weights(candidates: list[int], q: torch.Tensor, p: torch.Tensor) -> list[float]:
     """w_0 .. w_n: w_0 = 1, w_i = min(1, w_{i-1} p_{i-1}(c_{i-1}) / q_{i-1}(c_{i-1}))."""
     weights = [1.0]
@@ -163,6 +193,9 @@ def verify(candidates: list[int], proposal: torch.Tensor | None, logits: torch.T
         return accept_greedy(candidates, logits)
     p = probabilities(logits, sampling)
     q = proposal_rows(candidates, proposal, p)
-    rule = accept_block if sampling.verify == "block" else accept_tokenwise
-    return Verdict(rule(candidates, q, p, generator),
+    if sampling.verify == "biased":
+        tokens = accept_biased(candidates, p, generator)
+    else:
+        tokens = (accept_block if sampling.verify == "block" else accept_tokenwise)(candidates, q, p, generator)
+    return Verdict(tokens,
                    tuple(closed_form_acceptance(p, q).tolist()) if candidates else ())

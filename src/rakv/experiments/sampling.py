@@ -1,0 +1,299 @@
+"""Sampling and workloads (paper/main.tex, "Sampling and workloads"; the design: conf/experiment/sampling.yaml,
+the sizes: the profile's `sampling` section).
+
+The main study decodes greedily on code and prose. This stage measures what changes when the request samples and
+when the workload is not short code or prose. Each part writes one Parquet table under results/<profile>/sampling/
+and is skipped when its table exists (delete it to measure again):
+
+- runs:          per (configuration, temperature, prompt, seed) every fixed strategy (AR, spec-k for each k and
+                 each verification rule) and rakv-asd, from an empty store; each row carries the accepted
+                 candidates and their closed form (rakv.runtime.verification.closed_form_moments), so the analysis
+                 checks measured acceptance against sum_x min(p, q), compares block with token-wise verification
+                 and gives the controller's speedup per temperature. The controller of each temperature starts
+                 from the acceptance measured at that temperature on the calibration's prompts (acceptance.json),
+                 the cost table being the calibration's (a step costs what it costs at any temperature).
+- distribution:  per (configuration, prompt, arm, seed) the first tokens sampled at the distribution temperature and
+                 the target's log-likelihood of them: plain sampling (k = 0) against speculative sampling under each
+                 rule, including the deliberately biased rule (the positive control); the analysis runs the
+                 two-sample tests (rakv.experiments.sampling_stats).
+- structured:    per (configuration, schema record, strategy) a JSON object generated greedily, its validity
+                 (parses; matches the schema) and latency (rakv.runtime.structured_outputs).
+- long_context:  WikiText-2 articles of thousands of tokens as retrieved documents, several questions each asked
+                 as separate requests sharing the document, documents taken in turn, under each store budget (the
+                 smaller one forces evictions): hit tokens, TTFT, latency, evictions per strategy.
+
+Every request's sampling seed is derived from the run's seed and the request's identity (`request_seed`), so the
+stage is reproducible and the arms of the distribution tests draw independent streams.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from rakv.experiments.config import (
+    configurations,
+    controller_config,
+    cost_table_for,
+    engine_for,
+    prompts_for,
+    results_dir,
+)
+from rakv.experiments.records import git_commit, write_atomic, write_parquet
+from rakv.experiments.sensitivity import mixed_prompts
+from rakv.runtime.actions import ADAPTIVE, Action
+from rakv.runtime.calibration import hardware_fingerprint
+from rakv.runtime.controller import Controller
+from rakv.runtime.costmodel import acceptance_estimate
+from rakv.runtime.decoding import Sampling, forward
+from rakv.runtime.errors import RakvError
+from rakv.runtime.kernels import new_kv_cache
+from rakv.runtime.strategies import run_strategy
+from rakv.runtime.structured_outputs import schema_of, validity
+from rakv.runtime.verification import probabilities
+from rakv.runtime.workloads import calibration_prompts, dataset_texts, select_documents, wikitext2_articles
+
+PARTS = ("runs", "distribution", "structured", "long_context")
+PLAIN = "plain"  # the distribution tests' reference arm: sampling without speculation
+
+
+def request_seed(run_seed: int, *identity) -> int:
+    """A sampling seed for one request, from the run's seed and what identifies the request (stable across Python
+    processes, unlike hash())."""
+    text = json.dumps([run_seed, *map(str, identity)])
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=6).digest(), "little")
+
+
+def sampling_for(cfg: DictConfig, temperature: float, seed: int, verify: str = "token") -> Sampling:
+    return Sampling(temperature=float(temperature), top_p=float(cfg.experiment.top_p) if temperature else 1.0,
+                    seed=seed, verify=verify)
+
+
+def strategies_at(cfg: DictConfig, temperature: float) -> list[tuple[str, str]]:
+    """(strategy, verification rule) pairs measured at one temperature: AR, spec-k under each rule (one rule when
+    greedy), rakv-asd under token-wise verification."""
+    rules = list(cfg.experiment.verify_rules) if temperature > 0 else ["token"]
+    return ([("ar", "token")] + [(f"spec-k{k}", rule) for k in cfg.experiment.ks for rule in rules]
+            + [(ADAPTIVE, "token")])
+
+
+def acceptance_at(cfg: DictConfig, engine, temperature: float) -> float:
+    """The acceptance of spec-k4 at `temperature` over the calibration's prompts (never a study prompt): where the
+    controller of that temperature starts."""
+    if temperature <= 0:
+        return cost_table_for(cfg, engine).acceptance
+    round_log = []
+    for index, ids in enumerate(calibration_prompts(engine.encode)[:3]):
+        sampling = sampling_for(cfg, temperature, request_seed(cfg.seed, "calibration", temperature, index))
+        round_log += engine.run(ids, Action(False, 4), 48, sampling=sampling, ignore_eos=True).round_log
+    alpha = acceptance_estimate(round_log)
+    return alpha if alpha is not None else 0.0
+
+
+def run_rows(cfg: DictConfig, name: str, engine, prompts, tick) -> tuple[list[dict], dict]:
+    sizes = cfg.profile.sampling
+    table = cost_table_for(cfg, engine)
+    rows, alphas = [], {}
+    for temperature in cfg.experiment.temperatures:
+        alpha = alphas[float(temperature)] = acceptance_at(cfg, engine, temperature)
+        controller = Controller(replace(table, acceptance=alpha), controller_config(cfg))
+        for seed_index in range(sizes.seeds):
+            for prompt in prompts:
+                seed = request_seed(cfg.seed, name, temperature, prompt.id, seed_index)
+                for strategy, rule in strategies_at(cfg, temperature):
+                    engine.store.clear()
+                    result = run_strategy(engine, strategy, list(prompt.token_ids), sizes.new_tokens,
+                                          controller=controller, ignore_eos=True,
+                                          sampling=sampling_for(cfg, temperature, seed, rule))
+                    tick()
+                    rows.append({"configuration": name, "dataset": prompt.dataset, "prompt_id": prompt.id,
+                                 "seed_index": seed_index, "seed": seed, "controller_alpha0": alpha,
+                                 **result.to_row(), "verify": rule if temperature > 0 else "greedy",
+                                 "strategy": strategy})
+    return rows, alphas
+
+
+def sample_loglik(engine, prompt: list[int], tokens: list[int], sampling: Sampling) -> float:
+    """log p(tokens | prompt) under the target's sampling distribution (temperature, top-p), from the prompt's
+    stored K/V and logits (the store holds the prompt: every arm ran it)."""
+    ns = engine.namespace(None)
+    hit, kv, logits, _ = engine.store.lookup(ns, np.asarray(prompt, dtype=np.int64))
+    if not hit.exact:
+        raise RakvError("the distribution part expects the prompt in the store")
+    target = engine.pair.target.module
+    cache = new_kv_cache(target, kv)
+    rows = [logits.reshape(1, -1)]
+    if len(tokens) > 1:
+        ids = torch.tensor([tokens[:-1]], dtype=torch.long, device=engine.pair.device)
+        rows.append(forward(target, ids, cache, keep=len(tokens) - 1))
+    p = probabilities(torch.cat(rows).float(), sampling)
+    picked = p[torch.arange(len(tokens)), torch.tensor(tokens, device=p.device)]
+    return float(picked.clamp_min(1e-30).log().sum())
+
+
+def distribution_rows(cfg: DictConfig, name: str, engine, prompts, tick) -> list[dict]:
+    """Each arm's samples of the first `positions` tokens; the prompt's K/V reused (exact hit) so every sample
+    decodes only. Arms alternate within each seed, so a slow drift of the machine touches all alike."""
+    sizes, design = cfg.profile.sampling.distribution, cfg.experiment.distribution
+    temperature = float(design.temperature)
+    arms = [(PLAIN, 0, "token")] + [(rule, int(design.k), rule) for rule in design.arms]
+    rows = []
+    for prompt in prompts[: sizes.prompts]:
+        ids = list(prompt.token_ids)
+        engine.store.clear()
+        engine.run(ids, Action(False, 1 if engine.proposer_type.has_draft_model else 0), 1, ignore_eos=True)
+        for seed_index in range(sizes.seeds):
+            for arm, k, rule in arms:
+                seed = request_seed(cfg.seed, name, "distribution", prompt.id, arm, seed_index)
+                sampling = sampling_for(cfg, temperature, seed, rule)
+                result = engine.run(ids, Action(True, k), sizes.positions, sampling=sampling, ignore_eos=True)
+                tick()
+                rows.append({"configuration": name, "dataset": prompt.dataset, "prompt_id": prompt.id,
+                             "arm": arm, "k": k, "temperature": temperature, "seed_index": seed_index,
+                             "seed": seed, "tokens": json.dumps(result.token_ids),
+                             "loglik": sample_loglik(engine, ids, result.token_ids, sampling),
+                             "accepted": result.accepted, "rounds": result.rounds,
+                             "rejections": result.rejections, "closed_form_accepted": result.closed_form_accepted,
+                             "closed_form_variance": result.closed_form_variance,
+                             "latency_s": result.latency_s})
+    return rows
+
+
+def structured_rows(cfg: DictConfig, name: str, engine, controller, tick) -> list[dict]:
+    """Greedy JSON generation per strategy on seeded records of each schema, validity judged by the schema."""
+    sizes = cfg.profile.sampling.structured
+    texts = dataset_texts("structured")
+    by_schema: dict[str, list] = {}
+    for text_id, text in texts:
+        by_schema.setdefault(text_id.split("/")[1], []).append((text_id, text))
+    chosen = [item for group in by_schema.values() for item in group[: sizes.records]]
+    rows = []
+    for text_id, text in chosen:
+        ids = engine.encode(text)
+        for strategy in cfg.experiment.structured_strategies:
+            engine.store.clear()
+            result = run_strategy(engine, strategy, ids, sizes.new_tokens, controller=controller)
+            tick()
+            valid = validity(result.text, schema_of(text_id))
+            rows.append({"configuration": name, "prompt_id": text_id, "schema": text_id.split("/")[1],
+                         "strategy": strategy, "k": result.k, "prompt_tokens": result.prompt_tokens,
+                         "new_tokens": result.new_tokens, "latency_s": result.latency_s,
+                         "tokens_per_s": result.tokens_per_s, "accepted": result.accepted,
+                         "rejections": result.rejections, "rounds": result.rounds,
+                         "parses": valid.parses, "valid": valid.matches, "text": result.text})
+    return rows
+
+
+def long_context_rows(cfg: DictConfig, name: str, engine, controller, tick) -> list[dict]:
+    """Each budget: an empty store, then the documents' questions in turn (document 1's first question, document
+    2's first, ..., then the second questions), every strategy on the same store state (restored per strategy)."""
+    sizes, design = cfg.profile.sampling.long_context, cfg.experiment.long_context
+    entry = cfg.data.wikitext2
+    documents = select_documents(wikitext2_articles(entry.source, entry.split), engine.encode,
+                                 [tuple(b) for b in sizes.bins], sizes.per_bin, sizes.questions, cfg.seed)
+    configured = engine.store.budget_bytes
+    rows = []
+    try:
+        for budget in sizes.budgets_mib:
+            engine.store.budget_bytes = int(budget * (1 << 20))
+            engine.store.clear()
+            for question in range(sizes.questions):
+                for document in documents:
+                    ids = list(document.document) + list(document.questions[question])
+                    snapshot = engine.store.snapshot()
+                    before = engine.store.stats.evictions
+                    for strategy in design.strategies:
+                        engine.store.restore(snapshot)
+                        result = run_strategy(engine, strategy, ids, sizes.new_tokens, controller=controller,
+                                              ignore_eos=True)
+                        tick()
+                        rows.append({"configuration": name, "budget_mib": budget, "document": document.id,
+                                     "length_bin": document.length_bin, "question": question,
+                                     "strategy": strategy, "prompt_tokens": result.prompt_tokens,
+                                     "document_tokens": len(document.document),
+                                     "available_hit_tokens": result.available_hit_tokens,
+                                     "hit_tokens": result.hit_tokens, "k": result.k, "reuse": result.reuse,
+                                     "ttft_s": result.ttft_s, "latency_s": result.latency_s,
+                                     "accepted": result.accepted, "rejections": result.rejections,
+                                     "rounds": result.rounds,
+                                     "evictions": engine.store.stats.evictions - before})
+                    # the store continues from the state the last strategy left (every strategy stores the prompt)
+    finally:
+        engine.store.budget_bytes = configured
+        engine.store.clear()
+    return rows
+
+
+def planned_requests(cfg: DictConfig) -> dict[str, int]:
+    sizes, design = cfg.profile.sampling, cfg.experiment
+    prompts = sizes.prompts_per_dataset * len(cfg.datasets)
+    runs = sum(len(strategies_at(cfg, t)) for t in design.temperatures) * prompts * sizes.seeds
+    return {"runs": runs,
+            "distribution": sizes.distribution.prompts * sizes.distribution.seeds * (1 + len(design.distribution.arms)),
+            "structured": 2 * sizes.structured.records * len(design.structured_strategies),
+            "long_context": (len(sizes.long_context.budgets_mib) * len(sizes.long_context.bins)
+                             * sizes.long_context.per_bin * sizes.long_context.questions
+                             * len(design.long_context.strategies))}
+
+
+def run_sampling(cfg: DictConfig) -> None:
+    if cfg.profile.get("sampling") is None:
+        print(f"sampling: profile {cfg.profile.name} has no sampling section; skipped", flush=True)
+        return
+    out_dir = results_dir(cfg) / "sampling"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    todo = [part for part in PARTS if not (out_dir / f"{part}.parquet").exists()]
+    if not todo:
+        print(f"sampling: every part is in {out_dir}; delete a part's table to measure it again", flush=True)
+        return
+    # the design the analysis reads (the tests' level, the resamples of the power estimate), and where and from
+    # which commit the stage measured (it may run after the study, from a later commit)
+    device = torch.device(cfg.device)
+    write_atomic(out_dir / "design.json", json.dumps({
+        "experiment": OmegaConf.to_container(cfg.experiment), "sizes": OmegaConf.to_container(cfg.profile.sampling),
+        "git_commit": git_commit(), "hardware": hardware_fingerprint(device, cfg.dtype)}, indent=1))
+    planned = planned_requests(cfg)
+    print("sampling: plan " + ", ".join(f"{part} {planned[part]}" for part in todo)
+          + " timed requests per configuration", flush=True)
+    opened = {}
+    for configuration in configurations(cfg):  # every engine and its controller once, for all parts
+        engine = engine_for(cfg, configuration)
+        prompts = mixed_prompts([p for d in cfg.datasets for p in prompts_for(cfg, engine.encode, d)],
+                                cfg.profile.sampling.prompts_per_dataset * len(cfg.datasets))
+        opened[configuration.name] = engine, prompts
+    for part in todo:  # each part's table written when it is complete, so an interrupted stage resumes by part
+        rows, alphas = [], {}
+        for name, (engine, prompts) in opened.items():
+            controller = Controller(cost_table_for(cfg, engine), controller_config(cfg))
+            with tqdm(total=planned[part], desc=f"sampling {part} {name}", unit="request", dynamic_ncols=True,
+                      mininterval=2) as bar:
+                if part == "runs":
+                    measured, alphas[name] = run_rows(cfg, name, engine, prompts, bar.update)
+                elif part == "distribution":
+                    measured = distribution_rows(cfg, name, engine, prompts, bar.update)
+                elif part == "structured":
+                    measured = structured_rows(cfg, name, engine, controller, bar.update)
+                else:
+                    measured = long_context_rows(cfg, name, engine, controller, bar.update)
+            rows += measured
+        if alphas:  # where each temperature's controller started
+            write_atomic(out_dir / "acceptance.json", json.dumps(alphas, indent=1))
+        write_parquet(rows, out_dir / f"{part}.parquet")
+        print(f"sampling: wrote {out_dir / f'{part}.parquet'} ({len(rows)} rows)", flush=True)
+
+
+def read_design(results) -> dict:
+    path = results / "sampling" / "design.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def read_part(results, part: str) -> pd.DataFrame | None:
+    path = results / "sampling" / f"{part}.parquet"
+    return pd.read_parquet(path) if path.exists() else None

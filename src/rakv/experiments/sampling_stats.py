@@ -1,0 +1,305 @@
+"""The statistics of the sampling stage (rakv.experiments.sampling; paper/main.tex, "Sampling and workloads").
+
+Intervals here are 95 %, on the unit that is independent:
+- the closed-form check needs no units: at every position a round reaches, the token-wise rule's outcome is
+  Bernoulli(alpha_j) given everything before it, so accepted - sum of alpha_j has mean zero and variance
+  sum of alpha_j (1 - alpha_j) (a martingale's predictable variation), whatever the prompts; the interval is the
+  normal one with that variance (a z interval, not a t interval);
+- latencies, acceptance per round and the workloads' ratios take prompts (or documents) as clusters: the
+  requests of one prompt share its text, so their per-request values are averaged per prompt first.
+Relative differences are geometric means of ratios (a t interval of the mean log ratio, exponentiated), so a
+reduction can never pass 100 %.
+
+The distribution tests (`distribution_tests`) compare each speculative arm with plain sampling of the same prompts:
+a chi-square test of the token counts at every position and prompt, and a two-sample Kolmogorov-Smirnov test of
+the samples' log-likelihood under the target per prompt, Holm-corrected over the arm's family. The biased arm is
+the positive control; its power at the measured size is estimated by resampling its and plain sampling's samples.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from rakv.experiments.summary import (
+    BlockVsToken,
+    ClosedFormCheck,
+    DistributionTest,
+    LongContextRow,
+    SamplingSummary,
+    StructuredRow,
+    TemperatureResult,
+)
+from rakv.experiments.verdicts import ci_side
+from rakv.runtime.actions import ADAPTIVE, Action
+
+NAN = float("nan")
+PLAIN = "plain"
+CONTROL = "biased"
+
+
+def t_interval(values) -> list[float]:
+    """[mean, low, high] of `values` (95 % t interval; no bounds with fewer than two finite values)."""
+    values = np.asarray([v for v in values if v is not None and np.isfinite(v)], float)
+    if len(values) == 0:
+        return [NAN, NAN, NAN]
+    mean = float(values.mean())
+    if len(values) < 2:
+        return [mean, NAN, NAN]
+    half = float(stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values)))
+    return [mean, mean - half, mean + half]
+
+
+def ratio_interval(log_ratios) -> list[float]:
+    """The geometric mean of ratios with its 95 % CI, from their logs (a t interval, exponentiated)."""
+    return [math.exp(x) if np.isfinite(x) else NAN for x in t_interval(log_ratios)]
+
+
+def ratio_of_sums_interval(numerator, denominator) -> list[float]:
+    """sum(numerator) / sum(denominator) with a 95 % CI by the delta method over independent units (a t interval
+    of the linearised units n_i - r d_i, scaled by the mean denominator)."""
+    numerator, denominator = np.asarray(numerator, float), np.asarray(denominator, float)
+    if denominator.sum() <= 0:
+        return [NAN, NAN, NAN]
+    ratio = float(numerator.sum() / denominator.sum())
+    residual = t_interval((numerator - ratio * denominator) / denominator.mean())
+    return [ratio, ratio + residual[1] - residual[0], ratio + residual[2] - residual[0]]
+
+
+def reached(frame: pd.DataFrame) -> pd.Series:
+    """The positions the rounds reached: the accepted candidates and the rejected one of each rejecting round."""
+    return frame.accepted + frame.rejections
+
+
+def closed_form_checks(runs: pd.DataFrame) -> list[ClosedFormCheck]:
+    """Per (configuration, temperature, rule, k) of the fixed spec-k runs: measured acceptance (accepted / reached)
+    against its closed form (sum of alpha_j / reached). The difference's interval uses the variance the closed form
+    itself implies, sum of alpha_j (1 - alpha_j) (each reached position a Bernoulli(alpha_j) given the past), which
+    holds with few requests and rare rejections where a sample variance would not. Token-wise and greedy rounds
+    must agree (agrees / differs); the block rule's closed form is token-wise's, a lower bound of what it accepts,
+    so its row is reported with verdict 'bound'."""
+    spec = runs[(runs.strategy != ADAPTIVE) & (runs.k > 0)]
+    out = []
+    for (name, temperature, rule, k), group in spec.groupby(["configuration", "temperature", "verify", "k"]):
+        positions = int(reached(group).sum())
+        if positions == 0:
+            continue
+        measured = float(group.accepted.sum()) / positions
+        closed = float(group.closed_form_accepted.sum()) / positions
+        half = 1.959964 * math.sqrt(float(group.closed_form_variance.sum())) / positions
+        difference = [measured - closed, measured - closed - half, measured - closed + half]
+        if rule == "block":
+            verdict = "bound"
+        else:
+            verdict = "agrees" if ci_side(difference, 0.0) == "straddles" else "differs"
+        out.append(ClosedFormCheck(name, float(temperature), str(rule), int(k), len(group), positions,
+                                   [measured, measured - (difference[0] - difference[1]),
+                                    measured + (difference[2] - difference[0])],
+                                   closed, difference, verdict))
+    return out
+
+
+def per_prompt_log_ratio(runs: pd.DataFrame, ours: tuple[str, str], baseline: tuple[str, str]) -> pd.Series:
+    """Mean log(latency ours / latency baseline) per prompt, pairing each (prompt, seed)."""
+    key = ["prompt_id", "seed_index"]
+    a = runs[(runs.strategy == ours[0]) & (runs.verify == ours[1])].set_index(key).latency_s
+    b = runs[(runs.strategy == baseline[0]) & (runs.verify == baseline[1])].set_index(key).latency_s
+    both = pd.concat([a.rename("a"), b.rename("b")], axis=1).dropna()
+    return np.log(both.a / both.b).groupby(level="prompt_id").mean()
+
+
+def temperature_results(runs: pd.DataFrame, tables: dict) -> list[TemperatureResult]:
+    """Per (configuration, temperature): rakv-asd against AR and against the best fixed strategy (least mean
+    latency over prompts), the k the controller chose, spec-k4's measured token-wise acceptance and the cost
+    model's break-even acceptance for k = 4 (cold, the prompts' mean length); `tables`: configuration -> CostTable."""
+    from rakv.runtime.costmodel import RequestFeatures, break_even_alpha
+
+    out = []
+    for (name, temperature), group in runs.groupby(["configuration", "temperature"]):
+        fixed = group[group.strategy != ADAPTIVE]
+        means = fixed.groupby(["strategy", "verify"]).latency_s.mean()
+        best = means.idxmin()
+        spec4 = group[(group.strategy == "spec-k4") & (group.verify.isin(["token", "greedy"]))]
+        positions = reached(spec4).sum()
+        rule = "greedy" if temperature == 0 else "token"
+        vs_ar = ratio_interval(per_prompt_log_ratio(group, (ADAPTIVE, rule), ("ar", rule)))
+        vs_best = ratio_interval(per_prompt_log_ratio(group, (ADAPTIVE, rule), best))
+        spec_vs_ar = ratio_interval(per_prompt_log_ratio(group, ("spec-k4", rule), ("ar", rule)))
+        chosen = group[group.strategy == ADAPTIVE].k.value_counts().sort_index()
+        table = tables.get(name)
+        break_even = None
+        if table is not None:
+            features = RequestFeatures(int(round(group.prompt_tokens.mean())), 0, int(group.new_tokens.max()))
+            break_even = break_even_alpha(table, features, False, 4)
+        side = ci_side(spec_vs_ar, 1.0, point_if_no_interval=False)
+        out.append(TemperatureResult(
+            configuration=name, temperature=float(temperature),
+            acceptance=float(spec4.accepted.sum() / positions) if positions else None,
+            controller_alpha0=float(group.controller_alpha0.iloc[0]),
+            spec_k4_vs_ar=spec_vs_ar, vs_ar=vs_ar, vs_best_fixed=vs_best,
+            best_fixed=f"{best[0]}/{best[1]}", best_k=Action.of_strategy(best[0]).k,
+            chosen_k={str(k): int(n) for k, n in chosen.items()},
+            break_even_alpha=break_even,
+            speculation={"below": "pays", "above": "costs"}.get(side, "inconclusive")))
+    return out
+
+
+def block_vs_token(runs: pd.DataFrame) -> list[BlockVsToken]:
+    """Per (configuration, temperature > 0, k): accepted candidates per round under block and token-wise
+    verification of the same (prompt, seed), the difference per prompt with its CI, and the latency ratio."""
+    sampled = runs[(runs.temperature > 0) & (runs.strategy != ADAPTIVE) & (runs.k > 0)]
+    out = []
+    for (name, temperature, k), group in sampled.groupby(["configuration", "temperature", "k"]):
+        per = group.groupby(["verify", "prompt_id"])[["accepted", "rounds"]].sum()
+        if not {"block", "token"} <= set(per.index.get_level_values(0)):
+            continue
+        rate = per.accepted / per.rounds
+        difference = t_interval((rate.loc["block"] - rate.loc["token"]).dropna())
+        strategy = f"spec-k{k}"
+        latency = ratio_interval(per_prompt_log_ratio(group, (strategy, "block"), (strategy, "token")))
+        side = ci_side(difference, 0.0, point_if_no_interval=False)
+        out.append(BlockVsToken(
+            configuration=name, temperature=float(temperature), k=int(k), requests=int(len(group) // 2),
+            token_per_round=float(per.loc["token"].accepted.sum() / per.loc["token"].rounds.sum()),
+            block_per_round=float(per.loc["block"].accepted.sum() / per.loc["block"].rounds.sum()),
+            difference=difference, latency_ratio=latency,
+            verdict={"above": "more", "below": "fewer"}.get(side, "inconclusive")))
+    return out
+
+
+def holm(p_values) -> np.ndarray:
+    """Holm's step-down adjustment of a family of p-values (controls the family-wise error rate)."""
+    p = np.asarray(p_values, float)
+    order = np.argsort(p)
+    adjusted = np.empty_like(p)
+    running = 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (len(p) - rank) * p[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+def token_test(a, b, min_count: int = 5) -> float:
+    """p-value of a chi-square test that two samples of tokens come from one distribution; tokens seen fewer than
+    `min_count` times in both samples together are pooled into one category."""
+    a, b = np.asarray(a), np.asarray(b)
+    values, inverse = np.unique(np.concatenate([a, b]), return_inverse=True)
+    counts = np.stack([np.bincount(inverse[:len(a)], minlength=len(values)),
+                       np.bincount(inverse[len(a):], minlength=len(values))])
+    rare = counts.sum(axis=0) < min_count
+    if rare.any():
+        counts = np.concatenate([counts[:, ~rare], counts[:, rare].sum(axis=1, keepdims=True)], axis=1)
+    counts = counts[:, counts.sum(axis=0) > 0]
+    if counts.shape[1] < 2:
+        return 1.0
+    return float(stats.chi2_contingency(counts, correction=False).pvalue)
+
+
+def by_prompt(frame: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """prompt -> (its samples' first tokens [samples, positions], their log-likelihoods)."""
+    out = {}
+    for prompt, group in frame.groupby("prompt_id"):
+        tokens = [json.loads(t) for t in group.tokens]
+        width = min(map(len, tokens))
+        out[prompt] = np.array([t[:width] for t in tokens]), group.loglik.to_numpy(float)
+    return out
+
+
+def family_p_values(plain: dict, arm: dict) -> list[float]:
+    """The arm's tests against plain sampling: per (prompt, position) a token test, per prompt a KS test of the
+    log-likelihood (both samples as `by_prompt` gives them)."""
+    p_values = []
+    for prompt, (tokens_a, loglik_a) in plain.items():
+        if prompt not in arm:
+            continue
+        tokens_b, loglik_b = arm[prompt]
+        for position in range(min(tokens_a.shape[1], tokens_b.shape[1])):
+            p_values.append(token_test(tokens_a[:, position], tokens_b[:, position]))
+        p_values.append(float(stats.ks_2samp(loglik_a, loglik_b, method="asymp").pvalue))
+    return p_values
+
+
+def resample(samples: dict, rng: np.random.Generator) -> dict:
+    """The same number of samples per prompt, drawn with replacement."""
+    out = {}
+    for prompt, (tokens, loglik) in samples.items():
+        pick = rng.integers(len(loglik), size=len(loglik))
+        out[prompt] = tokens[pick], loglik[pick]
+    return out
+
+
+def distribution_tests(samples: pd.DataFrame, level: float = 0.05, resamples: int = 200,
+                       seed: int = 0) -> list[DistributionTest]:
+    """Per (configuration, arm): the family's smallest Holm-adjusted p-value, whether it rejects at `level`, and
+    how often the family rejects on resampled data of the same size (the power, for the biased control)."""
+    out = []
+    for (name, temperature), group in samples.groupby(["configuration", "temperature"]):
+        plain = by_prompt(group[group.arm == PLAIN])
+        for arm_name, frame in group[group.arm != PLAIN].groupby("arm"):
+            arm = by_prompt(frame)
+            adjusted = holm(family_p_values(plain, arm))
+            rng = np.random.default_rng(seed)
+            rejections = sum(holm(family_p_values(resample(plain, rng), resample(arm, rng))).min() < level
+                             for _ in range(resamples))
+            out.append(DistributionTest(
+                configuration=name, arm=str(arm_name), temperature=float(temperature),
+                samples_per_prompt=int(frame.groupby("prompt_id").size().min()), prompts=len(arm),
+                tests=len(adjusted), min_adjusted_p=float(adjusted.min()), rejected=bool(adjusted.min() < level),
+                resampled_rejection_rate=rejections / resamples if resamples else NAN,
+                control=arm_name == CONTROL))
+    return out
+
+
+def structured_rows(rows: pd.DataFrame) -> list[StructuredRow]:
+    """Per (configuration, strategy): how many outputs parse and follow the schema, latency, and whether every
+    output equals AR's (greedy decoding: speculation must not change a token)."""
+    out = []
+    ar = rows[rows.strategy == "ar"].set_index(["configuration", "prompt_id"]).text
+    for (name, strategy), group in rows.groupby(["configuration", "strategy"], sort=False):
+        same = all(ar.get((name, p)) == t for p, t in zip(group.prompt_id, group.text, strict=True))
+        out.append(StructuredRow(name, str(strategy), len(group), float(group.parses.mean()),
+                                 float(group.valid.mean()), float(group.latency_s.mean()),
+                                 float(group.tokens_per_s.mean()), same))
+    return out
+
+
+def long_context_rows(rows: pd.DataFrame) -> list[LongContextRow]:
+    """Per (configuration, budget, strategy): reuse, evictions, TTFT and latency, and the latency ratio to AR of
+    the same requests (geometric mean over documents)."""
+    out = []
+    key = ["configuration", "budget_mib", "document", "question"]
+    ar = rows[rows.strategy == "ar"].set_index(key).latency_s
+    for (name, budget, strategy), group in rows.groupby(["configuration", "budget_mib", "strategy"], sort=False):
+        mine = group.set_index(key).latency_s
+        logs = np.log(mine / ar.reindex(mine.index)).groupby(level="document").mean()
+        out.append(LongContextRow(
+            configuration=name, budget_mib=float(budget), strategy=str(strategy), requests=len(group),
+            document_tokens=float(group.document_tokens.mean()), hit_tokens=float(group.hit_tokens.mean()),
+            evictions=int(group.evictions.sum()), ttft_s=float(group.ttft_s.mean()),
+            latency_s=float(group.latency_s.mean()), vs_ar=ratio_interval(logs)))
+    return out
+
+
+def sampling_summary(results, tables: dict, seed: int = 0) -> SamplingSummary | None:
+    """The sampling stage's statistics from results/<name>/sampling/ (None: the stage has not run); the tests' level
+    and the power's resamples are the stage's design (conf/experiment/sampling.yaml, kept in design.json)."""
+    from rakv.experiments.sampling import read_design, read_part
+
+    runs = read_part(results, "runs")
+    if runs is None:
+        return None
+    design = read_design(results).get("experiment", {}).get("distribution", {})
+    level, resamples = float(design.get("alpha", 0.05)), int(design.get("power_resamples", 200))
+    distribution = read_part(results, "distribution")
+    structured = read_part(results, "structured")
+    long_context = read_part(results, "long_context")
+    return SamplingSummary(
+        closed_form=closed_form_checks(runs), temperatures=temperature_results(runs, tables),
+        block_vs_token=block_vs_token(runs),
+        distribution=distribution_tests(distribution, level, resamples, seed) if distribution is not None else [],
+        structured=structured_rows(structured) if structured is not None else [],
+        long_context=long_context_rows(long_context) if long_context is not None else [])

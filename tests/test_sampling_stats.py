@@ -1,0 +1,100 @@
+"""The sampling stage's statistics (rakv.experiments.sampling_stats) on synthetic tables whose truth is known."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy.stats import binomtest
+
+from rakv.experiments import sampling_stats as ss
+from rakv.runtime.verification import accept_biased, closed_form_moments
+
+
+def test_holm_matches_the_step_down_by_hand():
+    adjusted = ss.holm([0.01, 0.04, 0.03, 0.5])
+    # sorted 0.01, 0.03, 0.04, 0.5 -> 0.04, 0.09, 0.09 (monotone), 0.5
+    assert np.allclose(adjusted, [0.04, 0.09, 0.09, 0.5])
+
+
+def test_t_interval_covers_at_its_nominal_level():
+    rng = np.random.default_rng(0)
+    covered = sum(low <= 1.0 <= high for _, low, high in
+                  (ss.t_interval(rng.lognormal(0, 0.3, 8) / np.exp(0.045)) for _ in range(2000)))
+    assert 0.92 <= covered / 2000 <= 0.98, covered / 2000
+
+
+def test_the_token_test_tells_a_shifted_distribution_from_the_same_one():
+    rng = np.random.default_rng(1)
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    same = ss.token_test(rng.choice(4, 300, p=probs).tolist(), rng.choice(4, 300, p=probs).tolist())
+    shifted = ss.token_test(rng.choice(4, 300, p=probs).tolist(),
+                            rng.choice(4, 300, p=[0.7, 0.2, 0.08, 0.02]).tolist())
+    assert same > 0.01 and shifted < 1e-4
+
+
+def test_the_biased_rule_overweights_the_argmax_and_the_closed_form_counts_reached_positions():
+    p = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.5, 0.3]], dtype=torch.float64)
+    generator = torch.Generator().manual_seed(0)
+    draws = [accept_biased([0], p, generator)[0] for _ in range(2000)]  # the candidate is the argmax: always kept
+    assert set(draws) == {0}
+    draws = [accept_biased([1], p, generator)[0] for _ in range(4000)]  # not the argmax: drawn from p_0
+    assert binomtest(sum(d == 0 for d in draws), len(draws), 0.5).pvalue > 1e-3
+    # rounds (verified, accepted): the first reached 2 positions (one rejected), the second all 3
+    mean, variance = closed_form_moments([(3, 1), (3, 3)], [(0.9, 0.5, 0.1), (0.8, 0.7, 0.6)])
+    assert mean == pytest.approx(1.4 + 2.1)
+    assert variance == pytest.approx(0.09 + 0.25 + 0.16 + 0.21 + 0.24)
+
+
+def synthetic_runs(rng, shift: float = 0.0, requests: int = 60) -> pd.DataFrame:
+    """Rounds of k = 4 whose candidates pass with the probability the rows record (plus `shift`)."""
+    rows = []
+    for r in range(requests):
+        accepted = rejections = 0
+        closed = variance = 0.0
+        for _ in range(8):
+            alphas = rng.uniform(0.3, 0.9, 4)
+            for a in alphas:
+                closed += a
+                variance += a * (1 - a)
+                if rng.random() < min(a + shift, 1.0):
+                    accepted += 1
+                else:
+                    rejections += 1
+                    break
+        rows.append({"configuration": "c", "temperature": 1.0, "verify": "token", "k": 4, "strategy": "spec-k4",
+                     "accepted": accepted, "rejections": rejections, "closed_form_accepted": closed,
+                     "closed_form_variance": variance,
+                     "prompt_id": f"p{r % 4}", "seed_index": r // 4})
+    return pd.DataFrame(rows)
+
+
+def test_the_closed_form_interval_covers_and_a_shift_is_seen():
+    rng = np.random.default_rng(2)
+    verdicts = [ss.closed_form_checks(synthetic_runs(rng, requests=8))[0].verdict for _ in range(400)]
+    assert 0.92 <= verdicts.count("agrees") / len(verdicts) <= 0.98  # a 95 % interval, 8 requests
+    (differs,) = ss.closed_form_checks(synthetic_runs(rng, shift=0.15))
+    assert differs.verdict == "differs" and differs.difference[1] > 0
+
+
+def samples(rng, arm: str, bias: float, prompts: int = 3, seeds: int = 80) -> list[dict]:
+    rows = []
+    for prompt in range(prompts):
+        base = np.array([0.4, 0.3, 0.2, 0.1])
+        probs = base + bias * (np.eye(4)[0] - base)  # bias moves mass to token 0 (the argmax)
+        for seed in range(seeds):
+            tokens = rng.choice(4, 4, p=probs).tolist()
+            rows.append({"configuration": "c", "temperature": 1.0, "arm": arm, "prompt_id": f"p{prompt}",
+                         "seed_index": seed, "tokens": json.dumps(tokens),
+                         "loglik": float(np.log(base[tokens]).sum())})
+    return rows
+
+
+def test_the_distribution_tests_have_power_against_the_control_and_keep_their_level():
+    rng = np.random.default_rng(3)
+    frame = pd.DataFrame(samples(rng, "plain", 0.0) + samples(rng, "token", 0.0) + samples(rng, "biased", 0.3))
+    found = {t.arm: t for t in ss.distribution_tests(frame, resamples=100)}
+    assert found["biased"].rejected and found["biased"].resampled_rejection_rate >= 0.9
+    assert not found["token"].rejected
+    assert found["biased"].control and not found["token"].control
