@@ -231,6 +231,12 @@ def long_context_rows(cfg: DictConfig, name: str, engine, controller, tick) -> l
     return rows
 
 
+def distribution_configurations(cfg: DictConfig) -> list[str]:
+    """The configurations the distribution tests run on (the profile's choice; all of them by default)."""
+    chosen = cfg.profile.sampling.distribution.get("configurations")
+    return list(chosen) if chosen is not None else list(cfg.configurations)
+
+
 def planned_requests(cfg: DictConfig) -> dict[str, int]:
     sizes, design = cfg.profile.sampling, cfg.experiment
     prompts = sizes.prompts_per_dataset * len(cfg.datasets)
@@ -271,6 +277,8 @@ def run_sampling(cfg: DictConfig) -> None:
     for part in todo:  # each part's table written when it is complete, so an interrupted stage resumes by part
         rows, alphas = [], {}
         for name, (engine, prompts) in opened.items():
+            if part == "distribution" and name not in distribution_configurations(cfg):
+                continue
             controller = Controller(cost_table_for(cfg, engine), controller_config(cfg))
             with tqdm(total=planned[part], desc=f"sampling {part} {name}", unit="request", dynamic_ncols=True,
                       mininterval=2) as bar:

@@ -535,7 +535,7 @@ class DistributionTest:
     tests: int
     min_adjusted_p: float  # Holm over the family
     rejected: bool
-    resampled_rejection_rate: float  # the control's power at this size; the others' rejection rate on resamples
+    half_sample_rejection_rate: float  # rejections on random halves: the control's power at half the size, the others' size
     control: bool
 
 
