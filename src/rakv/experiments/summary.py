@@ -535,7 +535,8 @@ class DistributionTest:
     tests: int
     min_adjusted_p: float  # Holm over the family
     rejected: bool
-    half_sample_rejection_rate: float  # rejections on random halves: the control's power at half the size, the others' size
+    # rejections on random halves of the samples: the control's power at half the size, the other rules' size
+    half_sample_rejection_rate: float
     control: bool
 
 
