@@ -87,7 +87,7 @@ def samples(rng, arm: str, bias: float, prompts: int = 3, seeds: int = 80) -> li
             tokens = rng.choice(4, 4, p=probs).tolist()
             rows.append({"configuration": "c", "temperature": 1.0, "arm": arm, "prompt_id": f"p{prompt}",
                          "seed_index": seed, "tokens": json.dumps(tokens),
-                         "loglik": float(np.log(base[tokens]).sum())})
+                         "loglik": float(np.log(base[tokens]).sum()), "argmax_tokens": tokens.count(0)})
     return rows
 
 

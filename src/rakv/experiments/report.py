@@ -882,10 +882,12 @@ def sampling_tests_table(s) -> str:
                              f"{b.verdict} & {ratio_text(b.latency_ratio)} & \\\\")
         lines += ["\\bottomrule", "\\end{tabular}",
                   "\\caption{Top: speculative against plain sampling of the same prompts (first tokens, many seeds): "
-                  "chi-square tests of the token counts at every position and prompt and Kolmogorov-Smirnov tests of "
-                  "the target's log-likelihood of the samples, Holm-corrected per arm at 5\\,\\%; the rejection rate "
-                  "on random halves of the samples estimates the tests' power against the positive control at half "
-                  "the size (a lower bound at the full size), and their size for the other rules. Bottom: accepted "
+                  "chi-square tests of the token counts at every position and prompt, and per prompt a "
+                  "Kolmogorov-Smirnov test of the target's log-likelihood of the samples and a chi-square test of how "
+                  "many of their tokens were the target's most likely, Holm-corrected per arm at 5\\,\\%; the "
+                  "rejection rate on random halves of the samples estimates the tests' power against the positive "
+                  "control at half the size (a lower bound at the full size), and their size for the other rules. "
+                  "Bottom: accepted "
                   "candidates per round under block and token-wise verification of the same (prompt, seed) pairs "
                   "(CI over prompts).}\\label{tab:sampling-tests}", "\\end{table}"]
     return "\n".join(lines) + "\n" if lines else ""

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -120,9 +121,11 @@ def run_rows(cfg: DictConfig, name: str, engine, prompts, tick) -> tuple[list[di
     return rows, alphas
 
 
-def sample_loglik(engine, prompt: list[int], tokens: list[int], sampling: Sampling) -> float:
-    """log p(tokens | prompt) under the target's sampling distribution (temperature, top-p), from the prompt's
-    stored K/V and logits (the store holds the prompt: every arm ran it)."""
+def sample_statistics(engine, prompt: list[int], tokens: list[int], sampling: Sampling) -> tuple[float, int]:
+    """The target's view of one sample: log p(tokens | prompt) under its sampling distribution (temperature, top-p),
+    and at how many positions the sample took the target's most likely token (a speculative sampler biased towards
+    the mode, the likeliest way for one to go wrong, shifts this count first). From the prompt's stored K/V and
+    logits (the store holds the prompt: every arm ran it)."""
     ns = engine.namespace(None)
     hit, kv, logits, _ = engine.store.lookup(ns, np.asarray(prompt, dtype=np.int64))
     if not hit.exact:
@@ -134,8 +137,9 @@ def sample_loglik(engine, prompt: list[int], tokens: list[int], sampling: Sampli
         ids = torch.tensor([tokens[:-1]], dtype=torch.long, device=engine.pair.device)
         rows.append(forward(target, ids, cache, keep=len(tokens) - 1))
     p = probabilities(torch.cat(rows).float(), sampling)
-    picked = p[torch.arange(len(tokens)), torch.tensor(tokens, device=p.device)]
-    return float(picked.clamp_min(1e-30).log().sum())
+    chosen = torch.tensor(tokens, device=p.device)
+    picked = p[torch.arange(len(tokens)), chosen]
+    return float(picked.clamp_min(1e-30).log().sum()), int((p.argmax(-1) == chosen).sum())
 
 
 def distribution_rows(cfg: DictConfig, name: str, engine, prompts, tick) -> list[dict]:
@@ -155,10 +159,11 @@ def distribution_rows(cfg: DictConfig, name: str, engine, prompts, tick) -> list
                 sampling = sampling_for(cfg, temperature, seed, rule)
                 result = engine.run(ids, Action(True, k), sizes.positions, sampling=sampling, ignore_eos=True)
                 tick()
+                loglik, modes = sample_statistics(engine, ids, result.token_ids, sampling)
                 rows.append({"configuration": name, "dataset": prompt.dataset, "prompt_id": prompt.id,
                              "arm": arm, "k": k, "temperature": temperature, "seed_index": seed_index,
                              "seed": seed, "tokens": json.dumps(result.token_ids),
-                             "loglik": sample_loglik(engine, ids, result.token_ids, sampling),
+                             "loglik": loglik, "argmax_tokens": modes,
                              "accepted": result.accepted, "rounds": result.rounds,
                              "rejections": result.rejections, "closed_form_accepted": result.closed_form_accepted,
                              "closed_form_variance": result.closed_form_variance,
@@ -261,10 +266,12 @@ def run_sampling(cfg: DictConfig) -> None:
         return
     # the design the analysis reads (the tests' level, the resamples of the power estimate), and where and from
     # which commit the stage measured (it may run after the study, from a later commit)
-    device = torch.device(cfg.device)
+    # (parts measured earlier keep the commit they were measured with)
+    design = read_design(out_dir.parent)
+    commits = {**design.get("parts", {}), **{part: git_commit() for part in todo}}
     write_atomic(out_dir / "design.json", json.dumps({
         "experiment": OmegaConf.to_container(cfg.experiment), "sizes": OmegaConf.to_container(cfg.profile.sampling),
-        "git_commit": git_commit(), "hardware": hardware_fingerprint(device, cfg.dtype)}, indent=1))
+        "parts": commits, "hardware": hardware_fingerprint(torch.device(cfg.device), cfg.dtype)}, indent=1))
     planned = planned_requests(cfg)
     print("sampling: plan " + ", ".join(f"{part} {planned[part]}" for part in todo)
           + " timed requests per configuration", flush=True)
@@ -298,7 +305,7 @@ def run_sampling(cfg: DictConfig) -> None:
 
 
 def read_design(results) -> dict:
-    path = results / "sampling" / "design.json"
+    path = Path(results) / "sampling" / "design.json"
     return json.loads(path.read_text()) if path.exists() else {}
 
 

@@ -11,8 +11,9 @@ Relative differences are geometric means of ratios (a t interval of the mean log
 reduction can never pass 100 %.
 
 The distribution tests (`distribution_tests`) compare each speculative arm with plain sampling of the same prompts:
-a chi-square test of the token counts at every position and prompt, and a two-sample Kolmogorov-Smirnov test of
-the samples' log-likelihood under the target per prompt, Holm-corrected over the arm's family. The biased arm is
+a chi-square test of the token counts at every position and prompt, and per prompt a two-sample Kolmogorov-Smirnov
+test of the samples' log-likelihood under the target and a chi-square test of how many of their tokens were the
+target's most likely, Holm-corrected over the arm's family. The biased arm is
 the positive control; the tests' power against it is estimated on random halves of the samples (`half_sample`).
 """
 
@@ -199,27 +200,32 @@ def token_test(a, b, min_count: int = 5) -> float:
     return float(stats.chi2_contingency(counts, correction=False).pvalue)
 
 
-def by_prompt(frame: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """prompt -> (its samples' first tokens [samples, positions], their log-likelihoods)."""
+def by_prompt(frame: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    """prompt -> (its samples' first tokens [samples, positions], their log-likelihoods, how many of their tokens
+    were the target's most likely; None where the table predates that column)."""
     out = {}
     for prompt, group in frame.groupby("prompt_id"):
         tokens = [json.loads(t) for t in group.tokens]
         width = min(map(len, tokens))
-        out[prompt] = np.array([t[:width] for t in tokens]), group.loglik.to_numpy(float)
+        modes = group.argmax_tokens.to_numpy(int) if "argmax_tokens" in group else None
+        out[prompt] = np.array([t[:width] for t in tokens]), group.loglik.to_numpy(float), modes
     return out
 
 
 def family_p_values(plain: dict, arm: dict) -> list[float]:
-    """The arm's tests against plain sampling: per (prompt, position) a token test, per prompt a KS test of the
-    log-likelihood (both samples as `by_prompt` gives them)."""
+    """The arm's tests against plain sampling: per (prompt, position) a token test; per prompt a KS test of the
+    log-likelihood and a chi-square test of how many tokens were the target's most likely (both samples as
+    `by_prompt` gives them)."""
     p_values = []
-    for prompt, (tokens_a, loglik_a) in plain.items():
+    for prompt, (tokens_a, loglik_a, modes_a) in plain.items():
         if prompt not in arm:
             continue
-        tokens_b, loglik_b = arm[prompt]
+        tokens_b, loglik_b, modes_b = arm[prompt]
         for position in range(min(tokens_a.shape[1], tokens_b.shape[1])):
             p_values.append(token_test(tokens_a[:, position], tokens_b[:, position]))
         p_values.append(float(stats.ks_2samp(loglik_a, loglik_b, method="asymp").pvalue))
+        if modes_a is not None and modes_b is not None:
+            p_values.append(token_test(modes_a, modes_b))
     return p_values
 
 
@@ -228,9 +234,9 @@ def half_sample(samples: dict, rng: np.random.Generator) -> dict:
     the arm's true distribution (a bootstrap resample would not be: it treats the observed difference between two
     arms, noise included, as the truth, and rejects too often)."""
     out = {}
-    for prompt, (tokens, loglik) in samples.items():
+    for prompt, (tokens, loglik, modes) in samples.items():
         pick = rng.permutation(len(loglik))[: len(loglik) // 2]
-        out[prompt] = tokens[pick], loglik[pick]
+        out[prompt] = tokens[pick], loglik[pick], modes[pick] if modes is not None else None
     return out
 
 
