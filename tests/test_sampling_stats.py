@@ -98,3 +98,18 @@ def test_the_distribution_tests_have_power_against_the_control_and_keep_their_le
     assert found["biased"].rejected and found["biased"].half_sample_rejection_rate >= 0.9
     assert not found["token"].rejected and found["token"].half_sample_rejection_rate <= 0.15
     assert found["biased"].control and not found["token"].control
+
+
+def test_simultaneous_intervals_widen_each_cell_by_bonferroni():
+    from rakv.experiments.report import family_agreement
+    from rakv.experiments.summary import ClosedFormCheck
+
+    def check(low):
+        return ClosedFormCheck("c", 1.0, "token", 4, 8, 200, [0.9, 0.85, 0.95], 0.87, [0.035, low, 0.0698], "differs")
+
+    # a 95 % interval (0.035 +- 0.035) that just misses 0 agrees once widened for 12 cells (z 2.87 vs 1.96) ...
+    assert family_agreement([check(0.0002)] * 12) == 12
+    # ... and not for one cell alone, nor when the difference is far beyond the interval
+    assert family_agreement([check(0.0002)]) == 0
+    far = ClosedFormCheck("c", 1.0, "token", 4, 8, 200, [0.9, 0.85, 0.95], 0.7, [0.2, 0.19, 0.21], "differs")
+    assert family_agreement([far] * 12) == 0
