@@ -20,11 +20,10 @@ def main(argv=None) -> int:
     parser.add_argument("results", type=Path, help="a results folder with study/runs.parquet")
     parser.add_argument("options", nargs="*", help="one variant as controller options name=value (default: the "
                                                    "standard variants of rakv.experiments.ablation.VARIANTS)")
-    parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples per CI")
     args = parser.parse_args(argv)
     try:
         changes = {" ".join(args.options): ablation.parse_overrides(args.options)} if args.options else None
-        table = ablation.study_ablations(args.results, changes, args.resamples)
+        table = ablation.study_ablations(args.results, changes)
     except (OSError, ValueError, KeyError, RakvError) as exc:
         print(f"ablate_controller: error: {exc}", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rakv.experiments import analysis, bootstrap, claims, oracle, sentences, study_stats
+from rakv.experiments import analysis, claims, intervals, oracle, sentences, study_stats
 from rakv.experiments.notebooks import OutputPaths, run_all, setup
 from rakv.experiments.summary import Crossover, Feasibility, load_record, read_summary, record_items
 
@@ -85,17 +85,18 @@ def test_a_clear_loser_is_not_a_tie():
     assert oracle.is_tie(np.array([1.0, 2.0, 2.0]), np.array([1.8, 1.8, 1.8]))
 
 
-def test_cluster_bootstrap_resamples_prompts_not_rows():
-    # two prompts, 50 rows each: a row bootstrap would give a narrow interval around 2; prompts are the unit
+def test_cluster_interval_takes_prompts_not_rows_as_units():
+    # two prompts, 50 rows each: rows as units would give a narrow interval around 2; prompts are the unit
     clusters = ["a"] * 50 + ["b"] * 50
-    value, low, high = bootstrap.cluster_ci(clusters, [1.0] * 50 + [3.0] * 50, resamples=500)
-    assert value == 2.0 and low == pytest.approx(1.0) and high == pytest.approx(3.0)
-    assert np.isnan(bootstrap.cluster_ci(["a"] * 5, [1.0] * 5)[1])  # one cluster: no interval
+    value, low, high = intervals.cluster_interval(clusters, [1.0] * 50 + [3.0] * 50, scale="linear")
+    rows = intervals.ratio_interval([1.0] * 50 + [3.0] * 50, scale="linear")
+    assert value == 2.0 and high - low > 10 * (rows[2] - rows[1])
+    assert np.isnan(intervals.cluster_interval(["a"] * 5, [1.0] * 5)[1])  # one cluster: no interval
 
 
 def test_latency_reduction_pairs_instances_and_has_a_ci(runs):
     lat = oracle.strategy_latencies(runs)
-    value, low, high = study_stats.latency_reduction(lat, "rakv-asd", "joint-k4", resamples=200)
+    value, low, high = study_stats.latency_reduction(lat, "rakv-asd", "joint-k4")
     # rakv-asd = joint-k4 at partial-50 (r1k4); cold: rakv-asd r0k0 3.0 vs joint-k4 read as r0k4 3.3
     expected = 1 - (3 * 3.0 + 3 * 1.8) * 3 / ((3 * 3.3 + 3 * 1.8) * 3)
     assert value == pytest.approx(expected) and low <= value <= high
@@ -142,7 +143,7 @@ def test_summary_claims_and_exactness(runs, tmp_path):
     study = tmp_path / "study"
     study.mkdir()
     runs.to_parquet(study / "runs.parquet")
-    summary = analysis.summarize(tmp_path, resamples=100)
+    summary = analysis.summarize(tmp_path)
     assert summary.exact.equal == len(runs) - 3 and summary.exact.total == len(runs)
     rows = {r.key: r for r in summary.claims}
     assert rows["latency_reduction_vs_joint_k4"].direction == "yes"
@@ -219,7 +220,7 @@ def test_cost_side_feasibility_is_labelled_and_never_claims_a_verdict(runs, tmp_
     runs.to_parquet(study / "runs.parquet")
     (tmp_path / "feasibility").mkdir()
     (tmp_path / "feasibility" / "summary.json").write_text(json.dumps(feas))
-    summary = analysis.summarize(tmp_path, resamples=50)
+    summary = analysis.summarize(tmp_path)
     assert summary.feasibility_verdict == sentence
     assert not any("feasibility" in r.claim for r in summary.claims)  # no verdict without the weights
 
@@ -264,7 +265,7 @@ def test_acceptance_mape_separates_the_requests_acceptance_from_the_costs():
                              "rounds": 90 * (k > 0), "empty_rounds": 90 * (1 / match - 1) * (k > 0),
                              "prompt_tokens": 100, "available_hit_tokens": 0, "exact_hit": False, "new_tokens": 32,
                              "peak_kv_bytes": 0})
-    result = study_stats.acceptance_mape(pd.DataFrame(rows), {"c": table}, resamples=200)["c"]
+    result = study_stats.acceptance_mape(pd.DataFrame(rows), {"c": table})["c"]
     assert result.prompt[0] == pytest.approx(0.0, abs=1e-12)
     assert result.calibrated[0] > 0.05  # p1 and p3 are mispredicted at alpha 0.5 (p2 is exact)
 
@@ -290,14 +291,14 @@ def joint_rows(joint_factor, reprefilled_factor=None, prompts=6, noise=0.0, seed
 def test_speculation_on_top_of_reuse_is_judged_by_its_ci_both_ways():
     from rakv.experiments.study_stats import joint_reuse_by_length
 
-    pays = joint_reuse_by_length(joint_rows(0.8, 1.1), resamples=300)[0]
+    pays = joint_reuse_by_length(joint_rows(0.8, 1.1))[0]
     assert pays.verdict == "pays" and pays.latency_reduction[0] == pytest.approx(0.2)
     assert pays.latency_reduction[1] > 0 and pays.draft_reuse_reduction[1] > 0
     assert pays.draft_hit_share == 1.0 and pays.reprefilled_s > pays.joint_s
-    assert joint_reuse_by_length(joint_rows(1.25), resamples=300)[0].verdict == "costs"
-    unclear = joint_reuse_by_length(joint_rows(1.0, noise=0.2, seed=3), resamples=300)[0]
+    assert joint_reuse_by_length(joint_rows(1.25))[0].verdict == "costs"
+    unclear = joint_reuse_by_length(joint_rows(1.0, noise=0.2, seed=3))[0]
     assert unclear.verdict == "inconclusive" and unclear.reprefilled_s is None
-    assert joint_reuse_by_length(joint_rows(0.8, prompts=1), resamples=300)[0].verdict == "no interval"
+    assert joint_reuse_by_length(joint_rows(0.8, prompts=1))[0].verdict == "no interval"
 
 
 def test_claims_are_judged_by_their_kind():

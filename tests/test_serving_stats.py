@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rakv.experiments import serving_stats as ss
-from rakv.experiments.verdicts import all_of, any_of, below, higher, non_inferior
+from rakv.experiments.verdicts import all_of, any_of, below, ci_side, higher, non_inferior
 from rakv.runtime.paths import conf_file
 
 REPEATS = int(conf_file("profile/offline.yaml").profile.serving.repeats)  # the study's repeat count
@@ -64,9 +64,32 @@ def test_every_goal_rule_can_say_met_missed_or_inconclusive(a, b, c, margin):
     ni = non_inferior(ci, margin)
     assert ni == ("met" if low > -margin else "missed" if high < -margin else "inconclusive")
     assert non_inferior([-v for v in (value, high, low)], margin, worse="above") == ni  # the mirror image
-    hi = higher(ci, margin)
-    assert hi == ("met" if low > 0 else "missed" if high < margin else "inconclusive")
+    hi = higher(ci)
+    assert hi == ("met" if low > 0 else "missed" if high < 0 else "inconclusive")
     assert below(ci, 0.1) == ("met" if high < 0.1 else "missed" if low > 0.1 else "inconclusive")
+
+
+SWAP = {"met": "missed", "missed": "met", "inconclusive": "inconclusive", "missing": "missing"}
+
+
+def reflect(ci, about):
+    value, low, high = ci
+    return [2 * about - value, 2 * about - high, 2 * about - low]
+
+
+@given(finite, finite, finite, st.floats(0.01, 0.3), st.floats(-0.5, 0.5))
+def test_every_rule_is_symmetric_about_its_threshold_and_agrees_with_ci_side(a, b, c, margin, threshold):
+    """Reflecting a CI about a rule's threshold swaps met and missed and keeps inconclusive; each rule's answer is
+    ci_side's about that threshold (no zone where one side of it is read as the other)."""
+    low, value, high = sorted((a, b, c))
+    ci = [value, low, high]
+    rules = [(lambda x: higher(x, threshold), threshold, {"above": "met", "below": "missed"}),
+             (lambda x: below(x, threshold), threshold, {"below": "met", "above": "missed"}),
+             (lambda x: non_inferior(x, margin), -margin, {"above": "met", "below": "missed"}),
+             (lambda x: non_inferior(x, margin, worse="above"), margin, {"below": "met", "above": "missed"})]
+    for rule, about, reading in rules:
+        assert rule(reflect(ci, about)) == SWAP[rule(ci)]
+        assert rule(ci) == reading.get(ci_side(ci, about, point_if_no_interval=False), "inconclusive")
 
 
 def test_the_rules_over_loads():
@@ -92,7 +115,14 @@ def test_paired_differences_are_per_repeat_and_relative_to_the_baseline():
     frame = cells_frame({(1.0, "a"): [(2.0, 0, 0), (3.0, 0, 0), (4.0, 0, 0)],
                          (1.0, "b"): [(1.0, 0, 0), (2.0, 0, 0), (3.0, 0, 0)]})
     ci = ss.paired_difference({"cells": frame}, "chunking", 1.0, "a", "b", "goodput")
-    assert ci[0] == pytest.approx(0.5) and ci[1] == ci[2] == pytest.approx(0.5)  # +1 every repeat over a mean of 2
+    assert ci[0] == pytest.approx(0.5) and -1.0 < ci[1] < 0.5 < ci[2]  # 9 / 6 - 1, its interval over 3 repeats
+    same = cells_frame({(1.0, "a"): [(2.0, 0, 0), (4.0, 0, 0), (6.0, 0, 0)],
+                        (1.0, "b"): [(1.0, 0, 0), (2.0, 0, 0), (3.0, 0, 0)]})
+    ci = ss.paired_difference({"cells": same}, "chunking", 1.0, "a", "b", "goodput")
+    assert ci == pytest.approx([1.0, 1.0, 1.0])  # twice the baseline in every repeat: no spread
+    halved = cells_frame({(1.0, "a"): [(0.0, 0, 0), (0.1, 0, 0), (0.0, 0, 0)],
+                          (1.0, "b"): [(1.0, 0, 0), (2.0, 0, 0), (3.0, 0, 0)]})
+    assert ss.paired_difference({"cells": halved}, "chunking", 1.0, "a", "b", "goodput")[1] >= -1.0
 
 
 def test_the_slo_reach_rule_can_meet_miss_and_be_unsure():

@@ -107,15 +107,14 @@ def replay(runs: pd.DataFrame, meas: pd.DataFrame, table, config: ControllerConf
     return pd.DataFrame(rows, columns=list(live.columns))
 
 
-def variant_statistics(runs: pd.DataFrame, replayed: pd.DataFrame, configuration: str, seed: int = 0,
-                       resamples: int = 1000) -> ConfigurationStatistics:
+def variant_statistics(runs: pd.DataFrame, replayed: pd.DataFrame, configuration: str) -> ConfigurationStatistics:
     """rakv.experiments.study_stats' statistics of one configuration with its rakv-asd runs replaced by `replayed`."""
     live = adaptive_mask(runs, configuration)
     full = pd.concat([runs[~live], replayed], ignore_index=True)
     meas = measurements(full)
     meas = meas[meas.configuration == configuration]
     part = full[full.configuration == configuration]
-    return configuration_statistics(part, meas, strategy_latencies(part, meas), seed, resamples)
+    return configuration_statistics(part, meas, strategy_latencies(part, meas))
 
 
 LIVE = "live: the study's rakv-asd runs"
@@ -139,7 +138,7 @@ def standard_variants(study: ControllerConfig, changes: dict | None = None) -> d
 
 
 def ablation_table(runs: pd.DataFrame, tables: dict, variants: dict[str, ControllerConfig | None],
-                   resamples: int = 1000, study: ControllerConfig | None = None) -> pd.DataFrame:
+                   study: ControllerConfig | None = None) -> pd.DataFrame:
     """One row per (configuration, variant): regret, accuracy, ranking, error, and latency against the best
     fixed action, with CIs. A variant None is the study's live runs (`study`: the controller they ran)."""
     meas = measurements(runs)
@@ -155,7 +154,7 @@ def ablation_table(runs: pd.DataFrame, tables: dict, variants: dict[str, Control
                 replayed = runs[adaptive_mask(runs, configuration)]
             else:
                 replayed = replay(runs, meas, table, config, configuration)
-            s = variant_statistics(runs, replayed, configuration, resamples=resamples)
+            s = variant_statistics(runs, replayed, configuration)
             changed = {k: v for k, v in asdict(config).items() if v != getattr(default, k)}
             rows.append({"configuration": configuration, "variant": name,
                          "options": ", ".join(f"{k}={v}" for k, v in changed.items()) or "-",
@@ -167,13 +166,13 @@ def ablation_table(runs: pd.DataFrame, tables: dict, variants: dict[str, Control
     return pd.DataFrame(rows)
 
 
-def study_ablations(results: Path, changes: dict | None = None, resamples: int = 1000) -> pd.DataFrame:
+def study_ablations(results: Path, changes: dict | None = None) -> pd.DataFrame:
     """The ablation table of a finished study folder: its live runs, then the standard variants (or `changes`)."""
     runs = pd.read_parquet(Path(results) / "study" / "runs.parquet")
     meta = json.loads((Path(results) / "study" / "metadata.json").read_text())
     study = ControllerConfig.from_conf(meta["config"]["controller"])
     return ablation_table(runs, analysis.tables_by_configuration(runs, results), standard_variants(study, changes),
-                          resamples, study)
+                          study)
 
 
 def format_table(frame: pd.DataFrame) -> str:

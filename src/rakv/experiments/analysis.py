@@ -1,7 +1,7 @@
 """The analysis of a results folder: its tables read, every statistic computed, the summary assembled
 (rakv.experiments.summary declares it; summary.json is its on-disk form). The entry point the analysis notebooks
 call is `summarize`. The jobs it composes live one per module: rakv.experiments.oracle (measurements, strategies,
-the cross-fitted oracle), bootstrap (cluster-bootstrap CIs), study_stats (the statistics), claims (the reference's
+the cross-fitted oracle), intervals (the CIs), study_stats (the statistics), claims (the reference's
 claims and their verdicts), sentences (the feasibility verdict's wording), serving_stats (the serving study).
 """
 
@@ -82,7 +82,7 @@ def grid_of(runs: pd.DataFrame) -> Grid:
                 new_tokens=int(runs.new_tokens.max()), actions=sorted(sweep.action.unique().tolist()))
 
 
-def sensitivity_statistics(sens: Path, seed: int, resamples: int) -> dict:
+def sensitivity_statistics(sens: Path) -> dict:
     """The summary's fields from the sensitivity stage (results/<name>/sensitivity/), as Summary's keyword
     arguments: the cost model's crossovers, the controlled runs' measured ones, speculation on top of reuse."""
     out: dict = {"crossover_model": Crossover(None, None), "crossover_model_per_configuration": ABSENT}
@@ -96,26 +96,25 @@ def sensitivity_statistics(sens: Path, seed: int, resamples: int) -> dict:
     out["crossover_predicted_controlled"] = (measured_crossover(controlled, "predicted_speedup")
                                              if controlled is not None else {})
     joint = sens / "reuse_output_length.parquet"
-    out["joint_reuse"] = (joint_reuse_by_length(pd.read_parquet(joint), seed=seed, resamples=resamples)
+    out["joint_reuse"] = (joint_reuse_by_length(pd.read_parquet(joint))
                           if joint.exists() else [])
     return out
 
 
-def summarize(results: Path, seed: int = 0, resamples: int = 2000) -> Summary:
+def summarize(results: Path, seed: int = 0) -> Summary:
     """Every statistic of the study, sensitivity, feasibility and serving results under `results` (its tables read
     here; summary.json written by rakv.experiments.summary.write_summary)."""
     results = Path(results)
     runs = pd.read_parquet(results / "study" / "runs.parquet")
     meas = measurements(runs)
     lat = strategy_latencies(runs, meas)
-    ci = dict(seed=seed, resamples=resamples)
     names = sorted(runs.configuration.unique().tolist())
     per_configuration = {
         name: configuration_statistics(runs[runs.configuration == name], meas[meas.configuration == name],
-                                       lat[lat.configuration == name], seed, resamples)
+                                       lat[lat.configuration == name])
         for name in names}
     tables = tables_by_configuration(runs, results)
-    sensitivity = sensitivity_statistics(results / "sensitivity", seed, resamples)
+    sensitivity = sensitivity_statistics(results / "sensitivity")
     feasibility = read_feasibility(results)
     verdict = feasibility_verdict(feasibility)
     from rakv.experiments import serving_stats
@@ -129,11 +128,11 @@ def summarize(results: Path, seed: int = 0, resamples: int = 2000) -> Summary:
         exact=Exact(equal=int(runs.equal_to_ar.sum()), total=len(runs),
                     share=float(runs.equal_to_ar.mean()) if len(runs) else None),
         per_configuration=per_configuration,
-        pooled=Pooled(latency_reduction=ByBaseline.of(lambda b: latency_reduction(lat, ADAPTIVE, b, **ci)),
-                      throughput_gain=ByBaseline.of(lambda b: throughput_gain(lat, ADAPTIVE, b, **ci))),
-        acceptance=[AcceptanceRow(**r) for r in acceptance_table(runs, tables, **ci).to_dict("records")],
+        pooled=Pooled(latency_reduction=ByBaseline.of(lambda b: latency_reduction(lat, ADAPTIVE, b)),
+                      throughput_gain=ByBaseline.of(lambda b: throughput_gain(lat, ADAPTIVE, b))),
+        acceptance=[AcceptanceRow(**r) for r in acceptance_table(runs, tables).to_dict("records")],
         peak_kv=[PeakKv(**r) for r in peak_memory_table(meas, runs).to_dict("records")],
-        acceptance_mape=acceptance_mape(meas, tables, **ci),
+        acceptance_mape=acceptance_mape(meas, tables),
         **sensitivity,
         feasibility=feasibility, feasibility_verdict=verdict,
         claims=claims(per_configuration, sensitivity["crossover_model_per_configuration"] or {}, feasibility, verdict),

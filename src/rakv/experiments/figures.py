@@ -85,11 +85,11 @@ def save(fig, out_dir: Path, name: str) -> list[Path]:
     return paths
 
 
-def strategy_latency_throughput(runs: pd.DataFrame, out_dir: Path, seed: int = 0):
-    """Mean latency and throughput per strategy and configuration, with the 95 % cluster-bootstrap CIs over prompts
-    of Table 1 (rakv.experiments.study_stats.strategy_means; seaborn's own bootstrap would resample rows, which the
-    prompts' repeats and scenarios make dependent)."""
-    table = study_stats.strategy_means(runs, seed=seed)
+def strategy_latency_throughput(runs: pd.DataFrame, out_dir: Path):
+    """Mean latency and throughput per strategy and configuration, with the 95 % CIs over prompts of Table 1
+    (rakv.experiments.study_stats.strategy_means; seaborn's own bootstrap would resample rows, which the prompts'
+    repeats and scenarios make dependent)."""
+    table = study_stats.strategy_means(runs)
     names = sorted(table.configuration.unique())
     order = [s for s in STRATEGY_ORDER if s in set(table.strategy)]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))

@@ -28,6 +28,7 @@ from rakv.experiments.summary import (
     Summary,
 )
 from rakv.experiments.verdicts import ci_side
+from rakv.runtime.paths import ROOT
 
 BASELINE_NAMES = {"joint-k4": "Joint", "kv-only": "KvOnly", "ar": "Ar", "spec-k4": "Spec",
                   "best-fixed": "BestFixed", "oracle": "Oracle"}
@@ -361,6 +362,24 @@ def macros(summary: Summary, meta: dict) -> dict[str, str]:
     return m
 
 
+INTERVAL_COVERAGE = ROOT / "paper" / "interval_coverage.csv"
+
+
+def coverage_table(path: Path = INTERVAL_COVERAGE) -> str:
+    """The simulated coverage of every interval method (paper/interval_coverage.csv, written by
+    scripts/interval_coverage.py from rakv.experiments.coverage; the code and the shipped profiles', not a run's)."""
+    lines = ["\\begin{tabular}{p{4.3cm}p{3.9cm}p{2.6cm}p{4.4cm}r}", "\\toprule",
+             "Statistic & Interval & Units & Simulated shape & Coverage \\\\", "\\midrule"]
+    if not Path(path).exists():
+        lines.append(f"\\multicolumn{{5}}{{l}}{{{tex_escape(Path(path).name)} is missing}} \\\\")
+    else:
+        for row in pd.read_csv(path).itertuples(index=False):
+            lines.append(f"{tex_escape(row.statistic)} & {tex_escape(row.method)} & {tex_escape(row.units)} & "
+                         f"{tex_escape(row.shape)} & {row.coverage:.3f} \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
 def statistics_table(summary: Summary) -> str:
     """Per configuration: the controller's statistics with their CIs."""
     names = list(summary.per_configuration)
@@ -473,8 +492,11 @@ def serving_goals_markdown(summary: Summary) -> str:
         lines.append(f"| {g.goal} | {value} | {interval} | {g.verdict} |")
     counts = {v: sum(g.verdict == v for g in goals) for v in ("met", "missed", "inconclusive")}
     lines.append("")
+    exact = summary.serving.exact
     lines.append(f"{counts['met']} met, {counts['missed']} missed, {counts['inconclusive']} inconclusive of "
-                 f"{len(goals)}; each row's rule is in `summary.json` (`serving.goals[].rule`).")
+                 f"{len(goals)}; each row's rule is in `summary.json` (`serving.goals[].rule`). Beside the goals, a "
+                 f"check of the engine rather than of a policy: {exact.equal} of {exact.total} served outputs "
+                 "identical to the request decoded alone with greedy AR.")
     return "\n".join(lines) + "\n"
 
 
@@ -507,7 +529,7 @@ STRATEGY_NAMES = {"oracle": "oracle (cross-fitted)", "best-fixed": "best fixed a
 
 
 def strategy_table(runs: pd.DataFrame) -> str:
-    """Table 1: mean latency and throughput per strategy with 95 % cluster-bootstrap CIs over prompts."""
+    """Table 1: mean latency and throughput per strategy with 95 % CIs over prompts."""
     table = strategy_means(runs)
     lines = [r"\begin{tabular}{llrrr}", r"\toprule",
              r"Configuration & Strategy & Instances & Latency (s) [95\% CI] & Throughput (tok/s) [95\% CI] \\",
@@ -626,7 +648,9 @@ def serving_text(summary: Summary) -> str:
     counts = {v: sum(g.verdict == v for g in serving.goals) for v in ("met", "missed", "inconclusive")}
     text.append(f"Of the {len(serving.goals)} goals in Table~\\ref{{tab:serving-goals}}, {counts['met']} "
                 f"{'is' if counts['met'] == 1 else 'are'} met, {counts['missed']} missed and "
-                f"{counts['inconclusive']} inconclusive; each goal's rule, with its margin, is in the table.")
+                f"{counts['inconclusive']} inconclusive; each goal's rule, with its margin, is in the table. "
+                f"Exactness is checked beside the goals, not counted among them: {serving.exact.equal} of "
+                f"{serving.exact.total} served outputs were identical to the request decoded alone.")
     return " ".join(text) + "\n"
 
 
@@ -707,7 +731,7 @@ def peer_folder(results: Path) -> Path | None:
     """The vLLM peer's results for the paper of `results`: the shipped ones (data/reference/peer/,
     scripts/ship_peer.sh) for a shipped run; for a run of one's own, this machine's (results/peer/, from
     scripts/bench_vllm_serve.py and tune_vllm.py) if any, else the shipped ones; None without either."""
-    from rakv.runtime.paths import REFERENCE_DIR, ROOT
+    from rakv.runtime.paths import REFERENCE_DIR
 
     shipped = Path(REFERENCE_DIR) / "peer"
     own_run = not Path(results).resolve().is_relative_to(Path(REFERENCE_DIR).resolve())
@@ -797,6 +821,7 @@ def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path
         "reproducibility.tex": reproducibility(summary, meta, stage_times(results)),
         "claims_table.tex": claims_table(summary.claims),
         "statistics_table.tex": statistics_table(summary),
+        "coverage_table.tex": coverage_table(),
         "acceptance_table.tex": acceptance_table(summary.acceptance),
         "memory_table.tex": memory_table(summary.peak_kv),
         "strategy_table.tex": strategy_table(runs),

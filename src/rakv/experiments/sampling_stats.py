@@ -8,7 +8,7 @@ Intervals here are 95 %, on the unit that is independent:
 - latencies, acceptance per round and the workloads' ratios take prompts (or documents) as clusters: the
   requests of one prompt share its text, so their per-request values are averaged per prompt first.
 Relative differences are geometric means of ratios (a t interval of the mean log ratio, exponentiated), so a
-reduction can never pass 100 %.
+reduction can never pass 100 % (rakv.experiments.intervals; coverage simulated in tests/test_intervals.py).
 
 The distribution tests (`distribution_tests`) compare each speculative arm with plain sampling of the same prompts:
 a chi-square test of the token counts at every position and prompt, and per prompt a two-sample Kolmogorov-Smirnov
@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from rakv.experiments.intervals import geometric_mean_interval, t_interval
 from rakv.experiments.summary import (
     BlockVsToken,
     ClosedFormCheck,
@@ -41,34 +42,6 @@ from rakv.runtime.actions import ADAPTIVE, Action
 NAN = float("nan")
 PLAIN = "plain"
 CONTROL = "biased"
-
-
-def t_interval(values) -> list[float]:
-    """[mean, low, high] of `values` (95 % t interval; no bounds with fewer than two finite values)."""
-    values = np.asarray([v for v in values if v is not None and np.isfinite(v)], float)
-    if len(values) == 0:
-        return [NAN, NAN, NAN]
-    mean = float(values.mean())
-    if len(values) < 2:
-        return [mean, NAN, NAN]
-    half = float(stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values)))
-    return [mean, mean - half, mean + half]
-
-
-def ratio_interval(log_ratios) -> list[float]:
-    """The geometric mean of ratios with its 95 % CI, from their logs (a t interval, exponentiated)."""
-    return [math.exp(x) if np.isfinite(x) else NAN for x in t_interval(log_ratios)]
-
-
-def ratio_of_sums_interval(numerator, denominator) -> list[float]:
-    """sum(numerator) / sum(denominator) with a 95 % CI by the delta method over independent units (a t interval
-    of the linearised units n_i - r d_i, scaled by the mean denominator)."""
-    numerator, denominator = np.asarray(numerator, float), np.asarray(denominator, float)
-    if denominator.sum() <= 0:
-        return [NAN, NAN, NAN]
-    ratio = float(numerator.sum() / denominator.sum())
-    residual = t_interval((numerator - ratio * denominator) / denominator.mean())
-    return [ratio, ratio + residual[1] - residual[0], ratio + residual[2] - residual[0]]
 
 
 def reached(frame: pd.DataFrame) -> pd.Series:
@@ -127,9 +100,9 @@ def temperature_results(runs: pd.DataFrame, tables: dict) -> list[TemperatureRes
         spec4 = group[(group.strategy == "spec-k4") & (group.verify.isin(["token", "greedy"]))]
         positions = reached(spec4).sum()
         rule = "greedy" if temperature == 0 else "token"
-        vs_ar = ratio_interval(per_prompt_log_ratio(group, (ADAPTIVE, rule), ("ar", rule)))
-        vs_best = ratio_interval(per_prompt_log_ratio(group, (ADAPTIVE, rule), best))
-        spec_vs_ar = ratio_interval(per_prompt_log_ratio(group, ("spec-k4", rule), ("ar", rule)))
+        vs_ar = geometric_mean_interval(per_prompt_log_ratio(group, (ADAPTIVE, rule), ("ar", rule)))
+        vs_best = geometric_mean_interval(per_prompt_log_ratio(group, (ADAPTIVE, rule), best))
+        spec_vs_ar = geometric_mean_interval(per_prompt_log_ratio(group, ("spec-k4", rule), ("ar", rule)))
         chosen = group[group.strategy == ADAPTIVE].k.value_counts().sort_index()
         table = tables.get(name)
         break_even = None
@@ -161,7 +134,7 @@ def block_vs_token(runs: pd.DataFrame) -> list[BlockVsToken]:
         rate = per.accepted / per.rounds
         difference = t_interval((rate.loc["block"] - rate.loc["token"]).dropna())
         strategy = f"spec-k{k}"
-        latency = ratio_interval(per_prompt_log_ratio(group, (strategy, "block"), (strategy, "token")))
+        latency = geometric_mean_interval(per_prompt_log_ratio(group, (strategy, "block"), (strategy, "token")))
         side = ci_side(difference, 0.0, point_if_no_interval=False)
         out.append(BlockVsToken(
             configuration=name, temperature=float(temperature), k=int(k), requests=int(len(group) // 2),
@@ -290,7 +263,7 @@ def long_context_rows(rows: pd.DataFrame) -> list[LongContextRow]:
             configuration=name, budget_mib=float(budget), strategy=str(strategy), requests=len(group),
             document_tokens=float(group.document_tokens.mean()), hit_tokens=float(group.hit_tokens.mean()),
             evictions=int(group.evictions.sum()), ttft_s=float(group.ttft_s.mean()),
-            latency_s=float(group.latency_s.mean()), vs_ar=ratio_interval(logs)))
+            latency_s=float(group.latency_s.mean()), vs_ar=geometric_mean_interval(logs)))
     return out
 
 

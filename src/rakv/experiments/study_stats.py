@@ -1,7 +1,8 @@
 """The study's statistics, as pure functions over the measurements (definitions: paper/main.tex, "Statistics" and
 "Results"): RAKV-ASD against each baseline, the controller's accuracy and regret against the cross-fitted oracle
 (rakv.experiments.oracle), the cost model's error, acceptance, peak memory, the crossovers of the sensitivity
-stage and speculation on top of reuse; every CI a cluster bootstrap over prompts (rakv.experiments.bootstrap).
+stage and speculation on top of reuse; every CI is over prompts as clusters (rakv.experiments.intervals: the
+delta method on the log scale for ratios, Wilson's at the effective count for proportions, Cox's for error rates).
 They return the summary's records (rakv.experiments.summary) where the summary holds their result.
 """
 
@@ -11,7 +12,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from rakv.experiments.bootstrap import cluster_ci, prompt_keys
+from rakv.experiments.intervals import cluster_interval, prompt_keys
 from rakv.experiments.oracle import (
     INSTANCE,
     PROMPT,
@@ -37,17 +38,16 @@ from rakv.runtime.actions import ADAPTIVE
 BASELINES = ByBaseline.names()  # kv-only, best-fixed, joint-k4, spec-k4, ar, oracle: the summary declares them
 
 
-def strategy_means(runs: pd.DataFrame, seed: int = 0, resamples: int = 2000) -> pd.DataFrame:
-    """Per (configuration, strategy): instances, mean latency and mean throughput with 95 % cluster-bootstrap CIs
-    over prompts (Table 1 and Figure 1; the oracle is the cross-fitted one, as the regret's)."""
+def strategy_means(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (configuration, strategy): instances, mean latency and mean throughput with 95 % CIs over prompts
+    (Table 1 and Figure 1; the oracle is the cross-fitted one, as the regret's)."""
     lat = strategy_latencies(runs)
     rows = []
     for (name, strategy), part in lat.groupby(["configuration", "strategy"]):
         clusters = part.dataset.astype(str) + "/" + part.prompt_id.astype(str)
         row = {"configuration": name, "strategy": strategy, "instances": int(len(part))}
         for metric in ("latency_s", "tokens_per_s"):
-            row[metric], row[f"{metric}_low"], row[f"{metric}_high"] = cluster_ci(
-                clusters, part[metric], seed=seed, resamples=resamples)
+            row[metric], row[f"{metric}_low"], row[f"{metric}_high"] = cluster_interval(clusters, part[metric])
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -62,16 +62,16 @@ def paired(lat: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
     return out.reset_index()
 
 
-def latency_reduction(lat: pd.DataFrame, a: str = ADAPTIVE, b: str = "joint-k4", seed=0, resamples=2000):
-    """1 - mean latency(a) / mean latency(b) over paired instances, with its cluster-bootstrap CI."""
+def latency_reduction(lat: pd.DataFrame, a: str = ADAPTIVE, b: str = "joint-k4"):
+    """1 - mean latency(a) / mean latency(b) over paired instances, with its CI over prompts (< 100 %)."""
     p = paired(lat, a, b)
-    return cluster_ci(prompt_keys(p), p.a_s, p.b_s, transform=lambda r: 1.0 - r, seed=seed, resamples=resamples)
+    return cluster_interval(prompt_keys(p), p.a_s, p.b_s, transform=lambda r: 1.0 - r)
 
 
-def throughput_gain(lat: pd.DataFrame, a: str = ADAPTIVE, b: str = "joint-k4", seed=0, resamples=2000):
-    """mean throughput(a) / mean throughput(b) - 1 over paired instances, with its cluster-bootstrap CI."""
+def throughput_gain(lat: pd.DataFrame, a: str = ADAPTIVE, b: str = "joint-k4"):
+    """mean throughput(a) / mean throughput(b) - 1 over paired instances, with its CI over prompts (< 100 %)."""
     p = paired(lat, a, b)
-    return cluster_ci(prompt_keys(p), p.a_tps, p.b_tps, transform=lambda r: r - 1.0, seed=seed, resamples=resamples)
+    return cluster_interval(prompt_keys(p), p.a_tps, p.b_tps, transform=lambda r: r - 1.0)
 
 
 def per_scenario(choices: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -79,10 +79,11 @@ def per_scenario(choices: pd.DataFrame, column: str) -> pd.DataFrame:
     return choices.groupby(SCENARIO)[column].mean().reset_index()
 
 
-def scenario_mean(choices: pd.DataFrame, column: str, seed=0, resamples=2000) -> list[float]:
-    """Mean over scenarios of a per-scenario statistic, with its cluster-bootstrap CI."""
+def scenario_mean(choices: pd.DataFrame, column: str, scale: str = "proportion") -> list[float]:
+    """Mean over scenarios of a per-scenario statistic, with its CI over prompts (`scale`: "proportion" for a share
+    of runs, "linear" for regret, which the cross-fitted oracle lets fall below 0)."""
     s = per_scenario(choices, column)
-    return cluster_ci(prompt_keys(s), s[column].astype(float), seed=seed, resamples=resamples)
+    return cluster_interval(prompt_keys(s), s[column].astype(float), scale=scale)
 
 
 def mape_errors(meas: pd.DataFrame) -> pd.DataFrame:
@@ -105,7 +106,7 @@ def prompt_acceptance(meas: pd.DataFrame) -> pd.DataFrame:
                          "match_rate": totals["rounds"] / (totals["rounds"] + totals["no_match"])})
 
 
-def acceptance_mape(meas: pd.DataFrame, tables: dict, seed=0, resamples=2000) -> dict[str, AcceptanceMape]:
+def acceptance_mape(meas: pd.DataFrame, tables: dict) -> dict[str, AcceptanceMape]:
     """How much of the cost model's error is the acceptance it cannot know before a request: per configuration,
     the MAPE (as `mape_errors`) of C(r, k) re-evaluated with the calibrated acceptance for every prompt, and with
     each prompt's own acceptance and match rate measured in the study (an oracle no controller has)."""
@@ -135,8 +136,8 @@ def acceptance_mape(meas: pd.DataFrame, tables: dict, seed=0, resamples=2000) ->
                 predicted[variant].append(estimate_latency(table, request, bool(r.reuse), int(r.k), float(a), 0.0,
                                                            float(m)))
         out[name] = AcceptanceMape(**{
-            variant: cluster_ci(prompt_keys(rows), (np.array(values) - rows.measured_s).abs() / rows.measured_s,
-                                seed=seed, resamples=resamples)
+            variant: cluster_interval(prompt_keys(rows), (np.array(values) - rows.measured_s).abs() / rows.measured_s,
+                                      scale="lognormal")
             for variant, values in predicted.items()})
     return out
 
@@ -160,7 +161,7 @@ def spec_slowdown(meas: pd.DataFrame) -> SpecSlowdown:
     return SpecSlowdown(min=float(slow.min()), max=float(slow.max()), share_slower=float((slow > 0).mean()))
 
 
-def acceptance_table(runs: pd.DataFrame, tables: dict, seed=0, resamples=2000) -> pd.DataFrame:
+def acceptance_table(runs: pd.DataFrame, tables: dict) -> pd.DataFrame:
     """Measured per-token acceptance per configuration x dataset (every speculative run; CI over prompts),
     beside the cost model's break-even alpha for the same setting: a cold request of the dataset's mean
     prompt length, the study's new tokens, least over k (and at k = 4). `tables`: configuration -> CostTable."""
@@ -169,8 +170,7 @@ def acceptance_table(runs: pd.DataFrame, tables: dict, seed=0, resamples=2000) -
     spec = runs[runs.k > 0]
     rows = []
     for (name, dataset), part in spec.groupby(["configuration", "dataset"]):
-        value = cluster_ci(prompt_keys(part), part.accepted, part.accepted + part.rejections, seed=seed,
-                           resamples=resamples)
+        value = cluster_interval(prompt_keys(part), part.accepted, part.accepted + part.rejections, scale="proportion")
         table = tables.get(name)
         features = RequestFeatures(int(round(part.prompt_tokens.mean())), 0, int(part.new_tokens.max()))
         by_k = {k: break_even_alpha(table, features, False, k) for k in sorted(table.verify)} if table else {}
@@ -211,27 +211,25 @@ def peak_memory_table(meas: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
                 lambda v: (1, v) if v == ADAPTIVE else (0, int(v)) if str(v).isdigit() else (0, v))))
 
 
-def configuration_statistics(runs: pd.DataFrame, meas: pd.DataFrame, lat: pd.DataFrame, seed: int,
-                             resamples: int) -> ConfigurationStatistics:
+def configuration_statistics(runs: pd.DataFrame, meas: pd.DataFrame, lat: pd.DataFrame) -> ConfigurationStatistics:
     """Every statistic of one configuration's runs (the other arguments restricted to it)."""
     choices = controller_choices(runs, meas)
     errors, rhos = mape_errors(meas), spearman_table(meas)
     worst = per_scenario(choices, "regret")
-    ci = dict(seed=seed, resamples=resamples)
     return ConfigurationStatistics(
-        latency_reduction=ByBaseline.of(lambda b: latency_reduction(lat, ADAPTIVE, b, **ci)),
-        throughput_gain=ByBaseline.of(lambda b: throughput_gain(lat, ADAPTIVE, b, **ci)),
+        latency_reduction=ByBaseline.of(lambda b: latency_reduction(lat, ADAPTIVE, b)),
+        throughput_gain=ByBaseline.of(lambda b: throughput_gain(lat, ADAPTIVE, b)),
         best_fixed_action=best_fixed_action(meas),
-        accuracy_action=scenario_mean(choices, "correct", **ci),
-        accuracy_within_noise=scenario_mean(choices, "within_noise", **ci),
-        accuracy_k=scenario_mean(choices, "correct_k", **ci),
+        accuracy_action=scenario_mean(choices, "correct"),
+        accuracy_within_noise=scenario_mean(choices, "within_noise"),
+        accuracy_k=scenario_mean(choices, "correct_k"),
         accuracy_chance=float((1.0 / choices.actions).mean()) if len(choices) else None,
-        mean_regret=scenario_mean(choices, "regret", **ci),
+        mean_regret=scenario_mean(choices, "regret", "linear"),
         worst_regret=float(worst.regret.max()) if len(worst) else None,
-        random_regret=scenario_mean(choices, "random_regret", **ci),
-        mape=cluster_ci(prompt_keys(errors), errors.error, **ci),
+        random_regret=scenario_mean(choices, "random_regret", "linear"),
+        mape=cluster_interval(prompt_keys(errors), errors.error, scale="lognormal"),
         mape_null=float(errors.null_error.mean()),
-        spearman=cluster_ci(prompt_keys(rhos), rhos.rho, **ci),
+        spearman=cluster_interval(prompt_keys(rhos), rhos.rho, scale="linear", bounds=(-1.0, 1.0)),
         spearman_pooled=float(stats.spearmanr(errors.predicted_s, errors.measured_s).statistic),
         spec_slowdown=spec_slowdown(meas),
         scenarios=int(len(worst)), controller_runs=int(len(choices)),
@@ -272,10 +270,10 @@ NO_DRAFT_REUSE = "joint-k4-draft-reprefilled"  # rakv.experiments.sensitivity: j
 JOINT_VERDICTS = {"above": "pays", "below": "costs", "straddles": "inconclusive", "missing": "no interval"}
 
 
-def joint_reuse_by_length(rows: pd.DataFrame, seed: int = 0, resamples: int = 2000) -> list[JointReuse]:
+def joint_reuse_by_length(rows: pd.DataFrame) -> list[JointReuse]:
     """Whether speculating pays once the prefix is reused (the sensitivity stage's reuse_output_length part): per
     configuration, scenario and output length, 1 - mean latency(r = 1, k = 4) / mean latency(r = 1, k = 0) over the
-    same prompts and repeats, with a cluster-bootstrap CI over prompts; `verdict` pays (the CI above 0), costs (below),
+    same prompts and repeats, with its CI over prompts; `verdict` pays (the CI above 0), costs (below),
     inconclusive (it includes 0) or no interval (fewer than two prompts). `draft_hit_share`: the share of the reused
     positions whose draft state came from the store."""
     out = []
@@ -284,12 +282,11 @@ def joint_reuse_by_length(rows: pd.DataFrame, seed: int = 0, resamples: int = 20
         wide = wide.dropna(subset=[c for c in ("joint-k4", "kv-only") if c in wide.columns]).reset_index()
         if wide.empty or not {"joint-k4", "kv-only"} <= set(wide.columns):
             continue
-        ci = cluster_ci(prompt_keys(wide), wide["joint-k4"], wide["kv-only"], transform=lambda r: 1.0 - r,
-                        seed=seed, resamples=resamples)
+        ci = cluster_interval(prompt_keys(wide), wide["joint-k4"], wide["kv-only"], transform=lambda r: 1.0 - r)
         joint = part[part.strategy == "joint-k4"]
         ablated = NO_DRAFT_REUSE in wide.columns and wide[NO_DRAFT_REUSE].notna().any()
-        draft_gain = (cluster_ci(prompt_keys(wide), wide["joint-k4"], wide[NO_DRAFT_REUSE],
-                                 transform=lambda r: 1.0 - r, seed=seed, resamples=resamples)
+        draft_gain = (cluster_interval(prompt_keys(wide), wide["joint-k4"], wide[NO_DRAFT_REUSE],
+                                       transform=lambda r: 1.0 - r)
                       if ablated else [float("nan")] * 3)
         out.append(JointReuse(
             configuration=name, scenario=scenario, new_tokens=int(n), pairs=len(wide),

@@ -4,9 +4,10 @@
 
 "above" / "below": the whole interval lies strictly on that side; an interval touching or containing the threshold
 "straddles" it. Without finite bounds the point value decides (`point_if_no_interval`, for statistics computed
-once, without resampling), or the side is "missing". The claims (rakv.experiments.claims), the serving goals
-(rakv.experiments.serving_stats) and the paper's wording (rakv.experiments.report) map these four answers to their
-own words.
+once, without resampling), or the side is "missing". Every rule below is symmetric about its threshold: reflecting
+a CI about it swaps met and missed and keeps inconclusive (a property test in tests/test_serving_stats.py). The
+claims (rakv.experiments.claims), the serving goals (rakv.experiments.serving_stats) and the paper's wording
+(rakv.experiments.report) map these four answers to their own words.
 """
 
 from __future__ import annotations
@@ -52,13 +53,12 @@ def non_inferior(ci, margin: float, worse: str = "below") -> str:
     return {better: "met", worse: "missed"}.get(side, "inconclusive")
 
 
-def higher(ci, margin: float) -> str:
-    """"Higher than the baseline" on a difference (ours - baseline): met when the CI lies above 0, missed when it
-    lies wholly below the margin (any gain smaller than what would matter), else inconclusive."""
-    if ci_side(ci, 0.0, point_if_no_interval=False) == "above":
-        return "met"
-    side = ci_side(ci, margin, point_if_no_interval=False)
-    return {"below": "missed", "missing": "missing"}.get(side, "inconclusive")
+def higher(ci, threshold: float = 0.0) -> str:
+    """"Higher than the baseline" on a difference (ours - baseline): met when the CI lies wholly above
+    `threshold` (0: any gain), missed when wholly below it, else inconclusive: the mirror image of `below`, so a CI
+    straddling the threshold is never read as a loss."""
+    side = ci_side(ci, threshold, point_if_no_interval=False)
+    return {"above": "met", "below": "missed", "missing": "missing"}.get(side, "inconclusive")
 
 
 def all_of(verdicts: list[str]) -> str:
