@@ -150,3 +150,49 @@ def test_a_draft_configurations_requests_have_no_ex_post_regret_and_that_is_not_
     goals, stats = ss.acceptance_goals(requests, {"acceptance": {"goals": {"ours": "prefix-keyed",
                                                                               "baseline": "ewma"}}})
     assert goals[0]["verdict"] == "missing" and stats["ewma"]["acceptance_error"][0] == pytest.approx(0.2)
+
+
+def speculation_cells(goodput: dict, throughput: float = 1.0) -> pd.DataFrame:
+    """cells.parquet-like rows of the speculation family: goodput[(rate, policy)] = per-repeat (goodput, requests/s)."""
+    rows = []
+    for (rate, policy), per_repeat in goodput.items():
+        for repeat, (good, done) in enumerate(per_repeat):
+            rows.append({"family": "speculation", "rate": rate, "policy": policy, "repeat": repeat, "goodput": good,
+                         "request_throughput": done, "failed": 0, "output_throughput": throughput * done})
+    return pd.DataFrame(rows)
+
+
+def test_goodput_goals_are_judged_only_where_some_policy_misses_an_slo():
+    """At 1 req/s every request of both policies meets every SLO (goodput = the completion rate): that load is
+    reported, not scored, however the two differ; at 8 req/s the baseline misses some, and the goal is judged there."""
+    design = {"speculation": {"goals": {"ours": "ours", "no_worse_than": ["base"], "higher_than": ["base"]}}}
+    worse = [(0.5, 0.5), (0.52, 0.52), (0.49, 0.49)]  # ours 50 % below the baseline, every request in its SLOs
+    frame = speculation_cells({(1.0, "ours"): worse, (1.0, "base"): [(1.0, 1.0), (1.02, 1.02), (0.98, 0.98)],
+                               (8.0, "ours"): [(4.0, 4.0), (4.1, 4.1), (3.9, 3.9)],
+                               (8.0, "base"): [(2.0, 4.0), (2.1, 4.1), (1.9, 3.9)]})
+    data = {"cells": frame}
+    assert ss.judged_loads(data, "speculation") == {1.0: False, 8.0: True}
+    goals, pairs = ss.speculation_goals(data, design, {"goodput": 0.1})
+    by_key = {g["key"]: g for g in goals}
+    assert by_key["speculation/no_worse/base"]["verdict"] == "met"  # judged at 8 only, where ours doubles goodput
+    assert by_key["speculation/higher/base"]["verdict"] == "met"
+    assert {(p["rate"], p["judged"]) for p in pairs} == {(1.0, False), (8.0, True)}
+    only_low = {"cells": frame[frame.rate == 1.0]}
+    goals, _ = ss.speculation_goals(only_low, design, {"goodput": 0.1})
+    assert {g["verdict"] for g in goals if "/throughput/" not in g["key"]} == {ss.NOT_JUDGED}
+    # the highest load's throughput goal is judged whatever the SLOs: ours is 50 % lower there
+    assert next(g for g in goals if g["key"] == "speculation/throughput/base")["verdict"] == "missed"
+
+
+def test_the_ablation_arm_says_which_part_pays():
+    design = {"speculation": {"goals": {"ours": "ours", "no_worse_than": ["k2"], "ablation": "arm",
+                                        "fixed_k": "k2"}}}
+    slo_missed = lambda good: [(good * f, 4.0 * f) for f in (1.0, 1.02, 0.98)]  # noqa: E731
+    frame = speculation_cells({(8.0, "ours"): slo_missed(3.0), (8.0, "arm"): slo_missed(3.0),
+                               (8.0, "k2"): slo_missed(2.0)})
+    goals, _ = ss.speculation_goals({"cells": frame}, design, {"goodput": 0.1})
+    by_key = {g["key"]: g["verdict"] for g in goals}
+    # the arm (load-aware k, EWMA acceptance) already has all of ours' gain over k2: load-aware k pays, the
+    # prefix-keyed acceptance adds nothing measurable
+    assert by_key["speculation/part/load_aware"] == "met"
+    assert by_key["speculation/part/acceptance"] in ("inconclusive", "missed")

@@ -30,6 +30,8 @@ from rakv.experiments.summary import (
 from rakv.experiments.verdicts import ci_side
 from rakv.runtime.paths import ROOT
 
+VERDICTS = ("met", "missed", "inconclusive", "not judged")  # a serving goal's answers (rakv.experiments.serving_stats)
+
 BASELINE_NAMES = {"joint-k4": "Joint", "kv-only": "KvOnly", "ar": "Ar", "spec-k4": "Spec",
                   "best-fixed": "BestFixed", "oracle": "Oracle"}
 BASELINE_TEXT = {"joint-k4": "fixed Joint-k4", "kv-only": "KV-only", "ar": "AR", "spec-k4": "fixed spec-k4",
@@ -111,11 +113,12 @@ def abstract(summary: Summary, meta: dict) -> str:
     text.append(f"{exact.equal}/{exact.total} outputs are identical to autoregressive greedy decoding.")
     serving = summary.serving
     if serving:
-        counts = {v: sum(g.verdict == v for g in serving.goals) for v in ("met", "missed", "inconclusive")}
+        counts = {v: sum(g.verdict == v for g in serving.goals) for v in VERDICTS}
         text.append(f"With several requests in flight, a serving study of {serving.runs} served traces judges "
                     f"{len(serving.goals)} goals named before the run (RAKV-ASD under load against vLLM's and "
                     f"SmartSpec's rules, chunked prefill under an ITL SLO, predictions under load): {counts['met']} "
-                    f"met, {counts['missed']} missed, {counts['inconclusive']} inconclusive; "
+                    f"met, {counts['missed']} missed, {counts['inconclusive']} inconclusive, "
+                    f"{counts['not judged']} not judged (no load where a policy missed an SLO); "
                     f"{serving.exact.equal}/{serving.exact.total} served outputs are identical to "
                     "batch-one greedy decoding.")
     return " ".join(text) + "\n"
@@ -177,11 +180,12 @@ def conclusion(summary: Summary) -> str:
     serving = summary.serving
     if serving:
         goals = serving.goals
-        met = sum(g.verdict == "met" for g in goals)
-        missed = sum(g.verdict == "missed" for g in goals)
+        counts = {v: sum(g.verdict == v for g in goals) for v in VERDICTS}
+        met = counts["met"]
         text.append(f"Under load, of {len(goals)} goals named before the run, {met} {'is' if met == 1 else 'are'} "
-                    f"met, {missed} missed and {len(goals) - met - missed} inconclusive at {serving.repeats} "
-                    "repeats (Table~\\ref{tab:serving-goals}).")
+                    f"met, {counts['missed']} missed, {counts['inconclusive']} inconclusive and "
+                    f"{counts['not judged']} not judged at {serving.repeats} repeats, each over its own trace "
+                    "(Table~\\ref{tab:serving-goals}).")
     exact = summary.exact
     text.append(f"Every output was checked against autoregressive greedy decoding ({exact.equal} of "
                 f"{exact.total} identical in the study"
@@ -490,10 +494,11 @@ def serving_goals_markdown(summary: Summary) -> str:
     for g in goals:
         value, interval = goal_value(g, lambda v: markdown_value(v, "%"))
         lines.append(f"| {g.goal} | {value} | {interval} | {g.verdict} |")
-    counts = {v: sum(g.verdict == v for g in goals) for v in ("met", "missed", "inconclusive")}
+    counts = {v: sum(g.verdict == v for g in goals) for v in VERDICTS}
     lines.append("")
     exact = summary.serving.exact
-    lines.append(f"{counts['met']} met, {counts['missed']} missed, {counts['inconclusive']} inconclusive of "
+    lines.append(f"{counts['met']} met, {counts['missed']} missed, {counts['inconclusive']} inconclusive, "
+                 f"{counts['not judged']} not judged (no load where a policy missed an SLO) of "
                  f"{len(goals)}; each row's rule is in `summary.json` (`serving.goals[].rule`). Beside the goals, a "
                  f"check of the engine rather than of a policy: {exact.equal} of {exact.total} served outputs "
                  "identical to the request decoded alone with greedy AR.")
@@ -645,10 +650,12 @@ def serving_text(summary: Summary) -> str:
                     f"{num(stats.acceptance_error[2])}]"
                     + (f" and the ex-post regret {ci_text(stats.regret)}" if not missing(stats.regret[0])
                        else "") + ".")
-    counts = {v: sum(g.verdict == v for g in serving.goals) for v in ("met", "missed", "inconclusive")}
+    counts = {v: sum(g.verdict == v for g in serving.goals) for v in VERDICTS}
     text.append(f"Of the {len(serving.goals)} goals in Table~\\ref{{tab:serving-goals}}, {counts['met']} "
-                f"{'is' if counts['met'] == 1 else 'are'} met, {counts['missed']} missed and "
-                f"{counts['inconclusive']} inconclusive; each goal's rule, with its margin, is in the table. "
+                f"{'is' if counts['met'] == 1 else 'are'} met, {counts['missed']} missed, "
+                f"{counts['inconclusive']} inconclusive and {counts['not judged']} not judged (goodput goals are "
+                "judged only at loads where some policy missed an SLO for some request: elsewhere goodput is the "
+                "arrival rate whatever the policy); each goal's rule, with its margin, is in the table. "
                 f"Exactness is checked beside the goals, not counted among them: {serving.exact.equal} of "
                 f"{serving.exact.total} served outputs were identical to the request decoded alone.")
     return " ".join(text) + "\n"

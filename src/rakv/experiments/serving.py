@@ -16,10 +16,12 @@ SLOs are multiples of this machine's calibrated one-request decode step (the bat
 detectable differences from a pilot run (`profile.serving.pilot`, rakv.experiments.serving_stats.power) are written
 to plan.txt before the first run.
 
-A cell is (family, rate, policy); every repeat serves each cell's trace once: the (family, rate) groups of one
-repeat in a seeded shuffled order, and within a group its policies back to back in a shuffled order (paired
-policies run minutes apart at most, so machine drift does not favour one), each run with an empty prefix store and
-a fresh controller. A finished run is a folder `cells/<family>/<rate>/<policy>/r<repeat>/` with
+A cell is (family, rate, policy); every repeat draws its own trace per (family, rate) from the family's generator
+(seeded by the repeat, `trace_seed`) and serves it under each policy: the (family, rate) groups of one repeat in a
+seeded shuffled order, and within a group its policies back to back in a shuffled order (paired policies serve the
+same trace minutes apart at most, so machine drift does not favour one), each run with an empty prefix store and a
+fresh controller. The repeats' spread is thus the workload's as well as the clock's. A finished run is a folder
+`cells/<family>/<rate>/<policy>/r<repeat>/` with
 `complete.json` written last (atomically): a rerun skips those and redoes a run that was interrupted. At the end
 `requests.parquet` (one row per served request, with whether its output equals the trace's batch-one greedy AR
 output) and `cells.parquet` (one row per run: its summary.json) and `iterations.parquet` (every iteration's
@@ -142,16 +144,23 @@ def cell_dir(out: Path, cell: dict, repeat: int) -> Path:
     return out / "cells" / cell["family"] / f"{cell['rate']:g}" / cell["policy"] / f"r{repeat}"
 
 
-def trace_for(cfg: DictConfig, out: Path, family: str, rate: float) -> Path:
-    """The family's trace at `rate` (generated once, seeded; the same for every policy and repeat)."""
-    path = out / "traces" / f"{family}-{rate:g}.jsonl"
+def trace_seed(seed: int, repeat: int) -> int:
+    """The seed of a repeat's traces: each repeat draws its own trace from the family's generator, so the repeats'
+    spread includes trace-to-trace variation (the policies of one repeat still serve the same trace: paired)."""
+    return seed + 1000 * repeat
+
+
+def trace_for(cfg: DictConfig, out: Path, family: str, rate: float, repeat: int) -> Path:
+    """The family's trace at `rate` for `repeat` (generated once, seeded by trace_seed; the same for every policy
+    of the repeat)."""
+    path = out / "traces" / f"{family}-{rate:g}-r{repeat}.jsonl"
     if path.exists():
         return path
     grid, spec = cfg.profile.serving, cfg.experiment.families[family]
     settings = {**_plain(cfg.serving.trace), **_plain(spec.trace),
                 "requests": grid.requests, "max_new_tokens": grid.max_new_tokens, "prompt_words": grid.prompt_words,
                 **_plain(grid.get("trace")), **_plain((grid.get("family_trace") or {}).get(family)),
-                "rate": rate, "seed": cfg.seed}
+                "rate": rate, "seed": trace_seed(cfg.seed, repeat)}
     texts = dataset_texts(settings.pop("dataset"))
     trace = generate_trace(texts, **settings)
     write_trace(path, trace, {"generator": "rakv.experiments.serving", "family": family, **settings})
@@ -226,7 +235,7 @@ def _run(cfg: DictConfig, out: Path) -> Path:
         shutil.rmtree(target, ignore_errors=True)  # an interrupted run starts over
         parts_of = served[cell["configuration"]]
         engine = parts_of.engine
-        trace_path = trace_for(cfg, out, cell["family"], cell["rate"])
+        trace_path = trace_for(cfg, out, cell["family"], cell["rate"], repeat)
         trace = read_trace(trace_path)
         key = (cell["configuration"], trace_path)
         if key not in references:
@@ -243,7 +252,8 @@ def _run(cfg: DictConfig, out: Path) -> Path:
         records = read_records(target / "requests.jsonl")
         equal = sum(r.ok and r.token_ids == reference.get(r.id) for r in records)
         summary.update(outputs_equal_ar=equal, family=cell["family"], rate=cell["rate"], policy=cell["policy"],
-                       repeat=repeat, configuration=cell["configuration"], wall_s=time.perf_counter() - started,
+                       repeat=repeat, configuration=cell["configuration"], trace=trace_path.name,
+                       wall_s=time.perf_counter() - started,
                        concurrency=mean_concurrency(records, summary["duration_s"]),
                        slo_itl_ms=slos["itl"], slo_ttft_ms=slos["ttft"], slo_tpot_ms=slos["tpot"])
         write_atomic(target / "summary.json", json.dumps(summary, indent=1))
@@ -293,7 +303,7 @@ def _plan_text(cfg: DictConfig, plan: list[dict], served: dict, runs: int, todo:
                              for family, spec in cfg.experiment.families.items() if family in grid.rates))
     pilot = grid.get("pilot")
     if pilot:
-        for row in power(Path(pilot), grid.repeats):
+        for row in power(Path(pilot), grid.repeats, _plain(cfg.experiment.margins), _plain(cfg.experiment.families)):
             lines.append(f"power from the pilot {pilot}: {row}")
     lines += [f"  {c['family']:<18} rate {c['rate']:<6g} {c['policy']:<24} {c['configuration']:<16} "
               f"{json.dumps(c['options'])}" for c in plan]

@@ -72,42 +72,83 @@ def minimum_detectable(sd: float, repeats: int, confidence: float = CONFIDENCE, 
     return float((stats.t.ppf(0.5 + confidence / 2, df) + stats.t.ppf(power, df)) * sd / math.sqrt(repeats))
 
 
-def paired_sd(cells: pd.DataFrame, metric: str = "goodput") -> dict[str, float]:
-    """Per family: the pooled standard deviation of per-repeat relative differences between two policies of a cell
-    (every pair of policies, every rate): what one paired comparison's noise is in this design."""
+def goal_pairs(design: dict) -> dict[str, tuple[str, list[tuple[str, str]]]]:
+    """Per family, the metric its relative goals compare and the (ours, baseline) pairs they compare."""
     out = {}
-    for family, part in cells.groupby("family"):
-        variances = []
-        for _, cell in part.groupby("rate"):
-            wide = cell.pivot_table(index="repeat", columns="policy", values=metric)
-            policies = list(wide.columns)
-            for i, a in enumerate(policies):
-                for b in policies[i + 1:]:
-                    both = wide[[a, b]].dropna()
-                    if len(both) >= 2 and both[b].mean() > 0:  # the residuals paired_difference's interval uses
-                        ratio = both[a].sum() / both[b].sum()
-                        variances.append(float(((both[a] - ratio * both[b]) / both[b].mean()).var(ddof=1)))
-        if variances:
-            out[family] = math.sqrt(float(np.mean(variances)))
+    for family, spec in (design or {}).items():
+        named = spec.get("goals") or {}
+        if "no_worse_than" in named:
+            rivals = list(dict.fromkeys([*named["no_worse_than"], *named.get("higher_than", [])]))
+            out[family] = ("goodput", [(named["ours"], r) for r in rivals])
+        elif "ttft_baseline" in named:
+            out[family] = ("median_ttft_ms", [(named["ours"], named["ttft_baseline"])])
     return out
 
 
-def power(pilot: Path, repeats: int) -> list[str]:
-    """The plan's power lines: from a pilot's cells.parquet, each family's paired noise and the minimum detectable
-    relative difference in goodput (and p99 ITL for chunking) at `repeats` repeats."""
+def paired_sd(cells: pd.DataFrame, metric: str = "goodput", pairs: dict | None = None) -> dict[str, float]:
+    """Per family: the median over its comparisons (goal pairs x rates) of the standard deviation of the per-repeat
+    residuals a - (sum a / sum b) b relative to b's mean (what paired_difference's interval is made of); `pairs`:
+    family -> [(a, b)], None: every pair of its policies. A comparison where b's mean is not positive is left out.
+    The median, not a pooled mean: one comparison with a policy that collapses at saturation (goodput near 0 in
+    some repeats) would otherwise set the whole family's noise (`paired_sd_worst` names it)."""
+    return {family: float(np.median([sd for sd, _ in rows]))
+            for family, rows in _paired_sds(cells, metric, pairs).items()}
+
+
+def paired_sd_worst(cells: pd.DataFrame, metric: str = "goodput", pairs: dict | None = None) -> dict[str, tuple]:
+    """Per family: (the largest paired SD, "a vs b at rate r") over its comparisons."""
+    return {family: max(rows) for family, rows in _paired_sds(cells, metric, pairs).items()}
+
+
+def _paired_sds(cells: pd.DataFrame, metric: str, pairs: dict | None) -> dict[str, list[tuple[float, str]]]:
+    out = {}
+    for family, part in cells.groupby("family"):
+        variances = []
+        for rate, cell in part.groupby("rate"):
+            wide = cell.pivot_table(index="repeat", columns="policy", values=metric)
+            policies = list(wide.columns)
+            chosen = (pairs or {}).get(family) if pairs is not None else \
+                [(a, b) for i, a in enumerate(policies) for b in policies[i + 1:]]
+            for a, b in chosen or []:
+                if a not in wide or b not in wide:
+                    continue
+                both = wide[[a, b]].dropna()
+                if len(both) >= 2 and both[b].mean() > 0:
+                    ratio = both[a].sum() / both[b].sum()
+                    sd = float(((both[a] - ratio * both[b]) / both[b].mean()).std(ddof=1))
+                    variances.append((sd, f"{a} vs {b} at {float(rate):g} req/s"))
+        if variances:
+            out[family] = variances
+    return out
+
+
+def power(pilot: Path, repeats: int, margins: dict | None = None, design: dict | None = None) -> list[str]:
+    """The plan's power lines: from a pilot's cells.parquet, per family the paired noise of its goals' comparisons
+    (goodput for the speculation families, median TTFT for chunking; `design`: the families' goals, else every
+    pair in goodput) and the minimum detectable relative difference at `repeats` repeats, set against the
+    family's margin (`margins`)."""
     path = Path(pilot) / "cells.parquet"
     if not path.exists():
         return [f"no pilot at {path}"]
     cells = pd.read_parquet(path)
+    by_family = goal_pairs(design) if design else {}
+    metrics = sorted({m for m, _ in by_family.values()}) if by_family else ["goodput"]
     lines = []
-    for metric in ("goodput", "p99_itl_ms"):
-        for family, sd in paired_sd(cells, metric).items():
-            if metric == "p99_itl_ms" and family != "chunking":
-                continue
+    for metric in metrics:
+        pairs = {f: p for f, (m, p) in by_family.items() if m == metric} if by_family else None
+        worst = paired_sd_worst(cells, metric, pairs)
+        for family, sd in paired_sd(cells, metric, pairs).items():
             pilot_repeats = int(cells[cells.family == family].repeat.nunique())
-            lines.append(f"{family} {metric}: paired sd {sd:.1%}; minimum detectable difference (95 % CI, power "
-                         f"{POWER:.0%}) {minimum_detectable(sd, repeats):.1%} at {repeats} repeats "
-                         f"({minimum_detectable(sd, pilot_repeats):.1%} at the pilot's {pilot_repeats})")
+            mdd = minimum_detectable(sd, repeats)
+            line = (f"{family} {metric}: paired sd {sd:.1%} (median over its goal comparisons; the largest "
+                    f"{worst[family][0]:.1%}, {worst[family][1]}); minimum detectable difference (95 % CI, power "
+                    f"{POWER:.0%}) {mdd:.1%} at {repeats} repeats ({minimum_detectable(sd, pilot_repeats):.1%} at "
+                    f"the pilot's {pilot_repeats})")
+            margin = (margins or {}).get("goodput" if metric == "goodput" else "ttft")
+            if margin is not None:
+                line += (f"; margin {float(margin):.0%}: " + ("MDD <= margin" if mdd <= float(margin) else
+                         "MDD > margin, so a 'no worse' goal is expected inconclusive unless the effect is large"))
+            lines.append(line)
     return lines
 
 
@@ -165,44 +206,114 @@ def _rates(data: dict, family: str) -> list[float]:
     return sorted(float(r) for r in cells[cells.family == family].rate.unique())
 
 
+NOT_JUDGED = "not judged"  # a goal whose every load is one where no policy misses an SLO: reported, not scored
+
+
+def judged_loads(data: dict, family: str) -> dict[float, bool]:
+    """rate -> whether goodput can tell the family's policies apart there: some policy, in some repeat, served a
+    request that missed an SLO (goodput below the completed requests' rate) or failed one. Where every request of
+    every policy meets every SLO, goodput is the rate requests finish at, set by the arrivals, and "no worse in
+    goodput" tests nothing."""
+    cells = runs(data)
+    part = cells[cells.family == family]
+    out = {}
+    for rate, group in part.groupby("rate"):
+        missed = (group.goodput < group.request_throughput * (1 - 1e-9)) | (group.failed > 0)
+        out[float(rate)] = bool(missed.any())
+    return out
+
+
+def _over_loads(per_rate: list, judged: dict[float, bool], combine) -> str:
+    verdicts = [v for rate, _, v in per_rate if judged.get(rate)]
+    return combine(verdicts) if verdicts else NOT_JUDGED
+
+
+LABELS = {  # kind -> (the goal's words, its key's tail)
+    "higher": ("{a} goodput higher than {rival}", "higher/{rival}"),
+    "part: acceptance": ("the prefix-keyed acceptance's part: {a} goodput higher than {rival} (load-aware k, EWMA "
+                         "acceptance)", "part/acceptance"),
+    "part: load-aware k": ("load-aware k's part: {a} (EWMA acceptance) goodput higher than {rival}",
+                           "part/load_aware"),
+}
+
+
 def speculation_goals(data: dict, design: dict, margins: dict) -> tuple[list[dict], list[dict]]:
     """Per speculation family (one naming `no_worse_than`): RAKV-ASD's goodput against each named baseline, no worse
-    within the margin at every load, and higher than the field's rules at some load. Returns (goals, the per-rate
-    pairs they are read from)."""
+    within the margin at every judged load (`judged_loads`) and higher than the field's rules at some judged load;
+    its output throughput at the family's highest (saturating) load no worse than each baseline; and, where the
+    design names an `ablation` arm (load-aware k with the EWMA acceptance), which of RAKV-ASD's two differences
+    pays: RAKV-ASD against the arm (the prefix-keyed acceptance's part) and the arm against the fixed k (load-aware
+    k's part), each higher at some judged load. Returns (goals, the per-rate pairs they are read from; a pair at a
+    load that is not judged carries its rule's verdict and `judged` false)."""
     goals, pairs = [], []
     margin = float(margins["goodput"])
     for family, spec in design.items():
         named = spec.get("goals") or {}
         if "no_worse_than" not in named or family not in set(runs(data).family):
             continue
-        ours = named["ours"]
-        for kind, rivals in (("no worse", named["no_worse_than"]), ("higher", named.get("higher_than", []))):
-            for rival in rivals:
-                per_rate = []
-                for rate in _rates(data, family):
-                    ci = paired_difference(data, family, rate, ours, rival, "goodput")
-                    one = non_inferior(ci, margin) if kind == "no worse" else higher(ci)
-                    per_rate.append((rate, ci, one))
-                    pairs.append({"family": family, "rate": rate, "policy": ours, "against": rival, "metric": "goodput",
-                                  "kind": kind, "value": ci[0], "ci_low": ci[1], "ci_high": ci[2], "verdict": one})
-                if not per_rate:
-                    continue
-                if kind == "no worse":
-                    rate, ci, _ = min(per_rate, key=lambda p: p[1][0] if np.isfinite(p[1][0]) else -np.inf)
-                    goals.append(_goal(f"{family}: {ours} goodput no worse than {rival} (margin {margin:.0%}) at every "
-                                       f"load; worst at {rate:g} req/s", f"{family}/no_worse/{rival}", ci,
-                                       all_of([p[2] for p in per_rate]),
-                                       f"per load: met if the CI of the relative difference lies above -{margin:.0%}, "
-                                       f"missed if below it; met at every load", family=family, rival=rival, rate=rate,
-                                       unit="relative"))
-                else:
-                    rate, ci, _ = max(per_rate, key=lambda p: p[1][1] if np.isfinite(p[1][1]) else -np.inf)
-                    goals.append(_goal(f"{family}: {ours} goodput higher than {rival} at some load; best at {rate:g} "
-                                       f"req/s", f"{family}/higher/{rival}", ci, any_of([p[2] for p in per_rate]),
-                                       "per load: met if the CI of the relative difference lies above 0, missed if "
-                                       "below 0; met at some load, missed at every load", family=family, rival=rival,
-                                       rate=rate, unit="relative"))
+        judged, rates = judged_loads(data, family), _rates(data, family)
+        for kind, a, rival in _comparisons(named):
+            per_rate = []
+            for rate in rates:
+                ci = paired_difference(data, family, rate, a, rival, "goodput")
+                one = non_inferior(ci, margin) if kind == "no worse" else higher(ci)
+                per_rate.append((rate, ci, one))
+                pairs.append({"family": family, "rate": rate, "policy": a, "against": rival, "metric": "goodput",
+                              "kind": kind, "value": ci[0], "ci_low": ci[1], "ci_high": ci[2], "verdict": one,
+                              "judged": judged.get(rate, False)})
+            if per_rate:
+                goals.append(_goodput_goal(family, kind, a, rival, per_rate, judged, margin))
+        goals += _throughput_goals(data, family, named, rates, margin)
     return goals, pairs
+
+
+def _comparisons(named: dict) -> list[tuple[str, str, str]]:
+    """(kind, policy, baseline) of a speculation family's goodput goals."""
+    ours = named["ours"]
+    out = [("no worse", ours, rival) for rival in named["no_worse_than"]]
+    out += [("higher", ours, rival) for rival in named.get("higher_than", [])]
+    if named.get("ablation"):
+        out += [("part: acceptance", ours, named["ablation"]),
+                ("part: load-aware k", named["ablation"], named.get("fixed_k", "k2"))]
+    return out
+
+
+def _goodput_goal(family, kind, a, rival, per_rate, judged, margin) -> dict:
+    """One goodput goal over its loads: scored where judged, the CI shown from the worst (no worse) or the best
+    (higher) judged load (every load where none is judged)."""
+    scored = [p for p in per_rate if judged.get(p[0])] or per_rate
+    loads = [f"{r:g}" for r, _, _ in per_rate if judged.get(r)]
+    where = (f"judged at {', '.join(loads)} req/s" if loads else
+             "no load judged: every request of every policy met every SLO")
+    if kind == "no worse":
+        rate, ci, _ = min(scored, key=lambda p: p[1][0] if np.isfinite(p[1][0]) else -np.inf)
+        return _goal(f"{family}: {a} goodput no worse than {rival} (margin {margin:.0%}) at every judged load; worst "
+                     f"at {rate:g} req/s ({where})", f"{family}/no_worse/{rival}", ci,
+                     _over_loads(per_rate, judged, all_of),
+                     f"per judged load: met if the CI of the relative difference lies above -{margin:.0%}, missed if "
+                     f"below it; met at every judged load", family=family, rival=rival, rate=rate, unit="relative")
+    rate, ci, _ = max(scored, key=lambda p: p[1][1] if np.isfinite(p[1][1]) else -np.inf)
+    words, key = (x.format(a=a, rival=rival) for x in LABELS[kind])
+    return _goal(f"{family}: {words} at some judged load; best at {rate:g} req/s ({where})", f"{family}/{key}", ci,
+                 _over_loads(per_rate, judged, any_of),
+                 "per judged load: met if the CI of the relative difference lies above 0, missed if below 0; met at "
+                 "some judged load, missed at every one", family=family, rival=rival, rate=rate, unit="relative")
+
+
+def _throughput_goals(data, family, named, rates, margin) -> list[dict]:
+    """Output throughput at the family's highest load (saturation: the server, not the arrivals, sets it), no worse
+    than each named baseline within the margin; judged whatever the SLOs."""
+    if not rates:
+        return []
+    top, ours, goals = max(rates), named["ours"], []
+    for rival in named["no_worse_than"]:
+        ci = paired_difference(data, family, top, ours, rival, "output_throughput")
+        goals.append(_goal(f"{family}: {ours} output throughput no worse than {rival} (margin {margin:.0%}) at the "
+                           f"highest load, {top:g} req/s", f"{family}/throughput/{rival}", ci,
+                           non_inferior(ci, margin),
+                           f"met if the CI of the relative difference lies above -{margin:.0%}, missed if below it",
+                           family=family, rival=rival, rate=top, unit="relative"))
+    return goals
 
 
 def slo_status(table: pd.DataFrame, family: str, policy: str, slo_ms: float) -> dict[float, str]:

@@ -366,6 +366,7 @@ class GoalPair:
     ci_low: float | None
     ci_high: float | None
     verdict: str
+    judged: bool = optional()  # whether some policy missed an SLO at this load (rakv.experiments.serving_stats)
 
 
 @dataclass(frozen=True)
