@@ -39,10 +39,11 @@ def test_inside_and_outside_the_interval(tmp_path, capsys):
     assert MOVED in capsys.readouterr().out
 
 
-def with_hardware(folder: Path, processor: str, isa: str | None = None) -> Path:
+def with_hardware(folder: Path, processor: str, isa: str | None = None, **more) -> Path:
     (folder / "study").mkdir()
     (folder / "study" / "metadata.json").write_text(json.dumps(
-        {"hardware": {"processor": processor, "device": "cpu", "threads": 2, "dtype": "float32", "isa": isa}}))
+        {"hardware": {"processor": processor, "device": "cpu", "threads": 2, "dtype": "float32", "isa": isa,
+                      **more}}))
     return folder
 
 
@@ -69,6 +70,34 @@ def test_one_processor_name_with_two_instruction_sets_is_other_hardware(tmp_path
     assert "AMD EPYC (cpu, avx2+fma, 2 threads, float32)" in out and "different hardware" in out
 
 
+def test_the_same_name_and_isa_with_other_caches_or_compile_target_is_other_hardware(tmp_path, capsys):
+    """Cores, caches and the kernels' -march change the kernels' blocking or code path; a record written before
+    those fields existed is compared on the fields it has."""
+    kw = dict(kernels_march="native", cores=2, caches="L1d 32K, L2 512K, L3 32768K")
+    a = with_hardware(write(tmp_path / "a", summary([0.10, 0.04, 0.17])), "AMD EPYC", "avx2+fma", **kw)
+    caches = with_hardware(write(tmp_path / "b", summary([0.01, -0.06, 0.08])), "AMD EPYC", "avx2+fma",
+                           **{**kw, "caches": "L1d 32K, L2 1024K, L3 16384K"})
+    march = with_hardware(write(tmp_path / "c", summary([0.01, -0.06, 0.08])), "AMD EPYC", "avx2+fma",
+                          **{**kw, "kernels_march": "x86-64-v3"})
+    older = with_hardware(write(tmp_path / "d", summary([0.01, -0.06, 0.08])), "AMD EPYC", "avx2+fma")
+    assert compare_runs.main([str(a), str(caches)]) == 0 and "different hardware" in capsys.readouterr().out
+    assert compare_runs.main([str(a), str(march)]) == 0
+    out = capsys.readouterr().out
+    assert "x86-64-v3" in out and "different hardware" in out
+    assert compare_runs.main([str(a), str(older)]) == 1  # the fields both have agree: the same machine class
+    assert "2 cores" in capsys.readouterr().out
+
+
+def test_this_machines_record_names_its_cores_caches_and_compile_target():
+    import torch
+
+    from rakv.runtime.calibration import hardware_fingerprint
+
+    record = hardware_fingerprint(torch.device("cpu"), "float32")
+    assert record["cores"] >= 1 and record["kernels_march"]
+    assert record["caches"] is None or record["caches"].startswith("L1")
+
+
 def test_unreadable_input_is_a_one_line_error(tmp_path, capsys):
     assert compare_runs.main([str(tmp_path / "nowhere"), str(tmp_path)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
@@ -76,3 +105,24 @@ def test_unreadable_input_is_a_one_line_error(tmp_path, capsys):
     del old["claims"][3]["direction"]  # a summary.json from before a field, or edited by hand
     assert compare_runs.main([str(write(tmp_path / "old", old)), str(tmp_path / "old")]) == 2
     assert "missing field 'claims[3].direction'" in capsys.readouterr().err
+
+
+def test_agreement_counts_values_inside_and_conclusions_that_flip(tmp_path):
+    from rakv.experiments.runcompare import agreement
+    from rakv.experiments.summary import read_summary
+
+    a = read_summary(write(tmp_path / "a", summary([0.10, 0.04, 0.17])))
+    same = agreement(a, read_summary(write(tmp_path / "same", summary([0.12, 0.05, 0.2]))))
+    assert same.inside == same.total and same.same_conclusion == same.total and not same.flipped
+    moved = agreement(a, read_summary(write(tmp_path / "moved", summary([0.20, 0.18, 0.22]))))
+    assert moved.outside == [MOVED] and not moved.flipped  # outside A's CI, the same conclusion (above 0)
+    flipped = agreement(a, read_summary(write(tmp_path / "flip", summary([0.01, -0.06, 0.08]))))
+    assert flipped.outside == [MOVED] == flipped.flipped and flipped.inside == flipped.total - 1
+
+
+def test_the_paper_sets_the_shipped_other_machines_side_by_side():
+    from rakv.experiments import report
+
+    text = report.across_machines(REFERENCE)
+    assert "\\label{tab:machines}" in text and "AVX-512" in text and "this run" in text
+    assert text.count("smollm2-draft") >= 3  # one price row per machine and this run

@@ -384,6 +384,92 @@ def coverage_table(path: Path = INTERVAL_COVERAGE) -> str:
     return "\n".join(lines) + "\n"
 
 
+OTHER_MACHINES = ROOT / "data" / "reference" / "other-machines"
+STATISTIC_WORDS = {"latency_reduction": "latency reduction", "throughput_gain": "throughput gain"}
+
+
+def machine_costs(folder: Path, context: float = 200.0) -> dict[str, dict[str, float]]:
+    """Per calibrated pair of a results folder: the target's decode step (ms) and, relative to it, verifying 4
+    candidates and one draft step, at `context` positions (the study's prompts plus half their output)."""
+    out = {}
+    for name, table in analysis.calibration_tables(folder).items():
+        if not name.startswith("smollm2"):
+            continue
+        step = table.target_step(context)
+        out[name] = {"step_ms": 1e3 * step, "verify4": table.verify[4](context) / step,
+                     "draft": table.propose[1](context) / step}
+    return out
+
+
+def _statistic_words(name: str) -> str:
+    """'per_configuration.smollm2.latency_reduction.joint-k4' -> 'smollm2: latency reduction vs joint-k4'."""
+    parts = name.split(".")
+    where = "pooled" if parts[0] == "pooled" else parts[1]
+    return f"{where}: {STATISTIC_WORDS.get(parts[-2], parts[-2])} vs {parts[-1]}"
+
+
+def across_machines(results: Path | None = None, folder: Path = OTHER_MACHINES) -> str:
+    """The paper's "Across machines": the shipped runs of other machines (data/reference/other-machines/, each
+    with about.json) side by side, the first as A: how many of B's headline statistics fall inside A's 95 % CIs,
+    how many draw the same conclusion (rakv.experiments.runcompare.agreement), which flip, and each machine's
+    measured prices (from its calibrations), the reason a regime moves."""
+    from rakv.experiments.runcompare import agreement
+    from rakv.experiments.summary import read_summary
+
+    runs = [p for p in sorted(Path(folder).glob("*")) if (p / "about.json").exists()]
+    if len(runs) < 2:
+        return "No run of another machine is shipped (\\texttt{data/reference/other-machines/}).\n"
+    about = {p: json.loads((p / "about.json").read_text()) for p in runs}
+    runs.sort(key=lambda p: about[p]["label"] != "AVX-512")  # the AVX-512 run first: it is A
+    a = read_summary(runs[0])
+    text = []
+    for b_dir in runs[1:]:
+        got = agreement(a, read_summary(b_dir))
+        first, second = about[runs[0]], about[b_dir]
+        flips = "; ".join(tex_escape(_statistic_words(n)) for n in got.flipped) or "none"
+        text.append(f"The same study ran on a {tex_escape(first['machine'])} (commit \\texttt{{{first['commit']}}}) "
+                    f"and on a {tex_escape(second['machine'])} (commit \\texttt{{{second['commit']}}}; the "
+                    f"batch-one engine and its kernels' source are the same at both). Of {got.total} headline "
+                    f"statistics with a "
+                    f"95\\,\\% CI, {got.inside} of the second run's values lie inside the first run's CIs, and "
+                    f"{got.same_conclusion} draw the same conclusion (both intervals above zero, both below, or both "
+                    f"straddling it); the conclusions that differ: {flips}.")
+    labels = {p: f"{tex_escape(about[p]['label'])} (\\texttt{{{about[p]['commit']}}})" for p in runs}
+    if results is not None and (Path(results) / "summary.json").exists():
+        meta = json.loads((Path(results) / "study" / "metadata.json").read_text())
+        own = read_summary(results)
+        isa = (meta.get("hardware") or {}).get("isa")
+        labels[Path(results)] = f"this run ({tex_escape(isa or 'ISA not recorded')})"
+        compared = [f"{got.inside} of {got.total} inside the {tex_escape(about[p]['label'])} run's CIs and "
+                    f"{got.same_conclusion} with its conclusion" for p in runs
+                    for got in [agreement(read_summary(p), own)]]
+        text.append(f"This run's headline statistics: {'; '.join(compared)}.")
+    rows = []
+    for p, label in labels.items():
+        for name, cost in machine_costs(p).items():
+            rows.append(f"{label} & \\texttt{{{tex_escape(name)}}} & {num(cost['step_ms'], 1)} & "
+                        f"{num(cost['verify4'], 2)} & {num(cost['draft'], 2)} \\\\")
+    prices = []
+    for p, label in labels.items():
+        costs = machine_costs(p)
+        if costs:
+            verify = [c["verify4"] for c in costs.values()]
+            draft = costs.get("smollm2-draft", {}).get("draft")
+            prices.append(f"{label}: verifying four candidates {num(min(verify), 2)}--{num(max(verify), 2)} decode "
+                          f"steps" + (f", a draft step {num(draft, 2)}" if draft is not None else ""))
+    text.append("Table~\\ref{tab:machines} gives the prices that set the regime on each machine, from each run's "
+                "calibration (" + "; ".join(prices) + "): where the price of a speculative round differs between "
+                "two machines and the draft's relative price does not, it is the verify pass, not the draft, that "
+                "moves a conclusion about speculation.")
+    table = ["\\begin{table}[!htbp]\\centering\\scriptsize",
+             "\\caption{\\label{tab:machines}Each machine's calibrated prices at 200 positions: the target's decode "
+             "step, verifying $k=4$ candidates and one draft step, the last two relative to the decode step.}",
+             "\\begin{tabular}{llrrr}", "\\toprule",
+             "Machine & Pair & Decode step (ms) & Verify 4 / step & Draft step / step \\\\", "\\midrule",
+             *rows, "\\bottomrule", "\\end{tabular}", "\\end{table}"]
+    return " ".join(text) + "\n" + "\n".join(table) + "\n"
+
+
 def statistics_table(summary: Summary) -> str:
     """Per configuration: the controller's statistics with their CIs."""
     names = list(summary.per_configuration)
@@ -829,6 +915,7 @@ def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path
         "claims_table.tex": claims_table(summary.claims),
         "statistics_table.tex": statistics_table(summary),
         "coverage_table.tex": coverage_table(),
+        "across_machines.tex": across_machines(results),
         "acceptance_table.tex": acceptance_table(summary.acceptance),
         "memory_table.tex": memory_table(summary.peak_kv),
         "strategy_table.tex": strategy_table(runs),

@@ -36,7 +36,7 @@ from rakv.runtime.cache import PrefixKVStore, kv_nbytes
 from rakv.runtime.costmodel import CostTable, Curve, acceptance_estimate
 from rakv.runtime.decoding import Sampling, crop_cache, forward, synchronize
 from rakv.runtime.errors import RakvError
-from rakv.runtime.kernels import new_kv_cache
+from rakv.runtime.kernels import new_kv_cache, target_arch
 from rakv.runtime.models import derived_files_dir
 from rakv.runtime.workloads import calibration_prompts
 
@@ -55,6 +55,28 @@ def instruction_set() -> str | None:
     return "+".join(flag for flag in VECTOR_FLAGS if flag in flags) or "none"
 
 
+def cpu_caches() -> str | None:
+    """This CPU's data and unified caches as 'L1d 32K, L2 512K, L3 32768K' (Linux sysfs; None elsewhere): the
+    kernels' blocking is sized for them, so two machines of one name and ISA but other caches are other machines."""
+    found = []
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((index / name).read_text().strip() for name in ("level", "type", "size"))
+        except OSError:
+            continue
+        if kind != "Instruction":
+            found.append(f"L{level}{'d' if kind == 'Data' else ''} {size}")
+    return ", ".join(found) or None
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, which a container or taskset narrows), else the count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def hardware_fingerprint(device: torch.device, dtype: str) -> dict:
     if device.type == "cuda":
         processor = torch.cuda.get_device_name(device)
@@ -65,9 +87,13 @@ def hardware_fingerprint(device: torch.device, dtype: str) -> dict:
                 processor = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
         except (OSError, StopIteration):
             pass
-    return {"processor": processor, "isa": instruction_set() if device.type == "cpu" else None,
-            "device": device.type, "dtype": dtype,
-            "threads": torch.get_num_threads() if device.type == "cpu" else None,
+    cpu = device.type == "cpu"
+    # what changes the kernels' code path or their blocking: the ISA, the compile target, the cores, the caches; a
+    # calibration keyed by them never travels to a machine of another class (rakv.runtime.calibration.load_table)
+    return {"processor": processor, "isa": instruction_set() if cpu else None,
+            "kernels_march": target_arch() if cpu else None, "cores": usable_cores() if cpu else None,
+            "caches": cpu_caches() if cpu else None, "device": device.type, "dtype": dtype,
+            "threads": torch.get_num_threads() if cpu else None,
             "torch": torch.__version__, "transformers": transformers.__version__}
 
 

@@ -1,0 +1,124 @@
+"""Two results folders side by side (scripts/compare_runs.py; the paper's "Across runs and machines").
+
+For every headline statistic that carries a confidence interval in run A's summary.json: whether run B's value lies
+inside A's interval, and whether the two runs draw the same conclusion from it (the side of 0 each one's interval
+lies on; `agreement`); statistics without an interval with their relative difference; and the machine each study
+ran on (its study/metadata.json: processor, ISA, the kernels' compile target, cores, caches), so that a comparison
+says "other machine" when it is one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, is_dataclass
+from pathlib import Path
+
+from rakv.experiments.summary import Summary, record_items
+from rakv.experiments.verdicts import ci_side
+
+
+def sections(summary: Summary) -> list[tuple[str, object]]:
+    """Where the summary keeps its statistics: per configuration, and pooled over configurations."""
+    return [("per_configuration", summary.per_configuration), ("pooled", summary.pooled)]
+
+
+def walk(node, prefix=""):
+    """(dotted name, value) for every leaf under `node` (a record or a map of records, named as in summary.json):
+    a [value, low, high] triple counts as one leaf."""
+    if is_dataclass(node):
+        yield from walk(dict(record_items(node)), prefix)
+    elif isinstance(node, dict):
+        for key, child in node.items():
+            yield from walk(child, f"{prefix}.{key}" if prefix else key)
+    elif isinstance(node, list) and len(node) == 3 and all(isinstance(v, (int, float)) or v is None for v in node):
+        yield prefix, node
+    elif isinstance(node, (int, float)) and not isinstance(node, bool):
+        yield prefix, node
+
+
+def with_intervals(summary: Summary) -> dict[str, list[float]]:
+    """name -> [value, low, high] for every statistic reported with a confidence interval."""
+    return {name: value for section, node in sections(summary) for name, value in walk(node, section)
+            if isinstance(value, list) and None not in value}
+
+
+def scalars(summary: Summary) -> dict[str, float]:
+    """name -> value for every statistic reported without an interval."""
+    return {name: value for section, node in sections(summary) for name, value in walk(node, section)
+            if not isinstance(value, list)}
+
+
+def compare(a: Summary, b: Summary) -> tuple[list[str], list[str]]:
+    """The side-by-side lines, and the names of B's statistics outside A's confidence interval."""
+    width = max([34, *(len(n) for n in with_intervals(a)), *(len(n) for n in scalars(a))])
+    lines, outside = [f"{'statistic':<{width}} {'A [95% CI]':>28} {'B':>9}  B inside A's CI"], []
+    b_ci = with_intervals(b)
+    for name, (value, low, high) in with_intervals(a).items():
+        if name not in b_ci:
+            lines.append(f"{name:<{width}} {'':>28} {'missing':>9}")
+            continue
+        other = b_ci[name][0]
+        if other is None:
+            continue
+        inside = low <= other <= high
+        if not inside:
+            outside.append(name)
+        lines.append(f"{name:<{width}} {value:>9.4f} [{low:>7.4f}, {high:>7.4f}] {other:>9.4f}  "
+                     f"{'yes' if inside else 'NO'}")
+    lines.append(f"{'statistic (no interval)':<{width}} {'A':>28} {'B':>9}  relative difference")
+    b_scalars = scalars(b)
+    for name, x in scalars(a).items():
+        y = b_scalars.get(name)
+        if y is None:
+            continue
+        relative = (y - x) / abs(x) if x else float("nan")
+        lines.append(f"{name:<{width}} {x:>28.4f} {y:>9.4f}  {relative:+.1%}")
+    return lines, outside
+
+
+MACHINE = ("processor", "isa", "kernels_march", "cores", "caches", "device", "threads", "dtype")
+
+
+def hardware(folder: Path) -> dict | None:
+    """What a results folder's study ran on (None without its metadata.json): processor, ISA, the kernels' compile
+    target, cores, caches, device, threads, dtype (a record written before a field existed lacks it)."""
+    try:
+        found = json.loads((folder / "study" / "metadata.json").read_text()).get("hardware") or {}
+    except (OSError, ValueError):
+        return None
+    return {key: found.get(key) for key in MACHINE}
+
+
+def same_machine(a: dict, b: dict) -> bool:
+    """The same machine class: every field both records carry is equal (an older record lacks the newer fields)."""
+    return all(a[key] == b[key] for key in MACHINE if a.get(key) is not None and b.get(key) is not None)
+
+
+def described(machine: dict | None) -> str:
+    if machine is None:
+        return "hardware not recorded"
+    extra = "".join(f", {machine[key]}" for key in ("isa", "kernels_march") if machine.get(key))
+    cores = f", {machine['cores']} cores" if machine.get("cores") else ""
+    caches = f", caches {machine['caches']}" if machine.get("caches") else ""
+    return (f"{machine['processor']} ({machine['device']}{extra}{cores}, {machine['threads'] or 'GPU'} threads"
+            f"{caches}, {machine['dtype']})")
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How far run B reproduces run A: of `total` statistics with an interval in both, `inside` have B's value in
+    A's 95 % CI; `same_conclusion` draw the same conclusion (both intervals above 0, both below, or both
+    straddling it); `outside` and `flipped` name the rest."""
+    total: int
+    inside: int
+    same_conclusion: int
+    outside: list[str]
+    flipped: list[str]
+
+
+def agreement(a: Summary, b: Summary) -> Agreement:
+    a_ci, b_ci = with_intervals(a), with_intervals(b)
+    names = [n for n in a_ci if n in b_ci and b_ci[n][0] is not None]
+    outside = [n for n in names if not a_ci[n][1] <= b_ci[n][0] <= a_ci[n][2]]
+    flipped = [n for n in names if ci_side(a_ci[n], 0.0) != ci_side(b_ci[n], 0.0)]
+    return Agreement(len(names), len(names) - len(outside), len(names) - len(flipped), outside, flipped)
