@@ -126,3 +126,15 @@ def test_the_paper_sets_the_shipped_other_machines_side_by_side():
     text = report.across_machines(REFERENCE)
     assert "\\label{tab:machines}" in text and "AVX-512" in text and "this run" in text
     assert text.count("smollm2-draft") >= 3  # one price row per machine and this run
+
+
+def test_the_papers_run_to_run_sentence_reads_a_shipped_second_run(tmp_path):
+    from rakv.experiments import report
+
+    first = write(tmp_path / "offline", summary([0.10, 0.04, 0.17]))
+    assert "No second full run" in report.run_to_run(first)
+    write(tmp_path / "offline-rerun", summary([0.01, -0.06, 0.08]))
+    text = report.run_to_run(first)
+    total = len(compare_runs.with_intervals(compare_runs.read_summary(first)))
+    assert f"puts {total - 1} of {total} headline statistics" in text
+    assert "outside: smollm2: latency reduction vs joint-k4" in text

@@ -29,6 +29,7 @@ from rakv.experiments.summary import (
 )
 from rakv.experiments.verdicts import ci_side
 from rakv.runtime.paths import ROOT
+from rakv.runtime.paths import shown as shown_path
 
 VERDICTS = ("met", "missed", "inconclusive", "not judged")  # a serving goal's answers (rakv.experiments.serving_stats)
 
@@ -405,7 +406,9 @@ def _statistic_words(name: str) -> str:
     """'per_configuration.smollm2.latency_reduction.joint-k4' -> 'smollm2: latency reduction vs joint-k4'."""
     parts = name.split(".")
     where = "pooled" if parts[0] == "pooled" else parts[1]
-    return f"{where}: {STATISTIC_WORDS.get(parts[-2], parts[-2])} vs {parts[-1]}"
+    if parts[-2] in STATISTIC_WORDS:
+        return f"{where}: {STATISTIC_WORDS[parts[-2]]} vs {parts[-1]}"
+    return f"{where}: {parts[-1].replace('_', ' ')}"
 
 
 def across_machines(results: Path | None = None, folder: Path = OTHER_MACHINES) -> str:
@@ -468,6 +471,29 @@ def across_machines(results: Path | None = None, folder: Path = OTHER_MACHINES) 
              "Machine & Pair & Decode step (ms) & Verify 4 / step & Draft step / step \\\\", "\\midrule",
              *rows, "\\bottomrule", "\\end{tabular}", "\\end{table}"]
     return " ".join(text) + "\n" + "\n".join(table) + "\n"
+
+
+def run_to_run(results: Path) -> str:
+    """The paper's run-to-run sentence: a second full run of the same commit on the same machine class, shipped
+    beside this one as <results>-rerun/ (a separate clean clone and process), read against this run's 95 % CIs
+    (rakv.experiments.runcompare.agreement): the fraction inside, and the statistics that moved."""
+    from rakv.experiments.runcompare import agreement, hardware, same_machine
+    from rakv.experiments.summary import read_summary
+
+    rerun = Path(results).with_name(Path(results).name + "-rerun")
+    if not (rerun / "summary.json").exists():
+        return (f"No second full run of this commit is shipped beside this one (\\texttt{{{tex_escape(rerun.name)}/}} "
+                "is absent), so run-to-run agreement is not reported here; \\texttt{scripts/compare\\_runs.py} "
+                "compares any two runs.\n")
+    got = agreement(read_summary(results), read_summary(rerun))
+    machines = hardware(Path(results)), hardware(rerun)
+    same = None not in machines and same_machine(*machines)
+    moved = "; ".join(tex_escape(_statistic_words(n)) for n in got.outside) or "none"
+    where = "the same machine class" if same else "another machine"
+    return (f"A second full run of the same profile, from a separate clean clone and process "
+            f"(\\texttt{{{tex_escape(shown_path(rerun))}/}}, on {where}), "
+            f"puts {got.inside} of {got.total} headline statistics ({pct(got.inside / got.total, 0)}) inside this "
+            f"run's 95\\,\\% CIs and draws the same conclusion for {got.same_conclusion}; outside: {moved}.\n")
 
 
 def statistics_table(summary: Summary) -> str:
@@ -916,6 +942,7 @@ def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path
         "statistics_table.tex": statistics_table(summary),
         "coverage_table.tex": coverage_table(),
         "across_machines.tex": across_machines(results),
+        "run_to_run.tex": run_to_run(results),
         "acceptance_table.tex": acceptance_table(summary.acceptance),
         "memory_table.tex": memory_table(summary.peak_kv),
         "strategy_table.tex": strategy_table(runs),
