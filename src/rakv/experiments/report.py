@@ -105,9 +105,10 @@ def abstract(summary: Summary, meta: dict) -> str:
         "We reproduce a study of joint cross-request prefix KV reuse and speculative decoding in which a measured "
         "cost model chooses, per request, whether to reuse cached prefix state ($r$) and how many draft tokens to "
         "speculate ($k$, including $k=0$).",
-        f"On {tex_escape(meta['hardware']['processor'])} ({tex_escape(meta['hardware']['device'])}), with "
-        f"{prompts} prompts, {len(grid.scenarios)} reuse scenarios, every feasible action measured at least "
-        f"{grid.measurements_per_action_min} times and {summary.runs} timed runs in all.",
+        f"We ran it on {tex_escape(meta['hardware']['processor'])} ({tex_escape(meta['hardware']['device'])}"
+        + (f", {tex_escape(meta['hardware']['isa'])}" if meta['hardware'].get('isa') else "")
+        + f") with {prompts} prompts and {len(grid.scenarios)} reuse scenarios, measuring every feasible action at "
+        f"least {grid.measurements_per_action_min} times: {summary.runs} timed runs in all.",
     ]
     text += [configuration_sentence(name, s) for name, s in summary.per_configuration.items()]
     exact = summary.exact
@@ -338,8 +339,8 @@ def limitations(summary: Summary, meta: dict) -> str:
                         "acceptance, not the measured costs.")
     feas = summary.feasibility
     if feas.status != "ran":
-        text.append("The feasibility pair's weights were unavailable: "
-                    f"{tex_escape(summary.feasibility_verdict)}.")
+        text.append("The feasibility pair's weights were unavailable, so its verdict (Section~\\ref{sec:results}) "
+                    "rests on the cost side alone, measured on architecture twins.")
     return " ".join(text) + "\n"
 
 
