@@ -888,10 +888,10 @@ def peer_section(folder: Path | None) -> str:
             f"{serve['new_tokens']} new tokens per workload (Table~\\ref{{tab:peer}}; "
             f"\\texttt{{scripts/bench\\_vllm\\_serve.py}}, {tex_escape(machine['cpu'])}, {machine['cores']} cores, "
             f"{machine['date']}). Greedy outputs were equal token for token on {equal} of {total} requests.\n")
-    table = ("\\begin{table}[h]\\centering\\scriptsize\n\\begin{tabular}{llllrrrrrrrr}\\toprule\n"
+    table = ("\\begin{table}[!htbp]\\centering\\scriptsize\n\\fittable{\\begin{tabular}{llllrrrrrrrr}\\toprule\n"
              "workload & req/s & engine & done & failed & tok/s & TTFT p50 & p99 & TPOT p50 & p99 & ITL p99 & "
              "hits \\\\\n"
-             "\\midrule\n" + "\n".join(rows) + "\n\\bottomrule\\end{tabular}\n"
+             "\\midrule\n" + "\n".join(rows) + "\n\\bottomrule\\end{tabular}}\n"
              "\\caption{rakv serve and vLLM under vLLM's benchmark client (times in ms; hits: prompt tokens reused, "
              "vLLM in blocks of 16 tokens, rakv at token granularity).}\\label{tab:peer}\n\\end{table}\n")
     return text + table + tune_text(folder)
@@ -916,9 +916,10 @@ def tune_text(folder: Path) -> str:
             f"{tune['alpha']:.2f} and n-gram match rate {tune['match_rate']:.2f}: "
             + ", ".join(f"$k={k}$ for batches {a}--{b if b < 1024 else 'up'}" for a, b, k in tune["schedule"])
             + ". Table~\\ref{tab:tune} serves the same requests through vLLM with it, with fixed $k$ and with a "
-            "hand-set table.\n\\begin{table}[h]\\centering\\scriptsize\n\\begin{tabular}{l" + "r" * len(cs)
+            "hand-set table.\n\\begin{table}[!htbp]\\centering\\scriptsize\n"
+            "\\fittable{\\begin{tabular}{l" + "r" * len(cs)
             + "}\\toprule\nschedule & " + " & ".join(f"$c={c}$" for c in cs) + " \\\\\n\\midrule\n"
-            + "\n".join(rows) + "\n\\bottomrule\\end{tabular}\n\\caption{vLLM's output tokens/s with each "
+            + "\n".join(rows) + "\n\\bottomrule\\end{tabular}}\n\\caption{vLLM's output tokens/s with each "
             "speculation schedule, batches of $c$ requests (n-gram drafts, real acceptance).}\\label{tab:tune}\n"
             "\\end{table}\n")
 
@@ -986,7 +987,7 @@ def temperature_label(t: float) -> str:
 
 def sampling_tables(summary: Summary) -> str:
     s = summary.sampling
-    lines = ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\resizebox{\\textwidth}{!}{%",
+    lines = ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\fittable{%",
              "\\begin{tabular}{llrrlllll}", "\\toprule",
              "Configuration & Decoding & $\\alpha$ measured [95\\,\\% CI] & closed form & agrees? & "
              "spec-k4 / AR & RAKV-ASD / AR & RAKV-ASD / best fixed & best fixed \\\\", "\\midrule"]
@@ -1011,7 +1012,8 @@ def sampling_tests_table(s) -> str:
     """The distribution tests and block against token-wise verification."""
     lines = []
     if s.block_vs_token or s.distribution:
-        lines += ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\begin{tabular}{llrrrlll}", "\\toprule",
+        lines += ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\fittable{%", "\\begin{tabular}{llrrrlll}",
+                  "\\toprule",
                   "Configuration & Rule (arm) & samples & tests & min.\\ Holm $p$ & rejected & "
                   "rejections on halves & \\\\", "\\midrule"]
         for d in s.distribution:
@@ -1027,7 +1029,7 @@ def sampling_tests_table(s) -> str:
                 lines.append(f"{tex_escape(b.configuration)} & {b.temperature:g}, {b.k} & {b.token_per_round:.3f} & "
                              f"{b.block_per_round:.3f} & {ci_text(b.difference, fmt=lambda v: num(v, 3))} & "
                              f"{b.verdict} & {ratio_text(b.latency_ratio)} & \\\\")
-        lines += ["\\bottomrule", "\\end{tabular}",
+        lines += ["\\bottomrule", "\\end{tabular}}",
                   "\\caption{Top: speculative against plain sampling of the same prompts (first tokens, many seeds): "
                   "chi-square tests of the token counts at every position and prompt, and per prompt a "
                   "Kolmogorov-Smirnov test of the target's log-likelihood of the samples and a chi-square test of how "
@@ -1044,7 +1046,8 @@ def workloads_table(s) -> str:
     """Structured outputs and long retrieved contexts."""
     lines = []
     if s.structured or s.long_context:
-        lines += ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\begin{tabular}{lllrrrl}", "\\toprule",
+        lines += ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\fittable{%", "\\begin{tabular}{lllrrrl}",
+                  "\\toprule",
                   "Configuration & Strategy & & parses & valid & latency (s) & same tokens as AR \\\\", "\\midrule"]
         for r in s.structured:
             lines.append(f"{tex_escape(r.configuration)} & {tex_escape(r.strategy)} & & {pct(r.parse_rate, 0)} & "
@@ -1056,7 +1059,7 @@ def workloads_table(s) -> str:
                 lines.append(f"{tex_escape(r.configuration)} & {tex_escape(r.strategy)} & {r.budget_mib:g} MiB & "
                              f"{r.hit_tokens:.0f} of {r.document_tokens:.0f} & {r.evictions} & {r.ttft_s:.2f} & "
                              f"{ratio_text(r.vs_ar)} \\\\")
-        lines += ["\\bottomrule", "\\end{tabular}",
+        lines += ["\\bottomrule", "\\end{tabular}}",
                   "\\caption{Top: structured outputs (JSON following a schema; greedy). Bottom: long retrieved "
                   "contexts (WikiText-2 articles as documents, several questions each as separate requests, documents "
                   "in turn) under two prefix-store budgets; reused tokens are per request, latency ratios geometric "
