@@ -2,6 +2,7 @@
 raw key name and no unresolved reference. The shipped PDF is the reference run's (paper/build/offline/main.pdf);
 scripts/ship_reference.sh rebuilds it, so a defect in the report's wording fails here before it ships."""
 
+import json
 import re
 from pathlib import Path
 
@@ -37,3 +38,51 @@ def test_the_paper_tells_what_it_substitutes_and_concludes(text):
     flat = " ".join(text.split())
     assert "What this artifact substitutes" in flat and "SmolLM2" in flat and "architecture twins" in flat
     assert "Conclusion" in flat and "Serving under load" in flat
+
+
+PAPER = PDF.parents[2]
+LAYOUT = PDF.parent / "layout.json"
+
+
+def paper_sources() -> str:
+    """main.tex and the reference run's generated LaTeX, as LaTeX reads them."""
+    generated = sorted((PAPER / "generated" / "offline").glob("*.tex"))
+    return "\n".join(p.read_text() for p in [PAPER / "main.tex", *generated])
+
+
+def test_every_table_and_figure_is_labelled_and_referenced():
+    source = paper_sources()
+    floats = re.findall(r"\\begin\{(table|figure)\}(.*?)\\end\{\1\}", source, re.S)
+    assert len(floats) >= 20
+    for kind, body in floats:
+        caption = re.search(r"\\caption\{(.{0,60})", body)
+        labels = re.findall(r"\\label\{([^}]*)\}", body)
+        assert labels, f"a {kind} without a label: {caption.group(1) if caption else body[:60]!r}"
+        for label in labels:
+            assert re.search(r"\\ref\{" + re.escape(label) + r"\}", source), f"{label} is never referenced"
+
+
+def test_no_sentence_of_the_built_paper_is_printed_twice(text):
+    flat = " ".join(text.split())
+    sentences = [s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z])", flat) if len(s) > 80]
+    repeated = {s for s in sentences if sentences.count(s) > 1}
+    assert not repeated, f"printed twice: {sorted(repeated)[:2]}"
+
+
+def test_nothing_runs_outside_the_text_area():
+    """LaTeX's own account of the shipped build (paper/build/offline/layout.json, written by the paper stage): no
+    float taller than the page, no line more than 2 pt wider than the text."""
+    if not LAYOUT.exists():
+        pytest.fail(f"{LAYOUT} is missing: the paper stage writes it beside the PDF")
+    layout = json.loads(LAYOUT.read_text())
+    assert not layout["float_too_large_pt"], layout
+    assert max(layout["overfull_hbox_pt"], default=0.0) <= 2.0, layout["overfull_hbox_pt"]
+
+
+def test_the_layout_report_reads_latexs_warnings():
+    from rakv.experiments.report import layout_report
+
+    log = ("Overfull \\hbox (41.03337pt too wide) in paragraph at lines 1--194\n"
+           "LaTeX Warning: Float too large for page by 82.42203pt on input line 358.\n"
+           "Underfull \\hbox (badness 10000) in paragraph\n")
+    assert layout_report(log) == {"overfull_hbox_pt": [41.03337], "float_too_large_pt": [82.42203]}

@@ -924,6 +924,13 @@ def tune_text(folder: Path) -> str:
             "\\end{table}\n")
 
 
+def layout_report(log: str) -> dict[str, list[float]]:
+    """What LaTeX's log says runs outside the text area: each overfull line's excess width (pt) and each float
+    too large for the page (pt); paper/build/<name>/layout.json keeps it beside the PDF (tests/test_paper_text.py)."""
+    return {"overfull_hbox_pt": [float(x) for x in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)],
+            "float_too_large_pt": [float(x) for x in re.findall(r"Float too large for page by ([\d.]+)pt", log)]}
+
+
 def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path]:
     """paper/generated/<name>/: macros, tables, and the generated abstract, claims discussion and limitations."""
     results, out_dir = Path(results), Path(out_dir)

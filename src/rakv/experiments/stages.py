@@ -9,6 +9,7 @@ the stages.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -113,7 +114,13 @@ def paper(cfg: DictConfig) -> None:
     done = subprocess.run(command, cwd=PAPER, capture_output=True, text=True)
     if done.returncode != 0:
         raise RakvError(f"LaTeX failed; see {build / 'main.log'} (and {build / 'main.blg'} for the bibliography)")
-    print(f"paper: built {build / 'main.pdf'}", flush=True)
+    from rakv.experiments.report import layout_report
+
+    layout = layout_report((build / "main.log").read_text(errors="replace"))
+    (build / "layout.json").write_text(json.dumps(layout, indent=1) + "\n")
+    print(f"paper: built {build / 'main.pdf'}; layout: {len(layout['overfull_hbox_pt'])} overfull line(s) "
+          f"(largest {max(layout['overfull_hbox_pt'], default=0):.1f} pt), {len(layout['float_too_large_pt'])} "
+          "float(s) too large for the page", flush=True)
 
 
 STAGES = {"calibrate": calibrate, "study": study, "serving": serving, "sensitivity": sensitivity,
