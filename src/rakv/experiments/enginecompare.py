@@ -153,8 +153,8 @@ def prefill_sentence(configuration: str, runs: list[list[dict]]) -> str:
         slower = [f"the {name} at {n} tokens ({b:.3f} vs {a:.3f} s)" for name, n, b, a in points if a >= b]
         parts.append(f"faster than {then['kernels']} at {len(points) - len(slower)} of {len(points)} points"
                      + (f" (not: {', '.join(slower)})" if slower else ""))
-    return (f" Its calibrated prefills (target and draft, {PREFILL_TOKENS[0]}-{PREFILL_TOKENS[-1]} tokens) are "
-            + "; ".join(parts) + ".") if parts else ""
+    return (f" Its calibrated prefills ({configuration}: target and draft, {PREFILL_TOKENS[0]}-{PREFILL_TOKENS[-1]} "
+            "tokens) are " + "; ".join(parts) + ".") if parts else ""
 
 
 def comparison_sentences(runs: list[list[dict]]) -> str:

@@ -178,7 +178,7 @@ def conclusion(summary: Summary) -> str:
                                 for b in ("joint-k4", "kv-only", "best-fixed"))
         text.append(f"On \\texttt{{{tex_escape(name)}}}, a controller that chooses reuse and $k$ per request from a "
                     f"measured cost model is {first}, {second}, and {third}.")
-    text.append(counts_sentence(claim_counts(summary.claims)) + ".")
+    text.append(counts_brief(claim_counts(summary.claims)) + ".")
     serving = summary.serving
     if serving:
         goals = serving.goals
@@ -206,6 +206,14 @@ def counts_sentence(counts: ClaimCounts) -> str:
             f"{m.get('yes', 0)} inside it, {m.get('no', 0)} outside and {m.get('inconclusive', 0)} "
             "straddling an edge; "
             f"{counts.unjudged} (extremes over scenarios without an interval, and findings) carry no such verdict")
+
+
+def counts_brief(counts: ClaimCounts) -> str:
+    """The claim counts in one clause, for the abstract (Section "Claims" gives them in full, `counts_sentence`)."""
+    d, m = counts.direction, counts.magnitude
+    return (f"Of the reference's {counts.signed} signed effects (per configuration) this run reproduces the "
+            f"direction of {d.get('yes', 0)}, reverses {d.get('no', 0)} and leaves {d.get('inconclusive', 0)} "
+            f"undecided; {m.get('yes', 0)} of {counts.banded} banded claims fall inside their tolerance band")
 
 
 def claims_discussion(summary: Summary) -> str:
