@@ -80,18 +80,25 @@ def offers_hit(meas: pd.DataFrame) -> pd.Series:
     return meas.groupby(SCENARIO).reuse.any()
 
 
-def fixed_action_latencies(meas: pd.DataFrame, action: Action) -> pd.DataFrame:
-    """A fixed action's measured runs per instance, with r = 1 read as r = 0 where the scenario offers no hit."""
-    hit = offers_hit(meas).rename("hit").reset_index()
-    m = meas.merge(hit, on=SCENARIO)
+def with_hit(meas: pd.DataFrame) -> pd.DataFrame:
+    """The measurements with their scenario's `hit` (whether the store offers one there), for `fixed_action_latencies`
+    (merged once, then read for every action)."""
+    return meas.merge(offers_hit(meas).rename("hit").reset_index(), on=SCENARIO)
+
+
+def fixed_action_latencies(meas: pd.DataFrame, action: Action, hit: pd.DataFrame | None = None) -> pd.DataFrame:
+    """A fixed action's measured runs per instance, with r = 1 read as r = 0 where the scenario offers no hit
+    (`hit`: `with_hit(meas)` when the caller already has it)."""
+    m = with_hit(meas) if hit is None else hit
     wanted = np.where(m.hit & action.reuse, Action(True, action.k).label, Action(False, action.k).label)
     return m[m.action == wanted][INSTANCE + ["latency_s", "tokens_per_s"]]
 
 
-def best_fixed_action(meas: pd.DataFrame) -> str:
+def best_fixed_action(meas: pd.DataFrame, hit: pd.DataFrame | None = None) -> str:
     """The one action with the lowest mean latency over every instance (in hindsight), as a label."""
+    hit = with_hit(meas) if hit is None else hit
     labels = sorted(meas.action.unique(), key=lambda a: Action.parse(a))
-    means = {a: fixed_action_latencies(meas, Action.parse(a)).latency_s.mean() for a in labels}
+    means = {a: fixed_action_latencies(meas, Action.parse(a), hit).latency_s.mean() for a in labels}
     return min(means, key=means.get)
 
 
@@ -101,10 +108,11 @@ def strategy_latencies(runs: pd.DataFrame, meas: pd.DataFrame | None = None) -> 
     meas = measurements(runs) if meas is None else meas
     parts = [runs[(runs.kind == "strategy")][INSTANCE + ["strategy", "latency_s", "tokens_per_s"]]]
     for _, part in meas.groupby("configuration"):
+        hit = with_hit(part)
         for strategy in FIXED:
-            parts.append(fixed_action_latencies(part, Action.of_strategy(strategy)).assign(strategy=strategy))
-        best = best_fixed_action(part)
-        parts.append(fixed_action_latencies(part, Action.parse(best)).assign(strategy="best-fixed"))
+            parts.append(fixed_action_latencies(part, Action.of_strategy(strategy), hit).assign(strategy=strategy))
+        best = best_fixed_action(part, hit)
+        parts.append(fixed_action_latencies(part, Action.parse(best), hit).assign(strategy="best-fixed"))
     oracle = held_out_oracle(meas)
     parts.append(oracle.rename(columns={"oracle_s": "latency_s", "oracle_tokens_per_s": "tokens_per_s"})
                  [INSTANCE + ["latency_s", "tokens_per_s"]].assign(strategy="oracle"))
