@@ -115,6 +115,47 @@ def test_mape_and_spearman_per_scenario(runs):
 def test_spec_slowdown(runs):
     slow = study_stats.spec_slowdown(oracle.measurements(runs))
     assert slow.min == pytest.approx(1.8 / (5 / 3) - 1) and slow.max == pytest.approx(0.1)
+    o = oracle.oracle_table(oracle.measurements(runs)).dropna(subset=["best_spec_s", "best_k0_s"])
+    assert slow.pooled[0] == pytest.approx(o.best_spec_s.sum() / o.best_k0_s.sum() - 1)  # the sums' slowdown
+
+
+def test_the_regime_is_judged_by_the_side_of_its_interval():
+    """The reference's best k > 0 was slower than k = 0 in every scenario: a pooled slowdown wholly below zero is the
+    regime reversed (direction "no"), wholly above it the reference's, across it undecided."""
+    from rakv.experiments.report import regime_clause, regime_word
+
+    reversed_ = claims.claim_row("spec_regime", "c", [-0.4, -0.5, -0.3])
+    same = claims.claim_row("spec_regime", "c", [0.2, 0.1, 0.3])
+    undecided = claims.claim_row("spec_regime", "c", [0.02, -0.05, 0.09])
+    assert (reversed_.direction, same.direction, undecided.direction) == ("no", "yes", "inconclusive")
+    assert [regime_word(r) for r in (reversed_, same, undecided)] == ["reversed", "the reference's", "undecided"]
+    assert "40.0\\% lower latency" in regime_clause(reversed_) and "[30.0\\%, 50.0\\%]" in regime_clause(reversed_)
+    assert "includes zero" in regime_clause(undecided)
+
+
+def test_a_twins_crossover_is_placed_against_the_references_range():
+    """The least break-even over k of a reference pair's twin, inside [0.894 - 0.05, 0.973 + 0.05] or not; a twin
+    for which no k pays has no crossover to place."""
+    from rakv.experiments.summary import BreakEven
+
+    def rows(pair, alphas):
+        return [BreakEven(pair, k, a, 0.5, 0.02, 128, 32) for k, a in zip((1, 2, 4), alphas)]
+
+    inside = claims.twin_crossover_rows(rows("gpt2-distilgpt2-twin-draft", [None, 0.86, 0.93]))[0]
+    below = claims.twin_crossover_rows(rows("gpt2medium-gpt2-twin", [0.47, 0.6, 0.7]))[0]
+    never = claims.twin_crossover_rows(rows("gpt2-distilgpt2-twin", [None, None, None]))[0]
+    assert (inside.magnitude, inside.reproduced, inside.band_low) == ("yes", 0.86, pytest.approx(0.844))
+    assert below.magnitude == "no" and never.magnitude == "not tested" and never.reproduced is None
+    assert claims.twin_crossover_rows(rows("gpt2large-gpt2medium-twin", [0.7, 0.8, 0.9])) == []  # not the study's
+
+
+def test_the_decode_break_even_solves_its_closed_form():
+    from rakv.runtime.costmodel import decode_break_even, expected_tokens_per_round
+
+    alpha, k = decode_break_even(0.35, {1: 1.05, 2: 1.1, 4: 1.2})
+    assert k == 1 and expected_tokens_per_round(alpha, 1) == pytest.approx(0.35 + 1.05, abs=1e-4)
+    assert decode_break_even(0.0, {1: 0.9}) == (0.0, 1)  # a verify priced below a step pays at any acceptance
+    assert decode_break_even(1.2, {1: 1.0, 2: 1.0}) == (None, None)  # a draft dearer than a step never pays
 
 
 def test_claim_verdicts_can_fail():

@@ -77,6 +77,17 @@ def test_nothing_runs_outside_the_text_area():
     layout = json.loads(LAYOUT.read_text())
     assert not layout["float_too_large_pt"], layout
     assert max(layout["overfull_hbox_pt"], default=0.0) <= 2.0, layout["overfull_hbox_pt"]
+    assert layout.get("words_outside") == [], layout.get("words_outside", "layout.json has no words_outside")
+
+
+def test_every_character_of_the_built_pdf_lies_inside_the_text_area():
+    """The built PDF itself, character by character (pypdfium2's boxes): nothing outside main.tex's margins but the
+    page numbers; the same check flags the body text once the area is shrunk (it can fail)."""
+    from rakv.experiments.report import text_margin_pt, words_outside
+
+    assert words_outside(PDF) == []
+    shrunk = words_outside(PDF, margin_pt=text_margin_pt() + 40)
+    assert {r["page"] for r in shrunk} >= {1, 2} and any(len(r["text"]) > 20 for r in shrunk)
 
 
 def test_the_layout_report_reads_latexs_warnings():

@@ -84,6 +84,17 @@ def test_the_readme_claims_table_is_the_reference_runs(shipped):
     assert len(table.splitlines()) == 2 + len(shipped.claims) > 2
 
 
+def test_the_readme_sizes_and_times_are_the_reference_runs():
+    """Every size and time the README quotes for the reference run stands between markers and equals what its files
+    give (tracked bytes, stage_times.tsv)."""
+    readme = (ROOT / "README.md").read_text()
+    facts = report.readme_facts(REFERENCE)
+    for name, value in facts.items():
+        shown = readme.split(f"<!-- {name} -->")[1].split(f"<!-- /{name} -->")[0]
+        assert shown == value, f"README's {name} is {shown!r}, the shipped files give {value!r}; {REGENERATE}"
+    assert facts["reference-raw-mb"] != "0.0 MB" and facts["reference-total-min"] != "0.0 min"
+
+
 def test_the_reference_run_ships_its_raw_tables_and_outputs_and_nothing_else():
     for name in ("study/runs.parquet", "study/metadata.json", "study/plan.txt", "summary.json", "stage_times.tsv",
                  "feasibility/summary.json", "sensitivity/crossover.parquet", "sensitivity/controlled.parquet"):

@@ -23,14 +23,14 @@ configuration is the study's own live rakv-asd runs, judged by the same statisti
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 
 from rakv.experiments import analysis
-from rakv.experiments.oracle import adaptive_mask, measurements, strategy_latencies
-from rakv.experiments.study_stats import configuration_statistics
+from rakv.experiments.oracle import adaptive_mask, measured_strategies, measurements, strategy_latencies
+from rakv.experiments.study_stats import MeasuredStatistics, configuration_statistics
 from rakv.experiments.summary import ConfigurationStatistics
 from rakv.runtime.cache import Hit
 from rakv.runtime.controller import Controller, ControllerConfig
@@ -107,14 +107,30 @@ def replay(runs: pd.DataFrame, meas: pd.DataFrame, table, config: ControllerConf
     return pd.DataFrame(rows, columns=list(live.columns))
 
 
-def variant_statistics(runs: pd.DataFrame, replayed: pd.DataFrame, configuration: str) -> ConfigurationStatistics:
-    """rakv.experiments.study_stats' statistics of one configuration with its rakv-asd runs replaced by `replayed`."""
-    live = adaptive_mask(runs, configuration)
-    full = pd.concat([runs[~live], replayed], ignore_index=True)
-    meas = measurements(full)
-    meas = meas[meas.configuration == configuration]
-    part = full[full.configuration == configuration]
-    return configuration_statistics(part, meas, strategy_latencies(part, meas))
+@dataclass(frozen=True)
+class Measured:
+    """One configuration's measurements and what its statistics read from them alone: replaying a controller
+    changes its rakv-asd runs only (their scenarios and the sweep stay), so this is computed once per
+    configuration, not once per variant."""
+    meas: pd.DataFrame
+    strategies: pd.DataFrame  # rakv.experiments.oracle.measured_strategies
+    statistics: MeasuredStatistics
+
+    @classmethod
+    def of(cls, meas: pd.DataFrame, configuration: str) -> Measured:
+        part = meas[meas.configuration == configuration]
+        return cls(part, measured_strategies(part), MeasuredStatistics.of(part))
+
+
+def variant_statistics(runs: pd.DataFrame, replayed: pd.DataFrame, configuration: str,
+                       measured: Measured | None = None) -> ConfigurationStatistics:
+    """rakv.experiments.study_stats' statistics of one configuration with its rakv-asd runs replaced by `replayed`
+    (`measured`: the configuration's `Measured`, from all of `runs`' measurements)."""
+    measured = Measured.of(measurements(runs), configuration) if measured is None else measured
+    part = runs[(runs.configuration == configuration) & ~adaptive_mask(runs, configuration)]
+    part = pd.concat([part, replayed], ignore_index=True)
+    return configuration_statistics(part, measured.meas, strategy_latencies(part, measured=measured.strategies),
+                                    measured.statistics)
 
 
 LIVE = "live: the study's rakv-asd runs"
@@ -148,13 +164,14 @@ def ablation_table(runs: pd.DataFrame, tables: dict, variants: dict[str, Control
         table = tables.get(configuration)
         if table is None:
             raise RakvError(f"no calibration kept for configuration {configuration}")
+        measured = Measured.of(meas, configuration)
         for name, config in variants.items():
             if config is None:
                 config = study or default
                 replayed = runs[adaptive_mask(runs, configuration)]
             else:
                 replayed = replay(runs, meas, table, config, configuration)
-            s = variant_statistics(runs, replayed, configuration)
+            s = variant_statistics(runs, replayed, configuration, measured)
             changed = {k: v for k, v in asdict(config).items() if v != getattr(default, k)}
             rows.append({"configuration": configuration, "variant": name,
                          "options": ", ".join(f"{k}={v}" for k, v in changed.items()) or "-",

@@ -29,6 +29,7 @@ from rakv.experiments.study_stats import (
 from rakv.experiments.summary import (
     ABSENT,
     AcceptanceRow,
+    BreakEven,
     ByBaseline,
     Crossover,
     Exact,
@@ -39,20 +40,92 @@ from rakv.experiments.summary import (
     read_feasibility,
 )
 from rakv.runtime.actions import ADAPTIVE
-from rakv.runtime.paths import shown
+from rakv.runtime.paths import ROOT, shown
+
+
+def cost_request(results: Path) -> tuple[int, int]:
+    """The request every price of a results folder is quoted at (break-even alphas, the draft's and the verify's cost
+    ratios): a cold one of the feasibility cost side's prompt length and the study's new tokens; its prices are
+    read at its mean context, prompt + new / 2 positions (rakv.runtime.costmodel.break_even_rows)."""
+    profile = json.loads((Path(results) / "study" / "metadata.json").read_text())["config"]["profile"]
+    return profile["feasibility"]["cost_side"]["prompt_tokens"], profile["study"]["new_tokens"]
+
+
+def price_context(results: Path) -> float:
+    """The context (positions) at which `cost_request`'s prices are read."""
+    prompt_tokens, new_tokens = cost_request(results)
+    return prompt_tokens + new_tokens / 2
 
 
 def break_even_table(results: Path) -> pd.DataFrame:
-    """Break-even alpha per k for every calibration in results/<name>/calibration/ (a cold request of the
-    feasibility cost side's prompt length and the study's new tokens), with the draft/target step-cost ratio."""
+    """Break-even alpha per k for every calibration in results/<name>/calibration/ (`cost_request`), with the
+    draft/target step-cost ratio."""
     from rakv.runtime.costmodel import break_even_rows
 
-    meta = json.loads((results / "study" / "metadata.json").read_text())
-    profile = meta["config"]["profile"]
-    prompt_tokens, new_tokens = profile["feasibility"]["cost_side"]["prompt_tokens"], profile["study"]["new_tokens"]
+    prompt_tokens, new_tokens = cost_request(results)
     rows = []
     for name, table in calibration_tables(results).items():
         rows.extend(break_even_rows(name, table, prompt_tokens, new_tokens))
+    return pd.DataFrame(rows)
+
+
+def twin_break_even(results: Path) -> list[BreakEven]:
+    """The break-even rows of the architecture twins calibrated in `results` (none without a calibration)."""
+    if not (Path(results) / "calibration").is_dir():
+        return []
+    table = break_even_table(results)
+    if table.empty:
+        return []
+    twins = table[table.pair.str.contains("-twin")].astype(object)
+    return [BreakEven(**r) for r in twins.where(twins.notna(), None).to_dict("records")]  # never pays: None
+
+
+OTHER_MACHINES = ROOT / "data" / "reference" / "other-machines"  # shipped runs of other machines (about.json each)
+
+
+def regime_folders(results: Path, others: Path = OTHER_MACHINES) -> dict[str, Path]:
+    """The regime map's runs: `results` (labelled by its instruction set) and each shipped run of another machine
+    (labelled by its about.json: label and commit)."""
+    meta = json.loads((Path(results) / "study" / "metadata.json").read_text())
+    isa = (meta.get("hardware") or {}).get("isa")
+    folders = {f"this run ({isa})" if isa else "this run": Path(results)}
+    for folder in sorted(Path(others).glob("*")):
+        if (folder / "about.json").exists() and folder.resolve() != Path(results).resolve():
+            about = json.loads((folder / "about.json").read_text())
+            folders[f"{about['label']} ({about['commit']})"] = folder
+    return folders
+
+
+def regime_points(folders: dict[str, Path]) -> pd.DataFrame:
+    """The regime map's points: per results folder (`folders`: machine label -> folder, this run's and the shipped
+    runs of other machines) and calibrated pair, the draft step's and the verify of k + 1 = 5 tokens' prices in
+    target steps, the pair's crossover (least break-even alpha over k, the full cost model at `cost_request`) and
+    the acceptance the study measured for it (mean over datasets; none for the twins, whose weights are random)."""
+    from rakv.experiments.config import configuration
+    from rakv.experiments.summary import read_summary
+
+    rows = []
+    for machine, folder in folders.items():
+        context = price_context(folder)
+        summary = read_summary(folder)
+        measured: dict[str, list[float]] = {}
+        for row in summary.acceptance:
+            chosen = configuration(row.configuration)
+            if row.acceptance is not None:
+                measured.setdefault(f"{chosen.pair}-{chosen.proposer}", []).append(row.acceptance)
+        tables = calibration_tables(folder)
+        for pair, part in break_even_table(folder).groupby("pair", sort=False):
+            step = tables[pair].target_step(context)
+            paying = part.dropna(subset=["break_even_alpha"])
+            least = paying.loc[paying.break_even_alpha.idxmin()] if len(paying) else None
+            alphas = measured.get(pair)
+            rows.append({"machine": machine, "pair": pair, "context": context,
+                         "draft_ratio": float(part.draft_target_cost_ratio.iloc[0]),
+                         "verify4_ratio": float(tables[pair].verify[4](context) / step) if 4 in tables[pair].verify
+                         else float("nan"),
+                         "crossover": float("nan") if least is None else float(least.break_even_alpha),
+                         "crossover_k": None if least is None else int(least.k),
+                         "measured_alpha": float(sum(alphas) / len(alphas)) if alphas else float("nan")})
     return pd.DataFrame(rows)
 
 
@@ -135,7 +208,8 @@ def summarize(results: Path, seed: int = 0) -> Summary:
         acceptance_mape=acceptance_mape(meas, tables),
         **sensitivity,
         feasibility=feasibility, feasibility_verdict=verdict,
-        claims=claims(per_configuration, sensitivity["crossover_model_per_configuration"] or {}, feasibility, verdict),
+        claims=claims(per_configuration, sensitivity["crossover_model_per_configuration"] or {}, feasibility, verdict,
+                      twin_break_even(results)),
         # the serving study (stage `serving`): its own statistics and goals
         serving=serving_stats.serving_summary(results, seed) if serving_stats.available(results) else ABSENT,
         # sampling and workloads (stage `sampling`)

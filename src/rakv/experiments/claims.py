@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from rakv.experiments.summary import ClaimRow, ConfigurationStatistics, Crossover, Feasibility
+from rakv.experiments.summary import BreakEven, ClaimRow, ConfigurationStatistics, Crossover, Feasibility
 from rakv.experiments.verdicts import ci_side
 
 # Reference figures of the reproduced study (paper/main.tex, "Claims").
@@ -66,6 +66,7 @@ class Claim:
     null: float | None  # the value meaning "no effect"; direction = the reference's side of it
     unit: str = "%"
     kind: str = "effect"  # KINDS: which verdicts the claim gets
+    side: str | None = None  # the reference's side of `null` where it gave a range, not one value ("above")
 
 
 CLAIMS = {
@@ -86,8 +87,16 @@ CLAIMS = {
                                kind="extreme"),
     "spec_slowdown_max": Claim("best k > 0 vs best k = 0: slowdown, most over scenarios", 2.35, None, None,
                                kind="extreme"),
+    # the reference's slowdowns, 14 % to 235 % in every scenario, put speculation on one side of k = 0: the sum over
+    # scenarios of the best k > 0's latency against the best k = 0's says on which side this run is (the regime)
+    "spec_regime": Claim("best k > 0 vs best k = 0: slowdown over all scenarios (reference: slower in every one)",
+                         None, None, 0.0, side="above"),
     "crossover_alpha_min": Claim("break-even acceptance (cost model), least", 0.894, None, None, "", kind="extreme"),
     "crossover_alpha_max": Claim("break-even acceptance (cost model), most", 0.973, None, None, "", kind="extreme"),
+    # the reference's pairs as architecture twins (cost side only): their crossover (least break-even over k) against
+    # the reference's range over its settings, judged by the point (a cost-model value has no CI over prompts)
+    "twin_crossover": Claim("crossover acceptance of the reference's pair (architecture twin, cost side only)", 0.894,
+                            None, None, "", kind="finding"),
     "larger_pair": Claim("GPT-2 Large/Medium: the gap narrows, speculation does not cross k = 0", None, None, None,
                          "", kind="finding"),
 }
@@ -101,7 +110,8 @@ def verdict_direction(claim: Claim, ci: list) -> str:
     side = ci_side(ci, claim.null)
     if side == "missing":
         return "inconclusive"
-    expected = "above" if claim.reference > claim.null else "below" if claim.reference < claim.null else None
+    expected = claim.side or ("above" if claim.reference > claim.null else
+                              "below" if claim.reference < claim.null else None)
     if expected is None or side == "straddles":
         return "inconclusive"
     return "yes" if side == expected else "no"
@@ -142,6 +152,38 @@ def claim_row(key: str, configuration: str, ci, text: str | None = None) -> Clai
                     band_high=hi, null=claim.null, text=text, direction=direction, magnitude=band)
 
 
+REFERENCE_PAIRS = ("gpt2-distilgpt2-twin", "gpt2medium-gpt2-twin")  # the reference study's two pairs, as twins
+
+
+def twin_crossover_rows(break_even: list[BreakEven]) -> list[ClaimRow]:
+    """Per twin of the reference's study pairs: its crossover (least break-even alpha over k of `break_even`, this
+    run's calibrations priced at one cold request, rakv.experiments.analysis.cost_request) beside the reference's
+    range over its settings, widened by a break-even acceptance's tolerance (TOLERANCE["alpha"]): inside it (yes),
+    outside (no), or never paying at any k (not tested: no crossover)."""
+    lo = TOLERANCE["alpha"](REFERENCE["crossover_alpha_min"])[0]
+    hi = min(1.0, TOLERANCE["alpha"](REFERENCE["crossover_alpha_max"])[1])
+    rows = []
+    for pair in REFERENCE_PAIRS:
+        points = [b for b in break_even if b.pair.removesuffix("-draft") == pair]
+        if not points:
+            continue
+        paying = [b for b in points if b.break_even_alpha is not None]
+        claim = CLAIMS["twin_crossover"]
+        if not paying:
+            text, band = "never pays at any k", "not tested"
+        else:
+            least = min(paying, key=lambda b: b.break_even_alpha)
+            alphas = [b.break_even_alpha for b in paying]
+            text = (f"{least.break_even_alpha:.3f} (k = {least.k}; over k {min(alphas):.3f}-{max(alphas):.3f}; "
+                    f"{least.prompt_tokens}-token prompt, {least.new_tokens} new tokens)")
+            band = "yes" if lo <= least.break_even_alpha <= hi else "no"
+        value = None if not paying else least.break_even_alpha
+        rows.append(ClaimRow(claim=claim.label, key="twin_crossover", configuration=pair, unit=claim.unit,
+                             kind=claim.kind, reference=claim.reference, reproduced=value, ci_low=None, ci_high=None,
+                             band_low=lo, band_high=hi, null=None, text=text, direction="n/a", magnitude=band))
+    return rows
+
+
 def larger_pair_row(feasibility: Feasibility, verdict: str | None) -> ClaimRow:
     """The reference's claim on GPT-2 Large/Medium, from the feasibility stage: reproduced where the pair ran
     (yes if speculation did not cross k = 0), not tested where only its cost side could be measured (`verdict`: the
@@ -154,9 +196,10 @@ def larger_pair_row(feasibility: Feasibility, verdict: str | None) -> ClaimRow:
 
 
 def claims(per_configuration: dict[str, ConfigurationStatistics], crossovers: dict[str, Crossover],
-           feasibility: Feasibility, feasibility_verdict: str) -> list[ClaimRow]:
+           feasibility: Feasibility, feasibility_verdict: str, twins: list[BreakEven] = ()) -> list[ClaimRow]:
     """Per configuration: each reference figure beside the reproduced one, its CI, band and verdicts by kind
-    (`crossovers`: the cost model's per configuration, empty without the sensitivity stage); then the larger pair's."""
+    (`crossovers`: the cost model's per configuration, empty without the sensitivity stage); then the reference
+    pairs' twins' crossovers (`twins`: break-even rows of their calibrations) and the larger pair's."""
     rows = []
     for name, s in per_configuration.items():
         values = {
@@ -171,10 +214,13 @@ def claims(per_configuration: dict[str, ConfigurationStatistics], crossovers: di
         for key, value in (("spec_slowdown_min", s.spec_slowdown.min), ("spec_slowdown_max", s.spec_slowdown.max)):
             # no scenario where both a k > 0 and a k = 0 action were measured: nothing to compare
             rows.append(claim_row(key, name, value, None if value is not None else "no scenario compared"))
+        if s.spec_slowdown.pooled:
+            rows.append(claim_row("spec_regime", name, s.spec_slowdown.pooled))
         cross = crossovers.get(name)
         if cross:
             for key, value in (("crossover_alpha_min", cross.min), ("crossover_alpha_max", cross.max)):
                 rows.append(claim_row(key, name, value, None if value is not None else "never (not even alpha = 1)"))
+    rows.extend(twin_crossover_rows(list(twins)))
     rows.append(larger_pair_row(feasibility, feasibility_verdict))
     return rows
 

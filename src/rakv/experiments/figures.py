@@ -23,7 +23,7 @@ from rakv.experiments.summary import ALL_ITERATIONS, Feasibility, IterationMape,
 from rakv.runtime.actions import SPEC_K, Action  # noqa: E402
 
 FIGURES = ("strategy_latency_throughput", "chosen_actions", "predicted_vs_measured", "regret_distribution",
-           "speedup_vs_alpha", "cache_budget", "feasibility_gap", "break_even_vs_cost_ratio",
+           "speedup_vs_alpha", "cache_budget", "feasibility_gap", "regime_map",
            "acceptance_vs_break_even")
 SAMPLING_FIGURES = ("acceptance_vs_temperature", "long_context_speedup")  # the sampling stage's, when it ran
 STRATEGY_ORDER = ["ar", "kv-only", "spec-k4", "joint-k4", "best-fixed", "rakv-asd", "oracle"]
@@ -276,31 +276,51 @@ def feasibility_gap(gap: pd.DataFrame | None, feas: Feasibility, out_dir: Path):
     return save(fig, out_dir, "feasibility_gap")
 
 
-def break_even_vs_cost_ratio(break_even: pd.DataFrame, acceptance: dict[str, float], out_dir: Path):
-    """Break-even alpha against the draft/target step-cost ratio, one point per (pair/proposer, k).
+REFERENCE_CROSSOVER = (0.894, 0.973)  # the reference's crossover acceptance over its settings (claims.REFERENCE)
 
-    `break_even` has columns pair, k, break_even_alpha (NaN: never pays), draft_target_cost_ratio;
-    `acceptance` maps a pair/proposer to its measured per-token acceptance, drawn as a horizontal mark
-    over its points (speculation pays where the mark lies above the point)."""
-    fig, ax = plt.subplots(figsize=(8.4, 4.4))
-    break_even = break_even.assign(pair=break_even.pair.map(pair_name))
-    acceptance = {pair_name(pair): alpha for pair, alpha in acceptance.items()}
-    never = break_even.break_even_alpha.isna()
-    sns.scatterplot(data=break_even[~never], x="draft_target_cost_ratio", y="break_even_alpha", hue="pair",
-                    style="k", s=60, ax=ax)
-    if never.any():
-        ax.scatter(break_even[never].draft_target_cost_ratio, [1.04] * int(never.sum()), marker="^", color="grey",
-                   label="never pays (any alpha)")
-    for pair, alpha in acceptance.items():
-        ratio = break_even[break_even.pair == pair].draft_target_cost_ratio
-        if len(ratio):
-            # the measured acceptance as a mark over its pair's points, named in the legend (a text label beside
-            # it would sit on the markers)
-            ax.hlines(alpha, ratio.min() * 0.8, ratio.max() * 1.25 + 0.02, linewidth=1.5, linestyles="dashed",
-                      color="black", label=f"measured alpha {alpha:.2f}: {pair}")
-    ax.set(xlabel="draft step cost / target step cost", ylabel="break-even acceptance alpha", ylim=(0, 1.08))
+
+def regime_map(points: pd.DataFrame, out_dir: Path):
+    """The regime map: break-even acceptance over the draft step's price (in target steps). Lines: the decode
+    part's break-even (rakv.runtime.costmodel.decode_break_even, least over k) at a few prices of verifying 5 tokens,
+    a verify of k + 1 read linearly between 1 step at k = 0 and that price; band: the reference's crossover range
+    over its settings. Points: every calibrated pair on every machine at its own draft price and its crossover from
+    the full cost model (least over k; the draft's prefill and the copies included, so a point lies above its
+    verify price's line), drawn at the top where no k pays; stars: the acceptance the study measured for the pair
+    on that machine. Speculation pays where a star lies above its pair's point.
+
+    `points`: rakv.experiments.analysis.regime_points (machine, pair, draft_ratio, verify4_ratio, crossover,
+    measured_alpha)."""
+    from rakv.runtime.costmodel import decode_break_even
+
+    fig, ax = plt.subplots(figsize=(9.0, 4.6))
+    ax.axhspan(*REFERENCE_CROSSOVER, color="grey", alpha=0.25, label="reference's crossover range")
+    draft = np.linspace(0.0, 0.8, 161)
+    for verify, style in zip((1.0, 1.2, 1.4), ("solid", "dashed", "dotted")):
+        alpha = [decode_break_even(c, {k: 1 + (verify - 1) * k / 4 for k in SPEC_K})[0] for c in draft]
+        ax.plot(draft, [np.nan if a is None else a for a in alpha], color="black", linewidth=0.8, linestyle=style,
+                label=f"decode part, verify of 5 = {verify:g} steps")
+    machines = list(dict.fromkeys(points.machine))
+    markers = dict(zip(machines, ("o", "s", "D", "^", "v")))
+    pairs = list(dict.fromkeys(points.pair))
+    colours = dict(zip(pairs, sns.color_palette("colorblind", len(pairs))))
+    for row in points.itertuples():
+        y = row.crossover if np.isfinite(row.crossover) else 1.04  # no k pays at this request
+        ax.scatter(row.draft_ratio, y, marker=markers[row.machine], color=colours[row.pair], edgecolor="black",
+                   s=50, zorder=3)
+        if np.isfinite(row.measured_alpha):
+            ax.scatter(row.draft_ratio, row.measured_alpha, marker="*", color=colours[row.pair], edgecolor="black",
+                       s=110, zorder=4)
+    for pair in pairs:
+        ax.scatter([], [], marker="s", color=colours[pair], label=pair_name(pair))
+    for machine in machines:
+        ax.scatter([], [], marker=markers[machine], color="white", edgecolor="black", label=machine)
+    ax.scatter([], [], marker="*", color="white", edgecolor="black", s=110, label="acceptance measured in the study")
+    ax.axhline(1.0, color="grey", linewidth=0.5)
+    ax.text(0.79, 1.045, "no k pays", fontsize=7, ha="right", va="center")
+    ax.set(xlabel="draft step / target step", ylabel="acceptance (crossover or measured)", xlim=(-0.02, 0.8),
+           ylim=(-0.02, 1.08))
     legend_beside(ax)
-    return save(fig, out_dir, "break_even_vs_cost_ratio")
+    return save(fig, out_dir, "regime_map")
 
 
 def acceptance_vs_break_even(acceptance: pd.DataFrame, out_dir: Path):

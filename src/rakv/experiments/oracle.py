@@ -20,6 +20,7 @@ The noise-aware oracle
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -102,11 +103,19 @@ def best_fixed_action(meas: pd.DataFrame, hit: pd.DataFrame | None = None) -> st
     return min(means, key=means.get)
 
 
-def strategy_latencies(runs: pd.DataFrame, meas: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Latency and throughput of every strategy per instance: rakv-asd's own runs, the fixed strategies
-    and the best fixed action (per configuration) read from the measurements, and the cross-fitted oracle."""
-    meas = measurements(runs) if meas is None else meas
-    parts = [runs[(runs.kind == "strategy")][INSTANCE + ["strategy", "latency_s", "tokens_per_s"]]]
+def strategy_latencies(runs: pd.DataFrame, meas: pd.DataFrame | None = None,
+                       measured: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Latency and throughput of every strategy per instance: rakv-asd's own runs, then the strategies read from the
+    measurements (`measured_strategies`, or `measured` when the caller already has them)."""
+    meas = measurements(runs) if meas is None and measured is None else meas
+    own = runs[(runs.kind == "strategy")][INSTANCE + ["strategy", "latency_s", "tokens_per_s"]]
+    return pd.concat([own, measured_strategies(meas) if measured is None else measured], ignore_index=True)
+
+
+def measured_strategies(meas: pd.DataFrame) -> pd.DataFrame:
+    """The strategies read from the measurements alone, per instance: the fixed ones and the best fixed action (per
+    configuration), and the cross-fitted oracle (the same for every controller replayed over them)."""
+    parts = []
     for _, part in meas.groupby("configuration"):
         hit = with_hit(part)
         for strategy in FIXED:
@@ -140,15 +149,32 @@ def adaptive_mask(runs: pd.DataFrame, configuration: str | None = None) -> pd.Se
     return mask if configuration is None else mask & (runs.configuration == configuration)
 
 
-def controller_choices(runs: pd.DataFrame, meas: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Each rakv-asd run with its scenario's oracle, its cross-fitted regret, and whether it is a tie."""
-    meas = measurements(runs) if meas is None else meas
+@dataclass(frozen=True)
+class ScenarioTables:
+    """What judging a choice reads from the measurements, per scenario: the oracle, each action's latencies (the
+    tie test's samples) and the action x repeat matrix (the cross-fitted oracle's)."""
+    oracle: pd.DataFrame
+    samples: dict
+    matrices: dict
+
+    @classmethod
+    def of(cls, meas: pd.DataFrame) -> ScenarioTables:
+        groups = list(meas.groupby(SCENARIO))
+        return cls(oracle=oracle_table(meas)[SCENARIO + ["oracle_action", "oracle_k"]],
+                   samples={key: group.groupby("action").latency_s.apply(np.asarray) for key, group in groups},
+                   matrices={key: group.pivot_table(index="action", columns="repeat", values="latency_s")
+                             for key, group in groups})
+
+
+def controller_choices(runs: pd.DataFrame, meas: pd.DataFrame | None = None,
+                       tables: ScenarioTables | None = None) -> pd.DataFrame:
+    """Each rakv-asd run with its scenario's oracle, its cross-fitted regret, and whether it is a tie (`tables`: the
+    measurements' ScenarioTables when the caller already has them)."""
+    if tables is None:
+        tables = ScenarioTables.of(measurements(runs) if meas is None else meas)
+    samples, matrices = tables.samples, tables.matrices
     chosen = runs[adaptive_mask(runs)][INSTANCE + ["action", "k"]]
-    oracle = oracle_table(meas)[SCENARIO + ["oracle_action", "oracle_k"]]
-    samples = {key: group.groupby("action").latency_s.apply(np.asarray) for key, group in meas.groupby(SCENARIO)}
-    matrices = {key: group.pivot_table(index="action", columns="repeat", values="latency_s")
-                for key, group in meas.groupby(SCENARIO)}
-    out = chosen.merge(oracle, on=SCENARIO, how="left")
+    out = chosen.merge(tables.oracle, on=SCENARIO, how="left")
     regrets, ties, random_regrets = [], [], []
     for row in out.itertuples(index=False):
         key = tuple(getattr(row, c) for c in SCENARIO)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from rakv.experiments import analysis
-from rakv.experiments.claims import ClaimCounts, claim_counts
+from rakv.experiments.claims import REFERENCE, ClaimCounts, claim_counts
 from rakv.experiments.oracle import NOISE_LEVEL
 from rakv.experiments.study_stats import BASELINES, strategy_means
 from rakv.experiments.summary import (
@@ -28,6 +28,7 @@ from rakv.experiments.summary import (
     Summary,
 )
 from rakv.experiments.verdicts import ci_side
+from rakv.runtime.errors import RakvError
 from rakv.runtime.paths import ROOT
 from rakv.runtime.paths import shown as shown_path
 
@@ -76,26 +77,112 @@ def ci_text(triple, fmt=pct) -> str:
     return f"{fmt(value)} [{fmt(low)}, {fmt(high)}]" if not missing(low) else fmt(value)
 
 
-def comparison(triple, baseline: str) -> str:
-    """RAKV-ASD against a baseline, worded by the sign of the CI (a latency reduction: positive = faster)."""
+def comparison(triple, baseline: str, quantity: str = "latency", reference: float | None = None) -> str:
+    """RAKV-ASD against a baseline, worded by the sign of the CI (a latency reduction or a throughput gain: positive
+    = better); `reference`: the reference study's value of the same statistic, printed beside it."""
     value, low, high = triple
     name = BASELINE_TEXT.get(baseline, baseline)
     if missing(value):
         return f"no comparison with {name} (no paired runs)"
-    interval = "" if missing(low) else f" (95\\% CI [{pct(low)}, {pct(high)}])"
-    if not missing(low) and low > 0:
-        return f"{pct(value)} lower latency than {name}{interval}"
-    if not missing(high) and high < 0:  # the interval of the increase, so the words and the numbers agree
-        return f"{pct(-value)} higher latency than {name} (95\\% CI [{pct(-high)}, {pct(-low)}])"
-    return f"a latency not distinguishable from {name}'s (reduction {pct(value)}{interval}, which includes zero)"
+    better, worse, change = (("lower", "higher", "reduction") if quantity == "latency" else
+                             ("higher", "lower", "gain"))
+    theirs = "" if reference is None else f"; the reference: {pct(reference)} {better}"
+    if missing(low):
+        return f"a {quantity} {change} of {pct(value)} against {name} (no interval{theirs})"
+    if low > 0:
+        return f"{pct(value)} {better} {quantity} than {name} (95\\% CI [{pct(low)}, {pct(high)}]{theirs})"
+    if high < 0:  # the interval of the change the other way, so the words and the numbers agree
+        return f"{pct(-value)} {worse} {quantity} than {name} (95\\% CI [{pct(-high)}, {pct(-low)}]{theirs})"
+    return (f"a {quantity} not distinguishable from {name}'s ({change} {pct(value)}, 95\\% CI [{pct(low)}, "
+            f"{pct(high)}], which includes zero{theirs})")
 
 
-def configuration_sentence(name: str, s: ConfigurationStatistics) -> str:
+def configuration_sentence(name: str, s: ConfigurationStatistics, regime: ClaimRow | None = None) -> str:
+    """The abstract's sentence on one configuration: against Joint-k4 (latency and throughput, beside the
+    reference's figures), KV-only and the best fixed action, and the regime (`regime`: its claim row)."""
     best = s.best_fixed_action
-    return (f"On \\texttt{{{tex_escape(name)}}}, RAKV-ASD has {comparison(s.latency_reduction.joint_k4, 'joint-k4')}, "
+    clause = regime_clause(regime)
+    latency = comparison(s.latency_reduction.joint_k4, "joint-k4", reference=REFERENCE["latency_reduction_vs_joint_k4"])
+    throughput = comparison(s.throughput_gain.joint_k4, "joint-k4", "throughput",
+                            REFERENCE["throughput_gain_vs_joint_k4"])
+    return (f"On \\texttt{{{tex_escape(name)}}}, RAKV-ASD has {latency} and {throughput}, "
             f"{comparison(s.latency_reduction.kv_only, 'kv-only')}, and "
             f"{comparison(s.latency_reduction.best_fixed, 'best-fixed')} "
-            f"(\\texttt{{{best}}} in hindsight).")
+            f"(\\texttt{{{best}}} in hindsight)" + (f"; {clause}" if clause else "") + ".")
+
+
+def claim_of(summary: Summary, key: str, configuration: str | None = None) -> ClaimRow | None:
+    """The claim row of `key` (on `configuration`), None if the run has none."""
+    return next((r for r in summary.claims if r.key == key and configuration in (None, r.configuration)), None)
+
+
+def reference_headline() -> str:
+    """The reference study's headline figures, as it reported them (rakv.experiments.claims.REFERENCE)."""
+    return (f"The reference reported RAKV-ASD with {pct(REFERENCE['latency_reduction_vs_joint_k4'])} lower latency "
+            f"and {pct(REFERENCE['throughput_gain_vs_joint_k4'])} higher throughput than fixed Joint-k4, and its best "
+            f"$k>0$ {pct(REFERENCE['spec_slowdown_min'], 0)} to {pct(REFERENCE['spec_slowdown_max'], 0)} slower than "
+            "$k=0$ in every scenario: speculation never paid.")
+
+
+def regime_word(row: ClaimRow | None) -> str:
+    """The regime in words, from the regime claim's direction: reversed (speculation pays here over all scenarios),
+    the reference's (it does not), or undecided (the CI includes zero, or no scenario compared)."""
+    if row is None:
+        return "not measured"
+    return {"no": "reversed", "yes": "the reference's"}.get(row.direction, "undecided")
+
+
+def regime_clause(row: ClaimRow | None) -> str | None:
+    """The regime with its number: the best k > 0 against the best k = 0 over all scenarios, worded by its CI."""
+    if row is None or missing(row.reproduced) or missing(row.ci_low):
+        return None
+    value, low, high = row.reproduced, row.ci_low, row.ci_high
+    if row.direction == "no":
+        return (f"the regime is reversed: over all scenarios the best $k>0$ has {pct(-value)} lower latency than the "
+                f"best $k=0$ (95\\% CI [{pct(-high)}, {pct(-low)}])")
+    if row.direction == "yes":
+        return (f"the regime is the reference's: over all scenarios the best $k>0$ has {pct(value)} higher latency "
+                f"than the best $k=0$ (95\\% CI [{pct(low)}, {pct(high)}])")
+    return (f"the regime is undecided: over all scenarios the best $k>0$'s latency differs from the best $k=0$'s by "
+            f"{pct(value)} (95\\% CI [{pct(low)}, {pct(high)}], which includes zero)")
+
+
+TWIN_NAMES = {"gpt2-distilgpt2-twin": "GPT-2/DistilGPT-2", "gpt2medium-gpt2-twin": "GPT-2 Medium/GPT-2"}
+
+
+def twin_sentence(summary: Summary, form: str = "full") -> str | None:
+    """Where the reference's pairs, as architecture twins priced on this machine, put their crossover against the
+    reference's range (the claim rows `twin_crossover`); `form`: "full" (Section "The regime"), "abstract" or
+    "conclusion" (one sentence each, worded apart: no sentence of the paper is printed twice)."""
+    rows = [r for r in summary.claims if r.key == "twin_crossover"]
+    if not rows:
+        return None
+    band = f"[{num(rows[0].band_low)}, {num(rows[0].band_high)}]"
+    words = {"yes": "inside", "no": "outside"}
+    if form == "conclusion":
+        placed = [f"{TWIN_NAMES.get(r.configuration, r.configuration)}'s twin "
+                  + (f"at {num(r.reproduced)}, {words.get(r.magnitude, 'not placed')} it" if r.reproduced is not None
+                     else "nowhere (no $k$ pays)") for r in rows]
+        return (f"On the cost side, the reference's crossover range ({num(REFERENCE['crossover_alpha_min'])} to "
+                f"{num(REFERENCE['crossover_alpha_max'])}, widened by 0.05) has " + " and ".join(placed) + ".")
+    if form == "abstract":
+        inside = [TWIN_NAMES.get(r.configuration, r.configuration) for r in rows if r.magnitude == "yes"]
+        outside = [TWIN_NAMES.get(r.configuration, r.configuration) for r in rows if r.magnitude != "yes"]
+        parts = []
+        if inside:
+            parts.append(f"the cost side of its break-even acceptance is reproduced for {', '.join(inside)}")
+        if outside:
+            parts.append(f"not for {', '.join(outside)}")
+        return ("Priced on this machine as architecture twins (random weights: cost side only), the reference's pairs "
+                f"place their crossover acceptance against the reference's {num(REFERENCE['crossover_alpha_min'])} to "
+                f"{num(REFERENCE['crossover_alpha_max'])} so that " + ", ".join(parts) + ".")
+    parts = [f"{TWIN_NAMES.get(r.configuration, r.configuration)}'s crossover, {tex_escape(r.text)}, lies "
+             f"{words.get(r.magnitude, 'nowhere')} {band}" if r.magnitude in words else
+             f"{TWIN_NAMES.get(r.configuration, r.configuration)} {tex_escape(r.text)}" for r in rows]
+    return ("As architecture twins priced on this machine (random weights: the cost side only, so whether speculation "
+            "pays for them is not tested), the reference's pairs place their crossover acceptance (least over $k$, "
+            "the full cost model) against the reference's range over its settings, widened by the tolerance of a "
+            "break-even acceptance (0.05): " + "; ".join(parts) + ".")
 
 
 def abstract(summary: Summary, meta: dict) -> str:
@@ -110,7 +197,12 @@ def abstract(summary: Summary, meta: dict) -> str:
         + f") with {prompts} prompts and {len(grid.scenarios)} reuse scenarios, measuring every feasible action at "
         f"least {grid.measurements_per_action_min} times: {summary.runs} timed runs in all.",
     ]
-    text += [configuration_sentence(name, s) for name, s in summary.per_configuration.items()]
+    text.append(reference_headline())
+    text += [configuration_sentence(name, s, claim_of(summary, "spec_regime", name))
+             for name, s in summary.per_configuration.items()]
+    twins = twin_sentence(summary, "abstract")
+    if twins:
+        text.append(twins)
     exact = summary.exact
     text.append(f"{exact.equal}/{exact.total} outputs are identical to autoregressive greedy decoding.")
     serving = summary.serving
@@ -151,7 +243,8 @@ def substitutions(summary: Summary, meta: dict, results: Path) -> str:
             ratio = ratios.get(f"{chosen.pair}-{chosen.proposer}")
             text.append(f"\\texttt{{{tex_escape(name)}}} drafts with an int8 copy of the fp32 target, a quantised "
                         f"self-draft (measured acceptance {measured}"
-                        + (f"; one draft step costs {num(ratio, 2)} of a target step" if ratio is not None else "")
+                        + (f"; one draft step costs {num(ratio, 2)} of a target step at "
+                           f"{analysis.price_context(results):g} positions of context" if ratio is not None else "")
                         + "), not the small-draft regime of GPT-2 with DistilGPT-2, whose draft is a different, "
                         "smaller model.")
     text.append("The GPT-2 pairs run only as architecture twins: the same layer shapes with seeded random weights, "
@@ -177,8 +270,13 @@ def conclusion(summary: Summary) -> str:
         first, second, third = (f"{verdict(s.latency_reduction.against(b))} {BASELINE_TEXT[b]}"
                                 for b in ("joint-k4", "kv-only", "best-fixed"))
         text.append(f"On \\texttt{{{tex_escape(name)}}}, a controller that chooses reuse and $k$ per request from a "
-                    f"measured cost model is {first}, {second}, and {third}.")
+                    f"measured cost model is {first} (the reference: {pct(REFERENCE['latency_reduction_vs_joint_k4'])} "
+                    f"lower latency), {second}, and {third}, and the regime of speculation against $k=0$ is "
+                    f"{regime_word(claim_of(summary, 'spec_regime', name))}.")
     text.append(counts_brief(claim_counts(summary.claims)) + ".")
+    twins = twin_sentence(summary, "conclusion")
+    if twins:
+        text.append(twins)
     serving = summary.serving
     if serving:
         goals = serving.goals
@@ -213,7 +311,8 @@ def counts_brief(counts: ClaimCounts) -> str:
     d, m = counts.direction, counts.magnitude
     return (f"Of the reference's {counts.signed} signed effects (per configuration) this run reproduces the "
             f"direction of {d.get('yes', 0)}, reverses {d.get('no', 0)} and leaves {d.get('inconclusive', 0)} "
-            f"undecided; {m.get('yes', 0)} of {counts.banded} banded claims fall inside their tolerance band")
+            f"undecided; {m.get('yes', 0)} of {counts.banded} banded claims "
+            f"{'falls' if m.get('yes', 0) == 1 else 'fall'} inside their tolerance band")
 
 
 def claims_discussion(summary: Summary) -> str:
@@ -245,13 +344,16 @@ def introduction_findings(summary: Summary) -> str:
     """The introduction's paragraph on what this reproduction finds, worded by the signs of its CIs."""
     rows = pd.DataFrame(summary.claims)
     text = [f"This reproduction ran {summary.runs} timed requests on "
-            f"{len(summary.configurations)} configuration{'s' if len(summary.configurations) != 1 else ''}."]
+            f"{len(summary.configurations)} configuration{'s' if len(summary.configurations) != 1 else ''}; where "
+            f"the reference found RAKV-ASD {pct(REFERENCE['latency_reduction_vs_joint_k4'])} faster than fixed "
+            "Joint-k4 and speculation slower than $k=0$ in every scenario, it finds the following."]
     for name, s in summary.per_configuration.items():
         first, second, third = (f"{verdict(s.latency_reduction.against(b))} {BASELINE_TEXT[b]}"
                                 for b in ("joint-k4", "kv-only", "best-fixed"))
         verdicts = f"{first}, {second}, and {third}"
         text.append(f"On \\texttt{{{tex_escape(name)}}}, RAKV-ASD is {verdicts} (95\\% CIs in the abstract and "
-                    "Table~\\ref{tab:statistics}).")
+                    "Table~\\ref{tab:statistics}), and the regime of speculation against $k=0$ is "
+                    f"{regime_word(claim_of(summary, 'spec_regime', name))} (Section~\\ref{{sec:regime}}).")
     if not rows.empty:
         text.append(counts_sentence(claim_counts(summary.claims)) + " (Section~\\ref{sec:claims}).")
     feas = summary.feasibility
@@ -394,13 +496,15 @@ def coverage_table(path: Path = INTERVAL_COVERAGE) -> str:
     return "\n".join(lines) + "\n"
 
 
-OTHER_MACHINES = ROOT / "data" / "reference" / "other-machines"
+OTHER_MACHINES = analysis.OTHER_MACHINES
 STATISTIC_WORDS = {"latency_reduction": "latency reduction", "throughput_gain": "throughput gain"}
 
 
-def machine_costs(folder: Path, context: float = 200.0) -> dict[str, dict[str, float]]:
+def machine_costs(folder: Path) -> dict[str, dict[str, float]]:
     """Per calibrated pair of a results folder: the target's decode step (ms) and, relative to it, verifying 4
-    candidates and one draft step, at `context` positions (the study's prompts plus half their output)."""
+    candidates and one draft step, at the folder's price context (rakv.experiments.analysis.price_context, the
+    context every price of the paper is quoted at)."""
+    context = analysis.price_context(folder)
     out = {}
     for name, table in analysis.calibration_tables(folder).items():
         if not name.startswith("smollm2"):
@@ -474,7 +578,8 @@ def across_machines(results: Path | None = None, folder: Path = OTHER_MACHINES) 
                 "two machines and the draft's relative price does not, it is the verify pass, not the draft, that "
                 "moves a conclusion about speculation.")
     table = ["\\begin{table}[!htbp]\\centering\\scriptsize",
-             "\\caption{\\label{tab:machines}Each machine's calibrated prices at 200 positions: the target's decode "
+             f"\\caption{{\\label{{tab:machines}}Each machine's calibrated prices at "
+             f"{analysis.price_context(results or runs[0]):g} positions of context: the target's decode "
              "step, verifying $k=4$ candidates and one draft step, the last two relative to the decode step.}",
              "\\begin{tabular}{llrrr}", "\\toprule",
              "Machine & Pair & Decode step (ms) & Verify 4 / step & Draft step / step \\\\", "\\midrule",
@@ -518,6 +623,7 @@ def statistics_table(summary: Summary) -> str:
         ("mean regret of a random choice", lambda s: ci_text(s.random_regret)),
         ("MAPE", lambda s: ci_text(s.mape)),
         ("MAPE, action-blind predictor", lambda s: pct(s.mape_null)),
+        ("MAPE minus action-blind (points)", lambda s: ci_text(s.mape_minus_null) if s.mape_minus_null else "--"),
         ("Spearman $\\rho$, mean per scenario", lambda s: ci_text(s.spearman, num)),
         ("Spearman $\\rho$, pooled", lambda s: num(s.spearman_pooled)),
         ("best fixed action (hindsight)", lambda s: f"\\texttt{{{s.best_fixed_action}}}"),
@@ -534,16 +640,41 @@ def statistics_table(summary: Summary) -> str:
     return "\n".join(lines) + "\n"
 
 
+def mape_note(summary: Summary) -> str:
+    """The cost model's error beside the action-blind predictor's (Table tab:statistics), worded by the CI of their
+    paired difference: what a MAPE above the null's means."""
+    text = ["The action-blind predictor of Table~\\ref{tab:statistics} predicts for every action its scenario's mean "
+            "measured latency (known only in hindsight), so its error is the spread of the actions around their "
+            "mean: a cost model is below it only if it tells the actions apart better than it errs in their level."]
+    for name, s in summary.per_configuration.items():
+        diff = s.mape_minus_null
+        if not diff or missing(diff[0]):
+            continue
+        side = ci_side(diff, 0.0, point_if_no_interval=False)
+        words = {"below": "lower than", "above": "higher than"}.get(side, "not distinguishable from")
+        text.append(f"On \\texttt{{{tex_escape(name)}}} the cost model's MAPE, {pct(s.mape[0])}, is {words} the "
+                    f"action-blind predictor's, {pct(s.mape_null)} (paired difference {100 * diff[0]:.1f} "
+                    f"percentage points, 95\\% CI [{100 * diff[1]:.1f}, {100 * diff[2]:.1f}]); its mean per-scenario "
+                    "Spearman "
+                    f"$\\rho$, {num(s.spearman[0])}, is the ranking the controller acts on.")
+    return " ".join(text) + "\n"
+
+
 def shown(verdict: str) -> str:
     """A verdict as printed: '--' where the claim's kind has none."""
     return "--" if verdict == "n/a" else verdict
+
+
+def shows_text(row: ClaimRow) -> bool:
+    """Whether a claim row is printed by its text (a finding, or a value that could not be computed)."""
+    return bool(row.text) and (missing(row.reproduced) or row.kind == "finding")
 
 
 def claim_cells(row: ClaimRow, fmt) -> tuple[str, str, str]:
     """A claim row's reference, reproduced value (with its CI when it has one, else the value alone or the finding's
     text) and band, each through `fmt`."""
     reference = "--" if row.reference is None else fmt(row.reference)
-    if row.text and missing(row.reproduced):
+    if shows_text(row):
         reproduced = row.text
     elif missing(row.ci_low):
         reproduced = fmt(row.reproduced)
@@ -560,9 +691,11 @@ def claims_table(rows: list[ClaimRow]) -> str:
     for row in rows:
         fmt = (lambda v: pct(v)) if row.unit == "%" else (lambda v: num(v))
         reference, reproduced, band = claim_cells(row, fmt)
+        if row.key.startswith("crossover_alpha") and row.reproduced == 0:  # explained where it is printed
+            reproduced += " (pays at any acceptance: Section~\\ref{sec:regime})"
         lines.append(f"{tex_escape(row.claim)} & \\texttt{{{tex_escape(row.configuration)}}} & "
                      f"{row.kind} & {reference} & "
-                     f"{tex_escape(reproduced) if row.text and missing(row.reproduced) else reproduced} & "
+                     f"{tex_escape(reproduced) if shows_text(row) else reproduced} & "
                      f"{band} & {shown(row.direction)} & {shown(row.magnitude)} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
@@ -585,13 +718,14 @@ def claims_markdown(rows: list[ClaimRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def between_markers(text: str, name: str, body: str) -> str:
-    """`text` with what stands between <!-- name --> and <!-- /name --> replaced by `body`."""
+def between_markers(text: str, name: str, body: str, inline: bool = False) -> str:
+    """`text` with what stands between <!-- name --> and <!-- /name --> replaced by `body` (a block on lines of its
+    own, or `inline` within a sentence)."""
     start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
     if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
         raise ValueError(f"expected one {start} ... {end} pair")
     head, rest = text.split(start)
-    return head + start + "\n" + body + end + rest.split(end, 1)[1]
+    return head + start + ("" if inline else "\n") + body + end + rest.split(end, 1)[1]
 
 
 def goal_value(g: Goal, fmt_pct=None) -> tuple[str, str]:
@@ -626,12 +760,46 @@ def serving_goals_markdown(summary: Summary) -> str:
     return "\n".join(lines) + "\n"
 
 
-def refresh_readme(summary: Summary, readme: Path) -> bool:
-    """Write the claims table and the serving goals of `summary` into the README between their markers; True
-    when it changed."""
+def tracked_bytes(paths: list[str]) -> int:
+    """Bytes of the files git tracks under `paths` (relative to the repository root)."""
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files", "-z", *paths], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout.split("\0")
+    return sum((ROOT / name).stat().st_size for name in listed if name and (ROOT / name).exists())
+
+
+BATCH_ONE_STAGES = ("calibrate", "study", "sensitivity", "feasibility", "analysis", "paper")
+
+
+def readme_facts(results: Path) -> dict[str, str]:
+    """The README's sizes and times of a shipped run, from its files: the raw tables' and the outputs' tracked bytes
+    (MB), and from its stage_times.tsv the whole run, the batch-one stages, the serving and sampling stages
+    (minutes), the regeneration from the shipped tables (analysis + paper, seconds) and each stage's seconds."""
+    results = Path(results).resolve()
+    name = results.name
+    times = stage_times(results)
+    relative = str(results.relative_to(ROOT))
+    outputs = [f"figures/{name}", f"paper/generated/{name}", f"paper/build/{name}/main.pdf"]
+    facts = {"reference-raw-mb": f"{tracked_bytes([relative]) / 1e6:.1f} MB",
+             "reference-outputs-mb": f"{tracked_bytes(outputs) / 1e6:.1f} MB",
+             "reference-total-min": f"{sum(times.values()) / 60:.1f} min",
+             "reference-batch-one-min": f"{sum(times.get(s, 0) for s in BATCH_ONE_STAGES) / 60:.1f} min",
+             "reference-serving-min": f"{times.get('serving', 0) / 60:.1f} min",
+             "reference-sampling-min": f"{times.get('sampling', 0) / 60:.1f} min",
+             "reference-regeneration-s": f"{times.get('analysis', 0) + times.get('paper', 0)} s",
+             "reference-stage-times": ", ".join(f"{stage} {seconds:,} s" for stage, seconds in times.items())}
+    return facts
+
+
+def refresh_readme(summary: Summary, readme: Path, results: Path | None = None) -> bool:
+    """Write the claims table and the serving goals of `summary`, and the sizes and times of the run in `results`
+    (`readme_facts`), into the README between their markers; True when it changed."""
     text = Path(readme).read_text()
     updated = between_markers(text, "claims", claims_markdown(summary.claims))
     updated = between_markers(updated, "serving-goals", serving_goals_markdown(summary))
+    for name, value in (readme_facts(results) if results is not None else {}).items():
+        updated = between_markers(updated, name, value, inline=True)
     if updated != text:
         Path(readme).write_text(updated)
     return updated != text
@@ -932,11 +1100,155 @@ def tune_text(folder: Path) -> str:
             "\\end{table}\n")
 
 
-def layout_report(log: str) -> dict[str, list[float]]:
-    """What LaTeX's log says runs outside the text area: each overfull line's excess width (pt) and each float
-    too large for the page (pt); paper/build/<name>/layout.json keeps it beside the PDF (tests/test_paper_text.py)."""
-    return {"overfull_hbox_pt": [float(x) for x in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)],
-            "float_too_large_pt": [float(x) for x in re.findall(r"Float too large for page by ([\d.]+)pt", log)]}
+def zero_crossover_note(name: str, results: Path) -> str | None:
+    """Why a configuration's least break-even acceptance is 0 (the claims table prints 0.000): the calibration
+    prices the verify of k + 1 tokens below one decode step at some setting of the sensitivity grid, so the round
+    pays whatever is accepted when the draft costs next to nothing."""
+    from rakv.experiments.config import configuration
+
+    path = Path(results) / "sensitivity" / "crossover.parquet"
+    if not path.exists():
+        return None
+    grid = pd.read_parquet(path)
+    zero = grid[(grid.configuration == name) & (grid.break_even_alpha == 0)]
+    chosen = configuration(name)
+    table = analysis.calibration_tables(results).get(f"{chosen.pair}-{chosen.proposer}")
+    if zero.empty or table is None:
+        return None
+    first = zero.sort_values(["prompt_tokens", "k"]).iloc[0]
+    prompt, k = int(first.prompt_tokens), int(first.k)
+    return (f"\\texttt{{{tex_escape(name)}}}'s least break-even acceptance is 0 (Table~\\ref{{tab:claims}}): at a "
+            f"{prompt}-token prompt ({tex_escape(first.scenario)}) its calibration prices a verify of {k + 1} tokens "
+            "at "
+            f"{1e3 * table.verify[k](prompt):.1f} ms and one decode step at {1e3 * table.target_step(prompt):.1f} ms, "
+            f"and a draft of {k} at {1e3 * table.propose[k](prompt):.2f} ms, so a round pays even when nothing is "
+            "accepted. The zero is a property of the measured prices at that context (the verify's and the step's "
+            "calibrated lengths interpolated between their measured points), not of acceptance.")
+
+
+def regime_text(summary: Summary, results: Path) -> str:
+    """The paper's "The regime": where speculation pays here and why, in the prices and acceptances measured, on this
+    machine and the shipped others, and where the reference's pairs, as twins, put their crossover (Figure
+    fig:regime, rakv.experiments.figures.regime_map)."""
+    from rakv.experiments.config import configuration
+
+    folders = analysis.regime_folders(results)
+    points = analysis.regime_points(folders)
+    prompt_tokens, new_tokens = analysis.cost_request(results)
+    own = next(iter(folders))
+    text = [f"Figure~\\ref{{fig:regime}} is the regime map: the cost model's crossover acceptance (least break-even "
+            "over $k$) against the draft step's price, for every calibrated pair on every machine whose run is "
+            f"shipped, beside the acceptance each run measured; the prices are those of a cold request of "
+            f"{prompt_tokens} prompt tokens and {new_tokens} new tokens, read at "
+            f"{analysis.price_context(results):g} positions of context. The reference's best $k>0$ was slower "
+            f"than $k=0$ in every scenario, by {pct(REFERENCE['spec_slowdown_min'], 0)} to "
+            f"{pct(REFERENCE['spec_slowdown_max'], 0)} (Table~\\ref{{tab:claims}})."]
+    for name in summary.configurations:
+        s = summary.per_configuration[name]
+        clause = regime_clause(claim_of(summary, "spec_regime", name))
+        chosen = configuration(name)
+        pair = f"{chosen.pair}-{chosen.proposer}"
+        sentence = f"On \\texttt{{{tex_escape(name)}}}, " + (clause or "the regime could not be measured")
+        slow = s.spec_slowdown
+        if slow.share_slower is not None:
+            spread = (f"faster by {pct(-slow.max)} to {pct(-slow.min)}" if slow.max < 0 else
+                      f"slower by {pct(slow.min)} to {pct(slow.max)}" if slow.min > 0 else
+                      f"from {pct(-slow.min)} faster to {pct(slow.max)} slower")
+            sentence += (f"; the best $k>0$ is faster in {pct(1 - slow.share_slower, 0)} of the {s.scenarios} "
+                         f"scenarios ({spread})")
+        text.append(sentence + ".")
+        mine = points[(points.machine == own) & (points.pair == pair)]
+        if len(mine):
+            p = mine.iloc[0]
+            rows = [r for r in summary.acceptance if r.configuration == name]
+            sides = [ci_side([r.acceptance, r.acceptance_low, r.acceptance_high], r.break_even_alpha)
+                     if r.break_even_alpha is not None else "never" for r in rows]
+            crossover = (f"the cost model's crossover for that request is {num(p.crossover)} ($k={int(p.crossover_k)}$)"
+                         if pd.notna(p.crossover) else "no $k$ pays for that request")
+            text.append(f"In this run's prices a draft step costs {num(p.draft_ratio, 2)} of a target step and a "
+                        f"verify of 5 tokens {num(p.verify4_ratio, 2)} steps, so {crossover}; on "
+                        f"{sides.count('above')} of {len(rows)} datasets the measured acceptance's CI lies above "
+                        f"the break-even acceptance of the dataset's own prompts, on {sides.count('below')} below it, "
+                        f"on {sides.count('straddles')} across it (Table~\\ref{{tab:acceptance}}).")
+            others = points[(points.machine != own) & (points.pair == pair)]
+            if len(others):
+                text.append("The same pair's crossover on the other machines: " + "; ".join(
+                    f"{tex_escape(r.machine)}: {num(r.crossover)} (draft {num(r.draft_ratio, 2)}, verify of 5 "
+                    f"{num(r.verify4_ratio, 2)} steps)" if pd.notna(r.crossover) else
+                    f"{tex_escape(r.machine)}: no $k$ pays (draft {num(r.draft_ratio, 2)}, verify of 5 "
+                    f"{num(r.verify4_ratio, 2)} steps)" for r in others.itertuples()) + ".")
+        note = zero_crossover_note(name, results)
+        if note:
+            text.append(note)
+    mine = points[points.machine == own].sort_values("draft_ratio")
+    if len(mine) > 1:
+        from rakv.experiments.figures import pair_name
+
+        text.append("This run's pairs, by the draft step's price (in target steps) and their crossover: " + "; ".join(
+            f"{tex_escape(pair_name(r.pair))} {num(r.draft_ratio, 2)}, "
+            + (num(r.crossover) if pd.notna(r.crossover) else "no $k$ pays") for r in mine.itertuples()) + ".")
+    twins = twin_sentence(summary)
+    if twins:
+        text.append(twins)
+    return " ".join(text) + "\n"
+
+
+def layout_report(log: str, pdf: Path | None = None) -> dict[str, list]:
+    """What runs outside the text area: LaTeX's log (each overfull line's excess width and each float too large
+    for the page, pt) and, given the built `pdf`, every character drawn outside it (`words_outside`);
+    paper/build/<name>/layout.json keeps it beside the PDF (tests/test_paper_text.py)."""
+    report = {"overfull_hbox_pt": [float(x) for x in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)],
+              "float_too_large_pt": [float(x) for x in re.findall(r"Float too large for page by ([\d.]+)pt", log)]}
+    if pdf is not None:
+        report["words_outside"] = words_outside(pdf)
+    return report
+
+
+def text_margin_pt(source: Path = ROOT / "paper" / "main.tex") -> float:
+    """The page margin main.tex gives geometry (\\usepackage[margin=...cm]{geometry}), in PDF points."""
+    found = re.search(r"\\usepackage\[margin=([\d.]+)cm\]\{geometry\}", Path(source).read_text())
+    if not found:
+        raise RakvError(f"{source}: no \\usepackage[margin=...cm]{{geometry}} to read the text area from")
+    return float(found.group(1)) * 72 / 2.54
+
+
+def words_outside(pdf: Path, margin_pt: float | None = None, tolerance_pt: float = 1.0,
+                  descender_pt: float = 3.5) -> list[dict]:
+    """Every run of characters of `pdf` drawn outside the text area (the page less `margin_pt` on each side), per
+    page: its text and box (pt). Allowed outside: the page number, centred in the footer, and the last line's
+    descenders (up to `descender_pt` below the area: TeX sets that line's baseline on its bottom edge)."""
+    import pypdfium2 as pdfium
+
+    margin = text_margin_pt() if margin_pt is None else margin_pt
+    found = []
+    document = pdfium.PdfDocument(str(pdf))
+    try:
+        for number in range(len(document)):
+            page = document[number]
+            width, height = page.get_size()
+            text = page.get_textpage()
+            run: dict | None = None
+            for i in range(text.count_chars()):
+                char = text.get_text_range(i, 1)
+                if not char.strip():
+                    run = None
+                    continue
+                left, bottom, right, top = text.get_charbox(i)
+                footer = top < margin - 10 and char.isdigit() and abs((left + right) / 2 - width / 2) < 20
+                inside = (left >= margin - tolerance_pt and right <= width - margin + tolerance_pt
+                          and top <= height - margin + tolerance_pt and bottom >= margin - descender_pt)
+                if inside or footer:
+                    run = None
+                    continue
+                if run is None:
+                    run = {"page": number + 1, "text": "", "box": [left, bottom, right, top]}
+                    found.append(run)
+                run["text"] += char
+                run["box"] = [min(run["box"][0], left), min(run["box"][1], bottom), max(run["box"][2], right),
+                              max(run["box"][3], top)]
+    finally:
+        document.close()
+    return [{**r, "box": [round(v, 1) for v in r["box"]]} for r in found]
 
 
 def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path]:
@@ -957,6 +1269,7 @@ def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path
         "reproducibility.tex": reproducibility(summary, meta, stage_times(results)),
         "claims_table.tex": claims_table(summary.claims),
         "statistics_table.tex": statistics_table(summary),
+        "statistics_note.tex": mape_note(summary),
         "coverage_table.tex": coverage_table(),
         "across_machines.tex": across_machines(results),
         "run_to_run.tex": run_to_run(results),
@@ -968,6 +1281,7 @@ def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path
         "joint_reuse_table.tex": joint_reuse_table(summary),
         "joint_reuse.tex": joint_reuse_text(summary),
         "peer.tex": peer_section(peer_folder(results)),
+        "regime.tex": regime_text(summary, results),
         "sampling.tex": sampling_text(summary),
     }
     paths = []

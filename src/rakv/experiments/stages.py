@@ -85,9 +85,9 @@ def analysis(cfg: DictConfig) -> None:
         print(f"analysis: engine before/after ({', '.join(shown(b) for b in befores)} vs {shown(paths.results)}): "
               f"{written[0].name}", flush=True)
     if paths.results == README_REFERENCE.resolve():
-        changed = refresh_readme(read_summary(paths.results), ROOT / "README.md")
-        print(f"analysis: README's claims table {'refreshed' if changed else 'unchanged'} from {shown(paths.results)}",
-              flush=True)
+        changed = refresh_readme(read_summary(paths.results), ROOT / "README.md", paths.results)
+        print(f"analysis: README's claims table, sizes and times {'refreshed' if changed else 'unchanged'} from "
+              f"{shown(paths.results)}", flush=True)
 
 
 def paper(cfg: DictConfig) -> None:
@@ -116,11 +116,17 @@ def paper(cfg: DictConfig) -> None:
         raise RakvError(f"LaTeX failed; see {build / 'main.log'} (and {build / 'main.blg'} for the bibliography)")
     from rakv.experiments.report import layout_report
 
-    layout = layout_report((build / "main.log").read_text(errors="replace"))
+    layout = layout_report((build / "main.log").read_text(errors="replace"), build / "main.pdf")
     (build / "layout.json").write_text(json.dumps(layout, indent=1) + "\n")
     print(f"paper: built {build / 'main.pdf'}; layout: {len(layout['overfull_hbox_pt'])} overfull line(s) "
           f"(largest {max(layout['overfull_hbox_pt'], default=0):.1f} pt), {len(layout['float_too_large_pt'])} "
-          "float(s) too large for the page", flush=True)
+          f"float(s) too large for the page, {len(layout['words_outside'])} run(s) of characters outside the text "
+          "area", flush=True)
+    if paths.results == README_REFERENCE.resolve():  # the README quotes the PDF's size: measured once it is built
+        from rakv.experiments.report import refresh_readme
+        from rakv.experiments.summary import read_summary
+
+        refresh_readme(read_summary(paths.results), ROOT / "README.md", paths.results)
 
 
 STAGES = {"calibrate": calibrate, "study": study, "serving": serving, "sensitivity": sensitivity,

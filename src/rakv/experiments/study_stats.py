@@ -8,6 +8,8 @@ They return the summary's records (rakv.experiments.summary) where the summary h
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 from scipy import stats
@@ -17,6 +19,7 @@ from rakv.experiments.oracle import (
     INSTANCE,
     PROMPT,
     SCENARIO,
+    ScenarioTables,
     action_stats,
     adaptive_mask,
     best_fixed_action,
@@ -154,11 +157,13 @@ def spearman_table(meas: pd.DataFrame) -> pd.DataFrame:
 
 def spec_slowdown(meas: pd.DataFrame) -> SpecSlowdown:
     """How much slower the best k != 0 action is than the best k = 0 one per scenario: min, max, share > 0."""
-    o = oracle_table(meas)
-    slow = (o.best_spec_s / o.best_k0_s - 1.0).dropna()
+    o = oracle_table(meas).dropna(subset=["best_spec_s", "best_k0_s"])
+    slow = o.best_spec_s / o.best_k0_s - 1.0
     if slow.empty:
-        return SpecSlowdown(None, None, None)
-    return SpecSlowdown(min=float(slow.min()), max=float(slow.max()), share_slower=float((slow > 0).mean()))
+        return SpecSlowdown(None, None, None, [None] * 3)
+    pooled = cluster_interval(prompt_keys(o), o.best_spec_s, o.best_k0_s, transform=lambda r: r - 1.0)
+    return SpecSlowdown(min=float(slow.min()), max=float(slow.max()), share_slower=float((slow > 0).mean()),
+                        pooled=pooled)
 
 
 def acceptance_table(runs: pd.DataFrame, tables: dict) -> pd.DataFrame:
@@ -187,18 +192,6 @@ def acceptance_table(runs: pd.DataFrame, tables: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def measured_acceptance(runs: pd.DataFrame) -> dict[str, float]:
-    """Per pair/proposer (the calibration files' names): accepted / (accepted + rejecting rounds), pooled over
-    its speculative runs."""
-    spec = runs[runs.k > 0]
-    out = {}
-    for (pair, proposer), part in spec.groupby(["pair", "proposer"]):
-        total = part.accepted.sum() + part.rejections.sum()
-        if total:
-            out[f"{pair}-{proposer}"] = float(part.accepted.sum() / total)
-    return out
-
-
 def peak_memory_table(meas: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """Peak K/V held during a request (the proposer's cache and rejected positions included), per configuration
     and k over the action measurements, and for the controller's own runs (`k` = rakv-asd)."""
@@ -211,15 +204,34 @@ def peak_memory_table(meas: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
                 lambda v: (1, v) if v == ADAPTIVE else (0, int(v)) if str(v).isdigit() else (0, v))))
 
 
-def configuration_statistics(runs: pd.DataFrame, meas: pd.DataFrame, lat: pd.DataFrame) -> ConfigurationStatistics:
-    """Every statistic of one configuration's runs (the other arguments restricted to it)."""
-    choices = controller_choices(runs, meas)
-    errors, rhos = mape_errors(meas), spearman_table(meas)
+@dataclass(frozen=True)
+class MeasuredStatistics:
+    """What a configuration's statistics read from its measurements alone: the same for every controller replayed
+    over them (rakv.experiments.ablation computes it once per configuration)."""
+    tables: ScenarioTables
+    errors: pd.DataFrame  # mape_errors
+    rhos: pd.DataFrame  # spearman_table
+    best_fixed_action: str
+    spec_slowdown: SpecSlowdown
+
+    @classmethod
+    def of(cls, meas: pd.DataFrame) -> MeasuredStatistics:
+        return cls(tables=ScenarioTables.of(meas), errors=mape_errors(meas), rhos=spearman_table(meas),
+                   best_fixed_action=best_fixed_action(meas), spec_slowdown=spec_slowdown(meas))
+
+
+def configuration_statistics(runs: pd.DataFrame, meas: pd.DataFrame, lat: pd.DataFrame,
+                             measured: MeasuredStatistics | None = None) -> ConfigurationStatistics:
+    """Every statistic of one configuration's runs (the other arguments restricted to it; `measured`: the
+    measurements' part when the caller already has it)."""
+    measured = MeasuredStatistics.of(meas) if measured is None else measured
+    choices = controller_choices(runs, tables=measured.tables)
+    errors, rhos = measured.errors, measured.rhos
     worst = per_scenario(choices, "regret")
     return ConfigurationStatistics(
         latency_reduction=ByBaseline.of(lambda b: latency_reduction(lat, ADAPTIVE, b)),
         throughput_gain=ByBaseline.of(lambda b: throughput_gain(lat, ADAPTIVE, b)),
-        best_fixed_action=best_fixed_action(meas),
+        best_fixed_action=measured.best_fixed_action,
         accuracy_action=scenario_mean(choices, "correct"),
         accuracy_within_noise=scenario_mean(choices, "within_noise"),
         accuracy_k=scenario_mean(choices, "correct_k"),
@@ -229,9 +241,10 @@ def configuration_statistics(runs: pd.DataFrame, meas: pd.DataFrame, lat: pd.Dat
         random_regret=scenario_mean(choices, "random_regret", "linear"),
         mape=cluster_interval(prompt_keys(errors), errors.error, scale="lognormal"),
         mape_null=float(errors.null_error.mean()),
+        mape_minus_null=cluster_interval(prompt_keys(errors), errors.error - errors.null_error, scale="linear"),
         spearman=cluster_interval(prompt_keys(rhos), rhos.rho, scale="linear", bounds=(-1.0, 1.0)),
         spearman_pooled=float(stats.spearmanr(errors.predicted_s, errors.measured_s).statistic),
-        spec_slowdown=spec_slowdown(meas),
+        spec_slowdown=measured.spec_slowdown,
         scenarios=int(len(worst)), controller_runs=int(len(choices)),
     )
 

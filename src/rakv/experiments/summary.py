@@ -116,10 +116,12 @@ class ByBaseline:
 
 @dataclass(frozen=True)
 class SpecSlowdown:
-    """Best k != 0 against best k = 0 per scenario: least and most relative slowdown, share of scenarios slower."""
+    """Best k != 0 against best k = 0 per scenario: least and most relative slowdown, share of scenarios slower, and
+    over every scenario the relative slowdown of the sums (`pooled`, CI over prompts: the regime's sign)."""
     min: float | None
     max: float | None
     share_slower: float | None
+    pooled: Interval = optional()
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class ConfigurationStatistics:
     spec_slowdown: SpecSlowdown
     scenarios: int
     controller_runs: int
+    mape_minus_null: Interval = optional()  # MAPE - the action-blind predictor's, paired by (scenario, action)
 
 
 @dataclass(frozen=True)

@@ -194,6 +194,28 @@ def break_even_alpha(table: CostTable, features: RequestFeatures, reuse: bool, k
     return high
 
 
+def decode_break_even(draft_ratio: float, verify_ratios: dict[int, float]) -> tuple[float | None, int | None]:
+    """The decode part of the regime: the least acceptance at which some k pays per token, and that k, for a draft
+    step costing `draft_ratio` target steps and a verify of k + 1 tokens costing `verify_ratios[k]` steps. A round
+    of k confirms E_k(alpha) tokens for k draft steps and one verify, so k pays where E_k(alpha) > k c + v_k
+    (E_k rises from 1 at alpha = 0 to k + 1 at 1); prefill and copies, which the full model adds, are left out:
+    this is the map's axis, the calibrated pairs' points come from `break_even_alpha`. (None, None): no k pays."""
+    best: tuple[float | None, int | None] = (None, None)
+    for k, verify in sorted(verify_ratios.items()):
+        price = k * draft_ratio + verify
+        if price >= k + 1:
+            continue
+        low, high = 0.0, 1.0
+        if price <= 1.0:
+            high = 0.0
+        while high - low > 1e-6:
+            mid = (low + high) / 2
+            low, high = (mid, high) if expected_tokens_per_round(mid, k) <= price else (low, mid)
+        if best[0] is None or high < best[0]:
+            best = (high, k)
+    return best
+
+
 def acceptance_estimate(round_log: list[tuple[int, int]]) -> float | None:
     """Per-token acceptance alpha from rounds: accepted / (accepted + rounds that ended in a rejection).
 
