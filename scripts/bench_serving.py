@@ -1,7 +1,7 @@
 """Serving benchmark: output tokens/s at several concurrencies, side by side in one run on the same requests.
 
     .venv/bin/python scripts/bench_serving.py [--pair smollm2] [--requests 16] [--new-tokens 32]
-        [--concurrency 1 4 8 16] [--strategy ar] [--overload 1000] [--json]
+        [--concurrency 1 4 8 16] [--strategy ar] [--overload 1000] [--json] [--out FILE.json]
 
 Every request arrives at the start; concurrency c is `rakv serve`'s --max-batch c (continuous batching refills a
 finished request's place at once). Printed per c, each a median of `--repeats` runs:
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from rakv.bench.roofline import format_row_costs, trace_bound
 from rakv.bench.serving import concurrency_row, ours, overload, requests_of, trace_roofline, vllm_peer
@@ -71,6 +72,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--out", default=None, metavar="FILE.json",
+                        help="also write the result, with these arguments and each repeat's tok/s, to FILE.json "
+                             "(scripts/ship_peer.sh ships results/peer/bench_serving/*.json; docs/peers.md's table "
+                             "is rendered from the shipped files)")
     return parser.parse_args()
 
 
@@ -167,6 +172,9 @@ def main() -> int:
     except RakvError as exc:
         print(f"bench_serving: error: {exc}", file=sys.stderr)
         return 2
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result | {"args": vars(args)}, indent=1))
     if args.json:
         print(json.dumps(result))
         return 0

@@ -10,9 +10,12 @@ Workloads (prompts from `rakv trace`'s generator, token counts as each engine's 
   caches blocks of 16 tokens, rakv's store hits at token granularity).
 Both servers run with their defaults (vLLM's prefix caching is on by default, as rakv's store is), --max-batch /
 max_num_seqs 16, greedy, --ignore-eos; vLLM's engine starts once (torch.compile; --vllm-eager skips it). Printed per
-workload: completed / failed, output tok/s, TTFT / TPOT / ITL p50 and p99 (ms), prefix hit rate (ours: summary.json;
-vLLM: its /metrics counters), and how many requests' outputs are equal token for token with the first divergences.
-The client's JSON results are kept in --out.
+workload and engine setting, over --repeats repeats (each its own prompts and arrivals): completed / failed, output
+tok/s, TTFT / TPOT / ITL p50 and p99, mean and p99 end-to-end latency (ms), prefix hit rate (ours: summary.json;
+vLLM: its /metrics counters) as means with their 95 % t intervals; rakv / each vLLM setting per metric, paired by
+repeat (rakv.experiments.peer_tables); how many requests' outputs are equal token for token. Written to
+--out/summary.json (scripts/ship_peer.sh ships it, docs/peers.md's tables are rendered from the shipped copy) beside
+the client's JSON results.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import sys
 from pathlib import Path
 
 from rakv.bench.peers import agreement
-from rakv.bench.vllm_serve import machine, run_engine, vllm_version, workloads
+from rakv.bench.vllm_serve import machine, repeat_seed, run_engine, settings, vllm_version, workloads
+from rakv.experiments.peer_tables import paired_markdown, serve_aggregates, serve_markdown, serve_paired
 from rakv.runtime.errors import RakvError
 
 
@@ -39,62 +43,63 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--vllm-venv", default=".venv-vllm")
     parser.add_argument("--vllm-weights", default="results/peer/smollm2-fp32")
     parser.add_argument("--vllm-eager", action="store_true")
-    parser.add_argument("--vllm-threads", type=int, default=None, metavar="N",
-                        help="OMP_NUM_THREADS for vLLM's server (default: its own choice, which on 2 cores is 1)")
+    parser.add_argument("--vllm-threads", type=int, nargs="+", default=[0, 2], metavar="N",
+                        help="vLLM's server at each OMP_NUM_THREADS N in turn (0: its own choice, which on 2 cores "
+                             "gives its model 1 thread; rakv uses 2)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="each repeat its own prompts and Poisson arrivals (seed + 1000 r), the same for every "
+                             "engine; the table gives the mean with its t interval over repeats")
     parser.add_argument("--out", default="results/peer/bench_vllm_serve")
     return parser.parse_args()
 
 
-def text_agreement(ours: dict, theirs: dict, tokenizer) -> tuple[int, list[str]]:
-    """Requests whose generated texts are equal, and where the others first differ (by token, re-tokenised)."""
+def text_agreement(ours: dict, theirs: dict, tokenizer) -> dict:
+    """How many requests' generated texts are equal, and where the others first differ (by token, re-tokenised)."""
     pairs = list(zip(ours["generated_texts"], theirs["generated_texts"]))
-    return agreement({f"request {i}": a for i, (a, _) in enumerate(pairs)},
-                     {f"request {i}": b for i, (_, b) in enumerate(pairs)}, tokenizer.encode)
+    same, divergences = agreement({f"request {i}": a for i, (a, _) in enumerate(pairs)},
+                                  {f"request {i}": b for i, (_, b) in enumerate(pairs)}, tokenizer.encode)
+    return {"equal": same, "requests": len(pairs), "divergences": divergences}
 
 
-def print_table(args, loads: dict, results: dict, tokenizer) -> dict:
-    """The table per workload and engine, and each workload's agreement (returned)."""
-    print(f"{args.requests} requests x {args.new_tokens} new tokens per workload, Poisson arrivals (seed {args.seed}), "
-          f"greedy; client: vLLM's benchmark_serving; rakv --strategy {args.strategy}")
-    print(f"{'workload':<20} {'engine':<5} {'done':>4} {'fail':>4} {'tok/s':>6} {'TTFT p50':>8} {'p99':>6} "
-          f"{'TPOT p50':>8} {'p99':>6} {'ITL p50':>7} {'p99':>6} {'hit rate':>8}")
-    agreed = {}
-    for label in loads:
-        for engine in ("rakv", "vllm"):
-            r = results[engine][label]
-            hit = "-" if r.get("prefix_hit_rate") is None else f"{r['prefix_hit_rate']:.1%}"
-            print(f"{label:<20} {engine:<5} {r['completed']:>4} {r['failed']:>4} {r['output_throughput']:6.1f} "
-                  f"{r['p50_ttft_ms']:8.0f} {r['p99_ttft_ms']:6.0f} {r['p50_tpot_ms']:8.0f} {r['p99_tpot_ms']:6.0f} "
-                  f"{r['p50_itl_ms']:7.0f} {r['p99_itl_ms']:6.0f} {hit:>8}")
-        same, divergences = text_agreement(results["rakv"][label], results["vllm"][label], tokenizer)
-        agreed[label] = {"equal": same, "requests": args.requests, "divergences": divergences}
-        print(f"{label:<20} outputs equal on {same} of {args.requests}"
-              + (f"; first divergences: {', '.join(divergences[:4])}" if divergences else ""))
-    return agreed
+def repeat_records(results: dict[str, list[dict]], settings: dict, tokenizer) -> list[dict]:
+    """Per repeat: each setting's client metrics per workload (lists dropped) and rakv's agreement with each vLLM
+    setting."""
+    repeats = []
+    for r in range(len(results["rakv"])):
+        engines = {key: {label: {m: v for m, v in run.items() if not isinstance(v, list)}
+                         for label, run in results[key][r].items()} for key in settings}
+        agreed = {key: {label: text_agreement(results["rakv"][r][label], results[key][r][label], tokenizer)
+                        for label in results[key][r]} for key in settings if key != "rakv"}
+        repeats.append({"engines": engines, "agreement": agreed})
+    return repeats
 
 
 def main() -> int:
     args = parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    settings_ = settings(args)
     try:
         if not Path(args.vllm_venv, "bin", "python").exists() or not Path(args.vllm_weights, "config.json").exists():
             raise RakvError("the vLLM peer is not set up: run scripts/setup_vllm_peer.sh")
-        loads = workloads(args)
-        results = {"rakv": run_engine("rakv", 8311, loads, args, out), "vllm": run_engine("vllm", 8312, loads, args,
-                                                                                          out)}
+        loads = [workloads(args, repeat_seed(args, r)) for r in range(args.repeats)]
+        results = {key: run_engine(key, setting, 8311 + i, loads, args, out)
+                   for i, (key, setting) in enumerate(settings_.items())}
     except RakvError as exc:
         print(f"bench_vllm_serve: error: {exc}", file=sys.stderr)
         return 2
     from transformers import AutoTokenizer
 
-    agreed = print_table(args, loads, results, AutoTokenizer.from_pretrained(args.vllm_weights))
-    summary = {"engines": {e: {k: {m: v for m, v in r.items() if not isinstance(v, list)} for k, r in res.items()}
-                           for e, res in results.items()},
-               "agreement": agreed, "workloads": {label: rate for label, (_, rate) in loads.items()},
+    repeats = repeat_records(results, settings_, AutoTokenizer.from_pretrained(args.vllm_weights))
+    summary = {"settings": settings_, "workloads": {label: rate for label, (_, rate) in loads[0].items()},
+               "repeats": repeats, "aggregate": serve_aggregates(repeats), "paired": serve_paired(repeats),
                "requests": args.requests, "new_tokens": args.new_tokens, "strategy": args.strategy,
-               "vllm": vllm_version(args), "machine": machine()}
+               "seeds": [repeat_seed(args, r) for r in range(args.repeats)], "vllm": vllm_version(args),
+               "machine": machine()}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(serve_markdown(summary))
+    print(paired_markdown(summary))
+    print(f"bench_vllm_serve: {out / 'summary.json'}")
     return 0
 
 

@@ -70,7 +70,8 @@ def test_bench_vllm_serve_compares_texts_and_finds_the_divergence_by_token():
     tokenizer = type("Words", (), {"encode": staticmethod(str.split)})()
     ours = {"generated_texts": ["a b c", "d e", "f"]}
     theirs = {"generated_texts": ["a b c", "d x", "f g"]}
-    assert bench.text_agreement(ours, theirs, tokenizer) == (1, ["request 1 at token 1", "request 2 at token 1"])
+    assert bench.text_agreement(ours, theirs, tokenizer) == {"equal": 1, "requests": 3, "divergences": [
+        "request 1 at token 1", "request 2 at token 1"]}
 
 
 def test_the_tuned_schedule_and_smartspec_share_one_choice_of_k():
@@ -83,28 +84,51 @@ def test_the_tuned_schedule_and_smartspec_share_one_choice_of_k():
 
 
 def test_the_paper_s_peer_rows_are_the_shipped_measurements(tmp_path):
-    """report.peer_section renders bench_vllm_serve's summary (and tune_vllm's result when present) as the paper's
-    rows, numbers as measured; without results it writes a comment only."""
+    """report.peer_section renders bench_vllm_serve's summary over repeats (means with their t intervals, the paired
+    ratios in words from their CIs), bench_serving's files and tune_vllm's check as the paper's rows, numbers as
+    measured; without results it writes a comment only."""
     import json
 
+    from rakv.experiments import peer_tables as pt
     from rakv.experiments.report import peer_section
 
     assert peer_section(None).startswith("%")
-    metrics = {"completed": 32, "failed": 0, "output_throughput": 30.25, "p50_ttft_ms": 212.4, "p99_ttft_ms": 639.0,
-               "p50_tpot_ms": 48.0, "p99_tpot_ms": 75.0, "p99_itl_ms": 224.0, "prefix_hit_rate": 0.421}
-    summary = {"engines": {"rakv": {"shared-prefix-1": metrics}, "vllm": {"shared-prefix-1": dict(metrics, failed=1)}},
-               "agreement": {"shared-prefix-1": {"equal": 31, "requests": 32, "divergences": ["request 3 at token 9"]}},
-               "workloads": {"shared-prefix-1": 1.0}, "requests": 32, "new_tokens": 32, "strategy": "kv-only",
+    metrics = {"completed": 32, "failed": 0, "p50_tpot_ms": 48.0, "p99_tpot_ms": 75.0, "p50_itl_ms": 40.0,
+               "p99_itl_ms": 224.0, "mean_e2el_ms": 1500.0, "p99_e2el_ms": 2500.0, "prefix_hit_rate": 0.421}
+    ours = [dict(metrics, output_throughput=t, p50_ttft_ms=200.0 + d, p99_ttft_ms=600.0) for t, d in
+            [(30.0, 0), (31.0, 10), (32.0, 20)]]
+    theirs = [dict(metrics, output_throughput=t, p50_ttft_ms=400.0 + d, p99_ttft_ms=600.0 + d, prefix_hit_rate=0.3)
+              for t, d in [(30.0, 0), (30.5, 40), (33.0, 10)]]
+    repeats = [{"engines": {"rakv": {"plain-1": a}, "vllm": {"plain-1": b}},
+                "agreement": {"vllm": {"plain-1": {"equal": 31, "requests": 32, "divergences": []}}}}
+               for a, b in zip(ours, theirs)]
+    summary = {"settings": {"rakv": {"engine": "rakv", "threads": None}, "vllm": {"engine": "vllm", "threads": 0}},
+               "workloads": {"plain-1": 1.0}, "repeats": repeats, "aggregate": pt.serve_aggregates(repeats),
+               "paired": pt.serve_paired(repeats), "requests": 32, "new_tokens": 32, "strategy": "kv-only",
                "vllm": "0.32.0", "machine": {"cpu": "AMD EPYC", "cores": 2, "date": "2026-12-02"}}
     (tmp_path / "bench_vllm_serve").mkdir()
     (tmp_path / "bench_vllm_serve" / "summary.json").write_text(json.dumps(summary))
     text = peer_section(tmp_path)
-    assert "shared-prefix & 1 & rakv serve & 32 & 0 & 30.2 & 212 & 639 & 48 & 75 & 224 & 42\\%" in text
-    assert "& 32 & 1 &" in text and "31 of 32 requests" in text and "tab:tune" not in text
+    assert ("plain & 1 & rakv serve & 96 & 0 & 31.0$\\pm$2.5 & 210$\\pm$25 & 600$\\pm$0 & 48$\\pm$0 & "
+            "1500$\\pm$0 & 2500$\\pm$0 & 42") in text
+    assert "93 of 96 requests" in text and "3 repeats" in text and "OMP\\_NUM\\_THREADS=2" in text
+    # rakv's TTFT p50 is lower in every repeat (paired): better; tok/s spans 1
+    assert "rakv better on TTFT p50" in text and "the CI spans 1 on" in text and "tok/s" in text
+    assert "tab:tune" not in text and "every request arriving at once" not in text
+    row = {"concurrency": 8, "ours_tok_s": 130.0, "vllm_tok_s": 65.0, "ours_tok_s_runs": [130.0, 128.0, 133.0],
+           "vllm_tok_s_runs": [65.0, 66.0, 64.0], "vllm_equal": 16}
+    (tmp_path / "bench_serving").mkdir()
+    (tmp_path / "bench_serving" / "ar.json").write_text(json.dumps(
+        {"rows": [row], "requests": 16, "strategy": "ar", "vllm": "0.32.0",
+         "args": {"repeats": 3, "vllm_threads": None, "vllm_ngram": 0}}))
     tune = {"model": {"fixed_s": 0.03, "per_request_s": 0.001, "per_row_s": 0.0005}, "alpha": 0.42, "match_rate": 0.58,
             "schedule": [[1, 3, 2], [4, 1024, 0]],
-            "check": [{"config": c, "c": n, "tok_s": t} for c, n, t in [("tuned", 1, 20.0), ("k=0", 1, 15.0)]]}
+            "check": [{"config": c, "c": n, "tok_s": t} for c, n, t in [("tuned", 1, 20.0), ("k=0", 1, 15.0),
+                                                                         ("k=2", 1, 19.0)]]}
     (tmp_path / "tune_vllm").mkdir()
     (tmp_path / "tune_vllm" / "tune.json").write_text(json.dumps(tune))
     text = peer_section(tmp_path)
+    ratio = pt.batch_statistics(row)["ours_over_vllm_ci"]
+    assert f"{ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}] at $c=8$" in text and "default threads" in text
     assert "$k=2$ for batches 1--3, $k=0$ for batches 4--up" in text and "tuned & 20.0" in text
+    assert "above k = 0 by more than that noise" in text

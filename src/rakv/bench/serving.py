@@ -115,6 +115,7 @@ def vllm_peer(pair, trace, args) -> dict[int, dict]:
         raise RakvError(f"the vLLM peer failed: {tail}")
     tokens = len(trace) * args.new_tokens
     return {r["c"]: {"tok_s": tokens / statistics.median(r["seconds"]), "start_s": r["start_s"],
+                     "tok_s_runs": [tokens / seconds for seconds in r["seconds"]],
                      "outputs": dict(zip([t.id for t in trace], r["outputs"])), "version": result["vllm"]}
             for r in result["results"]}
 
@@ -148,7 +149,8 @@ def overload(pair, proposer, texts, args) -> dict:
 
 
 def concurrency_row(pair, stock, trace, c: int, peer: dict, args) -> tuple[dict, bool]:
-    """One concurrency's row (medians of --repeats runs), and whether every served output equalled it alone."""
+    """One concurrency's row (medians of --repeats runs, and each run's tok/s in `*_tok_s_runs`), and whether every
+    served output equalled it alone."""
     samples = {"ours": [], "sequential": [], "transformers": []}
     shares, batch_rows, prefill_shares, equal = [], [], [], True
     for _ in range(args.repeats):
@@ -167,11 +169,13 @@ def concurrency_row(pair, stock, trace, c: int, peer: dict, args) -> tuple[dict,
     if c in peer:
         same, divergences = agreement(served, peer[c]["outputs"])
         rows_peer = {"vllm_tok_s": peer[c]["tok_s"], "ours_over_vllm": med["ours"] / peer[c]["tok_s"],
+                     "vllm_tok_s_runs": peer[c]["tok_s_runs"],
                      "vllm_equal": same, "vllm_divergences": divergences, "vllm_start_s": peer[c]["start_s"]}
     else:
         rows_peer = {}
     return rows_peer | {"concurrency": c, "ours_tok_s": med["ours"], "sequential_tok_s": med["sequential"],
                         "transformers_tok_s": med["transformers"],
+                        **{f"{name}_tok_s_runs": runs for name, runs in samples.items() if runs},
                         "ours_over_sequential": med["ours"] / med["sequential"],
                         "ours_over_transformers": med["ours"] / med["transformers"] if med["transformers"] else None,
                         "scheduler_share": statistics.median(shares), "mean_batch_rows": statistics.median(batch_rows),

@@ -35,7 +35,9 @@ def wait_ready(port: int, server: subprocess.Popen, timeout_s: float) -> None:
     raise RakvError(f"the server on port {port} was not ready within {timeout_s:.0f} s")
 
 
-def start(engine: str, port: int, args, out: Path) -> subprocess.Popen:
+def start(engine: str, port: int, args, out: Path, threads: int = 0, key: str | None = None) -> subprocess.Popen:
+    """rakv serve --http or vllm serve on `port`; vLLM with OMP_NUM_THREADS = `threads` (0: its own choice, which
+    on 2 cores gives its model one thread)."""
     if engine == "rakv":
         command = [".venv/bin/rakv", "serve", "--pair", "smollm2", "--http", f"127.0.0.1:{port}", "--strategy",
                    args.strategy, "--max-batch", "16", "--out", str(out / "rakv-server"), "--quiet"]
@@ -44,21 +46,21 @@ def start(engine: str, port: int, args, out: Path) -> subprocess.Popen:
                    "--dtype", "float32", "--port", str(port),
                    "--host", "127.0.0.1", "--max-num-seqs", "16", "--max-model-len", "2048", "--seed", "0",
                    ] + (["--enforce-eager"] if args.vllm_eager else [])
-    log = open(out / f"{engine}-server.log", "w")
+    log = open(out / f"{key or engine}-server.log", "w")
     env = {"VLLM_CPU_KVCACHE_SPACE": "2", **os.environ}
-    if engine == "vllm" and args.vllm_threads:
-        env["OMP_NUM_THREADS"] = str(args.vllm_threads)
+    if engine == "vllm" and threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     wait_ready(port, server, 900)
     return server
 
 
-def client(port: int, dataset: Path, rate: float, args, out: Path, label: str) -> dict:
+def client(port: int, dataset: Path, rate: float, args, out: Path, label: str, seed: int) -> dict:
     command = [f"{args.vllm_venv}/bin/vllm", "bench", "serve", "--backend", "openai", "--base-url",
                f"http://127.0.0.1:{port}", "--endpoint", "/v1/completions", "--model", NAME, "--tokenizer",
                args.vllm_weights, "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
                "--custom-output-len", str(args.new_tokens), "--num-prompts", str(args.requests), "--request-rate",
-               str(rate), "--seed", str(args.seed), "--ignore-eos", "--temperature", "0", "--disable-shuffle",
+               str(rate), "--seed", str(seed), "--ignore-eos", "--temperature", "0", "--disable-shuffle",
                "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--save-result",
                "--save-detailed", "--result-dir", str(out), "--result-filename", f"{label}.json"]
     done = subprocess.run(command, capture_output=True, text=True)
@@ -79,33 +81,54 @@ def prefix_cache_counts(port: int) -> tuple[float, float]:
     return counter("prefix_cache_hits"), counter("prefix_cache_queries")
 
 
-def workloads(args) -> dict[str, tuple[list[str], float]]:
+def repeat_seed(args, repeat: int) -> int:
+    """Repeat r's seed, for its prompts and its Poisson arrivals: each repeat its own prompts, so that no cache
+    holds an earlier repeat's."""
+    return args.seed + 1000 * repeat
+
+
+def workloads(args, seed: int) -> dict[str, tuple[list[str], float]]:
     """Each workload its own prompts: a later workload must not find an earlier one's in the caches."""
     texts = dataset_texts("humaneval")
     out = {}
     plain = [r.prompt for r in generate_trace(texts, requests=args.requests * len(args.rates), rate=1.0,
-                                             prompt_words=args.prompt_words, seed=args.seed)]
+                                             prompt_words=args.prompt_words, seed=seed)]
     for i, rate in enumerate(args.rates):
         out[f"plain-{rate:g}"] = (plain[i * args.requests:(i + 1) * args.requests], rate)
     trace = generate_trace(texts, requests=args.requests, rate=1.0, kind="shared-prefix", groups=args.groups,
-                           prompt_words=args.prompt_words, seed=args.seed + len(args.rates))
+                           prompt_words=args.prompt_words, seed=seed + len(args.rates))
     out[f"shared-prefix-{args.rates[0]:g}"] = ([r.prompt for r in trace], args.rates[0])
     return out
 
 
-def run_engine(engine: str, port: int, loads: dict, args, out: Path) -> dict[str, dict]:
-    server = start(engine, port, args, out)
-    results = {}
+def settings(args) -> dict[str, dict]:
+    """The engine settings served, by key: rakv, and vLLM at each --vllm-threads (0: its default, key "vllm"; N:
+    OMP_NUM_THREADS = N, key "vllm-Nthreads")."""
+    out = {"rakv": {"engine": "rakv", "threads": None}}
+    for threads in args.vllm_threads:
+        out["vllm" if threads == 0 else f"vllm-{threads}threads"] = {"engine": "vllm", "threads": threads}
+    return out
+
+
+def run_engine(key: str, setting: dict, port: int, loads: list[dict], args, out: Path) -> list[dict[str, dict]]:
+    """One server started once, then every repeat's workloads (`loads[r]`) in turn, each with repeat r's seed:
+    per repeat, the client's result per workload with the server's prefix hit rate over it."""
+    server = start(setting["engine"], port, args, out, setting["threads"] or 0, key)
+    results: list[dict[str, dict]] = []
     try:
-        for label, (prompts, rate) in loads.items():
-            dataset = out / f"{label}.jsonl"
-            dataset.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-            before = prefix_cache_counts(port)
-            result = client(port, dataset, rate, args, out, f"{engine}-{label}")
-            after = prefix_cache_counts(port)
-            queried = after[1] - before[1]
-            result["prefix_hit_rate"] = (after[0] - before[0]) / queried if queried else None
-            results[label] = result
+        for repeat, repeat_loads in enumerate(loads):
+            results.append({})
+            for label, (prompts, rate) in repeat_loads.items():
+                dataset = out / f"r{repeat}-{label}.jsonl"
+                dataset.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+                before = prefix_cache_counts(port)
+                result = client(port, dataset, rate, args, out, f"{key}-r{repeat}-{label}", repeat_seed(args, repeat))
+                after = prefix_cache_counts(port)
+                queried = after[1] - before[1]
+                result["prefix_hit_rate"] = (after[0] - before[0]) / queried if queried else None
+                results[-1][label] = result
+                print(f"bench_vllm_serve: {key} repeat {repeat} {label}: {result['output_throughput']:.1f} tok/s, "
+                      f"p99 TTFT {result['p99_ttft_ms']:.0f} ms", flush=True)
     finally:
         server.terminate()
         server.wait(timeout=120)

@@ -524,6 +524,39 @@ def _statistic_words(name: str) -> str:
     return f"{where}: {parts[-1].replace('_', ' ')}"
 
 
+def machine_prices_sentence(labels: dict) -> str:
+    """The prices that set the regime on each machine in `labels` (folder -> shown name), in words."""
+    prices = []
+    for p, label in labels.items():
+        costs = machine_costs(p)
+        if costs:
+            verify = [c["verify4"] for c in costs.values()]
+            draft = costs.get("smollm2-draft", {}).get("draft")
+            prices.append(f"{label}: verifying four candidates {num(min(verify), 2)}--{num(max(verify), 2)} decode "
+                          f"steps" + (f", a draft step {num(draft, 2)}" if draft is not None else ""))
+    return ("Table~\\ref{tab:machines} gives the prices that set the regime on each machine, from each run's "
+            "calibration (" + "; ".join(prices) + "): where the price of a speculative round differs between "
+            "two machines and the draft's relative price does not, it is the verify pass, not the draft, that "
+            "moves a conclusion about speculation.")
+
+
+def machines_table(labels: dict, context_run: Path) -> str:
+    """Table tab:machines: each machine's calibrated prices at the context length the regime is read at."""
+    rows = []
+    for p, label in labels.items():
+        for name, cost in machine_costs(p).items():
+            rows.append(f"{label} & \\texttt{{{tex_escape(name)}}} & {num(cost['step_ms'], 1)} & "
+                        f"{num(cost['verify4'], 2)} & {num(cost['draft'], 2)} \\\\")
+    table = ["\\begin{table}[!htbp]\\centering\\scriptsize",
+             f"\\caption{{\\label{{tab:machines}}Each machine's calibrated prices at "
+             f"{analysis.price_context(context_run):g} positions of context: the target's decode "
+             "step, verifying $k=4$ candidates and one draft step, the last two relative to the decode step.}",
+             "\\begin{tabular}{llrrr}", "\\toprule",
+             "Machine & Pair & Decode step (ms) & Verify 4 / step & Draft step / step \\\\", "\\midrule",
+             *rows, "\\bottomrule", "\\end{tabular}", "\\end{table}"]
+    return "\n".join(table) + "\n"
+
+
 def across_machines(results: Path | None = None, folder: Path = OTHER_MACHINES) -> str:
     """The paper's "Across machines": the shipped runs of other machines (data/reference/other-machines/, each
     with about.json) side by side, the first as A: how many of B's headline statistics fall inside A's 95 % CIs,
@@ -560,31 +593,8 @@ def across_machines(results: Path | None = None, folder: Path = OTHER_MACHINES) 
                     f"{got.same_conclusion} with its conclusion" for p in runs
                     for got in [agreement(read_summary(p), own)]]
         text.append(f"This run's headline statistics: {'; '.join(compared)}.")
-    rows = []
-    for p, label in labels.items():
-        for name, cost in machine_costs(p).items():
-            rows.append(f"{label} & \\texttt{{{tex_escape(name)}}} & {num(cost['step_ms'], 1)} & "
-                        f"{num(cost['verify4'], 2)} & {num(cost['draft'], 2)} \\\\")
-    prices = []
-    for p, label in labels.items():
-        costs = machine_costs(p)
-        if costs:
-            verify = [c["verify4"] for c in costs.values()]
-            draft = costs.get("smollm2-draft", {}).get("draft")
-            prices.append(f"{label}: verifying four candidates {num(min(verify), 2)}--{num(max(verify), 2)} decode "
-                          f"steps" + (f", a draft step {num(draft, 2)}" if draft is not None else ""))
-    text.append("Table~\\ref{tab:machines} gives the prices that set the regime on each machine, from each run's "
-                "calibration (" + "; ".join(prices) + "): where the price of a speculative round differs between "
-                "two machines and the draft's relative price does not, it is the verify pass, not the draft, that "
-                "moves a conclusion about speculation.")
-    table = ["\\begin{table}[!htbp]\\centering\\scriptsize",
-             f"\\caption{{\\label{{tab:machines}}Each machine's calibrated prices at "
-             f"{analysis.price_context(results or runs[0]):g} positions of context: the target's decode "
-             "step, verifying $k=4$ candidates and one draft step, the last two relative to the decode step.}",
-             "\\begin{tabular}{llrrr}", "\\toprule",
-             "Machine & Pair & Decode step (ms) & Verify 4 / step & Draft step / step \\\\", "\\midrule",
-             *rows, "\\bottomrule", "\\end{tabular}", "\\end{table}"]
-    return " ".join(text) + "\n" + "\n".join(table) + "\n"
+    text.append(machine_prices_sentence(labels))
+    return " ".join(text) + "\n" + machines_table(labels, results or runs[0])
 
 
 def run_to_run(results: Path) -> str:
@@ -761,12 +771,16 @@ def serving_goals_markdown(summary: Summary) -> str:
 
 
 def tracked_bytes(paths: list[str]) -> int:
-    """Bytes of the files git tracks under `paths` (relative to the repository root)."""
+    """Bytes of the files that ship under `paths` (relative to the repository root): those git tracks and those it
+    would add (not ignored), as they are on disk — counted before a regenerated run is committed, so that the README
+    written by the paper stage agrees with the commit that ships it — and each path named that is a file (the PDF,
+    force-added past .gitignore)."""
     import subprocess
 
-    listed = subprocess.run(["git", "ls-files", "-z", *paths], cwd=ROOT, capture_output=True, text=True,
-                            check=True).stdout.split("\0")
-    return sum((ROOT / name).stat().st_size for name in listed if name and (ROOT / name).exists())
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", *paths], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    files = {name for name in listed if name} | {p for p in paths if (ROOT / p).is_file()}
+    return sum((ROOT / name).stat().st_size for name in files if (ROOT / name).is_file())
 
 
 BATCH_ONE_STAGES = ("calibrate", "study", "sensitivity", "feasibility", "analysis", "paper")
@@ -1037,43 +1051,89 @@ def peer_folder(results: Path) -> Path | None:
     return None
 
 
+PEER_COLUMNS = [("output_throughput", "tok/s", 1), ("p50_ttft_ms", "TTFT p50", 0), ("p99_ttft_ms", "TTFT p99", 0),
+                ("p50_tpot_ms", "TPOT p50", 0), ("mean_e2el_ms", "E2E mean", 0), ("p99_e2el_ms", "E2E p99", 0)]
+
+
+def peer_cell(triple, digits: int) -> str:
+    """A mean with the half-width of its t interval, for the paper."""
+    value, low, high = triple
+    if value is None:
+        return "--"
+    return f"{value:.{digits}f}" if low is None else f"{value:.{digits}f}$\\pm${(high - low) / 2:.{digits}f}"
+
+
 def peer_section(folder: Path | None) -> str:
-    """The paper's rows against vLLM: both servers driven by vLLM's benchmark client on the same prompts and
-    arrivals, and (if measured) the speculation schedule tune_vllm.py chose with its check. Numbers only; the
-    sentences carry no sign of their own."""
+    """The paper's "Against vLLM": both servers driven by vLLM's benchmark client on the same prompts and arrivals
+    over repeats (means with t intervals, rakv / vLLM paired by repeat, in words from the CIs), the all-at-once
+    throughput ratios of bench_serving.py, and (if measured) tune_vllm.py's schedule read against its own noise —
+    all from the shipped files (rakv.experiments.peer_tables, as docs/peers.md). The sentences carry no sign of
+    their own."""
+    from rakv.experiments import peer_tables as pt
+
     if folder is None:
-        return "% no vLLM peer results: scripts/bench_vllm_serve.py (docs/peers.md)\n"
-    serve = json.loads((folder / "bench_vllm_serve" / "summary.json").read_text())
-    machine = serve["machine"]
+        return "% no vLLM peer results: scripts/bench_peers.sh (docs/peers.md)\n"
+    serve = pt.read_json(folder / "bench_vllm_serve" / "summary.json")
+    machine, repeats = serve["machine"], len(serve["repeats"])
     rows = []
     for label, rate in serve["workloads"].items():
-        for engine, name in (("rakv", "rakv serve"), ("vllm", f"vLLM {serve['vllm']}")):
-            r = serve["engines"][engine][label]
-            hit = "--" if missing(r.get("prefix_hit_rate")) else pct(r["prefix_hit_rate"], 0)
-            rows.append(f"{tex_escape(label.rsplit('-', 1)[0])} & {rate:g} & {tex_escape(name)} & {r['completed']} & "
-                        f"{r['failed']} & {r['output_throughput']:.1f} & {r['p50_ttft_ms']:.0f} & "
-                        f"{r['p99_ttft_ms']:.0f} & "
-                        f"{r['p50_tpot_ms']:.0f} & {r['p99_tpot_ms']:.0f} & {r['p99_itl_ms']:.0f} & {hit} \\\\")
-    agreed = serve["agreement"]
-    equal, total = sum(a["equal"] for a in agreed.values()), sum(a["requests"] for a in agreed.values())
+        for i, key in enumerate(serve["settings"]):
+            a = serve["aggregate"][key][label]
+            hit = a["prefix_hit_rate"][0]
+            rows.append(f"{tex_escape(label.rsplit('-', 1)[0]) if i == 0 else ''} & {rate:g} & "
+                        f"{tex_escape(pt.serve_setting_name(serve, key))} & {a['completed']} & {a['failed']} & "
+                        + " & ".join(peer_cell(a[m], d) for m, _, d in PEER_COLUMNS)
+                        + f" & {'--' if hit is None else pct(hit, 0)} \\\\")
+    agreed = [a for r in serve["repeats"] for setting in r["agreement"].values() for a in setting.values()]
     text = (f"\\paragraph{{Against vLLM.}} The same prompts, at the same seeded Poisson arrivals, were sent by vLLM's "
             f"own benchmark client (\\texttt{{vllm bench serve}}) to \\texttt{{rakv serve --http}} (strategy "
             f"\\texttt{{{tex_escape(serve['strategy'])}}}) and to vLLM {tex_escape(serve['vllm'])}'s CPU build "
-            f"serving the same "
-            f"fp32 weights, each with its defaults (prefix caching on in both), {serve['requests']} requests of "
-            f"{serve['new_tokens']} new tokens per workload (Table~\\ref{{tab:peer}}; "
-            f"\\texttt{{scripts/bench\\_vllm\\_serve.py}}, {tex_escape(machine['cpu'])}, {machine['cores']} cores, "
-            f"{machine['date']}). Greedy outputs were equal token for token on {equal} of {total} requests.\n")
-    table = ("\\begin{table}[!htbp]\\centering\\scriptsize\n\\fittable{\\begin{tabular}{llllrrrrrrrr}\\toprule\n"
-             "workload & req/s & engine & done & failed & tok/s & TTFT p50 & p99 & TPOT p50 & p99 & ITL p99 & "
-             "hits \\\\\n"
-             "\\midrule\n" + "\n".join(rows) + "\n\\bottomrule\\end{tabular}}\n"
-             "\\caption{rakv serve and vLLM under vLLM's benchmark client (times in ms; hits: prompt tokens reused, "
-             "vLLM in blocks of 16 tokens, rakv at token granularity).}\\label{tab:peer}\n\\end{table}\n")
-    return text + table + tune_text(folder)
+            f"serving the same fp32 weights, each with its defaults (prefix caching on in both), {serve['requests']} "
+            f"requests of {serve['new_tokens']} new tokens per workload, {repeats} repeats each with its own prompts "
+            f"and arrivals (Table~\\ref{{tab:peer}}; \\texttt{{scripts/bench\\_peers.sh}}, "
+            f"{tex_escape(machine['cpu'])}, {machine['cores']} cores, {machine['date']}). On {machine['cores']} "
+            "cores vLLM gives its model one thread by default (its front end the other) where rakv computes on "
+            "both, so vLLM was measured at its default and with \\texttt{OMP\\_NUM\\_THREADS=2}. Greedy outputs "
+            f"were equal token for token on {sum(a['equal'] for a in agreed)} of {sum(a['requests'] for a in agreed)} "
+            "requests. rakv / vLLM per repeat, read from the CIs of the geometric mean of the paired ratios "
+            "(docs/peers.md gives every ratio): " + " ".join(tex_escape(x) for x in pt.serve_sentences(serve)) + "\n")
+    table = ("\\begin{table}[!htbp]\\centering\\scriptsize\n\\fittable{\\begin{tabular}{lllrr" + "r" * len(PEER_COLUMNS)
+             + "r}\\toprule\nworkload & req/s & engine & done & failed & "
+             + " & ".join(name for _, name, _ in PEER_COLUMNS) + " & hits \\\\\n\\midrule\n" + "\n".join(rows)
+             + "\n\\bottomrule\\end{tabular}}\n"
+             f"\\caption{{rakv serve and vLLM under vLLM's benchmark client: means over {repeats} repeats $\\pm$ the "
+             "half-width of their 95\\,\\% t interval (times in ms; done / failed: requests over all repeats; hits: "
+             "prompt tokens reused, vLLM in blocks of 16 tokens, rakv at token granularity).}\\label{tab:peer}\n"
+             "\\end{table}\n")
+    return text + table + batch_peer_text(pt.batch_files(folder)) + tune_text(folder)
+
+
+def batch_peer_text(files: list[dict]) -> str:
+    """bench_serving.py --peer vllm's ratios (all requests at once), with their CIs and vLLM's threads."""
+    from rakv.experiments import peer_tables as pt
+
+    if not files:
+        return ""
+    parts = []
+    for f in files:
+        a = f["args"]
+        what = (f"rakv prompt lookup $k={a['vllm_ngram']}$ against vLLM's n-gram drafts" if a.get("vllm_ngram")
+                else "greedy AR") + f", vLLM at {pt.threads_words(a.get('vllm_threads'))}"
+        cells = [f"{num(st[0], 2)} [{num(st[1], 2)}, {num(st[2], 2)}] at $c={r['concurrency']}$"
+                 for r in f["rows"] if "vllm_tok_s" in r
+                 for st in [pt.batch_statistics(r)["ours_over_vllm_ci"]]]
+        parts.append(f"{what}: " + ", ".join(cells))
+    return ("With every request arriving at once (\\texttt{scripts/bench\\_serving.py --peer vllm}: "
+            f"{files[0]['requests']} requests, vLLM's offline engine with \\texttt{{max\\_num\\_seqs}} $=c$ beside "
+            f"\\texttt{{rakv serve --max-batch}} $c$; {'/'.join(sorted({str(f['args']['repeats']) for f in files}))} "
+            "repeats), rakv's output tok/s over vLLM's, the geometric mean over repeats with its 95\\,\\% CI, is "
+            + "; ".join(parts) + ". " + tex_escape(pt.speculation_sentence(files)) + "\n")
 
 
 def tune_text(folder: Path) -> str:
+    """tune_vllm.py's schedule, its check (Table tab:tune) and the check read against its own run-to-run noise."""
+    from rakv.experiments import peer_tables as pt
+
     path = folder / "tune_vllm" / "tune.json"
     if not path.exists():
         return ""
@@ -1097,7 +1157,7 @@ def tune_text(folder: Path) -> str:
             + "}\\toprule\nschedule & " + " & ".join(f"$c={c}$" for c in cs) + " \\\\\n\\midrule\n"
             + "\n".join(rows) + "\n\\bottomrule\\end{tabular}}\n\\caption{vLLM's output tokens/s with each "
             "speculation schedule, batches of $c$ requests (n-gram drafts, real acceptance).}\\label{tab:tune}\n"
-            "\\end{table}\n")
+            "\\end{table}\n" + tex_escape(pt.tune_sentence(pt.tune_reading(tune))) + "\n")
 
 
 def zero_crossover_note(name: str, results: Path) -> str | None:
@@ -1124,6 +1184,33 @@ def zero_crossover_note(name: str, results: Path) -> str | None:
             f"and a draft of {k} at {1e3 * table.propose[k](prompt):.2f} ms, so a round pays even when nothing is "
             "accepted. The zero is a property of the measured prices at that context (the verify's and the step's "
             "calibrated lengths interpolated between their measured points), not of acceptance.")
+
+
+def pair_price_sentences(summary: Summary, name: str, points: pd.DataFrame, own) -> list[str]:
+    """Configuration `name`'s pair in this run's prices (`points`: that pair's regime points, `own` this run's
+    machine): its crossover, the measured acceptance against the break-even, and the crossover on other machines."""
+    text = []
+    mine = points[points.machine == own]
+    if len(mine):
+        p = mine.iloc[0]
+        rows = [r for r in summary.acceptance if r.configuration == name]
+        sides = [ci_side([r.acceptance, r.acceptance_low, r.acceptance_high], r.break_even_alpha)
+                 if r.break_even_alpha is not None else "never" for r in rows]
+        crossover = (f"the cost model's crossover for that request is {num(p.crossover)} ($k={int(p.crossover_k)}$)"
+                     if pd.notna(p.crossover) else "no $k$ pays for that request")
+        text.append(f"In this run's prices a draft step costs {num(p.draft_ratio, 2)} of a target step and a "
+                    f"verify of 5 tokens {num(p.verify4_ratio, 2)} steps, so {crossover}; on "
+                    f"{sides.count('above')} of {len(rows)} datasets the measured acceptance's CI lies above "
+                    f"the break-even acceptance of the dataset's own prompts, on {sides.count('below')} below it, "
+                    f"on {sides.count('straddles')} across it (Table~\\ref{{tab:acceptance}}).")
+        others = points[points.machine != own]
+        if len(others):
+            text.append("The same pair's crossover on the other machines: " + "; ".join(
+                f"{tex_escape(r.machine)}: {num(r.crossover)} (draft {num(r.draft_ratio, 2)}, verify of 5 "
+                f"{num(r.verify4_ratio, 2)} steps)" if pd.notna(r.crossover) else
+                f"{tex_escape(r.machine)}: no $k$ pays (draft {num(r.draft_ratio, 2)}, verify of 5 "
+                f"{num(r.verify4_ratio, 2)} steps)" for r in others.itertuples()) + ".")
+    return text
 
 
 def regime_text(summary: Summary, results: Path) -> str:
@@ -1157,26 +1244,7 @@ def regime_text(summary: Summary, results: Path) -> str:
             sentence += (f"; the best $k>0$ is faster in {pct(1 - slow.share_slower, 0)} of the {s.scenarios} "
                          f"scenarios ({spread})")
         text.append(sentence + ".")
-        mine = points[(points.machine == own) & (points.pair == pair)]
-        if len(mine):
-            p = mine.iloc[0]
-            rows = [r for r in summary.acceptance if r.configuration == name]
-            sides = [ci_side([r.acceptance, r.acceptance_low, r.acceptance_high], r.break_even_alpha)
-                     if r.break_even_alpha is not None else "never" for r in rows]
-            crossover = (f"the cost model's crossover for that request is {num(p.crossover)} ($k={int(p.crossover_k)}$)"
-                         if pd.notna(p.crossover) else "no $k$ pays for that request")
-            text.append(f"In this run's prices a draft step costs {num(p.draft_ratio, 2)} of a target step and a "
-                        f"verify of 5 tokens {num(p.verify4_ratio, 2)} steps, so {crossover}; on "
-                        f"{sides.count('above')} of {len(rows)} datasets the measured acceptance's CI lies above "
-                        f"the break-even acceptance of the dataset's own prompts, on {sides.count('below')} below it, "
-                        f"on {sides.count('straddles')} across it (Table~\\ref{{tab:acceptance}}).")
-            others = points[(points.machine != own) & (points.pair == pair)]
-            if len(others):
-                text.append("The same pair's crossover on the other machines: " + "; ".join(
-                    f"{tex_escape(r.machine)}: {num(r.crossover)} (draft {num(r.draft_ratio, 2)}, verify of 5 "
-                    f"{num(r.verify4_ratio, 2)} steps)" if pd.notna(r.crossover) else
-                    f"{tex_escape(r.machine)}: no $k$ pays (draft {num(r.draft_ratio, 2)}, verify of 5 "
-                    f"{num(r.verify4_ratio, 2)} steps)" for r in others.itertuples()) + ".")
+        text += pair_price_sentences(summary, name, points[points.pair == pair], own)
         note = zero_crossover_note(name, results)
         if note:
             text.append(note)
