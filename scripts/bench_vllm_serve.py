@@ -54,11 +54,15 @@ def parse_args() -> argparse.Namespace:
 
 
 def text_agreement(ours: dict, theirs: dict, tokenizer) -> dict:
-    """How many requests' generated texts are equal, and where the others first differ (by token, re-tokenised)."""
-    pairs = list(zip(ours["generated_texts"], theirs["generated_texts"]))
-    same, divergences = agreement({f"request {i}": a for i, (a, _) in enumerate(pairs)},
-                                  {f"request {i}": b for i, (_, b) in enumerate(pairs)}, tokenizer.encode)
-    return {"equal": same, "requests": len(pairs), "divergences": divergences}
+    """Of the requests both engines completed, how many generated texts are equal, and where the others first differ
+    (by token, re-tokenised); `failed`: the requests either engine failed (no text to compare)."""
+    count = len(ours["generated_texts"])
+    failed = [i for i, (a, b) in enumerate(zip(ours.get("errors") or [""] * count,
+                                               theirs.get("errors") or [""] * count)) if a or b]
+    done = [i for i in range(count) if i not in failed]
+    same, divergences = agreement({f"request {i}": ours["generated_texts"][i] for i in done},
+                                  {f"request {i}": theirs["generated_texts"][i] for i in done}, tokenizer.encode)
+    return {"equal": same, "requests": len(done), "failed": len(failed), "divergences": divergences}
 
 
 def repeat_records(results: dict[str, list[dict]], settings: dict, tokenizer) -> list[dict]:

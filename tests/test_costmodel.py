@@ -311,10 +311,52 @@ def test_controller_round_depth_only_when_enabled_and_for_prompt_lookup():
     depth.observe("unigram", 1, 0)
     depth.observe("ngram", 4, 4)
     on.observe([(4, 4)], 0, depth)
-    assert on.by_match["unigram"].alpha < 0.6 < on.by_match["ngram"].alpha
+    by_match = on.learned_at(0.0).by_match
+    assert by_match["unigram"].alpha < 0.6 < by_match["ngram"].alpha
     resumed = Controller(table(), configured(depth_per_round=True))
     resumed.restore(on.tracker.state, json.loads(json.dumps(on.by_match_state)), 7)
     assert resumed.by_match_state == on.by_match_state and resumed.tracker.state == on.tracker.state
     assert resumed.decisions == 7
     with pytest.raises(RakvError, match="depth_prior_rounds"):
         configured(depth_prior_rounds=0)
+
+
+def test_the_controller_learns_acceptance_per_temperature():
+    """Acceptance under rejection sampling moves with the temperature: rounds at T = 1.0 teach T = 1.0 (and 1.00004,
+    the same key) alone; a started temperature begins at its measured acceptance, greedy at the calibration's."""
+    controller = Controller(table(alpha=0.6), configured())
+    controller.start(1.0, 0.3)
+    with pytest.raises(RakvError, match="already started"):
+        controller.start(1.00004, 0.4)
+    assert controller.tracker_at(1.0).alpha == pytest.approx(0.3) and controller.alpha == pytest.approx(0.6)
+    for _ in range(80):
+        controller.observe([(4, 0)], temperature=1.0)  # every first candidate rejected at T = 1.0
+    assert controller.tracker_at(1.0).alpha < 0.05
+    assert controller.alpha == pytest.approx(0.6) and controller.tracker_at(-1.0) is controller.tracker
+    assert controller.tracker_at(0.7).alpha == pytest.approx(0.6)  # never started, never observed: the prior
+    features = RequestFeatures(prompt_tokens=64, new_tokens=64, hit_tokens=0)
+    at_one = controller.predict(features, Action(False, 4), temperature=1.0)
+    greedy = controller.predict(features, Action(False, 4))
+    assert at_one > greedy  # the same action priced at each temperature's own acceptance
+
+
+def test_one_controller_across_temperatures_decides_as_one_controller_per_temperature():
+    """The sampling stage's controller (one, started per temperature) against its earlier design (one controller per
+    temperature, its table's acceptance replaced): the same decisions and estimates, rounds interleaved."""
+    rng = random.Random(3)
+    starts = {0.0: 0.6, 0.7: 0.45, 1.0: 0.3}
+    shared = Controller(table(alpha=0.6), configured())
+    apart = {t: Controller(replace(table(alpha=0.6), acceptance=a), configured()) for t, a in starts.items()}
+    for t, a in starts.items():
+        shared.start(t, a)
+    for _ in range(60):
+        t = rng.choice(list(starts))
+        prompt, new = rng.randint(8, 200), rng.randint(8, 64)
+        ours, theirs = shared.decide(prompt, Hit(prompt), new, temperature=t), apart[t].decide(prompt, Hit(prompt), new)
+        assert ours.action == theirs.action and ours.predicted_latency_s == pytest.approx(theirs.predicted_latency_s)
+        k = max(ours.action.k, 1)
+        log = [(k, rng.randint(0, k)) for _ in range(rng.randint(1, 5))]
+        shared.observe(log, temperature=t)
+        apart[t].observe(log)
+    for t in starts:
+        assert shared.tracker_at(t).state == pytest.approx(apart[t].tracker.state)

@@ -70,8 +70,12 @@ def test_bench_vllm_serve_compares_texts_and_finds_the_divergence_by_token():
     tokenizer = type("Words", (), {"encode": staticmethod(str.split)})()
     ours = {"generated_texts": ["a b c", "d e", "f"]}
     theirs = {"generated_texts": ["a b c", "d x", "f g"]}
-    assert bench.text_agreement(ours, theirs, tokenizer) == {"equal": 1, "requests": 3, "divergences": [
+    assert bench.text_agreement(ours, theirs, tokenizer) == {"equal": 1, "requests": 3, "failed": 0, "divergences": [
         "request 1 at token 1", "request 2 at token 1"]}
+    # a request one engine failed has no text to compare: counted apart, never as a divergence
+    lost = dict(ours, errors=["", "", "Connection reset by peer"])
+    assert bench.text_agreement(lost, theirs, tokenizer) == {"equal": 1, "requests": 2, "failed": 1,
+                                                            "divergences": ["request 1 at token 1"]}
 
 
 def test_the_tuned_schedule_and_smartspec_share_one_choice_of_k():

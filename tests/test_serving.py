@@ -574,3 +574,22 @@ def test_a_proposer_that_asks_is_given_the_targets_hidden_states_alone_and_serve
     for seen in alone_seen:
         assert seen and all(w == width and 1 <= rows <= 3 for _, rows, w in seen)
         assert all(b[0] > a[0] for a, b in zip(seen, seen[1:]))  # each verify starts after the last's first row
+
+
+def test_served_acceptance_is_learnt_per_temperature_and_a_prefix_records_greedy_rounds_only():
+    """A sampled request's rounds teach its temperature's EWMA, never the greedy one; a prefix's record is greedy
+    acceptance, so a sampled request passes its prefix's record on and adds nothing, and reads none at admission."""
+    acceptance = Acceptance(source="prefix")
+    sampled = ServedRequest(id="s", arrival_s=0.0, prompt=[1, 2, 3], state=DecodeState(8, None, True),
+                            sampling=Sampling(temperature=1.0, seed=1), prefix_acceptance=(3.0, 1.0))
+    greedy = ServedRequest(id="g", arrival_s=0.0, prompt=[1, 2, 3], state=DecodeState(8, None, True),
+                           prefix_acceptance=(3.0, 1.0))
+    before = acceptance.tracker.alpha
+    for _ in range(20):
+        acceptance.learn(sampled, [(4, 0)], 0)
+    assert acceptance.tracker.alpha == before and acceptance.tracker_at(1.0).alpha < before
+    assert Acceptance.recorded(sampled, [(4, 4)]) == (3.0, 1.0)
+    assert Acceptance.recorded(greedy, [(4, 4)]) == (7.0, 1.0)
+    hit = Hit(3, prefix_length=3, acceptance=(30.0, 0.0))
+    assert acceptance.at_admission(hit) > acceptance.at_admission(hit, temperature=1.0)
+    assert acceptance.at_admission(hit, temperature=1.0) == acceptance.tracker_at(1.0).alpha

@@ -251,8 +251,11 @@ def paired_markdown(serve: dict) -> str:
     agreed = [(sum(a["equal"] for key in r["agreement"] for a in r["agreement"][key].values()),
                sum(a["requests"] for key in r["agreement"] for a in r["agreement"][key].values()))
               for r in serve["repeats"]]
-    lines += ["", "Outputs equal token for token (rakv against each vLLM setting, all workloads), per repeat: "
-              + ", ".join(f"{e} of {n}" for e, n in agreed) + ".", "",
+    lost = sum(a.get("failed", 0) for r in serve["repeats"] for key in r["agreement"]
+               for a in r["agreement"][key].values())
+    lines += ["", "Outputs equal token for token (rakv against each vLLM setting, all workloads, the requests both "
+              "completed), per repeat: " + ", ".join(f"{e} of {n}" for e, n in agreed)
+              + (f"; comparisons left out because one engine failed the request: {lost}" if lost else "") + ".", "",
               "Read from the ratios' CIs (better: rakv's latency lower, or its tok/s higher):", ""]
     lines += [f"- {sentence}" for sentence in serve_sentences(serve)]
     return "\n".join(lines) + "\n"
@@ -270,7 +273,8 @@ def batch_markdown(files: list[dict]) -> str:
                                                                                 else "")
         for r in (r for r in f["rows"] if "vllm_tok_s" in r):
             stats = batch_statistics(r)
-            lines.append(f"| `{f['file']}` | {f['strategy']} | {vllm} | {r['concurrency']} | "
+            strategy = f["strategy"] + (f" ({f['proposer']})" if f["strategy"] != "ar" and f.get("proposer") else "")
+            lines.append(f"| `{f['file']}` | {strategy} | {vllm} | {r['concurrency']} | "
                          f"{ci_cell(stats['ours_tok_s_ci'], 1)} | {ci_cell(stats['vllm_tok_s_ci'], 1)} | "
                          f"{ratio_cell(stats['ours_over_vllm_ci'])} | {r['vllm_equal']} of {f['requests']} |")
     repeats = sorted({f["args"]["repeats"] for f in files})

@@ -1095,7 +1095,10 @@ def peer_section(folder: Path | None) -> str:
             "cores vLLM gives its model one thread by default (its front end the other) where rakv computes on "
             "both, so vLLM was measured at its default and with \\texttt{OMP\\_NUM\\_THREADS=2}. Greedy outputs "
             f"were equal token for token on {sum(a['equal'] for a in agreed)} of {sum(a['requests'] for a in agreed)} "
-            "requests. rakv / vLLM per repeat, read from the CIs of the geometric mean of the paired ratios "
+            "requests both engines completed"
+            + (f" ({sum(a.get('failed', 0) for a in agreed)} comparisons left out: a request one engine failed)"
+               if any(a.get("failed") for a in agreed) else "")
+            + ". rakv / vLLM per repeat, read from the CIs of the geometric mean of the paired ratios "
             "(docs/peers.md gives every ratio): " + " ".join(tex_escape(x) for x in pt.serve_sentences(serve)) + "\n")
     table = ("\\begin{table}[!htbp]\\centering\\scriptsize\n\\fittable{\\begin{tabular}{lllrr" + "r" * len(PEER_COLUMNS)
              + "r}\\toprule\nworkload & req/s & engine & done & failed & "

@@ -9,9 +9,10 @@ and is skipped when its table exists (delete it to measure again):
                  each verification rule) and rakv-asd, from an empty store; each row carries the accepted
                  candidates and their closed form (rakv.runtime.verification.closed_form_moments), so the analysis
                  checks measured acceptance against sum_x min(p, q), compares block with token-wise verification
-                 and gives the controller's speedup per temperature. The controller of each temperature starts
-                 from the acceptance measured at that temperature on the calibration's prompts (acceptance.json),
-                 the cost table being the calibration's (a step costs what it costs at any temperature).
+                 and gives the controller's speedup per temperature. One controller learns acceptance per
+                 temperature (rakv.runtime.controller.Controller.start), each starting from the acceptance measured
+                 at that temperature on the calibration's prompts (acceptance.json), the cost table being the
+                 calibration's (a step costs what it costs at any temperature).
 - distribution:  per (configuration, prompt, arm, seed) the first tokens sampled at the distribution temperature and
                  the target's log-likelihood of them: plain sampling (k = 0) against speculative sampling under each
                  rule, including the deliberately biased rule (the positive control); the analysis runs the
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -102,9 +102,10 @@ def run_rows(cfg: DictConfig, name: str, engine, prompts, tick) -> tuple[list[di
     sizes = cfg.profile.sampling
     table = cost_table_for(cfg, engine)
     rows, alphas = [], {}
+    controller = Controller(table, controller_config(cfg))  # one, learning per temperature (Controller.start)
     for temperature in cfg.experiment.temperatures:
         alpha = alphas[float(temperature)] = acceptance_at(cfg, engine, temperature)
-        controller = Controller(replace(table, acceptance=alpha), controller_config(cfg))
+        controller.start(temperature, alpha)
         for seed_index in range(sizes.seeds):
             for prompt in prompts:
                 seed = request_seed(cfg.seed, name, temperature, prompt.id, seed_index)

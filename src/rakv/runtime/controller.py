@@ -153,25 +153,77 @@ def choose(predictions: dict[Action, float], tie_margin: float = 0.0) -> Action:
     return min(tied, key=lambda a: (a.k, not a.reuse, predictions[a]))
 
 
+def temperature_key(temperature: float | None) -> float:
+    """The key of a sampling temperature's acceptance: 0.0 for greedy (any temperature <= 0), else the temperature
+    to 4 decimals (two requests at 0.7 share what they learn)."""
+    return 0.0 if not temperature or temperature <= 0 else round(float(temperature), 4)
+
+
+@dataclass
+class Learned:
+    """What the controller learns about acceptance at one sampling temperature: the EWMA over rounds (with the match
+    rate) and one per prompt-lookup match class (rakv.runtime.depth)."""
+
+    tracker: AcceptanceTracker
+    by_match: dict[str, AcceptanceTracker]
+    decisions: int = 0  # at this temperature, for the exploration schedule (which keeps its estimate learning)
+
+    @classmethod
+    def starting_at(cls, alpha: float, beta: float, match_rate: float) -> Learned:
+        return cls(AcceptanceTracker(alpha, beta, match_rate),
+                   {c: AcceptanceTracker(alpha, beta) for c in MATCH_CLASSES})
+
+
 @dataclass
 class Controller:
+    """Per request, the feasible action of least estimated latency at the acceptance learnt so far at the request's
+    sampling temperature. Acceptance under rejection sampling is E[sum_x min(p(x), q(x))], which moves with the
+    temperature, so each temperature keeps its own estimate: greedy starts from the calibration's acceptance, another
+    temperature from `start(temperature, alpha)` when one was measured there (else from the greedy calibration's, a
+    prior its own rounds correct). Every method takes the request's `temperature` (default greedy)."""
+
     table: CostTable
     config: ControllerConfig = field(default_factory=ControllerConfig.default)
 
     def __post_init__(self):
-        self.tracker = AcceptanceTracker(self.table.acceptance, self.config.beta, self.table.match_rate)
-        # acceptance per prompt-lookup match class, learnt from the rounds of earlier requests (rakv.runtime.depth)
-        self.by_match = {c: AcceptanceTracker(self.table.acceptance, self.config.beta) for c in MATCH_CLASSES}
-        self.decisions = 0  # counts decisions for the exploration schedule (journaled with the tracker state)
+        self.learned: dict[float, Learned] = {}
+
+    def start(self, temperature: float, alpha: float) -> None:
+        """Where the estimate at `temperature` starts (the acceptance measured there); before any of its requests."""
+        key = temperature_key(temperature)
+        if key in self.learned:
+            raise RakvError(f"the controller's acceptance at temperature {key:g} has already started")
+        self.learned[key] = Learned.starting_at(alpha, self.config.beta, self.table.match_rate)
+
+    def learned_at(self, temperature: float = 0.0) -> Learned:
+        key = temperature_key(temperature)
+        if key not in self.learned:
+            self.learned[key] = Learned.starting_at(self.table.acceptance, self.config.beta, self.table.match_rate)
+        return self.learned[key]
+
+    def tracker_at(self, temperature: float = 0.0) -> AcceptanceTracker:
+        return self.learned_at(temperature).tracker
+
+    @property
+    def tracker(self) -> AcceptanceTracker:
+        """The greedy estimate (the study's, a replay's)."""
+        return self.tracker_at(0.0)
 
     @property
     def alpha(self) -> float:
         return self.tracker.alpha
 
-    def predict(self, features: RequestFeatures, action: Action, alpha: float | None = None) -> float:
-        return estimate_latency(self.table, features, action.reuse, action.k, self.alpha if alpha is None else alpha,
+    @property
+    def decisions(self) -> int:
+        """Greedy decisions so far (journaled with the greedy tracker's state)."""
+        return self.learned_at(0.0).decisions
+
+    def predict(self, features: RequestFeatures, action: Action, alpha: float | None = None,
+                temperature: float = 0.0) -> float:
+        tracker = self.tracker_at(temperature)
+        return estimate_latency(self.table, features, action.reuse, action.k, tracker.alpha if alpha is None else alpha,
                                 self.config.memory_penalty_s_per_byte,
-                                self.tracker.match_rate if self.config.match_rate else 1.0)
+                                tracker.match_rate if self.config.match_rate else 1.0)
 
     def feasible_actions(self, features: RequestFeatures, hit: Hit) -> list[Action]:
         """r = 1 only with a hit; actions whose K/V exceeds the memory budget are dropped."""
@@ -184,48 +236,57 @@ class Controller:
                             f"{features.prompt_tokens} + {features.new_tokens} tokens")
         return feasible
 
-    def decide(self, prompt_tokens: int, hit: Hit, new_tokens: int, alpha: float | None = None) -> Decision:
+    def decide(self, prompt_tokens: int, hit: Hit, new_tokens: int, alpha: float | None = None,
+               temperature: float = 0.0) -> Decision:
         """`alpha`: this request's acceptance when known otherwise (a served request's prefix-keyed acceptance,
-        rakv.serving.acceptance); None: the tracker's EWMA."""
+        rakv.serving.acceptance); None: the EWMA at the request's `temperature`."""
         start = time.perf_counter()
         features = RequestFeatures.from_hit(prompt_tokens, hit, new_tokens)
         feasible = self.feasible_actions(features, hit)
-        predictions = {action: self.predict(features, action, alpha) for action in feasible}
+        predictions = {action: self.predict(features, action, alpha, temperature) for action in feasible}
         best = choose(predictions, self.config.tie_margin)
-        self.decisions += 1
+        learned = self.learned_at(temperature)
+        learned.decisions += 1
         explored = False
         every = self.config.explore_every
-        if every and best.k == 0 and self.decisions % every == 0:
+        if every and best.k == 0 and learned.decisions % every == 0:
             speculative = {a: v for a, v in predictions.items() if a.k > 0 and a.reuse == best.reuse}
             if speculative:  # a probe keeps the acceptance estimate learning once k = 0 wins
                 best, explored = min(speculative, key=speculative.get), True
         return Decision(action=best, predicted_latency_s=predictions[best],
                         predictions={a.label: v for a, v in predictions.items()},
-                        alpha_before=self.alpha if alpha is None else alpha,
+                        alpha_before=self.tracker_at(temperature).alpha if alpha is None else alpha,
                         decision_s=time.perf_counter() - start, explored=explored)
 
-    def round_depth(self, proposer: type[Proposer]) -> RoundDepth | None:
+    def round_depth(self, proposer: type[Proposer], temperature: float = 0.0) -> RoundDepth | None:
         """A per-round depth for one request with this kind of proposer (None: the option is off, or the proposer
         has no match classes: it pays per candidate)."""
         if not self.config.depth_per_round or not proposer.has_match_classes:
             return None
-        return RoundDepth(self.table, self.config.k_set, {c: t.alpha for c, t in self.by_match.items()},
+        by_match = self.learned_at(temperature).by_match
+        return RoundDepth(self.table, self.config.k_set, {c: t.alpha for c, t in by_match.items()},
                           self.config.depth_prior_rounds)
 
-    def observe(self, round_log: list[tuple[int, int]], empty_rounds: int = 0, depth: RoundDepth | None = None) -> None:
-        """Update alpha (and the match rate) only from speculative rounds that actually ran; a per-round depth's
-        rounds (its shadow rounds included) update their match class's acceptance."""
-        self.tracker.observe(round_log, empty_rounds)
+    def observe(self, round_log: list[tuple[int, int]], empty_rounds: int = 0, depth: RoundDepth | None = None,
+                temperature: float = 0.0) -> None:
+        """Update alpha (and the match rate) at `temperature` only from speculative rounds that actually ran; a
+        per-round depth's rounds (its shadow rounds included) update their match class's acceptance."""
+        learned = self.learned_at(temperature)
+        learned.tracker.observe(round_log, empty_rounds)
         for match, proposed, accepted in depth.log if depth is not None else ():
-            self.by_match[match].observe_mean(accepted, float(accepted < proposed), 1)
+            learned.by_match[match].observe_mean(accepted, float(accepted < proposed), 1)
+
+    def by_match_state_at(self, temperature: float = 0.0) -> dict[str, tuple[float, ...]]:
+        return {c: t.state for c, t in self.learned_at(temperature).by_match.items()}
 
     @property
     def by_match_state(self) -> dict[str, tuple[float, ...]]:
-        return {c: t.state for c, t in self.by_match.items()}
+        return self.by_match_state_at(0.0)
 
     def restore(self, tracker_state, by_match_state: dict | None, decisions: int) -> None:
-        """Continue from a journaled state (a resumed study makes the decisions an uninterrupted one makes)."""
-        self.tracker.restore(tracker_state)
+        """Continue from a journaled greedy state (a resumed study makes the decisions an uninterrupted one makes)."""
+        learned = self.learned_at(0.0)
+        learned.tracker.restore(tracker_state)
         for c, state in (by_match_state or {}).items():
-            self.by_match[c].restore(state)
-        self.decisions = decisions
+            learned.by_match[c].restore(state)
+        learned.decisions = decisions

@@ -49,16 +49,18 @@ class Choice:
 
 
 def choose_action(strategy: str, hit: Hit, prompt_tokens: int, new_tokens: int, proposer: type[Proposer],
-                  controller: Controller | None = None, alpha: float | None = None) -> Choice:
+                  controller: Controller | None = None, alpha: float | None = None,
+                  temperature: float = 0.0) -> Choice:
     """The one place a request's action is chosen, for `rakv generate` (run_strategy) and `rakv serve` (admission,
     rakv.serving.admission): a fixed strategy's action, or the controller's decision for what the store's lookup
-    (`hit`) offers; `alpha`: the request's own acceptance estimate when it has one (else the controller's EWMA)."""
+    (`hit`) offers; `alpha`: the request's own acceptance estimate when it has one (else the controller's EWMA at
+    the request's sampling `temperature`)."""
     if strategy != ADAPTIVE:
         return Choice(action_of(strategy))
     if controller is None:
         raise RakvError("strategy rakv-asd needs a controller (and so a calibration)")
-    decision = controller.decide(prompt_tokens, hit, new_tokens, alpha=alpha)
-    depth = controller.round_depth(proposer) if decision.action.k else None
+    decision = controller.decide(prompt_tokens, hit, new_tokens, alpha=alpha, temperature=temperature)
+    depth = controller.round_depth(proposer, temperature) if decision.action.k else None
     return Choice(decision.action, depth, decision)
 
 
@@ -67,7 +69,10 @@ def run_strategy(engine: Engine, strategy: str, token_ids: list[int], new_tokens
     """Run one request; `run_kwargs` go to `Engine.run` (sampling, salt, ignore_eos, on_token, ...)."""
     start = time.perf_counter()
     hit = engine.peek(token_ids, run_kwargs.get("salt"))
-    choice = choose_action(strategy, hit, len(token_ids), new_tokens, engine.proposer_type, controller)
+    sampling = run_kwargs.get("sampling")
+    temperature = 0.0 if sampling is None or sampling.greedy else sampling.temperature
+    choice = choose_action(strategy, hit, len(token_ids), new_tokens, engine.proposer_type, controller,
+                           temperature=temperature)
     decision = choice.decision
     if decision is not None:
         decision.decision_s = time.perf_counter() - start
@@ -76,12 +81,14 @@ def run_strategy(engine: Engine, strategy: str, token_ids: list[int], new_tokens
         result.ttft_s += decision.decision_s
         result.latency_s += decision.decision_s
         result.tokens_per_s = result.new_tokens / result.latency_s
-        controller.observe(result.round_log, result.empty_rounds, choice.depth)
-        decision.alpha_after, decision.tracker_after = controller.alpha, controller.tracker.state
-        decision.by_match_after = controller.by_match_state
+        controller.observe(result.round_log, result.empty_rounds, choice.depth, temperature)
+        tracker = controller.tracker_at(temperature)
+        decision.alpha_after, decision.tracker_after = tracker.alpha, tracker.state
+        decision.by_match_after = controller.by_match_state_at(temperature)
         result.decision, result.predicted_latency_s = decision, decision.predicted_latency_s
     else:  # the peek is for the prediction and the record; not timed
-        predicted = (controller.predict(RequestFeatures.from_hit(len(token_ids), hit, new_tokens), choice.action)
+        predicted = (controller.predict(RequestFeatures.from_hit(len(token_ids), hit, new_tokens), choice.action,
+                                        temperature=temperature)
                      if controller is not None else None)  # made before the run, like the controller's own
         result = engine.run(token_ids, choice.action, new_tokens, **run_kwargs)
         result.predicted_latency_s = predicted

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rakv.runtime.cache import Hit
-from rakv.runtime.controller import AcceptanceTracker, Controller
+from rakv.runtime.controller import AcceptanceTracker, Controller, temperature_key
 from rakv.runtime.errors import RakvError
 from rakv.runtime.proposers import DraftModelProposer, Proposer
 from rakv.serving.replay import lookup_rounds
@@ -38,12 +38,26 @@ class Acceptance:
             self.tracker = self.controller.tracker
         elif self.tracker is None:
             self.tracker = AcceptanceTracker(PRIOR_ALPHA, 0.9)
+        self.sampled: dict[float, AcceptanceTracker] = {}  # without a controller: the EWMA of each temperature > 0
 
-    def at_admission(self, hit: Hit) -> float:
-        """Acceptance at admission: with `prefix`, the rounds recorded with the store entry it extends; otherwise,
-        and without history, the EWMA across requests."""
-        alpha = self.tracker.alpha
-        if self.source == "prefix" and hit.acceptance is not None:
+    def tracker_at(self, temperature: float) -> AcceptanceTracker:
+        """The EWMA at a sampling temperature (acceptance moves with it): the greedy one is `tracker`; another starts
+        where the greedy one started and learns from that temperature's requests only."""
+        if self.controller is not None:
+            return self.controller.tracker_at(temperature)
+        key = temperature_key(temperature)
+        if key == 0.0:
+            return self.tracker
+        if key not in self.sampled:
+            self.sampled[key] = AcceptanceTracker(self.tracker.alpha0, self.tracker.beta, self.tracker.match0)
+        return self.sampled[key]
+
+    def at_admission(self, hit: Hit, temperature: float = 0.0) -> float:
+        """Acceptance at admission: with `prefix` and greedy decoding, the rounds recorded with the store entry it
+        extends (greedy rounds only: `recorded`); otherwise, and without history, the EWMA across requests at the
+        request's temperature."""
+        alpha = self.tracker_at(temperature).alpha
+        if self.source == "prefix" and hit.acceptance is not None and temperature_key(temperature) == 0.0:
             accepted, rejected = hit.acceptance
             return (accepted + PRIOR_ROUNDS * alpha) / (accepted + rejected + PRIOR_ROUNDS)
         return alpha
@@ -61,7 +75,11 @@ class Acceptance:
 
     @staticmethod
     def recorded(request: ServedRequest, log) -> tuple[float, float] | None:
-        """(accepted, rejections) to record with its store entries: its rounds, added to its prefix's."""
+        """(accepted, rejections) to record with its store entries: its rounds, added to its prefix's; a sampled
+        request's rounds are not recorded (a prefix's record is its greedy acceptance, which sampling does not
+        measure), its prefix's record is passed on."""
+        if not request.sampling.greedy:
+            return request.prefix_acceptance
         accepted, rejected = float(sum(a for _, a in log)), float(sum(a < p for p, a in log))
         prior = request.prefix_acceptance
         if prior is not None:
@@ -70,7 +88,8 @@ class Acceptance:
 
     def learn(self, request: ServedRequest, log, empty: int) -> None:
         """The EWMA (the controller's, with its per-match-class depth) learns from a finished request's rounds."""
+        temperature = 0.0 if request.sampling.greedy else request.sampling.temperature
         if self.controller is None:
-            self.tracker.observe(log, empty)
+            self.tracker_at(temperature).observe(log, empty)
         elif request.choice.decision is not None:
-            self.controller.observe(log, empty, request.choice.depth)
+            self.controller.observe(log, empty, request.choice.depth, temperature)

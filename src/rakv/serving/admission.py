@@ -45,9 +45,11 @@ class Admission:
         """Choose the request's action for what the store offers it now (`hit`), and assign it with its predicted
         service time beside its `company` (the running and waiting requests) under the `load` recent iterations
         ran (rakv.serving.scheduler.Load)."""
-        alpha = self.acceptance.at_admission(hit)
+        temperature = 0.0 if request.sampling.greedy else request.sampling.temperature
+        alpha = self.acceptance.at_admission(hit, temperature)
         choice = choose_action(self.strategy, hit, len(request.prompt), request.state.max_new_tokens, self.proposer,
-                               self.controller, alpha=alpha if self.strategy == ADAPTIVE else None)
+                               self.controller, alpha=alpha if self.strategy == ADAPTIVE else None,
+                               temperature=temperature)
         max_k = choice.depth.max_k if choice.depth else choice.action.k
         if self.k_by_iteration and (self.strategy == ADAPTIVE or choice.action.k):
             max_k = max(self.k_by_iteration)
@@ -60,7 +62,7 @@ class Admission:
             others += [typical] * max(int(round(running)) - 1 - len(others), 0)  # a burst's load, kept up
             decoding = [(len(r.tokens), r.action.k) for r in company if r.status == Status.RUNNING and r.decoding]
             ahead = sum(r.needed for r in company if r.status == Status.RUNNING and not r.decoding)
-            match = self.acceptance.tracker.match_rate if self.proposer.may_offer_none else 1.0
+            match = self.acceptance.tracker_at(temperature).match_rate if self.proposer.may_offer_none else 1.0
             predicted = service_prediction(self.cost, len(request.prompt) - reused, len(request.prompt),
                                            request.state.max_new_tokens, choice.action.k, alpha, match,
                                            others, self.token_budget, ahead, decoding)
