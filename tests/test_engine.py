@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from conftest import THREADS
 
 from rakv.runtime.actions import FIXED_STRATEGIES, Action
 from rakv.runtime.cache import PrefixKVStore
@@ -57,7 +58,7 @@ def test_greedy_output_identical_across_strategies(engine, case):
 
 def test_ar_matches_transformers_generate(engine):
     ids = torch.tensor([BASE])
-    stock = load_pair("tiny", threads=2, kernels="stock").target.module  # transformers as shipped
+    stock = load_pair("tiny", threads=THREADS, kernels="stock").target.module  # transformers as shipped
     hf = stock.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, min_new_tokens=N, do_sample=False,
                         pad_token_id=0)
     ours = engine.run(BASE, Action.of_strategy("joint-k4"), N, ignore_eos=True).token_ids

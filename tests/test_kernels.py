@@ -4,6 +4,7 @@ has its own identity."""
 
 import pytest
 import torch
+from conftest import THREADS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.cache_utils import DynamicLayer
@@ -21,7 +22,7 @@ from rakv.runtime.models import load_pair
 
 @pytest.fixture(scope="module")
 def stock_tiny():
-    return load_pair("tiny", threads=2, kernels="stock")
+    return load_pair("tiny", threads=THREADS, kernels="stock")
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 9, 17, 70])
@@ -137,8 +138,8 @@ def test_compact_holds_one_copy_of_the_weights_and_its_module_refuses_a_forward_
             tensors += compact.tensors()
         return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
 
-    stock = load_pair("tiny", threads=2, kernels="stock").target.module
-    compact = load_pair("tiny", threads=2, kernels="compact").target.module
+    stock = load_pair("tiny", threads=THREADS, kernels="stock").target.module
+    compact = load_pair("tiny", threads=THREADS, kernels="compact").target.module
     assert held_bytes(stock) <= held_bytes(compact) <= held_bytes(stock) * 1.01
     assert compact.transformer.h[0].attn.c_attn.weight.numel() == 0
     with torch.inference_mode(), pytest.raises(RakvError, match="packed for kernels=compact"):
@@ -290,7 +291,7 @@ def _w8a8_stock(stock_module, draft):
 def test_compact_smollm2_target_and_int8_draft_give_reference_logits(smollm2_pair):
     from rakv.runtime.workloads import load_humaneval
 
-    stock = load_pair("smollm2", threads=2, kernels="stock")
+    stock = load_pair("smollm2", threads=THREADS, kernels="stock")
     ids = torch.tensor([smollm2_pair.tokenizer(load_humaneval()[0]["prompt"], add_special_tokens=False)["input_ids"]])
     assert ids.shape[1] >= 36
     draft = compact_of(smollm2_pair.draft.module)

@@ -2,6 +2,7 @@
 and the per-row cost table's parts adding up to the step."""
 
 import pytest
+from conftest import THREADS
 
 from rakv.bench.roofline import Geometry, Limits, format_row_costs, row_costs, trace_bound
 from rakv.runtime.models import load_pair
@@ -38,7 +39,7 @@ def test_the_trace_bound_reads_the_weights_once_per_step_for_every_running_reque
 
 
 def test_the_per_row_table_splits_a_real_step_into_its_kernels():
-    pair = load_pair("tiny", threads=2, kernels="compact")
+    pair = load_pair("tiny", threads=THREADS, kernels="compact")
     model = pair.target.module
     contexts = [list(range(5 + i, 40 + i)) for i in range(4)]
     rows = row_costs(model, pair.device, contexts, (1, 2, 4), 2, Limits(100.0, 10.0))

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import THREADS
 
 from rakv.runtime.actions import Action
 from rakv.runtime.cache import PrefixKVStore
@@ -17,7 +18,7 @@ def test_joint_k4_equals_transformers_greedy_generate(smollm2_pair):
     engine = Engine(smollm2_pair, PrefixKVStore(budget_bytes=1 << 30))
     ids = engine.encode(prompt)
     n = 40
-    stock = load_pair("smollm2", threads=2, kernels="stock").target.module  # transformers as shipped
+    stock = load_pair("smollm2", threads=THREADS, kernels="stock").target.module  # transformers as shipped
     hf = stock.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                         max_new_tokens=n, do_sample=False)
     expected = hf[0, len(ids):].tolist()

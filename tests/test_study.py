@@ -68,7 +68,9 @@ def test_study_killed_with_sigkill_resumes_without_loss_duplicates_or_other_deci
             break
         time.sleep(0.05)
     assert proc.poll() is None, "the study finished before it could be killed"
-    # a second study on the same folder, started while the first runs, refuses at once
+    # a second study on the same folder, started while the first runs, refuses at once; the first is paused
+    # meanwhile, so that it cannot finish (and release the folder) while the second starts up
+    os.killpg(proc.pid, signal.SIGSTOP)
     second = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert second.returncode == 2 and "in use by a running study (pid" in second.stderr, second.stderr[-2000:]
     os.killpg(proc.pid, signal.SIGKILL)

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import THREADS
 
 from rakv.runtime.errors import RakvError
 from rakv.runtime.models import ARCHITECTURES, GPT2_CONTEXT, GPT2_VOCAB, TWIN_PAIRS, load_pair, twin_of
@@ -20,7 +21,7 @@ def test_twin_architectures_are_the_published_ones():
 
 @pytest.fixture(scope="module")
 def twins():
-    return load_pair("gpt2-distilgpt2-twin", threads=2)
+    return load_pair("gpt2-distilgpt2-twin", threads=THREADS)
 
 
 def test_a_twin_pair_has_the_shapes_a_twin_fingerprint_and_seeded_weights(twins):
@@ -30,7 +31,7 @@ def test_a_twin_pair_has_the_shapes_a_twin_fingerprint_and_seeded_weights(twins)
         assert config.vocab_size == GPT2_VOCAB and loaded.max_context == GPT2_CONTEXT
         assert "twin" in loaded.fingerprint.name and loaded.fingerprint.weights.startswith("twin:seed=")
     assert len(twins.tokenizer) <= GPT2_VOCAB  # every id the tokenizer makes is inside the vocabulary
-    again = load_pair("gpt2-distilgpt2-twin", threads=2)
+    again = load_pair("gpt2-distilgpt2-twin", threads=THREADS)
     assert again.target.fingerprint == twins.target.fingerprint
     assert torch.equal(again.target.module.transformer.wte.weight, twins.target.module.transformer.wte.weight)
 
