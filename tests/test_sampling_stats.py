@@ -113,3 +113,35 @@ def test_simultaneous_intervals_widen_each_cell_by_bonferroni():
     assert family_agreement([check(0.0002)]) == 0
     far = ClosedFormCheck("c", 1.0, "token", 4, 8, 200, [0.9, 0.85, 0.95], 0.7, [0.2, 0.19, 0.21], "differs")
     assert family_agreement([far] * 12) == 0
+
+
+def test_the_mode_count_test_ranks_a_shifted_count_and_not_a_resample():
+    rng = np.random.default_rng(5)
+    plain = rng.binomial(6, 0.4, 200)
+    assert ss.mode_count_test(plain, rng.binomial(6, 0.55, 200)) < 1e-3
+    assert ss.mode_count_test(plain, rng.binomial(6, 0.4, 200)) > 0.01
+    assert ss.mode_count_test([2, 2], [2, 2]) == 1.0  # nothing to rank
+
+
+def first_rounds(rng, gain: float, pairs: int = 200) -> pd.DataFrame:
+    """Paired first rounds: the same draft candidates (a shared difficulty per pair) verified by both rules; block
+    accepts `gain` more on average."""
+    rows = []
+    for seed in range(pairs):
+        hard = rng.uniform(0.3, 0.9)
+        for arm, extra in (("token", 0.0), ("block", gain)):
+            accepted = int(min(4, rng.binomial(4, min(1.0, hard + extra))))
+            rows.append({"configuration": "c", "temperature": 1.0, "arm": arm, "k": 4, "prompt_id": f"p{seed % 2}",
+                         "seed_index": seed, "first_proposed": 4, "first_accepted": accepted,
+                         "latency_s": 0.1 + 0.01 * rng.random()})
+    return pd.DataFrame(rows)
+
+
+def test_block_against_token_on_paired_first_rounds_can_say_more_or_inconclusive():
+    rng = np.random.default_rng(11)
+    (more,) = ss.block_vs_token_first_round(first_rounds(rng, gain=0.1))
+    assert more.verdict == "more" and more.difference[1] > 0 and more.source == ss.FIRST_ROUNDS
+    assert more.requests == 200 and more.block_per_round > more.token_per_round
+    (same,) = ss.block_vs_token_first_round(first_rounds(rng, gain=0.0, pairs=20))
+    assert same.verdict == "inconclusive" and same.difference[1] < 0 < same.difference[2]
+    assert ss.block_vs_token_first_round(first_rounds(rng, 0.0).drop(columns="first_accepted")) == []

@@ -196,3 +196,35 @@ def test_the_ablation_arm_says_which_part_pays():
     # prefix-keyed acceptance adds nothing measurable
     assert by_key["speculation/part/load_aware"] == "met"
     assert by_key["speculation/part/acceptance"] in ("inconclusive", "missed")
+
+
+def test_a_familys_own_margin_decides_its_no_worse_goal():
+    """Ours 20 % below the baseline at a judged load: missed against the 10 % default, met within a family's own
+    25 % margin (the design's `margins`), and the goal's words name the margin it was judged by."""
+    named = {"ours": "ours", "no_worse_than": ["base"]}
+    per = lambda good: [(good * f, 4.0 * f) for f in (1.0, 1.01, 0.99)]  # noqa: E731  (every run misses SLOs)
+    data = {"cells": speculation_cells({(8.0, "ours"): per(2.4), (8.0, "base"): per(3.0)})}
+    default = {"speculation": {"goals": named}}
+    own = {"speculation": {"goals": named, "margins": {"goodput": 0.25}}}
+    verdict = lambda design: next(g for g in ss.speculation_goals(data, design, {"goodput": 0.1, "ttft": 0.3})[0]  # noqa: E731
+                                  if g["key"] == "speculation/no_worse/base")
+    assert verdict(default)["verdict"] == "missed" and "margin 10%" in verdict(default)["goal"]
+    assert verdict(own)["verdict"] == "met" and "margin 25%" in verdict(own)["goal"]
+    assert ss.family_margin({"goodput": 0.1, "ttft": 0.3}, own, "speculation", "ttft") == 0.3  # the default
+
+
+def test_the_plans_power_is_computed_at_the_loads_the_run_serves(tmp_path):
+    """A pilot load the run will not serve does not set the plan's noise: the noisy 6 req/s cell leaves the paired
+    SD when the run's rates leave it out."""
+    rng = np.random.default_rng(0)
+    values = {}
+    for rate, spread in ((4.0, 0.01), (6.0, 0.5)):
+        base = 3.0 + spread * rng.standard_normal(5)
+        values[(rate, "base")] = [(g, 4.0) for g in base]
+        values[(rate, "ours")] = [(g * (1 + spread * z), 4.0) for g, z in zip(base, rng.standard_normal(5))]
+    speculation_cells(values).to_parquet(tmp_path / "cells.parquet")
+    design = {"speculation": {"goals": {"ours": "ours", "no_worse_than": ["base"]}, "margins": {"goodput": 0.05}}}
+    every = ss.power(tmp_path, 5, {"goodput": 0.1, "ttft": 0.3}, design)[0]
+    served = ss.power(tmp_path, 5, {"goodput": 0.1, "ttft": 0.3}, design, rates={"speculation": [4]})[0]
+    assert "margin 5%" in served and "MDD <= margin" in served
+    assert "MDD > margin" in every

@@ -214,7 +214,7 @@ def test_the_serving_stage_writes_its_tables_counts_exact_outputs_and_resumes_pe
     assert done.returncode == 0, done.stderr[-2000:]
     out = results / "serving"
     cells = pd.read_parquet(out / "cells.parquet")
-    assert len(cells) == 2 * (5 + 6 + 6 + 2) and (cells.outputs_equal_ar == cells.completed + cells.failed).all()
+    assert len(cells) == 2 * (4 + 6 + 6 + 2) and (cells.outputs_equal_ar == cells.completed + cells.failed).all()
     # each repeat its own trace, the same for every policy of the repeat (paired)
     assert (cells.groupby(["family", "rate", "repeat"]).trace.nunique() == 1).all()
     assert (cells.groupby(["family", "rate"]).trace.nunique() == 2).all()
@@ -248,6 +248,9 @@ def test_a_bad_serving_design_stops_with_one_line(tmp_path):
     done = run_stage(tmp_path / "r", "+experiment.families.speculation.policies.bogus={speculation:sometimes}")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "--speculation takes" in done.stderr.strip().splitlines()[-1]
+    done = run_stage(tmp_path / "r", "experiment.families.speculation.margins.goodput=1.5")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "speculation.margins.goodput" in done.stderr.strip().splitlines()[-1]
 
 
 def test_rakv_serve_takes_the_model_policies(tmp_path):

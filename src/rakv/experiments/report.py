@@ -19,6 +19,7 @@ from rakv.experiments.oracle import NOISE_LEVEL
 from rakv.experiments.study_stats import BASELINES, strategy_means
 from rakv.experiments.summary import (
     ALL_ITERATIONS,
+    FIRST_ROUNDS,
     AcceptanceRow,
     ClaimRow,
     Comparison,
@@ -961,7 +962,31 @@ def serving_text(summary: Summary) -> str:
                 "arrival rate whatever the policy); each goal's rule, with its margin, is in the table. "
                 f"Exactness is checked beside the goals, not counted among them: {serving.exact.equal} of "
                 f"{serving.exact.total} served outputs were identical to the request decoded alone.")
+    text.append(serving_power_sentence(serving))
     return " ".join(text) + "\n"
+
+
+def serving_power_sentence(serving) -> str:
+    """The margins against the noise: per family the minimum detectable difference the plan expected (from the
+    pilot) and the one this run's own paired noise gives, at its repeats, beside the family's margin."""
+    pilot = {(p.family, p.metric): p for p in (serving.power or []) if p.source == "pilot"}
+    own = {(p.family, p.metric): p for p in (serving.power or []) if p.source == "run"}
+    if not own:
+        return ""
+    metric_words = {"goodput": "goodput", "median_ttft_ms": "median TTFT"}
+    parts = []
+    for key, run in own.items():
+        planned = pilot.get(key)
+        parts.append(f"{tex_escape(run.family)} ({metric_words.get(run.metric, tex_escape(run.metric))}): margin "
+                     + (pct(run.margin, 0) if run.margin is not None else "none")
+                     + (f", planned MDD {pct(planned.mdd)}" if planned else "")
+                     + f", this run's {pct(run.mdd)} (paired SD {pct(run.paired_sd)})")
+    repeats = next(iter(own.values())).repeats
+    within = sum(r.margin is not None and r.mdd <= r.margin for r in own.values())
+    return (f"Each family's margin was set before the run from the pilot's minimum detectable difference "
+            f"(95\\,\\% CI, 80\\,\\% power, {repeats} repeats; the median paired SD over the goals' comparisons at "
+            f"the loads served): {'; '.join(parts)}. In this run {within} of {len(own)} families' MDDs lie within "
+            "their margins; a ``no worse'' verdict rules out only a loss as large as the margin.")
 
 
 def serving_goals_table(summary: Summary) -> str:
@@ -1426,19 +1451,23 @@ def sampling_tests_table(s) -> str:
             lines += ["\\midrule", "Configuration & $T$, $k$ & token / round & block / round & "
                       "block $-$ token [95\\,\\% CI] & verdict & block / token latency & \\\\", "\\midrule"]
             for b in s.block_vs_token:
-                lines.append(f"{tex_escape(b.configuration)} & {b.temperature:g}, {b.k} & {b.token_per_round:.3f} & "
+                where = f" ({b.requests} first rounds)" if b.source == FIRST_ROUNDS else ""
+                lines.append(f"{tex_escape(b.configuration)}{where} & {b.temperature:g}, {b.k} & "
+                             f"{b.token_per_round:.3f} & "
                              f"{b.block_per_round:.3f} & {ci_text(b.difference, fmt=lambda v: num(v, 3))} & "
                              f"{b.verdict} & {ratio_text(b.latency_ratio)} & \\\\")
         lines += ["\\bottomrule", "\\end{tabular}}",
                   "\\caption{Top: speculative against plain sampling of the same prompts (first tokens, many seeds): "
                   "chi-square tests of the token counts at every position and prompt, and per prompt a "
-                  "Kolmogorov-Smirnov test of the target's log-likelihood of the samples and a chi-square test of how "
-                  "many of their tokens were the target's most likely, Holm-corrected per arm at 5\\,\\%; the "
+                  "Kolmogorov-Smirnov test of the target's log-likelihood of the samples and a Mann-Whitney test of "
+                  "how many of their tokens were the target's most likely, Holm-corrected per arm at 5\\,\\%; the "
                   "rejection rate on random halves of the samples estimates the tests' power against the positive "
                   "control at half the size (a lower bound at the full size), and their size for the other rules. "
                   "Bottom: accepted "
                   "candidates per round under block and token-wise verification of the same (prompt, seed) pairs "
-                  "(CI over prompts).}\\label{tab:sampling-tests}", "\\end{table}"]
+                  "(whole requests: CI over prompts; first rounds: the distribution samples' first round, whose "
+                  "$k$ candidates the two rules verify alike, CI over the pairs).}\\label{tab:sampling-tests}",
+                  "\\end{table}"]
     return "\n".join(lines) + "\n" if lines else ""
 
 
@@ -1516,7 +1545,9 @@ def sampling_text(summary: Summary) -> str:
     for b in s.block_vs_token:
         words = {"more": "accepts more candidates per round than", "fewer": "accepts fewer candidates per round than",
                  "inconclusive": "is not distinguishable in candidates accepted per round from"}[b.verdict]
+        where = (f"over {b.requests} paired first rounds of the distribution samples" if b.source == FIRST_ROUNDS else
+                 f"over {b.requests} requests")
         text.append(f"At $T={b.temperature:g}$, $k={b.k}$, block verification on {tex_escape(b.configuration)} "
-                    f"{words} token-wise verification ({b.block_per_round:.3f} vs {b.token_per_round:.3f}; "
+                    f"{words} token-wise verification {where} ({b.block_per_round:.3f} vs {b.token_per_round:.3f}; "
                     f"difference {ci_text(b.difference, fmt=lambda v: num(v, 3))}).")
     return " ".join(text) + "\n\n" + sampling_tables(summary)

@@ -145,7 +145,9 @@ def sample_statistics(engine, prompt: list[int], tokens: list[int], sampling: Sa
 
 def distribution_rows(cfg: DictConfig, name: str, engine, prompts, tick) -> list[dict]:
     """Each arm's samples of the first `positions` tokens; the prompt's K/V reused (exact hit) so every sample
-    decodes only. Arms alternate within each seed, so a slow drift of the machine touches all alike."""
+    decodes only. Arms alternate within each seed, so a slow drift of the machine touches all alike. The speculative
+    arms of one seed index share their seed (plain sampling has its own): their first round verifies the same draft
+    candidates, so block and token-wise verification are compared on that round paired (`first_accepted`)."""
     sizes, design = cfg.profile.sampling.distribution, cfg.experiment.distribution
     temperature = float(design.temperature)
     arms = [(PLAIN, 0, "token")] + [(rule, int(design.k), rule) for rule in design.arms]
@@ -156,7 +158,8 @@ def distribution_rows(cfg: DictConfig, name: str, engine, prompts, tick) -> list
         engine.run(ids, Action(False, 1 if engine.proposer_type.has_draft_model else 0), 1, ignore_eos=True)
         for seed_index in range(sizes.seeds):
             for arm, k, rule in arms:
-                seed = request_seed(cfg.seed, name, "distribution", prompt.id, arm, seed_index)
+                seed = request_seed(cfg.seed, name, "distribution", prompt.id,
+                                    PLAIN if arm == PLAIN else "speculative", seed_index)
                 sampling = sampling_for(cfg, temperature, seed, rule)
                 result = engine.run(ids, Action(True, k), sizes.positions, sampling=sampling, ignore_eos=True)
                 tick()
@@ -166,6 +169,9 @@ def distribution_rows(cfg: DictConfig, name: str, engine, prompts, tick) -> list
                              "seed": seed, "tokens": json.dumps(result.token_ids),
                              "loglik": loglik, "argmax_tokens": modes,
                              "accepted": result.accepted, "rounds": result.rounds,
+                             # the first round, never cut short (positions > k): its candidates and accepted ones
+                             "first_proposed": result.round_log[0][0] if result.round_log else 0,
+                             "first_accepted": result.round_log[0][1] if result.round_log else 0,
                              "rejections": result.rejections, "closed_form_accepted": result.closed_form_accepted,
                              "closed_form_variance": result.closed_form_variance,
                              "latency_s": result.latency_s})

@@ -115,6 +115,10 @@ def validate_serving(cfg: DictConfig) -> None:
     for family in grid.rates:
         configuration(family_configuration(cfg, family))  # a one-line error for an unknown name
         family_controller(cfg, family)
+        for metric, value in (cfg.experiment.families[family].get("margins") or {}).items():
+            if metric not in ("goodput", "ttft") or not 0 < float(value) < 1:
+                raise RakvError(f"serving design: {family}.margins.{metric}: a relative margin of goodput or ttft "
+                                f"in (0, 1), not {value}")
         named = cfg.experiment.families[family].get("goals") or {}
         policies = set(cfg.experiment.families[family].policies)
         for role, value in named.items():
@@ -239,7 +243,10 @@ def _run(cfg: DictConfig, out: Path) -> Path:
         trace = read_trace(trace_path)
         key = (cell["configuration"], trace_path)
         if key not in references:
-            references[key] = outputs_alone(engine, trace, None, ignore_eos=True, memo=memo.setdefault(key[0], {}))
+            # the batch-one AR reference is the pair's (a proposer never changes a greedy output), so configurations
+            # of one pair share it; a family's traces of one repeat share their prompts across rates
+            pair = configuration(cell["configuration"]).pair
+            references[key] = outputs_alone(engine, trace, None, ignore_eos=True, memo=memo.setdefault(pair, {}))
         started = time.perf_counter()
         engine.store.clear()
         slos = parts_of.slos_ms
@@ -298,12 +305,15 @@ def _plan_text(cfg: DictConfig, plan: list[dict], served: dict, runs: int, todo:
         slos = parts.slos_ms
         lines.append(f"SLOs on {name} (one-request decode step {decode_step_s(parts.batch_cost) * 1e3:.2f} ms x "
                      f"{steps}): ITL {slos['itl']:.0f} ms, TTFT {slos['ttft']:.0f} ms, TPOT {slos['tpot']:.0f} ms")
-    lines.append(f"margins (relative): {_plain(cfg.experiment.margins)}; goals' baselines named before the run: "
+    own = {f: _plain(spec["margins"]) for f, spec in cfg.experiment.families.items() if spec.get("margins")}
+    lines.append(f"margins (relative): {_plain(cfg.experiment.margins)}, the families' own {own}; goals' baselines "
+                 "named before the run: "
                  + "; ".join(f"{family}: {json.dumps(_plain(spec.get('goals')))}"
                              for family, spec in cfg.experiment.families.items() if family in grid.rates))
     pilot = grid.get("pilot")
     if pilot:
-        for row in power(Path(pilot), grid.repeats, _plain(cfg.experiment.margins), _plain(cfg.experiment.families)):
+        for row in power(Path(pilot), grid.repeats, _plain(cfg.experiment.margins), _plain(cfg.experiment.families),
+                         rates=_plain(grid.rates)):
             lines.append(f"power from the pilot {pilot}: {row}")
     lines += [f"  {c['family']:<18} rate {c['rate']:<6g} {c['policy']:<24} {c['configuration']:<16} "
               f"{json.dumps(c['options'])}" for c in plan]

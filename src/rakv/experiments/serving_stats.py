@@ -36,6 +36,7 @@ from rakv.experiments.summary import (
     Cell,
     ChosenK,
     Comparison,
+    FamilyPower,
     Goal,
     GoalPair,
     IterationMape,
@@ -48,6 +49,7 @@ from rakv.experiments.summary import (
 )
 from rakv.experiments.verdicts import all_of, any_of, below, ci_side, higher, non_inferior
 from rakv.runtime.costmodel import tokens_per_round
+from rakv.runtime.paths import ROOT
 from rakv.serving.batchcost import shape_class
 
 POWER = 0.80
@@ -122,33 +124,55 @@ def _paired_sds(cells: pd.DataFrame, metric: str, pairs: dict | None) -> dict[st
     return out
 
 
-def power(pilot: Path, repeats: int, margins: dict | None = None, design: dict | None = None) -> list[str]:
-    """The plan's power lines: from a pilot's cells.parquet, per family the paired noise of its goals' comparisons
+def family_margin(margins: dict, design: dict | None, family: str, metric: str) -> float:
+    """The family's equivalence margin for `metric` ("goodput" or "ttft"): its own (`margins` in its design entry,
+    sized from the pilot's minimum detectable difference) or the study's default."""
+    own = ((design or {}).get(family) or {}).get("margins") or {}
+    return float(own.get(metric, margins[metric]))
+
+
+def power_rows(cells: pd.DataFrame, repeats: int, margins: dict | None = None, design: dict | None = None,
+               rates: dict | None = None) -> list[dict]:
+    """Per family, from a run's cells (a pilot's, or the run's own): the paired noise of its goals' comparisons
     (goodput for the speculation families, median TTFT for chunking; `design`: the families' goals, else every
-    pair in goodput) and the minimum detectable relative difference at `repeats` repeats, set against the
-    family's margin (`margins`)."""
-    path = Path(pilot) / "cells.parquet"
-    if not path.exists():
-        return [f"no pilot at {path}"]
-    cells = pd.read_parquet(path)
+    pair in goodput) at the loads `rates` names (family -> rates; None: every load of `cells`), the minimum
+    detectable relative difference at `repeats` repeats and the family's margin (`family_margin`; None without
+    `margins`)."""
+    if rates:
+        keep = [(f in rates and float(r) in {float(x) for x in rates[f]}) for f, r in zip(cells.family, cells.rate)]
+        cells = cells[keep]
     by_family = goal_pairs(design) if design else {}
     metrics = sorted({m for m, _ in by_family.values()}) if by_family else ["goodput"]
-    lines = []
+    rows = []
     for metric in metrics:
         pairs = {f: p for f, (m, p) in by_family.items() if m == metric} if by_family else None
         worst = paired_sd_worst(cells, metric, pairs)
         for family, sd in paired_sd(cells, metric, pairs).items():
-            pilot_repeats = int(cells[cells.family == family].repeat.nunique())
-            mdd = minimum_detectable(sd, repeats)
-            line = (f"{family} {metric}: paired sd {sd:.1%} (median over its goal comparisons; the largest "
-                    f"{worst[family][0]:.1%}, {worst[family][1]}); minimum detectable difference (95 % CI, power "
-                    f"{POWER:.0%}) {mdd:.1%} at {repeats} repeats ({minimum_detectable(sd, pilot_repeats):.1%} at "
-                    f"the pilot's {pilot_repeats})")
-            margin = (margins or {}).get("goodput" if metric == "goodput" else "ttft")
-            if margin is not None:
-                line += (f"; margin {float(margin):.0%}: " + ("MDD <= margin" if mdd <= float(margin) else
-                         "MDD > margin, so a 'no worse' goal is expected inconclusive unless the effect is large"))
-            lines.append(line)
+            margin = (family_margin(margins, design, family, "goodput" if metric == "goodput" else "ttft")
+                      if margins else None)
+            rows.append({"family": family, "metric": metric, "paired_sd": sd, "largest_sd": worst[family][0],
+                         "largest_at": worst[family][1], "repeats": repeats, "mdd": minimum_detectable(sd, repeats),
+                         "own_repeats": int(cells[cells.family == family].repeat.nunique()), "margin": margin})
+    return rows
+
+
+def power(pilot: Path, repeats: int, margins: dict | None = None, design: dict | None = None,
+          rates: dict | None = None) -> list[str]:
+    """The plan's power lines: `power_rows` of a pilot's cells.parquet at the run's loads and repeats."""
+    path = Path(pilot) / "cells.parquet"
+    if not path.exists():
+        return [f"no pilot at {path}"]
+    lines = []
+    for row in power_rows(pd.read_parquet(path), repeats, margins, design, rates):
+        sd, mdd, margin, own = row["paired_sd"], row["mdd"], row["margin"], row["own_repeats"]
+        line = (f"{row['family']} {row['metric']}: paired sd {sd:.1%} (median over its goal comparisons; the largest "
+                f"{row['largest_sd']:.1%}, {row['largest_at']}); minimum detectable difference (95 % CI, power "
+                f"{POWER:.0%}) {mdd:.1%} at {repeats} repeats ({minimum_detectable(sd, own):.1%} at the pilot's "
+                f"{own})")
+        if margin is not None:
+            line += (f"; margin {margin:.0%}: " + ("MDD <= margin" if mdd <= margin else
+                     "MDD > margin, so a 'no worse' goal is expected inconclusive unless the effect is large"))
+        lines.append(line)
     return lines
 
 
@@ -246,11 +270,11 @@ def speculation_goals(data: dict, design: dict, margins: dict) -> tuple[list[dic
     k's part), each higher at some judged load. Returns (goals, the per-rate pairs they are read from; a pair at a
     load that is not judged carries its rule's verdict and `judged` false)."""
     goals, pairs = [], []
-    margin = float(margins["goodput"])
     for family, spec in design.items():
         named = spec.get("goals") or {}
         if "no_worse_than" not in named or family not in set(runs(data).family):
             continue
+        margin = family_margin(margins, design, family, "goodput")
         judged, rates = judged_loads(data, family), _rates(data, family)
         for kind, a, rival in _comparisons(named):
             per_rate = []
@@ -362,7 +386,7 @@ def chunking_goals(data: dict, table: pd.DataFrame, design: dict, margins: dict)
                       "surely meets reach every fixed budget's possible ones, missed if a fixed budget surely meets "
                       "where it surely fails", "rival": rival, "unit": "req/s",
               "status": {p: {f"{rate:g}": v for rate, v in by_rate.items()} for p, by_rate in status.items()}}]
-    margin = float(margins["ttft"])
+    margin = family_margin(margins, design, "chunking", "ttft")
     rate = sure[baseline] or _rates(data, "chunking")[0]
     ci = paired_difference(data, "chunking", rate, ours, baseline, "median_ttft_ms")
     goals.append(_goal(f"chunking: {ours} median TTFT no worse than {baseline} (margin {margin:.0%}) at {rate:g} "
@@ -570,7 +594,8 @@ def serving_summary(results: Path, seed: int = 0) -> ServingSummary:
         calibrated_acceptance=alpha, runs=int(len(cells)), requests=int(len(data["requests"])),
         repeats=int(cells.repeat.nunique()), commit=meta.get("git_commit"),
         slo_steps=SloSteps(**meta["config"]["experiment"]["slo_steps"]),
-        slos_ms={name: Slos(**v) for name, v in slos.items()}, margins=Margins(**margins),
+        slos_ms={name: Slos(**v) for name, v in slos.items()}, margins=Margins(**margins, by_family={
+            f: spec["margins"] for f, spec in design.items() if spec.get("margins")}),
         mape_goal=threshold, itl_slo_ms=float(cells.slo_itl_ms.median()), exact=ServedExact(equal, total),
         cells=[Cell(**r) for r in table.to_dict("records")], pairs=[GoalPair(**p) for p in pairs],
         iteration_mape={name: IterationMape(**v) for name, v in iteration_mape(data["iterations"]).items()},
@@ -578,4 +603,18 @@ def serving_summary(results: Path, seed: int = 0) -> ServingSummary:
         acceptance={name: AcceptanceErrors(**v) for name, v in acceptance.items()},
         chosen_k=[ChosenK(**r) for r in chosen_k(data["iterations"]).to_dict("records")],
         break_even_by_batch=[BatchBreakEven(**r) for r in break_even_by_batch(cost).to_dict("records")],
-        goals=[Goal(**g) for g in goals], comparisons=[Comparison(**r) for r in comparisons(data)])
+        goals=[Goal(**g) for g in goals], comparisons=[Comparison(**r) for r in comparisons(data)],
+        power=family_power(cells, grid, design, margins))
+
+
+def family_power(cells: pd.DataFrame, grid: dict, design: dict, margins: dict) -> list[FamilyPower]:
+    """The plan's power rows (from the pilot the profile names, where it is shipped) and this run's own, at the
+    run's loads and repeats."""
+    repeats, rates = int(grid["repeats"]), grid.get("rates")
+    sources = []
+    pilot = grid.get("pilot")
+    if pilot and (ROOT / pilot / "cells.parquet").exists():
+        sources.append(("pilot", pd.read_parquet(ROOT / pilot / "cells.parquet")))
+    sources.append(("run", cells))
+    return [FamilyPower(source=source, **row) for source, frame in sources
+            for row in power_rows(frame, repeats, margins, design, rates)]

@@ -319,9 +319,27 @@ class Slos:
 
 @dataclass(frozen=True)
 class Margins:
-    """The equivalence margins of the "no worse" goals (relative)."""
+    """The equivalence margins of the "no worse" goals (relative): the study's defaults and the families' own
+    (family -> metric -> margin, sized from the pilot's minimum detectable difference)."""
     goodput: float
     ttft: float
+    by_family: dict[str, dict[str, float]] = optional()  # absent: a run before families had their own
+
+
+@dataclass(frozen=True)
+class FamilyPower:
+    """A serving family's paired noise over its goal comparisons and the minimum detectable relative difference (95 %
+    CI, 80 % power) at the run's repeats, against its margin; `source`: "pilot" (the plan's) or "run" (this run's)."""
+    source: str
+    family: str
+    metric: str
+    paired_sd: float
+    largest_sd: float
+    largest_at: str
+    repeats: int
+    mdd: float
+    own_repeats: int
+    margin: float | None
 
 
 @dataclass(frozen=True)
@@ -472,6 +490,9 @@ class ServingSummary:
     break_even_by_batch: list[BatchBreakEven]
     goals: list[Goal]
     comparisons: list[Comparison]
+    # per family the paired noise and minimum detectable difference: the plan's (from the pilot, before the run) and
+    # this run's own (serving_stats.power_rows)
+    power: list[FamilyPower] = optional()  # absent: a run analysed before it was reported
 
 
 # ---------------------------------------------------------------------------------------------
@@ -516,6 +537,9 @@ class TemperatureResult:
     speculation: str  # spec-k4 against AR: pays | costs | inconclusive
 
 
+FIRST_ROUNDS = "first rounds"  # BlockVsToken.source of the distribution samples' paired first rounds
+
+
 @dataclass(frozen=True)
 class BlockVsToken:
     configuration: str
@@ -527,6 +551,9 @@ class BlockVsToken:
     difference: Interval  # block - token, accepted candidates per round (prompts as clusters)
     latency_ratio: Interval  # block / token
     verdict: str  # more | fewer | inconclusive
+    # "runs": whole requests, CI over prompts; "first rounds": the distribution samples' first round, paired by
+    # (prompt, seed) on the same draft candidates, CI over the pairs
+    source: str = optional()  # absent: "runs" (a run analysed before the first rounds were)
 
 
 @dataclass(frozen=True)
