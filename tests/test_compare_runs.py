@@ -138,3 +138,13 @@ def test_the_papers_run_to_run_sentence_reads_a_shipped_second_run(tmp_path):
     total = len(compare_runs.with_intervals(compare_runs.read_summary(first)))
     assert f"puts {total - 1} of {total} headline statistics" in text
     assert "outside: smollm2: latency reduction vs joint-k4" in text
+    assert "chose the same action" not in text  # no raw tables here: nothing to compare decisions on
+    import pandas as pd
+
+    chosen = {"offline": ["r1k4", "r1k4", "r0k0", "r1k6"], "offline-rerun": ["r1k4", "r1k8", "r0k0", "r1k6"]}
+    for folder, actions in chosen.items():
+        (tmp_path / folder / "study").mkdir(exist_ok=True)
+        runs = pd.DataFrame({"configuration": "smollm2", "prompt_id": "p", "scenario": ["a", "b", "c", "d"],
+                             "repeat": 0, "strategy": "rakv-asd", "action": actions})
+        runs.to_parquet(tmp_path / folder / "study" / "runs.parquet")
+    assert "the two controllers chose the same action in 75\\% of smollm2's runs" in report.run_to_run(first)

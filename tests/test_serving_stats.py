@@ -228,3 +228,21 @@ def test_the_plans_power_is_computed_at_the_loads_the_run_serves(tmp_path):
     served = ss.power(tmp_path, 5, {"goodput": 0.1, "ttft": 0.3}, design, rates={"speculation": [4]})[0]
     assert "margin 5%" in served and "MDD <= margin" in served
     assert "MDD > margin" in every
+
+
+def test_a_no_worse_goal_met_below_zero_is_named_as_measurably_lower():
+    from types import SimpleNamespace
+
+    from rakv.experiments.report import met_but_lower_sentence
+    from rakv.experiments.summary import Goal
+
+    def goal(key, value, low, high, verdict="met"):
+        return Goal(goal=key, key=key, value=value, ci_low=low, ci_high=high, verdict=verdict, rule="r",
+                    family="speculation-draft", rival="k0", rate=32.0, unit="relative")
+
+    lower = goal("speculation-draft/no_worse/k0", -0.099, -0.138, -0.058)
+    straddles = goal("speculation-draft/no_worse/k2", -0.02, -0.05, 0.01)
+    missed = goal("speculation-draft/no_worse/smartspec", -0.6, -0.7, -0.5, verdict="missed")
+    text = met_but_lower_sentence(SimpleNamespace(goals=[lower, straddles, missed]))
+    assert text.startswith("1 ``no worse'' goal is met") and "against k0" in text and "k2" not in text
+    assert met_but_lower_sentence(SimpleNamespace(goals=[straddles])) == ""

@@ -578,8 +578,9 @@ def across_machines(results: Path | None = None, folder: Path = OTHER_MACHINES) 
         first, second = about[runs[0]], about[b_dir]
         flips = "; ".join(tex_escape(_statistic_words(n)) for n in got.flipped) or "none"
         text.append(f"The same study ran on a {tex_escape(first['machine'])} (commit \\texttt{{{first['commit']}}}) "
-                    f"and on a {tex_escape(second['machine'])} (commit \\texttt{{{second['commit']}}}; the "
-                    f"batch-one engine and its kernels' source are the same at both). Of {got.total} headline "
+                    f"and on a {tex_escape(second['machine'])} (commit \\texttt{{{second['commit']}}}; "
+                    f"{tex_escape(second.get('engine') or 'the batch-one engine not compared')}). Of {got.total} "
+                    "headline "
                     f"statistics with a "
                     f"95\\,\\% CI, {got.inside} of the second run's values lie inside the first run's CIs, and "
                     f"{got.same_conclusion} draw the same conclusion (both intervals above zero, both below, or both "
@@ -589,8 +590,8 @@ def across_machines(results: Path | None = None, folder: Path = OTHER_MACHINES) 
         meta = json.loads((Path(results) / "study" / "metadata.json").read_text())
         own = read_summary(results)
         isa = (meta.get("hardware") or {}).get("isa")
-        labels[Path(results)] = f"this run ({tex_escape(isa or 'ISA not recorded')})"
-        compared = [f"{got.inside} of {got.total} inside the {tex_escape(about[p]['label'])} run's CIs and "
+        labels[Path(results)] = f"this run ({isa_label(isa)})"
+        compared = [f"{got.inside} of {got.total} inside the {labels[p]} run's CIs and "
                     f"{got.same_conclusion} with its conclusion" for p in runs
                     for got in [agreement(read_summary(p), own)]]
         text.append(f"This run's headline statistics: {'; '.join(compared)}.")
@@ -598,11 +599,19 @@ def across_machines(results: Path | None = None, folder: Path = OTHER_MACHINES) 
     return " ".join(text) + "\n" + machines_table(labels, results or runs[0])
 
 
+def isa_label(isa: str | None) -> str:
+    """A hardware record's instruction sets as the kernels' path: AVX-512, AVX2 or what it says."""
+    sets = set((isa or "").split("+"))
+    if "avx512f" in sets:
+        return "AVX-512"
+    return "AVX2" if "avx2" in sets else tex_escape(isa or "ISA not recorded")
+
+
 def run_to_run(results: Path) -> str:
     """The paper's run-to-run sentence: a second full run of the same commit on the same machine class, shipped
     beside this one as <results>-rerun/ (a separate clean clone and process), read against this run's 95 % CIs
     (rakv.experiments.runcompare.agreement): the fraction inside, and the statistics that moved."""
-    from rakv.experiments.runcompare import agreement, hardware, same_machine
+    from rakv.experiments.runcompare import agreement, decision_agreement, hardware, same_machine
     from rakv.experiments.summary import read_summary
 
     rerun = Path(results).with_name(Path(results).name + "-rerun")
@@ -618,7 +627,17 @@ def run_to_run(results: Path) -> str:
     return (f"A second full run of the same profile, from a separate clean clone and process "
             f"(\\texttt{{{tex_escape(shown_path(rerun))}/}}, on {where}), "
             f"puts {got.inside} of {got.total} headline statistics ({pct(got.inside / got.total, 0)}) inside this "
-            f"run's 95\\,\\% CIs and draws the same conclusion for {got.same_conclusion}; outside: {moved}.\n")
+            f"run's 95\\,\\% CIs and draws the same conclusion for {got.same_conclusion}; outside: {moved}. "
+            + decisions_sentence(decision_agreement(results, rerun)) + "\n")
+
+
+def decisions_sentence(shares: dict[str, float]) -> str:
+    """How often two runs' controllers chose the same action for the same (prompt, scenario, repeat)."""
+    if not shares:
+        return ""
+    parts = ", ".join(f"{pct(v, 0)} of {tex_escape(k)}'s" for k, v in shares.items())
+    return (f"Each run calibrated its own cost tables, and the two controllers chose the same action in {parts} "
+            "runs: where actions lie within each other's noise the choice, and the oracle's, can differ.")
 
 
 def statistics_table(summary: Summary) -> str:
@@ -803,8 +822,25 @@ def readme_facts(results: Path) -> dict[str, str]:
              "reference-serving-min": f"{times.get('serving', 0) / 60:.1f} min",
              "reference-sampling-min": f"{times.get('sampling', 0) / 60:.1f} min",
              "reference-regeneration-s": f"{times.get('analysis', 0) + times.get('paper', 0)} s",
-             "reference-stage-times": ", ".join(f"{stage} {seconds:,} s" for stage, seconds in times.items())}
+             "reference-stage-times": ", ".join(f"{stage} {seconds:,} s" for stage, seconds in times.items()),
+             "reference-machine": machine_words(results)}
     return facts
+
+
+def machine_words(results: Path) -> str:
+    """The machine of a run in words, from its hardware record (study/metadata.json): cores, processor and the
+    instruction sets that choose the kernels' path."""
+    meta = json.loads((Path(results) / "study" / "metadata.json").read_text())
+    hardware = meta.get("hardware") or {}
+    isa = set((hardware.get("isa") or "").split("+"))
+    cores = f"{hardware['threads']}-core " if hardware.get("threads") else ""
+    if "avx512f" in isa:
+        sets = "AVX2, FMA and AVX-512" + (" with VNNI" if "avx512_vnni" in isa else "")
+    elif "avx2" in isa:
+        sets = "AVX2 and FMA, no AVX-512"
+    else:
+        sets = "its instruction sets not recorded"
+    return f"{cores}{hardware.get('processor', 'machine')} with {sets}"
 
 
 def refresh_readme(summary: Summary, readme: Path, results: Path | None = None) -> bool:
@@ -963,7 +999,23 @@ def serving_text(summary: Summary) -> str:
                 f"Exactness is checked beside the goals, not counted among them: {serving.exact.equal} of "
                 f"{serving.exact.total} served outputs were identical to the request decoded alone.")
     text.append(serving_power_sentence(serving))
+    text.append(met_but_lower_sentence(serving))
     return " ".join(text) + "\n"
+
+
+def met_but_lower_sentence(serving) -> str:
+    """The "no worse" goals met within their margin while their CI lies wholly below zero: measurably lower than
+    the baseline, by less than the margin (a margin wider than the run's noise lets such a goal be met)."""
+    lower = [g for g in serving.goals if "/no_worse/" in g.key or "/throughput/" in g.key
+             if g.verdict == "met" and g.ci_high is not None and not missing(g.ci_high) and g.ci_high < 0]
+    if not lower:
+        return ""
+    shown = "; ".join(f"{tex_escape(g.family or '')} against {tex_escape(g.rival or '')} "
+                      f"({'goodput' if '/no_worse/' in g.key else 'throughput'} {pct(g.value)} "
+                      f"[{pct(g.ci_low)}, {pct(g.ci_high)}])" for g in lower)
+    return (f"{len(lower)} ``no worse'' {'goal is' if len(lower) == 1 else 'goals are'} met within the margin "
+            f"while {'its' if len(lower) == 1 else 'their'} CI lies wholly below zero, so RAKV-ASD is measurably "
+            f"lower there, by less than the margin: {shown}.")
 
 
 def serving_power_sentence(serving) -> str:
@@ -1540,7 +1592,8 @@ def sampling_text(summary: Summary) -> str:
                     f"{len(rejected)} {'was' if len(rejected) == 1 else 'were'} rejected at the Holm-corrected 5\\,\\% "
                     "level; the positive control (a rule that accepts the target's argmax at any temperature) was "
                     + ", ".join(f"{'rejected' if d.rejected else 'not rejected'} for {tex_escape(d.configuration)} "
-                                f"(power {pct(d.half_sample_rejection_rate, 0)} at half this size)" for d in controls)
+                                f"(power {pct(d.half_sample_rejection_rate, 0)} at half this size, a lower bound "
+                                "of its power at this size)" for d in controls)
                     + " (Table~\\ref{tab:sampling-tests}).")
     for b in s.block_vs_token:
         words = {"more": "accepts more candidates per round than", "fewer": "accepts fewer candidates per round than",

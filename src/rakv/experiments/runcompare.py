@@ -122,3 +122,20 @@ def agreement(a: Summary, b: Summary) -> Agreement:
     outside = [n for n in names if not a_ci[n][1] <= b_ci[n][0] <= a_ci[n][2]]
     flipped = [n for n in names if ci_side(a_ci[n], 0.0) != ci_side(b_ci[n], 0.0)]
     return Agreement(len(names), len(names) - len(outside), len(names) - len(flipped), outside, flipped)
+
+
+def decision_agreement(a: Path, b: Path) -> dict[str, float]:
+    """Per configuration, the share of the controller's study runs (the same prompt, scenario and repeat in both
+    runs) in which the two runs chose the same action: each run calibrates its own cost tables, so where actions
+    lie within each other's noise the two can choose differently."""
+    import pandas as pd
+
+    key = ["configuration", "prompt_id", "scenario", "repeat"]
+    if not all((Path(folder) / "study" / "runs.parquet").exists() for folder in (a, b)):
+        return {}  # a summary shipped without its raw tables
+    chosen = []
+    for folder in (a, b):
+        runs = pd.read_parquet(Path(folder) / "study" / "runs.parquet", columns=[*key, "strategy", "action"])
+        chosen.append(runs[runs.strategy == "rakv-asd"].set_index(key).action)
+    both = pd.concat([chosen[0].rename("a"), chosen[1].rename("b")], axis=1).dropna()
+    return {str(name): float(part.mean()) for name, part in (both.a == both.b).groupby(level="configuration")}

@@ -243,7 +243,9 @@ def family_p_values(plain: dict, arm: dict) -> list[float]:
 def half_sample(samples: dict, rng: np.random.Generator) -> dict:
     """Half of each prompt's samples, drawn without replacement: itself an independent sample of half the size from
     the arm's true distribution (a bootstrap resample would not be: it treats the observed difference between two
-    arms, noise included, as the truth, and rejects too often)."""
+    arms, noise included, as the truth, and rejects too often). An extrapolation of the power to the full size
+    along subsamples of a quarter, a third and a half (probit linear in sqrt(n)) was tried and dropped: on synthetic
+    data it put 0.85 where fresh full-size data sets rejected 0.59 of the time."""
     out = {}
     for prompt, (tokens, loglik, modes) in samples.items():
         pick = rng.permutation(len(loglik))[: len(loglik) // 2]
