@@ -237,6 +237,11 @@ def serve_markdown(serve: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def agreements(repeat: dict) -> list[dict]:
+    """One bench_vllm_serve repeat's output agreements: rakv against each vLLM setting, on each workload."""
+    return [a for setting in repeat["agreement"].values() for a in setting.values()]
+
+
 def paired_markdown(serve: dict) -> str:
     """rakv / vLLM per metric (RATIO_DEFINITION), with its 95 % CI; below 1: rakv's latency is lower."""
     metrics = [(m, name) for m, name, _ in SERVE_METRICS if m in RATIO_METRICS]
@@ -248,11 +253,9 @@ def paired_markdown(serve: dict) -> str:
             cells = [ratio_cell(serve["paired"][key][label][m]) for m, _ in metrics]
             lines.append(f"| {workload_name(label, rate) if i == 0 else ''} | {serve_setting_name(serve, key)} | "
                          + " | ".join(cells) + " |")
-    agreed = [(sum(a["equal"] for key in r["agreement"] for a in r["agreement"][key].values()),
-               sum(a["requests"] for key in r["agreement"] for a in r["agreement"][key].values()))
+    agreed = [(sum(a["equal"] for a in agreements(r)), sum(a["requests"] for a in agreements(r)))
               for r in serve["repeats"]]
-    lost = sum(a.get("failed", 0) for r in serve["repeats"] for key in r["agreement"]
-               for a in r["agreement"][key].values())
+    lost = sum(a.get("failed", 0) for r in serve["repeats"] for a in agreements(r))
     lines += ["", "Outputs equal token for token (rakv against each vLLM setting, all workloads, the requests both "
               "completed), per repeat: " + ", ".join(f"{e} of {n}" for e, n in agreed)
               + (f"; comparisons left out because one engine failed the request: {lost}" if lost else "") + ".", "",

@@ -830,17 +830,15 @@ def readme_facts(results: Path) -> dict[str, str]:
 def machine_words(results: Path) -> str:
     """The machine of a run in words, from its hardware record (study/metadata.json): cores, processor and the
     instruction sets that choose the kernels' path."""
-    meta = json.loads((Path(results) / "study" / "metadata.json").read_text())
-    hardware = meta.get("hardware") or {}
-    isa = set((hardware.get("isa") or "").split("+"))
-    cores = f"{hardware['threads']}-core " if hardware.get("threads") else ""
-    if "avx512f" in isa:
-        sets = "AVX2, FMA and AVX-512" + (" with VNNI" if "avx512_vnni" in isa else "")
-    elif "avx2" in isa:
-        sets = "AVX2 and FMA, no AVX-512"
-    else:
-        sets = "its instruction sets not recorded"
-    return f"{cores}{hardware.get('processor', 'machine')} with {sets}"
+    from rakv.experiments.runcompare import hardware
+
+    machine = hardware(Path(results)) or {}
+    isa = machine.get("isa")
+    cores = f"{machine['threads']}-core " if machine.get("threads") else ""
+    vnni = " with VNNI" if "avx512_vnni" in (isa or "").split("+") else ""
+    sets = {"AVX-512": f"AVX2, FMA and AVX-512{vnni}", "AVX2": "AVX2 and FMA, no AVX-512"}.get(
+        isa_label(isa), "its instruction sets not recorded")
+    return f"{cores}{machine.get('processor') or 'machine'} with {sets}"
 
 
 def refresh_readme(summary: Summary, readme: Path, results: Path | None = None) -> bool:
@@ -1161,7 +1159,7 @@ def peer_section(folder: Path | None) -> str:
                         f"{tex_escape(pt.serve_setting_name(serve, key))} & {a['completed']} & {a['failed']} & "
                         + " & ".join(peer_cell(a[m], d) for m, _, d in PEER_COLUMNS)
                         + f" & {'--' if hit is None else pct(hit, 0)} \\\\")
-    agreed = [a for r in serve["repeats"] for setting in r["agreement"].values() for a in setting.values()]
+    agreed = [a for r in serve["repeats"] for a in pt.agreements(r)]
     text = (f"\\paragraph{{Against vLLM.}} The same prompts, at the same seeded Poisson arrivals, were sent by vLLM's "
             f"own benchmark client (\\texttt{{vllm bench serve}}) to \\texttt{{rakv serve --http}} (strategy "
             f"\\texttt{{{tex_escape(serve['strategy'])}}}) and to vLLM {tex_escape(serve['vllm'])}'s CPU build "

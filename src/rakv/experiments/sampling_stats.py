@@ -124,6 +124,12 @@ def temperature_results(runs: pd.DataFrame, tables: dict) -> list[TemperatureRes
     return out
 
 
+def more_or_fewer(difference: list[float]) -> str:
+    """Block against token-wise verification from the CI of their difference in accepted candidates per round."""
+    side = ci_side(difference, 0.0, point_if_no_interval=False)
+    return {"above": "more", "below": "fewer"}.get(side, "inconclusive")
+
+
 def block_vs_token(runs: pd.DataFrame) -> list[BlockVsToken]:
     """Per (configuration, temperature > 0, k): accepted candidates per round under block and token-wise
     verification of the same (prompt, seed), the difference per prompt with its CI, and the latency ratio."""
@@ -137,13 +143,12 @@ def block_vs_token(runs: pd.DataFrame) -> list[BlockVsToken]:
         difference = t_interval((rate.loc["block"] - rate.loc["token"]).dropna())
         strategy = f"spec-k{k}"
         latency = geometric_mean_interval(per_prompt_log_ratio(group, (strategy, "block"), (strategy, "token")))
-        side = ci_side(difference, 0.0, point_if_no_interval=False)
         out.append(BlockVsToken(
             configuration=name, temperature=float(temperature), k=int(k), requests=int(len(group) // 2),
             token_per_round=float(per.loc["token"].accepted.sum() / per.loc["token"].rounds.sum()),
             block_per_round=float(per.loc["block"].accepted.sum() / per.loc["block"].rounds.sum()),
             difference=difference, latency_ratio=latency,
-            verdict={"above": "more", "below": "fewer"}.get(side, "inconclusive"), source="runs"))
+            verdict=more_or_fewer(difference), source="runs"))
     return out
 
 
@@ -165,12 +170,11 @@ def block_vs_token_first_round(samples: pd.DataFrame) -> list[BlockVsToken]:
         accepted = both["first_accepted"]
         difference = t_interval(accepted.block - accepted.token)
         latency = geometric_mean_interval(np.log(both["latency_s"].block / both["latency_s"].token))
-        side = ci_side(difference, 0.0, point_if_no_interval=False)
         out.append(BlockVsToken(
             configuration=name, temperature=float(temperature), k=int(full.k.max()), requests=int(len(both)),
             token_per_round=float(accepted.token.mean()), block_per_round=float(accepted.block.mean()),
             difference=difference, latency_ratio=latency,
-            verdict={"above": "more", "below": "fewer"}.get(side, "inconclusive"), source=FIRST_ROUNDS))
+            verdict=more_or_fewer(difference), source=FIRST_ROUNDS))
     return out
 
 

@@ -296,7 +296,7 @@ def _study_table(cfg: DictConfig, engine):
 
 
 def _plan_text(cfg: DictConfig, plan: list[dict], served: dict, runs: int, todo: int) -> str:
-    from rakv.experiments.serving_stats import power
+    from rakv.experiments.serving_stats import family_margins, pilot_path, power
 
     grid = cfg.profile.serving
     lines = [f"serving study: {len(plan)} cells x {grid.repeats} repeats = {runs} runs ({todo} to go)"]
@@ -305,16 +305,16 @@ def _plan_text(cfg: DictConfig, plan: list[dict], served: dict, runs: int, todo:
         slos = parts.slos_ms
         lines.append(f"SLOs on {name} (one-request decode step {decode_step_s(parts.batch_cost) * 1e3:.2f} ms x "
                      f"{steps}): ITL {slos['itl']:.0f} ms, TTFT {slos['ttft']:.0f} ms, TPOT {slos['tpot']:.0f} ms")
-    own = {f: _plain(spec["margins"]) for f, spec in cfg.experiment.families.items() if spec.get("margins")}
+    own = family_margins(_plain(cfg.experiment.families))
     lines.append(f"margins (relative): {_plain(cfg.experiment.margins)}, the families' own {own}; goals' baselines "
                  "named before the run: "
                  + "; ".join(f"{family}: {json.dumps(_plain(spec.get('goals')))}"
                              for family, spec in cfg.experiment.families.items() if family in grid.rates))
-    pilot = grid.get("pilot")
+    pilot = pilot_path(_plain(grid))
     if pilot:
-        for row in power(Path(pilot), grid.repeats, _plain(cfg.experiment.margins), _plain(cfg.experiment.families),
+        for row in power(pilot, grid.repeats, _plain(cfg.experiment.margins), _plain(cfg.experiment.families),
                          rates=_plain(grid.rates)):
-            lines.append(f"power from the pilot {pilot}: {row}")
+            lines.append(f"power from the pilot {grid.pilot}: {row}")
     lines += [f"  {c['family']:<18} rate {c['rate']:<6g} {c['policy']:<24} {c['configuration']:<16} "
               f"{json.dumps(c['options'])}" for c in plan]
     return "\n".join(lines) + "\n"

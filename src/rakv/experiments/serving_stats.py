@@ -124,6 +124,17 @@ def _paired_sds(cells: pd.DataFrame, metric: str, pairs: dict | None) -> dict[st
     return out
 
 
+def family_margins(design: dict) -> dict[str, dict[str, float]]:
+    """family -> its own margins (metric -> margin), for the families of the design that set any."""
+    return {family: dict(spec["margins"]) for family, spec in design.items() if spec.get("margins")}
+
+
+def pilot_path(grid: dict) -> Path | None:
+    """The pilot run the profile's serving section names (relative to the repository), None where it names none."""
+    pilot = grid.get("pilot")
+    return ROOT / pilot if pilot else None
+
+
 def family_margin(margins: dict, design: dict | None, family: str, metric: str) -> float:
     """The family's equivalence margin for `metric` ("goodput" or "ttft"): its own (`margins` in its design entry,
     sized from the pilot's minimum detectable difference) or the study's default."""
@@ -139,8 +150,8 @@ def power_rows(cells: pd.DataFrame, repeats: int, margins: dict | None = None, d
     detectable relative difference at `repeats` repeats and the family's margin (`family_margin`; None without
     `margins`)."""
     if rates:
-        keep = [(f in rates and float(r) in {float(x) for x in rates[f]}) for f, r in zip(cells.family, cells.rate)]
-        cells = cells[keep]
+        served = {family: {float(r) for r in family_rates} for family, family_rates in rates.items()}
+        cells = cells[[float(r) in served.get(f, ()) for f, r in zip(cells.family, cells.rate)]]
     by_family = goal_pairs(design) if design else {}
     metrics = sorted({m for m, _ in by_family.values()}) if by_family else ["goodput"]
     rows = []
@@ -594,8 +605,8 @@ def serving_summary(results: Path, seed: int = 0) -> ServingSummary:
         calibrated_acceptance=alpha, runs=int(len(cells)), requests=int(len(data["requests"])),
         repeats=int(cells.repeat.nunique()), commit=meta.get("git_commit"),
         slo_steps=SloSteps(**meta["config"]["experiment"]["slo_steps"]),
-        slos_ms={name: Slos(**v) for name, v in slos.items()}, margins=Margins(**margins, by_family={
-            f: spec["margins"] for f, spec in design.items() if spec.get("margins")}),
+        slos_ms={name: Slos(**v) for name, v in slos.items()},
+        margins=Margins(**margins, by_family=family_margins(design)),
         mape_goal=threshold, itl_slo_ms=float(cells.slo_itl_ms.median()), exact=ServedExact(equal, total),
         cells=[Cell(**r) for r in table.to_dict("records")], pairs=[GoalPair(**p) for p in pairs],
         iteration_mape={name: IterationMape(**v) for name, v in iteration_mape(data["iterations"]).items()},
@@ -612,9 +623,9 @@ def family_power(cells: pd.DataFrame, grid: dict, design: dict, margins: dict) -
     run's loads and repeats."""
     repeats, rates = int(grid["repeats"]), grid.get("rates")
     sources = []
-    pilot = grid.get("pilot")
-    if pilot and (ROOT / pilot / "cells.parquet").exists():
-        sources.append(("pilot", pd.read_parquet(ROOT / pilot / "cells.parquet")))
+    pilot = pilot_path(grid)
+    if pilot and (pilot / "cells.parquet").exists():
+        sources.append(("pilot", pd.read_parquet(pilot / "cells.parquet")))
     sources.append(("run", cells))
     return [FamilyPower(source=source, **row) for source, frame in sources
             for row in power_rows(frame, repeats, margins, design, rates)]

@@ -70,7 +70,7 @@ def run_strategy(engine: Engine, strategy: str, token_ids: list[int], new_tokens
     start = time.perf_counter()
     hit = engine.peek(token_ids, run_kwargs.get("salt"))
     sampling = run_kwargs.get("sampling")
-    temperature = 0.0 if sampling is None or sampling.greedy else sampling.temperature
+    temperature = sampling.temperature if sampling is not None else 0.0  # greedy at <= 0 (temperature_key)
     choice = choose_action(strategy, hit, len(token_ids), new_tokens, engine.proposer_type, controller,
                            temperature=temperature)
     decision = choice.decision

@@ -88,7 +88,7 @@ class Acceptance:
 
     def learn(self, request: ServedRequest, log, empty: int) -> None:
         """The EWMA (the controller's, with its per-match-class depth) learns from a finished request's rounds."""
-        temperature = 0.0 if request.sampling.greedy else request.sampling.temperature
+        temperature = request.sampling.temperature  # greedy at <= 0 (temperature_key)
         if self.controller is None:
             self.tracker_at(temperature).observe(log, empty)
         elif request.choice.decision is not None:

@@ -45,7 +45,7 @@ class Admission:
         """Choose the request's action for what the store offers it now (`hit`), and assign it with its predicted
         service time beside its `company` (the running and waiting requests) under the `load` recent iterations
         ran (rakv.serving.scheduler.Load)."""
-        temperature = 0.0 if request.sampling.greedy else request.sampling.temperature
+        temperature = request.sampling.temperature  # greedy at <= 0 (rakv.runtime.controller.temperature_key)
         alpha = self.acceptance.at_admission(hit, temperature)
         choice = choose_action(self.strategy, hit, len(request.prompt), request.state.max_new_tokens, self.proposer,
                                self.controller, alpha=alpha if self.strategy == ADAPTIVE else None,
