@@ -1,6 +1,7 @@
 """The sampling stage's statistics (rakv.experiments.sampling_stats) on synthetic tables whose truth is known."""
 
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -137,6 +138,33 @@ def first_rounds(rng, gain: float, pairs: int = 200) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def given_draft(rng, gain: float, requests: int = 200) -> pd.DataFrame:
+    """Both rules' expected accepted count given each request's drafts (a shared difficulty per request); block's
+    exceeds token-wise's by `gain` per round on average, either sign on one request."""
+    rows = []
+    for seed in range(requests):
+        for arm in ("token", "block"):
+            rounds = int(rng.integers(1, 4))
+            token = rng.uniform(0.5, 3.5, rounds)
+            block = token + gain + rng.normal(0, 0.3, rounds)
+            rows.append({"configuration": "c", "temperature": 1.0, "arm": arm, "k": 4, "prompt_id": f"p{seed % 2}",
+                         "seed_index": seed, "rounds": rounds, "expected_token": token.sum(),
+                         "expected_block": block.sum(), "latency_s": 0.1 + 0.01 * rng.random()})
+    return pd.DataFrame(rows)
+
+
+def test_block_against_token_given_the_draft_can_say_more_fewer_or_inconclusive():
+    rng = np.random.default_rng(5)
+    (more,) = ss.block_vs_token_given_draft(given_draft(rng, gain=0.1))
+    assert more.verdict == "more" and more.source == ss.EXPECTED_GIVEN_DRAFT and more.requests == 400
+    assert more.block_per_round > more.token_per_round
+    (fewer,) = ss.block_vs_token_given_draft(given_draft(rng, gain=-0.1))
+    assert fewer.verdict == "fewer" and fewer.difference[2] < 0
+    (same,) = ss.block_vs_token_given_draft(given_draft(rng, gain=0.0, requests=10))
+    assert same.verdict == "inconclusive" and same.difference[1] < 0 < same.difference[2]
+    assert ss.block_vs_token_given_draft(given_draft(rng, 0.0).drop(columns="expected_block")) == []
+
+
 def test_block_against_token_on_paired_first_rounds_can_say_more_or_inconclusive():
     rng = np.random.default_rng(11)
     (more,) = ss.block_vs_token_first_round(first_rounds(rng, gain=0.1))
@@ -145,3 +173,43 @@ def test_block_against_token_on_paired_first_rounds_can_say_more_or_inconclusive
     (same,) = ss.block_vs_token_first_round(first_rounds(rng, gain=0.0, pairs=20))
     assert same.verdict == "inconclusive" and same.difference[1] < 0 < same.difference[2]
     assert ss.block_vs_token_first_round(first_rounds(rng, 0.0).drop(columns="first_accepted")) == []
+
+
+def long_context_frame(rng, documents: int = 3) -> pd.DataFrame:
+    """Two length bins, two budgets, two questions per document: kv-only at half AR's latency on second questions
+    under the large budget (a hit), equal otherwise; rakv-asd at 0.8 of kv-only's everywhere."""
+    rows = []
+    for length_bin, tokens in (("1024-2048", 1500), ("2048-3072", 2800)):
+        for d in range(documents):
+            for budget in (512, 160):
+                for question in (0, 1):
+                    ar = tokens / 400 * rng.uniform(0.95, 1.05)
+                    hit = budget == 512 and question == 1
+                    kv = ar * (0.5 if hit else 1.0) * rng.uniform(0.97, 1.03)
+                    for strategy, latency in (("ar", ar), ("kv-only", kv), ("rakv-asd", 0.8 * kv)):
+                        rows.append({"configuration": "c", "budget_mib": budget, "document": f"{length_bin}/{d}",
+                                     "length_bin": length_bin, "question": question, "strategy": strategy,
+                                     "document_tokens": tokens, "hit_tokens": tokens if hit and strategy != "ar" else 0,
+                                     "evictions": 0, "ttft_s": latency / 2, "latency_s": latency})
+    return pd.DataFrame(rows)
+
+
+def test_long_context_rows_are_per_length_bin_with_reuse_and_speculation_on_top():
+    rows = ss.long_context_rows(long_context_frame(np.random.default_rng(3)))
+    assert len(rows) == 2 * 2 * 3 and {r.documents for r in rows} == {3}
+    by = {(r.budget_mib, r.length_bin, r.strategy): r for r in rows}
+    reuse = by[512.0, "2048-3072", "kv-only"]
+    # a hit on one of two questions: the geometric mean of 0.5 and 1.0 per document
+    assert abs(reuse.vs_ar[0] - math.sqrt(0.5)) < 0.03 and reuse.vs_ar[2] < 1.0
+    assert by[160.0, "1024-2048", "kv-only"].vs_ar[1] < 1.0 < by[160.0, "1024-2048", "kv-only"].vs_ar[2]
+    on_top = by[512.0, "1024-2048", "rakv-asd"].vs_reuse
+    assert on_top[0] == pytest.approx(0.8) and on_top[2] < 1.0
+    assert math.isnan(reuse.vs_reuse[0])
+
+
+def test_long_context_strategies_take_turns_at_running_first():
+    from rakv.experiments.sampling import rotated
+
+    orders = [rotated(["ar", "kv-only", "rakv-asd"], turn) for turn in range(6)]
+    assert [o[0] for o in orders] == ["ar", "kv-only", "rakv-asd"] * 2
+    assert all(sorted(o) == ["ar", "kv-only", "rakv-asd"] for o in orders)

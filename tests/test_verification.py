@@ -21,6 +21,7 @@ from rakv.runtime.verification import (
     block_stop_probabilities,
     block_weights,
     closed_form_acceptance,
+    expected_accepted,
     proposal_rows,
 )
 
@@ -190,6 +191,20 @@ def test_block_keeps_at_least_as_many_candidates_as_tokenwise(gamma):
     assert expected_kept(block_outcomes, gamma) >= expected_kept(tokenwise_outcomes, gamma) - 1e-12
 
 
+@pytest.mark.parametrize("gamma", [2, 3])
+def test_expected_accepted_given_the_draft_averages_to_each_rules_expectation(gamma):
+    """expected_accepted's two values on a draft, averaged over every draft with its probability, are the expected
+    kept candidates of the enumerated rounds: the conditional expectation the analysis compares the rules with."""
+    given = [0.0, 0.0]
+    for block, q_block in blocks((), gamma, False):
+        p, q = rows((), block)
+        token, block_kept = expected_accepted(list(block), q, p)
+        given[0] += q_block * token
+        given[1] += q_block * block_kept
+    assert given[0] == pytest.approx(expected_kept(tokenwise_outcomes, gamma), abs=1e-9)
+    assert given[1] == pytest.approx(expected_kept(block_outcomes, gamma), abs=1e-9)
+
+
 def test_the_papers_two_token_example():
     """Sun et al.'s example: context-free p = (1/3, 2/3), q = (2/3, 1/3), two candidates: token-wise keeps 10/9
     candidates per round in expectation, block verification 11/9."""
@@ -199,6 +214,8 @@ def test_the_papers_two_token_example():
                       for a, b in product(range(2), repeat=2) for n, prob, _ in rule(p, q, (a, b)))
             for rule in (tokenwise_outcomes, block_outcomes)}
     assert kept[tokenwise_outcomes] == pytest.approx(10 / 9) and kept[block_outcomes] == pytest.approx(11 / 9)
+    # on one draft block may keep fewer: (0, 0) keeps 0.75 token-wise in expectation, 0.5 under block
+    assert expected_accepted([0, 0], q, p) == pytest.approx((0.75, 0.5))
 
 
 def test_measured_tokenwise_acceptance_matches_its_closed_form():

@@ -29,6 +29,7 @@ from scipy import stats
 
 from rakv.experiments.intervals import geometric_mean_interval, t_interval
 from rakv.experiments.summary import (
+    EXPECTED_GIVEN_DRAFT,
     FIRST_ROUNDS,
     BlockVsToken,
     ClosedFormCheck,
@@ -178,6 +179,33 @@ def block_vs_token_first_round(samples: pd.DataFrame) -> list[BlockVsToken]:
     return out
 
 
+def block_vs_token_given_draft(samples: pd.DataFrame) -> list[BlockVsToken]:
+    """Per (configuration, temperature): on every round of the distribution samples' token-wise and block arms, both
+    rules' expected accepted candidates given that round's draft (rakv.runtime.verification.expected_accepted), so the
+    rules are compared on the same drafts without their own coin flips: per request the difference per round, its t
+    interval over the requests (the prompts fixed), and the latency ratio of the arms' paired (prompt, seed) samples.
+    Averaged over drafts, block keeps at least as many as token-wise (Sun et al.); on one draft it may keep fewer, so
+    the interval can lie on either side of zero."""
+    if "expected_block" not in samples:
+        return []  # a table from before the columns
+    out = []
+    arms = samples[samples.arm.isin(["token", "block"]) & (samples.rounds > 0)]
+    for (name, temperature), group in arms.groupby(["configuration", "temperature"]):
+        per_round = (group.expected_block - group.expected_token) / group.rounds
+        wide = group.pivot_table(index=["prompt_id", "seed_index"], columns="arm", values="latency_s").dropna()
+        latency = (geometric_mean_interval(np.log(wide.block / wide.token))
+                   if {"block", "token"} <= set(wide.columns) else [NAN, NAN, NAN])
+        difference = t_interval(per_round)
+        rounds = float(group.rounds.sum())
+        out.append(BlockVsToken(
+            configuration=name, temperature=float(temperature), k=int(group.k.max()), requests=int(len(group)),
+            token_per_round=float(group.expected_token.sum() / rounds),
+            block_per_round=float(group.expected_block.sum() / rounds),
+            difference=difference, latency_ratio=latency,
+            verdict=more_or_fewer(difference), source=EXPECTED_GIVEN_DRAFT))
+    return out
+
+
 def holm(p_values) -> np.ndarray:
     """Holm's step-down adjustment of a family of p-values (controls the family-wise error rate)."""
     p = np.asarray(p_values, float)
@@ -295,19 +323,27 @@ def structured_rows(rows: pd.DataFrame) -> list[StructuredRow]:
 
 
 def long_context_rows(rows: pd.DataFrame) -> list[LongContextRow]:
-    """Per (configuration, budget, strategy): reuse, evictions, TTFT and latency, and the latency ratio to AR of
-    the same requests (geometric mean over documents)."""
+    """Per (configuration, budget, document length, strategy): reuse, evictions, TTFT and latency, the latency ratio
+    to AR of the same requests and, for rakv-asd, to kv-only's (speculation on top of reuse): geometric means over
+    the documents of the bin (a document's questions averaged first), t intervals over them."""
     out = []
     key = ["configuration", "budget_mib", "document", "question"]
-    ar = rows[rows.strategy == "ar"].set_index(key).latency_s
-    for (name, budget, strategy), group in rows.groupby(["configuration", "budget_mib", "strategy"], sort=False):
+    latency = rows.set_index([*key, "strategy"]).latency_s
+
+    def ratio_to(group: pd.DataFrame, baseline: str) -> list[float]:
         mine = group.set_index(key).latency_s
-        logs = np.log(mine / ar.reindex(mine.index)).groupby(level="document").mean()
+        base = latency.xs(baseline, level="strategy").reindex(mine.index)
+        return geometric_mean_interval(np.log(mine / base).groupby(level="document").mean().dropna())
+
+    by = ["configuration", "budget_mib", "length_bin", "strategy"]
+    for (name, budget, length_bin, strategy), group in rows.groupby(by, sort=False):
         out.append(LongContextRow(
             configuration=name, budget_mib=float(budget), strategy=str(strategy), requests=len(group),
             document_tokens=float(group.document_tokens.mean()), hit_tokens=float(group.hit_tokens.mean()),
             evictions=int(group.evictions.sum()), ttft_s=float(group.ttft_s.mean()),
-            latency_s=float(group.latency_s.mean()), vs_ar=geometric_mean_interval(logs)))
+            latency_s=float(group.latency_s.mean()), vs_ar=ratio_to(group, "ar"), length_bin=str(length_bin),
+            documents=int(group.document.nunique()),
+            vs_reuse=ratio_to(group, "kv-only") if strategy == ADAPTIVE else [NAN, NAN, NAN]))
     return out
 
 
@@ -327,6 +363,7 @@ def sampling_summary(results, tables: dict, seed: int = 0) -> SamplingSummary | 
     return SamplingSummary(
         closed_form=closed_form_checks(runs), temperatures=temperature_results(runs, tables),
         block_vs_token=block_vs_token(runs) + (block_vs_token_first_round(distribution)
+                                               + block_vs_token_given_draft(distribution)
                                                if distribution is not None else []),
         distribution=distribution_tests(distribution, level, resamples, seed) if distribution is not None else [],
         structured=structured_rows(structured) if structured is not None else [],

@@ -538,6 +538,8 @@ class TemperatureResult:
 
 
 FIRST_ROUNDS = "first rounds"  # BlockVsToken.source of the distribution samples' paired first rounds
+# BlockVsToken.source of both rules' expected accepted count given each draft, over the distribution samples' rounds
+EXPECTED_GIVEN_DRAFT = "expected given the draft"
 
 
 @dataclass(frozen=True)
@@ -552,7 +554,8 @@ class BlockVsToken:
     latency_ratio: Interval  # block / token
     verdict: str  # more | fewer | inconclusive
     # "runs": whole requests, CI over prompts; "first rounds": the distribution samples' first round, paired by
-    # (prompt, seed) on the same draft candidates, CI over the pairs
+    # (prompt, seed) on the same draft candidates, CI over the pairs; "expected given the draft": both rules'
+    # expected accepted count on every round's draft of the distribution samples, CI over the requests
     source: str = optional()  # absent: "runs" (a run analysed before the first rounds were)
 
 
@@ -595,6 +598,10 @@ class LongContextRow:
     ttft_s: float
     latency_s: float
     vs_ar: Interval  # latency / AR's, geometric mean over documents
+    length_bin: str = optional()  # the documents' length in tokens; absent: every length pooled (older runs)
+    documents: int = optional()
+    # rakv-asd's latency / kv-only's on the same requests: speculation on top of reuse (NaN for other strategies)
+    vs_reuse: Interval = optional()
 
 
 @dataclass(frozen=True)

@@ -194,6 +194,9 @@ class DecodeState:
     # per round of round_log, each verified candidate's token-wise acceptance probability given the round reached it
     # (rakv.runtime.verification.Verdict.closed_form): what the measured acceptance is checked against
     closed_form_log: list[tuple[float, ...]] = field(default_factory=list)
+    # over the sampled rounds, the (token-wise, block) expected accepted candidates given each round's draft
+    # (rakv.runtime.verification.expected_accepted), whichever rule ran
+    expected_accepted: tuple[float, float] = (0.0, 0.0)
     finished: bool = False
     empty_rounds: int = 0  # rounds whose proposer offered no candidate (prompt lookup without a match, or the budget)
     plain_rounds: int = 0  # rounds whose candidates a per-round depth (rakv.runtime.depth) chose not to verify
@@ -220,13 +223,18 @@ class DecodeState:
         """Rounds that ended at a rejected candidate (the rest accepted all and earned a bonus token)."""
         return sum(a < p for p, a in self.round_log)
 
-    def record_round(self, verified: int, accepted: int, offered: bool, closed_form: tuple[float, ...] = ()) -> None:
+    def record_round(self, verified: int, accepted: int, offered: bool, closed_form: tuple[float, ...] = (),
+                     expected: tuple[float, float] = ()) -> None:
         """Count one speculative round: `verified` candidates of which `accepted` passed (`closed_form`: their
-        acceptance probabilities, rakv.runtime.verification.Verdict); a round that verified none either had
-        candidates a per-round depth declined (`offered`) or none at all."""
+        acceptance probabilities, `expected`: both rules' expected accepted count given the draft;
+        rakv.runtime.verification.Verdict); a round that verified none either had candidates a per-round depth
+        declined (`offered`) or none at all."""
         if verified:
             self.round_log.append((verified, accepted))
             self.closed_form_log.append(tuple(closed_form))
+            if expected:
+                self.expected_accepted = (self.expected_accepted[0] + expected[0],
+                                          self.expected_accepted[1] + expected[1])
         elif offered:
             self.plain_rounds += 1
         else:
@@ -327,7 +335,7 @@ def close_round(state: DecodeState, cache, proposer: Proposer, context_length: i
     """Roll the target and the proposer back to the confirmed tokens, log the round, confirm its tokens."""
     state.note_memory(cache, proposer)  # before rollback: the rejected candidates' K/V are still held
     rollback_round(cache, proposer, context_length, verdict.tokens, candidates, offered, depth, match)
-    state.record_round(len(candidates), verdict.accepted, bool(offered), verdict.closed_form)
+    state.record_round(len(candidates), verdict.accepted, bool(offered), verdict.closed_form, verdict.expected)
     state.emit(verdict.tokens)
 
 

@@ -89,6 +89,11 @@ class RequestResult:
     # `accepted` is checked against
     closed_form_accepted: float = 0.0
     closed_form_variance: float = 0.0
+    # sums over the sampled rounds of the expected accepted candidates given each round's draft under token-wise and
+    # under block verification, whichever rule ran (rakv.runtime.verification.expected_accepted): the two rules on the
+    # same drafts (0.0 when greedy)
+    expected_accepted_token: float = 0.0
+    expected_accepted_block: float = 0.0
     temperature: float = 0.0  # of the request's sampling (0: greedy)
     verify: str = ""  # the verification rule of its sampled rounds (token, block); "" when greedy
     round_log: list[tuple[int, int]] = field(default_factory=list)
@@ -265,8 +270,8 @@ class Engine:
             prefill_s=s["prefill"], kv_copy_s=s["kv_copy"], draft_prefill_s=s["draft_prefill"],
             propose_s=s["propose"], verify_s=s["verify"], rollback_s=s["rollback"], decode_s=s["decode"],
             store_insert_s=s["store_insert"], exact_hit=hit.exact, peak_kv_bytes=state.peak_kv_bytes,
-            draft_hit_tokens=hit.draft_tokens if draft_kv is not None else 0,
-            reuse_draft=self.draft_key is not None,
+            draft_hit_tokens=hit.draft_tokens if draft_kv is not None else 0, reuse_draft=self.draft_key is not None,
             closed_form_accepted=expected, closed_form_variance=variance,
+            expected_accepted_token=state.expected_accepted[0], expected_accepted_block=state.expected_accepted[1],
             temperature=max(sampling.temperature, 0.0), verify="" if sampling.greedy else sampling.verify,
             round_log=state.round_log)

@@ -20,7 +20,8 @@ any proposer under greedy decoding) is a point mass on each candidate. The rules
   distribution and accepts at least as many candidates as token-wise in expectation
   (tests/test_verification.py checks both by exact enumeration on a toy vocabulary).
 
-Every rule returns a `Verdict`: the confirmed tokens and, per verified candidate, alpha_j.
+Every rule returns a `Verdict`: the confirmed tokens and, per verified candidate, alpha_j; a sampled round also gives
+both rules' expected accepted count given its draft (`expected_accepted`), whichever rule ran.
 
 One more rule exists only as the positive control of the distribution tests (rakv.experiments.sampling): **biased**
 accepts a candidate exactly when it is the target's most likely token, at any temperature, and otherwise draws from
@@ -59,6 +60,8 @@ class Verdict:
 
     tokens: list[int]
     closed_form: tuple[float, ...]
+    # sampled rounds with candidates: (token-wise, block) expected accepted candidates given this round's draft
+    expected: tuple[float, float] = ()
 
     @property
     def accepted(self) -> int:
@@ -167,13 +170,33 @@ def block_stop_probabilities(candidates: list[int], q: torch.Tensor, p: torch.Te
     return stops
 
 
+def expected_accepted(candidates: list[int], q: torch.Tensor, p: torch.Tensor,
+                      stops: list[float] | None = None) -> tuple[float, float]:
+    """Given the round's draft, how many candidates each rule accepts in expectation: token-wise
+    sum_{i=1..n} prod_{j<i} min(1, p_j(c_j) / q_j(c_j)), block sum_i i h_i prod_{j>i} (1 - h_j). Conditioning on the
+    draft takes the rules' own coin flips out of the comparison (Rao-Blackwell): both are judged on the same drafts,
+    with far less noise than their accepted counts, and averaged over drafts from q each is its rule's expected
+    acceptance per round. Block may keep fewer than token-wise on one draft (Sun et al.'s example: p = (1/3, 2/3),
+    q = (2/3, 1/3), draft (0, 0): 0.5 against 0.75); only over drafts does it keep at least as many."""
+    token, reach = 0.0, 1.0
+    for i, x in enumerate(candidates):
+        reach *= min(1.0, float(p[i, x]) / float(q[i, x])) if float(q[i, x]) > 0 else 1.0
+        token += reach
+    stops = block_stop_probabilities(candidates, q, p) if stops is None else stops
+    block, survive = 0.0, 1.0
+    for i in range(len(candidates), 0, -1):  # P(tau = i) = h_i prod_{j>i} (1 - h_j)
+        block += i * stops[i] * survive
+        survive *= 1.0 - stops[i]
+    return token, block
+
+
 def accept_block(candidates: list[int], q: torch.Tensor, p: torch.Tensor,
-                 generator: torch.Generator | None) -> list[int]:
+                 generator: torch.Generator | None, stops: list[float] | None = None) -> list[int]:
     """Block verification: the longest i whose eta_i <= h_i keeps c_0 .. c_{i-1}; then a token from p_n (all kept)
     or from normalise(max(0, w_i p_i - q_i)). Drawing eta_n, eta_{n-1}, ... and stopping at the first pass picks
     the same i with the same probability as drawing all of them."""
     n = len(candidates)
-    stops = block_stop_probabilities(candidates, q, p)
+    stops = block_stop_probabilities(candidates, q, p) if stops is None else stops
     kept = 0
     for i in range(n, 0, -1):
         if float(torch.rand((), generator=generator, device=p.device)) <= stops[i]:
@@ -193,9 +216,13 @@ def verify(candidates: list[int], proposal: torch.Tensor | None, logits: torch.T
         return accept_greedy(candidates, logits)
     p = probabilities(logits, sampling)
     q = proposal_rows(candidates, proposal, p)
+    stops = block_stop_probabilities(candidates, q, p) if candidates else []
     if sampling.verify == "biased":
         tokens = accept_biased(candidates, p, generator)
+    elif sampling.verify == "block":
+        tokens = accept_block(candidates, q, p, generator, stops)
     else:
-        tokens = (accept_block if sampling.verify == "block" else accept_tokenwise)(candidates, q, p, generator)
-    return Verdict(tokens,
-                   tuple(closed_form_acceptance(p, q).tolist()) if candidates else ())
+        tokens = accept_tokenwise(candidates, q, p, generator)
+    if not candidates:
+        return Verdict(tokens, ())
+    return Verdict(tokens, tuple(closed_form_acceptance(p, q).tolist()), expected_accepted(candidates, q, p, stops))
