@@ -361,3 +361,13 @@ def test_claims_are_judged_by_their_kind():
     assert counts == claims.ClaimCounts(rows=5, signed=1, banded=2, unjudged=3,
                                         direction={"yes": 1, "no": 0, "inconclusive": 0},
                                         magnitude={"yes": 1, "no": 1, "inconclusive": 0})
+
+
+def test_the_long_context_workload_counts_evictions_per_request(smoke_outputs):
+    """Each request's evictions are counted from the store state it started from (a restore starts the counters
+    afresh): never negative, and only where the request stored something."""
+    rows = pd.read_parquet(smoke_outputs.results / "sampling" / "long_context.parquet")
+    assert (rows.evictions >= 0).all()
+    ar = rows[rows.strategy == "ar"]
+    assert set(ar.measured_under_mib) == {rows.budget_mib.iloc[0]}  # AR: measured under the first budget only
+    assert len(ar) == len(rows[rows.strategy == "kv-only"])

@@ -238,12 +238,12 @@ def long_context_rows(cfg: DictConfig, name: str, engine, controller, tick) -> l
                                        for d in group):
                 ids = list(document.document) + list(document.questions[question])
                 snapshot = engine.store.snapshot()
-                before = engine.store.stats.evictions
                 for strategy in rotated(list(design.strategies), turn):
                     if strategy == "ar" and (document.id, question) in ar_rows:
                         rows.append({**ar_rows[document.id, question], "budget_mib": budget})
                         continue
                     engine.store.restore(snapshot)
+                    before = engine.store.stats.evictions  # restore starts the store's counters afresh
                     result = run_strategy(engine, strategy, ids, sizes.new_tokens, controller=controller,
                                           ignore_eos=True)
                     tick()
@@ -257,6 +257,7 @@ def long_context_rows(cfg: DictConfig, name: str, engine, controller, tick) -> l
                                  "accepted": result.accepted, "rejections": result.rejections,
                                  "rounds": result.rounds,
                                  "evictions": engine.store.stats.evictions - before})
+                    assert rows[-1]["evictions"] >= 0, "long_context: evictions counted from before the restore"
                     if strategy == "ar":
                         ar_rows[document.id, question] = rows[-1]
                 turn += 1
