@@ -289,6 +289,12 @@ constexpr int kRowsFew = 2, kRowsMany = 6;
 inline int64_t rows_per_call(int64_t M) { return M > 2 ? kRowsMany : kRowsFew; }
 #endif
 constexpr int kRowsI8 = kRowsFew;  // the int8 kernel's eight-lane integer tiles: 4 R + 4 + 1 registers
+// Up to kRowsFew rows (one full-panel micro-kernel call per block) a GEMM streams its weights with the hardware's
+// prefetch alone: the software prefetch two blocks ahead, which more rows need (micro says why), slowed these down.
+// Measured on SmolLM2's projections, 2 threads, interleaved (issue 40): AVX-512 EPYC, without it one row 0.93x (fp32)
+// and 0.76x (int8) of the time with it, 3, 5 and 6 rows 0.85-0.93x, 8 rows unchanged; its AVX2 build (x86-64-v3),
+// 1 and 2 rows 0.88x and 0.93x, while 3 and 5 rows, computed as two half panels, took 1.3-1.4x without it.
+constexpr int64_t kFewRowsStream = kRowsFew;
 
 template <typename T>
 inline void micro_rows(int64_t rows, const T* panel, int64_t kn, const float* x, int64_t ldx, float* acc, bool zero,
@@ -377,7 +383,7 @@ void gemm_packed(const float* X, const float* P, int64_t M, int64_t K, int64_t N
         for (int64_t r = 0, group = 0; r < M; r += kRows, ++group) {
           const int64_t first = group * lines / row_groups, last = (group + 1) * lines / row_groups;
           micro_rows(std::min<int64_t>(kRows, M - r), panel + k0 * kPanel, kn, X + r * K + k0, K, acc + r * kPanel,
-                     k0 == 0, Prefetch{next + first * 64, last - first});
+                     k0 == 0, M > kFewRowsStream ? Prefetch{next + first * 64, last - first} : Prefetch{});
         }
       }
       epilogue(acc, M, g * kPanel, N, nullptr, nullptr, bias, residual, Y);
@@ -509,7 +515,7 @@ void gemm_int8(const float* X, const int8_t* P, const int32_t* colsum, int64_t M
         const int64_t qn = std::min(qc, K4 - q0);
         for (int64_t r = 0; r < M; r += kRowsI8)
           micro_i8_rows(std::min<int64_t>(kRowsI8, M - r), panel + q0 * kPanel * 4, qn, xq.data() + r * ldx + q0 * 4,
-                        ldx, acc.data() + r * kPanel, q0 == 0, r == 0 ? ahead : 0);
+                        ldx, acc.data() + r * kPanel, q0 == 0, r == 0 && M > kRowsI8 ? ahead : 0);
       }
       if (kBiasedX)
         for (int64_t r = 0; r < M; ++r)
@@ -606,9 +612,8 @@ inline void prefetch_row(const float* row, int64_t D) {
   for (int64_t c = 0; c < D; c += 16) _mm_prefetch(reinterpret_cast<const char*>(row + c), _MM_HINT_T0);
 }
 
-// p[0..visible) = softmax(p[0..visible)); out[D] = p @ values[0..visible) (one query's second half)
-template <int ND>
-void softmax_values(float* p, const float* values, int64_t value_stride, int64_t visible, int64_t D, float* out) {
+// p[0..visible) = exp(p - max p) in place; returns 1 / their sum (the first half of a query's softmax)
+inline float softmax_numerators(float* p, int64_t visible) {
   __m256 top = _mm256_set1_ps(-INFINITY);
   int64_t j = 0;
   for (; j + 8 <= visible; j += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(p + j));
@@ -630,11 +635,17 @@ void softmax_values(float* p, const float* values, int64_t value_stride, int64_t
     store_partial(p + j, masked, n);
     total = _mm256_add_ps(total, masked);
   }
-  const __m256 inv = _mm256_set1_ps(1.0f / hsum8(total));
+  return 1.0f / hsum8(total);
+}
+
+// p[0..visible) = softmax(p[0..visible)); out[D] = p @ values[0..visible) (one query's second half)
+template <int ND>
+void softmax_values(float* p, const float* values, int64_t value_stride, int64_t visible, int64_t D, float* out) {
+  const __m256 inv = _mm256_set1_ps(softmax_numerators(p, visible));
   const int64_t nd = ND > 0 ? ND : D / 8;
   __m256 acc[ND > 0 ? ND : 32];
   for (int64_t c = 0; c < nd; ++c) acc[c] = _mm256_setzero_ps();
-  for (j = 0; j < visible; ++j) {
+  for (int64_t j = 0; j < visible; ++j) {
     const __m256 pj = _mm256_broadcast_ss(p + j);
     const float* v = values + j * value_stride;
     if (j + kAhead < visible) prefetch_row(v + kAhead * value_stride, D);
@@ -642,6 +653,40 @@ void softmax_values(float* p, const float* values, int64_t value_stride, int64_t
   }
   for (int64_t c = 0; c < nd; ++c) _mm256_storeu_ps(out + c * 8, _mm256_mul_ps(acc[c], inv));
 }
+
+#if defined(__AVX512F__)
+// The weighted values of NH query heads that share one K/V head (head size 64), each value row loaded once for all
+// of them: NH x 4 sixteen-lane accumulators. Each lane is the chain softmax_values computes with eight lanes (the
+// FMAs over j ascending from zero, then * inv): the same bits.
+template <int NH>
+void weighted_values_64(const float* p, int64_t p_stride, const float* values, int64_t value_stride, int64_t visible,
+                        const float* inv, float* out, int64_t o_head) {
+  __m512 acc[NH][4];
+#pragma GCC unroll 4
+  for (int h = 0; h < NH; ++h)
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) acc[h][c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < visible; ++j) {
+    const float* v = values + j * value_stride;
+    if (j + kAhead < visible) prefetch_row(v + kAhead * value_stride, 64);
+    const __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16), v2 = _mm512_loadu_ps(v + 32),
+                 v3 = _mm512_loadu_ps(v + 48);
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; ++h) {
+      const __m512 pj = _mm512_set1_ps(p[h * p_stride + j]);
+      acc[h][0] = _mm512_fmadd_ps(pj, v0, acc[h][0]);
+      acc[h][1] = _mm512_fmadd_ps(pj, v1, acc[h][1]);
+      acc[h][2] = _mm512_fmadd_ps(pj, v2, acc[h][2]);
+      acc[h][3] = _mm512_fmadd_ps(pj, v3, acc[h][3]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int h = 0; h < NH; ++h)
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c)
+      _mm512_storeu_ps(out + h * o_head + c * 16, _mm512_mul_ps(acc[h][c], _mm512_set1_ps(inv[h])));
+}
+#endif
 
 // One task: `rows` consecutive rows of one segment (the first sees positions 0 .. first_visible - 1, each next one
 // position more) and the query heads h0 .. h0 + heads - 1 that share one K/V head. Each group of four keys is loaded
@@ -664,9 +709,22 @@ void attend_rows(const float* Q, int64_t q_stride, int64_t rows, int64_t heads, 
         _mm_storeu_ps(p + (i * heads + h) * p_stride + j, d);
       }
   }
-  for (int64_t i = 0; i < rows; ++i)
+  for (int64_t i = 0; i < rows; ++i) {
+    float* pi = p + i * heads * p_stride;
+#if defined(__AVX512F__)
+    if (D == 64 && heads >= 2 && heads <= 4) {
+      float inv[4];
+      for (int64_t h = 0; h < heads; ++h) inv[h] = softmax_numerators(pi + h * p_stride, first_visible + i);
+      float* o = O + i * o_stride;
+      if (heads == 2) weighted_values_64<2>(pi, p_stride, values, stride, first_visible + i, inv, o, D);
+      else if (heads == 3) weighted_values_64<3>(pi, p_stride, values, stride, first_visible + i, inv, o, D);
+      else weighted_values_64<4>(pi, p_stride, values, stride, first_visible + i, inv, o, D);
+      continue;
+    }
+#endif
     for (int64_t h = 0; h < heads; ++h)
-      softmax_values<ND>(p + (i * heads + h) * p_stride, values, stride, first_visible + i, D, O + i * o_stride + h * D);
+      softmax_values<ND>(pi + h * p_stride, values, stride, first_visible + i, D, O + i * o_stride + h * D);
+  }
 }
 
 }  // namespace
