@@ -1,5 +1,7 @@
 """Prefix KV store: exact matching, copying, isolation, budget and LRU."""
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 from hypothesis import given, settings
@@ -152,6 +154,23 @@ def test_snapshot_restores_entries_order_and_hits_without_copying_kv():
     assert torch.equal(again[0][0], fake_kv(len(BASE))[0][0])
     store.restore([])
     assert store.lru_order() == [] and store.stats.bytes == 0
+
+
+def test_restore_keeps_the_requests_counters_and_counts_no_eviction_of_its_own():
+    """A restore serves no request: lookups, hits and evictions carry on across it (the long-context workload counts
+    a request's evictions as a difference), while bytes and entries are the snapshot's."""
+    store = filled_store()
+    snapshot = store.snapshot()
+    store.lookup(NS, BASE)
+    store.budget_bytes = store.stats.bytes  # full: the next insert evicts
+    store.insert(NS, np.arange(500, 500 + len(BASE), dtype=np.int64), fake_kv(len(BASE), seed=2), torch.randn(10))
+    counted = replace(store.stats)
+    assert counted.evictions >= 1 and counted.lookups == 1
+    store.budget_bytes = 1 << 30
+    store.restore(snapshot)
+    assert (store.stats.lookups, store.stats.hits, store.stats.inserts, store.stats.evictions) == (
+        counted.lookups, counted.hits, counted.inserts, counted.evictions)
+    assert store.stats.entries == len(snapshot) and store.stats.bytes == sum(e.nbytes for _, e in snapshot)
 
 
 def test_the_draft_part_is_found_under_its_own_identity_counted_copied_and_evicted_with_its_entry():

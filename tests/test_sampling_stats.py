@@ -190,7 +190,9 @@ def long_context_frame(rng, documents: int = 3) -> pd.DataFrame:
                         rows.append({"configuration": "c", "budget_mib": budget, "document": f"{length_bin}/{d}",
                                      "length_bin": length_bin, "question": question, "strategy": strategy,
                                      "document_tokens": tokens, "hit_tokens": tokens if hit and strategy != "ar" else 0,
-                                     "evictions": 0, "ttft_s": latency / 2, "latency_s": latency})
+                                     "evictions": int(budget == 160 and question == 1), "ttft_s": latency / 2,
+                                     "latency_s": latency,
+                                     "measured_under_mib": 512 if strategy == "ar" else budget})
     return pd.DataFrame(rows)
 
 
@@ -205,6 +207,9 @@ def test_long_context_rows_are_per_length_bin_with_reuse_and_speculation_on_top(
     on_top = by[512.0, "1024-2048", "rakv-asd"].vs_reuse
     assert on_top[0] == pytest.approx(0.8) and on_top[2] < 1.0
     assert math.isnan(reuse.vs_reuse[0])
+    # evictions summed over the requests measured under the row's budget; AR's copied rows say none
+    assert by[160.0, "1024-2048", "kv-only"].evictions == 3 and by[512.0, "1024-2048", "kv-only"].evictions == 0
+    assert by[512.0, "1024-2048", "ar"].evictions == 0 and by[160.0, "1024-2048", "ar"].evictions is None
 
 
 def test_long_context_strategies_take_turns_at_running_first():

@@ -1545,7 +1545,8 @@ def workloads_table(s) -> str:
                   "latency / AR & latency / kv-only \\\\", "\\midrule"]
         for r in s.long_context:
             lines.append(f"{tex_escape(r.configuration)} & {tex_escape(r.strategy)} & {r.budget_mib:g} MiB & "
-                         f"{long_context_bin(r)} & {r.hit_tokens:.0f} of {r.document_tokens:.0f} & {r.evictions} & "
+                         f"{long_context_bin(r)} & {r.hit_tokens:.0f} of {r.document_tokens:.0f} & "
+                         f"{'--' if r.evictions is None else r.evictions} & "
                          f"{r.ttft_s:.2f} & {ratio_text(r.vs_ar)} & "
                          f"{ratio_text(r.vs_reuse) if r.vs_reuse and not missing(r.vs_reuse[0]) else ''} \\\\")
         lines += ["\\bottomrule", "\\end{tabular}}",
@@ -1554,7 +1555,7 @@ def workloads_table(s) -> str:
                   "(tokens; the number of documents in brackets); reused tokens are per request, latency ratios "
                   "geometric means over the documents of the bin with 95\\,\\% t CIs (a document's questions "
                   "averaged first); latency / kv-only is speculation on top of reuse. AR never reads the store: "
-                  "measured under the first budget, its rows stand for both.}\\label{tab:long-context}",
+                  "measured under the first budget, its rows stand for both (evictions: --).}\\label{tab:long-context}",
                   "\\end{table}"]
     return "\n".join(lines) + "\n" if lines else ""
 

@@ -248,7 +248,7 @@ def long_context_rows(cfg: DictConfig, name: str, engine, controller, tick) -> l
                         rows.append({**ar_rows[document.id, question], "budget_mib": budget})
                         continue
                     engine.store.restore(snapshot)
-                    before = engine.store.stats.evictions  # restore starts the store's counters afresh
+                    before = engine.store.stats.evictions
                     result = run_strategy(engine, strategy, ids, sizes.new_tokens, controller=controller,
                                           ignore_eos=True)
                     tick()
@@ -262,7 +262,7 @@ def long_context_rows(cfg: DictConfig, name: str, engine, controller, tick) -> l
                                  "accepted": result.accepted, "rejections": result.rejections,
                                  "rounds": result.rounds,
                                  "evictions": engine.store.stats.evictions - before})
-                    assert rows[-1]["evictions"] >= 0, "long_context: evictions counted from before the restore"
+                    assert rows[-1]["evictions"] >= 0, "long_context: the store's eviction counter went back"
                     if strategy == "ar":
                         ar_rows[document.id, question] = rows[-1]
                 turn += 1

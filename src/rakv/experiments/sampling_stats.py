@@ -337,10 +337,14 @@ def long_context_rows(rows: pd.DataFrame) -> list[LongContextRow]:
 
     by = ["configuration", "budget_mib", "length_bin", "strategy"]
     for (name, budget, length_bin, strategy), group in rows.groupby(by, sort=False):
+        # AR never reads the store: its rows under a later budget are copies of the first budget's, whose evictions
+        # say nothing of this budget (None: not measured here)
+        measured = (group[group.measured_under_mib == group.budget_mib] if "measured_under_mib" in group
+                    else group)
         out.append(LongContextRow(
             configuration=name, budget_mib=float(budget), strategy=str(strategy), requests=len(group),
             document_tokens=float(group.document_tokens.mean()), hit_tokens=float(group.hit_tokens.mean()),
-            evictions=int(group.evictions.sum()), ttft_s=float(group.ttft_s.mean()),
+            evictions=int(measured.evictions.sum()) if len(measured) else None, ttft_s=float(group.ttft_s.mean()),
             latency_s=float(group.latency_s.mean()), vs_ar=ratio_to(group, "ar"), length_bin=str(length_bin),
             documents=int(group.document.nunique()),
             vs_reuse=ratio_to(group, "kv-only") if strategy == ADAPTIVE else [NAN, NAN, NAN]))

@@ -594,7 +594,7 @@ class LongContextRow:
     requests: int
     document_tokens: float
     hit_tokens: float
-    evictions: int
+    evictions: int | None  # None: no request of the row was measured under this budget (AR's copied rows)
     ttft_s: float
     latency_s: float
     vs_ar: Interval  # latency / AR's, geometric mean over documents

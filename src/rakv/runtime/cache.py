@@ -262,11 +262,15 @@ class PrefixKVStore:
         return [(key, replace(entry)) for key, entry in self._lru.values()]
 
     def restore(self, snapshot: list[tuple[tuple[str, bytes], CacheEntry]]) -> None:
-        """Empty the store and put back a snapshot's entries in their LRU order (no K/V copied or recomputed)."""
+        """Empty the store and put back a snapshot's entries in their LRU order (no K/V copied or recomputed). The
+        requests' counters (lookups, hits, inserts, evictions, ...) carry on: a restore serves no request, and the
+        entries it drops are not evictions, so a caller counts a request's evictions as a plain difference."""
+        served = replace(self.stats)  # (clear evicts through the same counters before it resets them)
         self.clear()
         for key, entry in snapshot:
             assert self.stats.bytes + entry.nbytes <= self.budget_bytes, "snapshot larger than the store's budget"
             self._add(key, replace(entry))
+        self.stats = replace(served, bytes=self.stats.bytes, entries=self.stats.entries)
 
     def clear(self) -> None:
         while self._lru:
