@@ -364,8 +364,8 @@ def test_claims_are_judged_by_their_kind():
 
 
 def test_the_long_context_workload_counts_evictions_per_request(smoke_outputs):
-    """Each request's evictions are counted from the store state it started from (a restore starts the counters
-    afresh): never negative, and only where the request stored something."""
+    """Each request's evictions are counted from the store state it started from (the store's counters carry on
+    across a restore): never negative; AR measured under the first budget only."""
     rows = pd.read_parquet(smoke_outputs.results / "sampling" / "long_context.parquet")
     assert (rows.evictions >= 0).all()
     ar = rows[rows.strategy == "ar"]
