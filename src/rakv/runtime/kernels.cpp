@@ -515,7 +515,7 @@ void gemm_int8(const float* X, const int8_t* P, const int32_t* colsum, int64_t M
         const int64_t qn = std::min(qc, K4 - q0);
         for (int64_t r = 0; r < M; r += kRowsI8)
           micro_i8_rows(std::min<int64_t>(kRowsI8, M - r), panel + q0 * kPanel * 4, qn, xq.data() + r * ldx + q0 * 4,
-                        ldx, acc.data() + r * kPanel, q0 == 0, r == 0 && M > kRowsI8 ? ahead : 0);
+                        ldx, acc.data() + r * kPanel, q0 == 0, r == 0 && M > kFewRowsStream ? ahead : 0);
       }
       if (kBiasedX)
         for (int64_t r = 0; r < M; ++r)
@@ -688,11 +688,23 @@ void weighted_values_64(const float* p, int64_t p_stride, const float* values, i
 }
 #endif
 
+// whether attend_rows weighs the values of a task's query heads in one pass (weighted_values_64)
+inline bool shared_values_pass(int64_t D, int64_t heads) {
+#if defined(__AVX512F__)
+  return D == 64 && heads >= 2 && heads <= 4;
+#else
+  (void)D; (void)heads;
+  return false;
+#endif
+}
+
 // One task: `rows` consecutive rows of one segment (the first sees positions 0 .. first_visible - 1, each next one
 // position more) and the query heads h0 .. h0 + heads - 1 that share one K/V head. Each group of four keys is loaded
 // once for all these queries (from memory for the first, from L1 for the rest); then each query's softmax and
-// values. Every query's arithmetic is that of the query alone: its scores are dots4 of its own q, its softmax and
-// weighted values the same loops, whatever the other queries of the task are.
+// values, the values of a row's query heads in one pass where shared_values_pass says so (each value row loaded once
+// for them). Every query's arithmetic is that of the query alone: its scores are dots4 of its own q, its softmax
+// numerators the same function, and each lane of its weighted values the same chain of FMAs over the positions in
+// order (weighted_values_64 and softmax_values give the same bits), whatever the other queries of the task are.
 template <int ND>
 void attend_rows(const float* Q, int64_t q_stride, int64_t rows, int64_t heads, const float* keys,
                  const float* values, int64_t stride, int64_t first_visible, int64_t D, float scale, float* p,
@@ -712,7 +724,7 @@ void attend_rows(const float* Q, int64_t q_stride, int64_t rows, int64_t heads, 
   for (int64_t i = 0; i < rows; ++i) {
     float* pi = p + i * heads * p_stride;
 #if defined(__AVX512F__)
-    if (D == 64 && heads >= 2 && heads <= 4) {
+    if (shared_values_pass(D, heads)) {
       float inv[4];
       for (int64_t h = 0; h < heads; ++h) inv[h] = softmax_numerators(pi + h * p_stride, first_visible + i);
       float* o = O + i * o_stride;
@@ -810,16 +822,23 @@ torch::Tensor attention(torch::Tensor qkv, const std::vector<torch::Tensor>& key
     position_stride[s] = keys[s].stride(2);
   }
   const float sc = static_cast<float>(scale);
-  // tasks: blocks of up to kRowBlock rows of one segment x one K/V head (its query heads together: the keys come
-  // from memory once for all of them), or x one query head when that leaves too few tasks to keep every thread
-  // busy (a decode alone: 3 K/V heads on 2 threads; the other threads then read the shared keys from L3). Dealt to
+  // tasks: blocks of up to kRowBlock rows of one segment x one K/V head (its query heads together: the keys, and
+  // with the shared values pass the values, come from memory once for all of them), or x one query head when that
+  // leaves too few tasks to keep every thread busy and the task is compute-bound: without the shared values pass
+  // (AVX2, or another head size), several rows of one segment (a verify, a prefill chunk) balance 2 threads better
+  // as 9 query heads than as 3 K/V heads (AVX2 build, 5 rows x 256 positions: 1.10x grouped). A decode row's task
+  // is memory-bound, so it is grouped whatever the build: measured interleaved (issue 40), 30 layers of SmolLM2's
+  // attention at 256 positions, AVX-512 build, grouped / per query head: one decode 0.80x, two 0.56x, one at 1024
+  // positions 0.60x, a verify of 3-32 rows 0.89-0.94x; AVX2 build one and two decodes 0.91x and 0.71x. Dealt to
   // the threads in turn: a row's work grows with its position, so contiguous shares of a prefill's rows would
   // leave one thread most of the work. Which task computes a query never changes its arithmetic.
   constexpr int64_t kRowBlock = 16;
   const int64_t threads = at::get_num_threads();
   int64_t blocks = 0;
   for (int64_t s = 0; s < segments; ++s) blocks += (lengths[s] + kRowBlock - 1) / kRowBlock;
-  const int64_t heads_per_task = blocks * KV >= 4 * threads ? group : 1;
+  const bool decodes_only = T == segments;
+  const int64_t heads_per_task =
+      shared_values_pass(D, group) || decodes_only || blocks * KV >= 4 * threads ? group : 1;
   std::vector<std::array<int64_t, 3>> tasks;  // (segment, first row in it, first query head)
   for (int64_t s = 0; s < segments; ++s)
     for (int64_t i = 0; i < lengths[s]; i += kRowBlock)
