@@ -14,7 +14,9 @@ finished request's place at once). Printed per c, each a median of `--repeats` r
   (goal at 8: >= 1.5), and whether every served output equals the request's output alone;
 - the machine's bound for the trace at each c (rakv.bench.roofline.trace_bound: prefill FLOPs at the FMA peak
   measured here, then each decode step's weights and K/V at the measured streaming bandwidth) and ours as a
-  fraction of it (goal >= 60 % at 8 and 16); a decode step of 1-32 requests by kernel beside its floor (CPU).
+  fraction of it (goal >= 60 % at 8 and 16); c = 16 / c = 8 (goal >= 1.2) beside the bound's own ratio, judged
+  met, missed, or out of reach here (the bound's ratio itself below the goal: rakv.bench.roofline.goal_verdict);
+  a decode step of 1-32 requests by kernel beside its floor (CPU).
 `--peer vllm`: the same requests (their token ids) through vLLM's CPU build on the same fp32 weights, offline
 `LLM.generate` with max_num_seqs = c (scripts/vllm_peer.py in the peer's venv; scripts/setup_vllm_peer.sh builds it):
 its tok/s (median of --repeats after a warm-up), ours / vLLM (goals: >= 2 at c = 1, >= 1.5 at 8 and 16), and how
@@ -30,7 +32,7 @@ import json
 import sys
 from pathlib import Path
 
-from rakv.bench.roofline import format_row_costs, trace_bound
+from rakv.bench.roofline import format_row_costs, goal_verdict, trace_bound
 from rakv.bench.serving import concurrency_row, ours, overload, requests_of, trace_roofline, vllm_peer
 from rakv.runtime.errors import RakvError
 from rakv.runtime.models import load_pair
@@ -143,6 +145,11 @@ def print_rows(args, result: dict) -> None:
         print(f"  c = {r['concurrency']:>2}: bound {r['bound_tok_s']:7.1f} tok/s (prefill "
               f"{r['bound_prefill_s']:.2f} s, decode {r['bound_decode_s']:.2f} s); ours {r['ours_tok_s']:.1f} = "
               f"{r['of_bound']:.0%} of it{goal}")
+    by_c = {r["concurrency"]: r for r in rows}
+    if 8 in by_c and 16 in by_c:  # 16 decode rows read the weights once, as 8 do
+        ours, bound = (by_c[16][k] / by_c[8][k] for k in ("ours_tok_s", "bound_tok_s"))
+        print(f"  c = 16 / c = 8: ours {ours:.2f} (goal >= 1.2), the bound's {bound:.2f}: "
+              f"{goal_verdict(ours, 1.2, bound, higher_is_better=True)}")
     print("a decode step of b requests at this trace's prompt lengths, by kernel (rakv.bench.roofline.row_costs):")
     print("\n".join("  " + line for line in format_row_costs({int(b): r for b, r in result["row_costs"].items()})))
 

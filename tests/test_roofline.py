@@ -4,7 +4,7 @@ and the per-row cost table's parts adding up to the step."""
 import pytest
 from conftest import THREADS
 
-from rakv.bench.roofline import Geometry, Limits, format_row_costs, row_costs, trace_bound
+from rakv.bench.roofline import Geometry, Limits, format_row_costs, goal_verdict, row_costs, trace_bound
 from rakv.runtime.models import load_pair
 
 # 1 GB of weights, 100 M multiply-adds per row in the layers, 10 M in the head, 1 KB of K/V per position
@@ -50,3 +50,13 @@ def test_the_per_row_table_splits_a_real_step_into_its_kernels():
         assert row["kv_mb"] == pytest.approx(b * 34 * Geometry.of(model).kv_bytes_per_position / 1e6)
     assert rows[1]["over_one"] == 1.0
     assert len(format_row_costs(rows)) == 4
+
+
+def test_a_goal_is_out_of_reach_only_where_the_floors_themselves_miss_it():
+    assert goal_verdict(1.5, 1.6, 1.2) == "met"
+    assert goal_verdict(1.9, 1.6, 1.3) == "missed"  # the floors allow 1.3: the engine is what misses
+    assert goal_verdict(1.9, 1.6, 2.0).startswith("out of reach here")  # no engine reaches 1.6 at these limits
+    assert goal_verdict(1.25, 1.2, 1.07, higher_is_better=True) == "met"
+    assert goal_verdict(0.99, 1.2, 1.07, higher_is_better=True).startswith("out of reach here")
+    assert goal_verdict(0.99, 1.2, 1.5, higher_is_better=True) == "missed"
+    assert goal_verdict(0.99, 1.2, None, higher_is_better=True) == "missed"  # no floor measured (no compact model)

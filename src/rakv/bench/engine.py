@@ -401,9 +401,13 @@ def draft_against_target(pair, context: list[int], repeats: int, bandwidth: floa
     draft_bytes = (distinct_bytes(compact_draft.projection_tensors()) if compact_draft is not None
                    else weight_bytes(draft_model) - draft_model.get_input_embeddings().weight.nbytes)
     draft_floor = draft_bytes / bandwidth * 1e3
+    compact_target = compact_of(target_model)
+    target_bytes = (distinct_bytes(compact_target.projection_tensors()) if compact_target is not None
+                    else weight_bytes(target_model) - target_model.get_input_embeddings().weight.nbytes)
     return {"context_tokens": 256, "target_step_ms": target_step, "draft_step_ms": draft_step,
             "draft_over_target": draft_step / target_step, "goal_over_target": 0.30, "weight_bytes": draft_bytes,
-            "floor_ms": draft_floor, "over_floor": draft_step / draft_floor, "goal_over_floor": 1.5}
+            "floor_ms": draft_floor, "over_floor": draft_step / draft_floor, "goal_over_floor": 1.5,
+            "floors_over_target": draft_bytes / target_bytes}
 
 
 def prefill_row(prefill: dict, before: dict | None, long_ids: list[int], tokens_per_s: float, lengths) -> dict:
@@ -455,6 +459,8 @@ def kernel_rows(pair, engine, long_ids: list[int], repeats: int) -> dict:
             "draft": draft_against_target(pair, long_ids[:257], repeats * 4, bandwidth),
             "batch": {"context_tokens": 256, "step_ms": {str(b): t for b, t in batch.items()},
                       "over_one": {str(b): t / batch[1] for b, t in batch.items()}, "goal_8": 1.3, "goal_16": 1.6,
+                      "floors_over_one": None if rows is None else {
+                          str(b): row["floor_ms"] / rows[1]["floor_ms"] for b, row in rows.items()},
                       "by_kernel": None if rows is None else {str(b): row for b, row in rows.items()}},
             "chunk_beside_decodes": {"chunk_tokens": 32, "decodes": 4, **chunked,
                                      "ratio": chunked["with_chunk"] / chunked["decodes"], "goal": 2.0},

@@ -167,3 +167,19 @@ def format_row_costs(rows: dict[int, dict]) -> list[str]:
         lines.append(f"{b:>4} {r['step_ms']:8.1f} {r['over_one']:6.2f} {r['gemm_ms']:7.1f} {r['attention_ms']:9.1f} "
                      f"{r['other_ms']:6.1f} {r['kv_mb']:7.1f} {r['floor_ms']:8.1f} {over_floor:10.2f}")
     return lines
+
+
+def goal_verdict(measured: float, goal: float, at_floor: float | None, higher_is_better: bool = False) -> str:
+    """A ratio goal's verdict: `met`, `missed`, or `out of reach here` when the same ratio computed from the floors
+    (`at_floor`: the steps' floors, or the trace's bounds, in place of their measured times) is itself on the wrong
+    side of the goal, i.e. no engine could meet it on this machine at the limits measured in this run (a ratio of
+    floors depends on the streaming bandwidth of the moment, so the third verdict can change between runs on a
+    machine whose memory is shared)."""
+    def meets(value: float) -> bool:
+        return value >= goal if higher_is_better else value <= goal
+
+    if meets(measured):
+        return "met"
+    if at_floor is not None and not meets(at_floor):
+        return f"out of reach here: the floors' own ratio is {at_floor:.2f}"
+    return "missed"
