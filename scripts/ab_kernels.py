@@ -7,13 +7,14 @@ bit (rakv.bench.kernel_ab says how).
     RAKV_KERNELS_MARCH=x86-64-v3 .venv/bin/python scripts/ab_kernels.py --base HEAD~1   # the AVX2 code paths
 
 Prints, per case, each build's median ms over the interleaved repeats, new / base, and whether every output of the
-two builds is bitwise equal. Exit status 1 if any case's outputs differ, 2 on bad input.
+two builds is bitwise equal. Exit status 1 if any case's outputs differ, 2 on bad input or a failed build.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 
 import torch
@@ -61,7 +62,12 @@ def main(argv=None) -> int:
         print(f"ab_kernels: error: {exc}", file=sys.stderr)
         return 2
     target, draft = compact_of(pair.target.module), compact_of(pair.draft.module)
-    builds = {"base": build(base_source, "rakv_ab_base"), "new": build(new_source, "rakv_ab_new")}
+    try:
+        builds = {"base": build(base_source, "rakv_ab_base"), "new": build(new_source, "rakv_ab_new")}
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        print(f"ab_kernels: error: a build failed to compile: {lines[-1].strip()}", file=sys.stderr)
+        return 2
     cases = {}
     for rows in args.rows:
         cases[f"GEMM fp32, {rows} row(s)"] = gemm_case(target.projections(), rows)
