@@ -1,10 +1,11 @@
 """Two results folders side by side (scripts/compare_runs.py; the paper's "Across runs and machines").
 
-For every headline statistic that carries a confidence interval in run A's summary.json: whether run B's value lies
-inside A's interval, and whether the two runs draw the same conclusion from it (the side of 0 each one's interval
-lies on; `agreement`); statistics without an interval with their relative difference; and the machine each study
-ran on (its study/metadata.json: processor, ISA, the kernels' compile target, cores, caches), so that a comparison
-says "other machine" when it is one.
+For every headline statistic that carries a confidence interval in both runs' summary.json: whether the two runs'
+estimates differ significantly (rakv.experiments.replication.differences: both runs' uncertainty, Holm over the
+statistics), whether they draw the same conclusion from it (the side of 0 each one's interval lies on), and, for
+reference, whether B's value lies inside A's interval (`agreement`); statistics without an interval with their
+relative difference; and the machine each study ran on (its study/metadata.json: processor, ISA, the kernels'
+compile target, cores, caches), so that a comparison says "other machine" when it is one.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 from dataclasses import dataclass, is_dataclass
 from pathlib import Path
 
+from rakv.experiments.replication import degrees_of_freedom, differences, inside_rate_expected
 from rakv.experiments.summary import Summary, record_items
 from rakv.experiments.verdicts import ci_side
 
@@ -48,32 +50,42 @@ def scalars(summary: Summary) -> dict[str, float]:
             if not isinstance(value, list)}
 
 
-def compare(a: Summary, b: Summary) -> tuple[list[str], list[str]]:
-    """The side-by-side lines, and the names of B's statistics outside A's confidence interval."""
-    width = max([34, *(len(n) for n in with_intervals(a)), *(len(n) for n in scalars(a))])
-    lines, outside = [f"{'statistic':<{width}} {'A [95% CI]':>28} {'B':>9}  B inside A's CI"], []
-    b_ci = with_intervals(b)
-    for name, (value, low, high) in with_intervals(a).items():
+def compare(a: Summary, b: Summary) -> tuple[list[str], Agreement]:
+    """The side-by-side lines (every statistic with an interval: both CIs, B - A, Holm's p of the difference test,
+    and whether B lies inside A's CI; then those without an interval, with their relative difference) and the
+    runs' `Agreement`."""
+    a_ci, b_ci = with_intervals(a), with_intervals(b)
+    width = max([34, *(len(n) for n in a_ci), *(len(n) for n in scalars(a))])
+    lines = [f"{'statistic':<{width}} {'A [95% CI]':>28} {'B [95% CI]':>28} {'B - A':>8} {'p (Holm)':>9}  "
+             "B in A's CI"]
+    tested = {d.name: d for d in differences(a_ci, b_ci, degrees_of_freedom(a))}
+    for name, (value, low, high) in a_ci.items():
         if name not in b_ci:
-            lines.append(f"{name:<{width}} {'':>28} {'missing':>9}")
+            lines.append(f"{name:<{width}} {'':>28} {'missing':>28}")
             continue
-        other = b_ci[name][0]
-        if other is None:
-            continue
-        inside = low <= other <= high
-        if not inside:
-            outside.append(name)
-        lines.append(f"{name:<{width}} {value:>9.4f} [{low:>7.4f}, {high:>7.4f}] {other:>9.4f}  "
-                     f"{'yes' if inside else 'NO'}")
-    lines.append(f"{'statistic (no interval)':<{width}} {'A':>28} {'B':>9}  relative difference")
+        d = tested.get(name)
+        other = b_ci[name]
+        test = f"{d.difference:>+8.4f} {d.p_holm:>9.3f}{' *' if d.significant else '  '}" if d else f"{'':>20}"
+        lines.append(f"{name:<{width}} {value:>9.4f} [{low:>7.4f}, {high:>7.4f}] {_ci(other)} {test}"
+                     f"{'yes' if d and d.inside else 'no'}")
+    lines.append(f"{'statistic (no interval)':<{width}} {'A':>28} {'B':>28}  relative difference")
     b_scalars = scalars(b)
     for name, x in scalars(a).items():
         y = b_scalars.get(name)
         if y is None:
             continue
         relative = (y - x) / abs(x) if x else float("nan")
-        lines.append(f"{name:<{width}} {x:>28.4f} {y:>9.4f}  {relative:+.1%}")
-    return lines, outside
+        lines.append(f"{name:<{width}} {x:>28.4f} {y:>28.4f}  {relative:+.1%}")
+    return lines, agreement(a, b)
+
+
+def _ci(triple) -> str:
+    value, low, high = triple
+    if value is None:
+        return f"{'missing':>28}"
+    if low is None or high is None:
+        return f"{value:>9.4f} {'':>18}"
+    return f"{value:>9.4f} [{low:>7.4f}, {high:>7.4f}]"
 
 
 MACHINE = ("processor", "isa", "kernels_march", "cores", "caches", "device", "threads", "dtype")
@@ -106,14 +118,19 @@ def described(machine: dict | None) -> str:
 
 @dataclass(frozen=True)
 class Agreement:
-    """How far run B reproduces run A: of `total` statistics with an interval in both, `inside` have B's value in
-    A's 95 % CI; `same_conclusion` draw the same conclusion (both intervals above 0, both below, or both
-    straddling it); `outside` and `flipped` name the rest."""
+    """How far run B reproduces run A, over the `total` statistics with an interval in both: `significant` names
+    those whose difference is significant (Welch's t on each statistic's scale, Holm-adjusted over all of them at
+    5 %: the test, rakv.experiments.replication.differences); `same_conclusion` draw the same conclusion (both
+    intervals above 0, both below, or both straddling it) and `flipped` names the rest; `inside` have B's value in
+    A's 95 % CI and `outside` names the rest, shown beside `expected_inside`, the share an exact replication puts
+    inside (about 0.86 at 8 prompts: "outside" is no evidence of a difference)."""
     total: int
     inside: int
     same_conclusion: int
     outside: list[str]
     flipped: list[str]
+    significant: list[str]
+    expected_inside: float
 
 
 def agreement(a: Summary, b: Summary) -> Agreement:
@@ -121,7 +138,10 @@ def agreement(a: Summary, b: Summary) -> Agreement:
     names = [n for n in a_ci if n in b_ci and b_ci[n][0] is not None]
     outside = [n for n in names if not a_ci[n][1] <= b_ci[n][0] <= a_ci[n][2]]
     flipped = [n for n in names if ci_side(a_ci[n], 0.0) != ci_side(b_ci[n], 0.0)]
-    return Agreement(len(names), len(names) - len(outside), len(names) - len(flipped), outside, flipped)
+    df = degrees_of_freedom(a)
+    significant = [d.name for d in differences(a_ci, b_ci, df) if d.significant]
+    return Agreement(len(names), len(names) - len(outside), len(names) - len(flipped), outside, flipped,
+                     significant, inside_rate_expected(df))
 
 
 def decision_agreement(a: Path, b: Path) -> dict[str, float]:
