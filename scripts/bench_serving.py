@@ -14,8 +14,9 @@ finished request's place at once). Printed per c, each a median of `--repeats` r
   (goal at 8: >= 1.5), and whether every served output equals the request's output alone;
 - the machine's bound for the trace at each c (rakv.bench.roofline.trace_bound: prefill FLOPs at the FMA peak
   measured here, then each decode step's weights and K/V at the measured streaming bandwidth) and ours as a
-  fraction of it (goal >= 60 % at 8 and 16); c = 16 / c = 8 (goal >= 1.2) beside the bound's own ratio, judged
-  met, missed, or out of reach here (the bound's ratio itself below the goal: rakv.bench.roofline.goal_verdict);
+  fraction of it (goal >= 60 % at 8 and 16); c = 16 / c = 8 (goal >= 1.2) judged met, missed, or out of reach at
+  this baseline (the bound at c = 16 over ours at c = 8 itself below the goal: rakv.bench.roofline.goal_verdict),
+  the bound's own ratio beside as context;
   a decode step of 1-32 requests by kernel beside its floor (CPU).
 `--peer vllm`: the same requests (their token ids) through vLLM's CPU build on the same fp32 weights, offline
 `LLM.generate` with max_num_seqs = c (scripts/vllm_peer.py in the peer's venv; scripts/setup_vllm_peer.sh builds it):
@@ -38,6 +39,8 @@ from rakv.runtime.errors import RakvError
 from rakv.runtime.models import load_pair
 from rakv.runtime.paths import conf_file
 from rakv.runtime.workloads import dataset_texts
+
+SCALING_GOAL = 1.2  # output tokens/s at c = 16 / at c = 8, at least
 
 
 def parse_args() -> argparse.Namespace:
@@ -145,13 +148,24 @@ def print_rows(args, result: dict) -> None:
         print(f"  c = {r['concurrency']:>2}: bound {r['bound_tok_s']:7.1f} tok/s (prefill "
               f"{r['bound_prefill_s']:.2f} s, decode {r['bound_decode_s']:.2f} s); ours {r['ours_tok_s']:.1f} = "
               f"{r['of_bound']:.0%} of it{goal}")
-    by_c = {r["concurrency"]: r for r in rows}
-    if 8 in by_c and 16 in by_c:  # 16 decode rows read the weights once, as 8 do
-        ours, bound = (by_c[16][k] / by_c[8][k] for k in ("ours_tok_s", "bound_tok_s"))
-        print(f"  c = 16 / c = 8: ours {ours:.2f} (goal >= 1.2), the bound's {bound:.2f}: "
-              f"{goal_verdict(ours, 1.2, bound, higher_is_better=True)}")
+    print_scaling(result)
     print("a decode step of b requests at this trace's prompt lengths, by kernel (rakv.bench.roofline.row_costs):")
     print("\n".join("  " + line for line in format_row_costs({int(b): r for b, r in result["row_costs"].items()})))
+
+
+def print_scaling(result: dict) -> None:
+    """c = 16 / c = 8 and its verdict: judged from the bound at c = 16 over ours at c = 8 (a faster c = 8 only lowers
+    the ratio), the bound's own ratio beside as context (rakv.bench.roofline.goal_verdict)."""
+    by_c = {r["concurrency"]: r for r in result["rows"]}
+    if 8 not in by_c or 16 not in by_c:
+        return
+    ours, bound = (by_c[16][k] / by_c[8][k] for k in ("ours_tok_s", "bound_tok_s"))
+    # the bound is one for plain decoding only: drafts (several tokens a step) or reuse (prefill skipped) beat it
+    bound_16 = by_c[16]["bound_tok_s"] if result["strategy"] == "ar" else None
+    verdict = goal_verdict(by_c[16]["ours_tok_s"], by_c[8]["ours_tok_s"], SCALING_GOAL, bound_16, higher_is_better=True)
+    print(f"  c = 16 / c = 8: ours {ours:.2f} (goal >= {SCALING_GOAL}): {verdict} (the bound at c = 16 over ours at "
+          f"c = 8 {by_c[16]['bound_tok_s'] / by_c[8]['ours_tok_s']:.2f}; the bound's own ratio, context only, "
+          f"{bound:.2f})")
 
 
 def print_peer_and_overload(args, result: dict) -> None:

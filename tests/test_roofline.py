@@ -3,6 +3,8 @@ and the per-row cost table's parts adding up to the step."""
 
 import pytest
 from conftest import THREADS
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rakv.bench.roofline import Geometry, Limits, format_row_costs, goal_verdict, row_costs, trace_bound
 from rakv.runtime.models import load_pair
@@ -52,11 +54,47 @@ def test_the_per_row_table_splits_a_real_step_into_its_kernels():
     assert len(format_row_costs(rows)) == 4
 
 
-def test_a_goal_is_out_of_reach_only_where_the_floors_themselves_miss_it():
-    assert goal_verdict(1.5, 1.6, 1.2) == "met"
-    assert goal_verdict(1.9, 1.6, 1.3) == "missed"  # the floors allow 1.3: the engine is what misses
-    assert goal_verdict(1.9, 1.6, 2.0).startswith("out of reach here")  # no engine reaches 1.6 at these limits
-    assert goal_verdict(1.25, 1.2, 1.07, higher_is_better=True) == "met"
-    assert goal_verdict(0.99, 1.2, 1.07, higher_is_better=True).startswith("out of reach here")
-    assert goal_verdict(0.99, 1.2, 1.5, higher_is_better=True) == "missed"
-    assert goal_verdict(0.99, 1.2, None, higher_is_better=True) == "missed"  # no floor measured (no compact model)
+def test_a_one_row_step_above_its_floor_leaves_the_16_row_goal_within_reach():
+    # 16 rows FLOP-bound at 1.9x the one row's byte-bound floor: the floors' own ratio misses the 1.6 goal
+    limits = Limits(fma_peak_gflops=18.5, stream_gb_s=10.0)
+    floor_1, floor_16 = (GEOMETRY.decode_step_s([100] * b, limits) for b in (1, 16))
+    assert floor_16 / floor_1 == pytest.approx(1.9, abs=0.01)
+    one_row = 2 * floor_1  # an engine whose one-row step sits at twice its floor
+    assert goal_verdict(2 * one_row, one_row, 1.6, floor_16) == "missed"  # not "out of reach"
+    # what the old rule (the floors' ratio) called out of reach, an engine with a faster 16-row step meets
+    faster_16 = 1.25 * one_row
+    assert faster_16 >= floor_16 and goal_verdict(faster_16, one_row, 1.6, floor_16) == "met"
+    # at its floor, no 16-row step beside this one-row step meets the goal
+    at_floor = 1.02 * floor_1
+    assert goal_verdict(2.2 * floor_1, at_floor, 1.6, floor_16).startswith("out of reach at this baseline")
+
+
+def test_a_numerator_that_beats_its_own_limit_voids_the_third_verdict():
+    assert goal_verdict(0.18, 0.1, 1.6, 0.19) == "missed"  # the 16-row step ran below its floor: no bound here
+    assert goal_verdict(130.0, 100.0, 1.4, 120.0, higher_is_better=True) == "missed"  # above the trace's bound
+
+
+def test_the_serving_ratio_is_judged_from_the_bound_at_16_over_ours_at_8():
+    # ours 100 tok/s at c = 8 (the bound's own c = 8 is 140, its ratio 150 / 140 = 1.07 < 1.2): still reachable
+    assert goal_verdict(105.0, 100.0, 1.2, 150.0, higher_is_better=True) == "missed"
+    assert goal_verdict(125.0, 100.0, 1.2, 150.0, higher_is_better=True) == "met"
+    assert goal_verdict(105.0, 100.0, 1.2, 110.0, higher_is_better=True).startswith("out of reach at this baseline")
+    assert goal_verdict(105.0, 100.0, 1.2, None, higher_is_better=True) == "missed"  # no bound (no compact model)
+
+
+positive = st.floats(min_value=0.01, max_value=100.0)
+fraction = st.floats(min_value=0.0, max_value=1.0)
+
+
+@settings(max_examples=500, deadline=None)
+@given(positive, positive, positive, st.floats(min_value=0.1, max_value=10.0), st.booleans(), fraction, fraction)
+def test_no_faster_engine_contradicts_out_of_reach(numerator, baseline, limit, goal, higher, toward_limit, faster):
+    """Wherever the verdict is "out of reach", an engine faster in both terms (its numerator anywhere between the
+    measured one and its limit, its baseline as fast or faster) misses the goal too."""
+    verdict = goal_verdict(numerator, baseline, goal, limit, higher_is_better=higher)
+    if not verdict.startswith("out of reach"):
+        return
+    their_numerator = numerator + toward_limit * (limit - numerator)
+    their_baseline = baseline * (1 + faster) if higher else baseline * (1 - 0.99 * faster)
+    ratio = their_numerator / their_baseline
+    assert (ratio < goal) if higher else (ratio > goal)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from rakv.bench.roofline import distinct_bytes, measured_limits, row_costs, streaming_bandwidth
+from rakv.bench.roofline import distinct_bytes, goal_verdict, measured_limits, row_costs, streaming_bandwidth
 from rakv.runtime.actions import SPEC_K, Action
 from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.calibration import CalibrationPlan, Point, forward_points, measure_interleaved, time_once
@@ -389,6 +389,9 @@ def store_ttft(engine, long_ids: list[int], other: list[int], repeats: int) -> d
             "partial_ms": partial * 1e3, "exact_over_cold": exact / cold, "partial_over_cold": partial / cold}
 
 
+DRAFT_GOAL = 0.30  # the draft's one-token step / the target's, at most
+
+
 def draft_against_target(pair, context: list[int], repeats: int, bandwidth: float) -> dict:
     """The draft's one-token step against the target's (interleaved) and against its own floor."""
     device, draft_model, target_model = pair.device, pair.draft.module, pair.target.module
@@ -405,9 +408,10 @@ def draft_against_target(pair, context: list[int], repeats: int, bandwidth: floa
     target_bytes = (distinct_bytes(compact_target.projection_tensors()) if compact_target is not None
                     else weight_bytes(target_model) - target_model.get_input_embeddings().weight.nbytes)
     return {"context_tokens": 256, "target_step_ms": target_step, "draft_step_ms": draft_step,
-            "draft_over_target": draft_step / target_step, "goal_over_target": 0.30, "weight_bytes": draft_bytes,
+            "draft_over_target": draft_step / target_step, "goal_over_target": DRAFT_GOAL, "weight_bytes": draft_bytes,
             "floor_ms": draft_floor, "over_floor": draft_step / draft_floor, "goal_over_floor": 1.5,
-            "floors_over_target": draft_bytes / target_bytes}
+            "floors_over_target": draft_bytes / target_bytes, "floor_over_measured_target": draft_floor / target_step,
+            "verdict_over_target": goal_verdict(draft_step, target_step, DRAFT_GOAL, draft_floor)}
 
 
 def prefill_row(prefill: dict, before: dict | None, long_ids: list[int], tokens_per_s: float, lengths) -> dict:
@@ -435,6 +439,24 @@ def llama_cpp_row(peer: dict | None, ours_tokens: list[int], ours_decode_ms: flo
             "prefill_over_f32": prefill_tps / f32["prefill_tokens_per_s"] if ran else None, "prefill_goal": 1.5}
 
 
+BATCH_GOALS = {8: 1.3, 16: 1.6}  # a batched step of b requests / one request, at most
+
+
+def batch_row(batch: dict[int, float], rows: dict[int, dict] | None) -> dict:
+    """Batched steps against one request, each goal's verdict (rakv.bench.roofline.goal_verdict: the step's floor
+    over the measured one-row step, where the per-row table measured floors), and the floors' own ratio beside it as
+    context only (it bounds no ratio of measured steps)."""
+    floors = None if rows is None else {b: row["floor_ms"] for b, row in rows.items()}
+    return {"context_tokens": 256, "step_ms": {str(b): t for b, t in batch.items()},
+            "over_one": {str(b): t / batch[1] for b, t in batch.items()},
+            **{f"goal_{b}": goal for b, goal in BATCH_GOALS.items()},
+            "verdicts": {str(b): goal_verdict(batch[b], batch[1], goal, floors and floors[b])
+                         for b, goal in BATCH_GOALS.items() if b in batch},
+            "floor_over_measured_one": None if floors is None else {str(b): f / batch[1] for b, f in floors.items()},
+            "floors_over_one": None if floors is None else {str(b): f / floors[1] for b, f in floors.items()},
+            "by_kernel": None if rows is None else {str(b): row for b, row in rows.items()}}
+
+
 def kernel_rows(pair, engine, long_ids: list[int], repeats: int) -> dict:
     """Verify against one step, the draft's step, batched steps, a chunk beside decodes, prefill, the GEMM."""
     device, target_model = pair.device, pair.target.module
@@ -457,11 +479,7 @@ def kernel_rows(pair, engine, long_ids: list[int], repeats: int) -> dict:
                        "verify_over_step": {str(k): ratios[k] for k in SPEC_K},
                        "monotone": all(a <= b for a, b in zip(steps, steps[1:]))},
             "draft": draft_against_target(pair, long_ids[:257], repeats * 4, bandwidth),
-            "batch": {"context_tokens": 256, "step_ms": {str(b): t for b, t in batch.items()},
-                      "over_one": {str(b): t / batch[1] for b, t in batch.items()}, "goal_8": 1.3, "goal_16": 1.6,
-                      "floors_over_one": None if rows is None else {
-                          str(b): row["floor_ms"] / rows[1]["floor_ms"] for b, row in rows.items()},
-                      "by_kernel": None if rows is None else {str(b): row for b, row in rows.items()}},
+            "batch": batch_row(batch, rows),
             "chunk_beside_decodes": {"chunk_tokens": 32, "decodes": 4, **chunked,
                                      "ratio": chunked["with_chunk"] / chunked["decodes"], "goal": 2.0},
             "gemm": gemm_table(pair, repeats * 2) if compact_of(target_model) is not None and device.type == "cpu"
@@ -475,17 +493,28 @@ def torch_baseline_rss() -> int:
     return int(done.stdout.strip().splitlines()[-1]) * 1024
 
 
+MEMORY_GOAL = 1.3  # a fresh process's whole peak resident set / (weights held + K/V), at most
+
+
+def memory_goal(rss: dict, torch_baseline_bytes: int) -> dict:
+    """An rss_probe's peak against the bytes it holds (weights + the most K/V), judged as the goal was first stated
+    (scripts/bench_engine.py, docs/engine.md): the whole process's peak resident set over them, <= 1.3. Beside it, not
+    judged, the same peak less an interpreter that has only imported torch (`torch_baseline_bytes`): what loading and
+    generating add. That second figure was once made the goal's measure after the whole one had missed; a measure
+    changed after seeing the data is no test of the goal, so it is printed as information only."""
+    held = rss["weight_bytes"] + rss["kv_bytes"]
+    return {**rss, "over_weights_and_kv": rss["peak_rss_bytes"] / held, "torch_baseline_bytes": torch_baseline_bytes,
+            "above_torch_over_weights_and_kv": (rss["peak_rss_bytes"] - torch_baseline_bytes) / held,
+            "goal": MEMORY_GOAL, "verdict": goal_verdict(rss["peak_rss_bytes"], held, MEMORY_GOAL, None)}
+
+
 def fresh_rss(args) -> dict:
-    """rss_probe in a fresh process (this one has grown its arenas), with the ratio to weights and K/V: of the whole
-    peak, and of the peak above an interpreter with torch imported (the goal's measure, docs/engine.md)."""
+    """rss_probe in a fresh process (this one has grown its arenas), judged by `memory_goal` (docs/engine.md)."""
     done = subprocess.run([sys.executable, str(SCRIPT), "--pair", args.pair, "--new-tokens", str(args.new_tokens),
                            "--device", args.device, "--kernels", args.kernels, "--probe", "rss"]
                           + (["--threads", str(args.threads)] if args.threads else []),
                           capture_output=True, text=True, check=True)
-    rss = json.loads(done.stdout.strip().splitlines()[-1])
-    held, baseline = rss["weight_bytes"] + rss["kv_bytes"], torch_baseline_rss()
-    return {**rss, "over_weights_and_kv": rss["peak_rss_bytes"] / held, "torch_baseline_bytes": baseline,
-            "above_torch_over_weights_and_kv": (rss["peak_rss_bytes"] - baseline) / held, "goal": 1.3}
+    return memory_goal(json.loads(done.stdout.strip().splitlines()[-1]), torch_baseline_rss())
 
 
 STARTUP_PROMPT = "def fibonacci(n):"
