@@ -8,10 +8,12 @@ claims and their verdicts), sentences (the feasibility verdict's wording), servi
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
+from rakv.experiments.calibrations import calibration_tables, tables_by_configuration, with_tie_sets
 from rakv.experiments.claims import claims
 from rakv.experiments.oracle import measurements, strategy_latencies
 from rakv.experiments.sentences import feasibility_verdict
@@ -129,20 +131,6 @@ def regime_points(folders: dict[str, Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def calibration_tables(results: Path) -> dict:
-    """<pair>-<proposer> -> CostTable for every calibration kept in results/<name>/calibration/."""
-    from rakv.runtime.costmodel import CostTable
-
-    return {path.stem: CostTable.from_json(json.loads(path.read_text()))
-            for path in sorted((Path(results) / "calibration").glob("*.json"))}
-
-
-def tables_by_configuration(runs: pd.DataFrame, results: Path) -> dict:
-    kept = calibration_tables(results)
-    pairs = runs[["configuration", "pair", "proposer"]].drop_duplicates()
-    return {r.configuration: kept.get(f"{r.pair}-{r.proposer}") for r in pairs.itertuples(index=False)}
-
-
 def grid_of(runs: pd.DataFrame) -> Grid:
     """What the study measured: prompts per dataset and length bin, repeats, new tokens."""
     sweep = runs[runs.kind == "sweep"]
@@ -179,6 +167,8 @@ def summarize(results: Path, seed: int = 0) -> Summary:
     here; summary.json written by rakv.experiments.summary.write_summary)."""
     results = Path(results)
     runs = pd.read_parquet(results / "study" / "runs.parquet")
+    tables = tables_by_configuration(runs, results)
+    runs = with_tie_sets(runs, tables)
     meas = measurements(runs)
     lat = strategy_latencies(runs, meas)
     names = sorted(runs.configuration.unique().tolist())
@@ -186,7 +176,6 @@ def summarize(results: Path, seed: int = 0) -> Summary:
         name: configuration_statistics(runs[runs.configuration == name], meas[meas.configuration == name],
                                        lat[lat.configuration == name])
         for name in names}
-    tables = tables_by_configuration(runs, results)
     sensitivity = sensitivity_statistics(results / "sensitivity")
     feasibility = read_feasibility(results)
     verdict = feasibility_verdict(feasibility)
@@ -194,7 +183,7 @@ def summarize(results: Path, seed: int = 0) -> Summary:
     from rakv.experiments.sampling_stats import sampling_summary
 
     sampling = sampling_summary(results, tables, seed=seed)
-    return Summary(
+    summary = Summary(
         # the folder as typed from the repository root, so that a summary does not depend on where the checkout is
         results=shown(results), runs=len(runs), strategy_runs=int((runs.kind == "strategy").sum()),
         sweep_runs=int((runs.kind == "sweep").sum()), configurations=names, grid=grid_of(runs),
@@ -214,3 +203,8 @@ def summarize(results: Path, seed: int = 0) -> Summary:
         serving=serving_stats.serving_summary(results, seed) if serving_stats.available(results) else ABSENT,
         # sampling and workloads (stage `sampling`)
         sampling=sampling if sampling is not None else ABSENT)
+    # the other shipped runs of this commit and machine class beside this one (<results>-rerun*): pooled claims
+    from rakv.experiments.runcompare import replication_summary
+
+    replication = replication_summary(results, summary)
+    return summary if replication is None else replace(summary, replication=replication)

@@ -19,6 +19,7 @@ The noise-aware oracle
 
 from __future__ import annotations
 
+import json
 import warnings
 from dataclasses import dataclass
 
@@ -173,7 +174,7 @@ def controller_choices(runs: pd.DataFrame, meas: pd.DataFrame | None = None,
     if tables is None:
         tables = ScenarioTables.of(measurements(runs) if meas is None else meas)
     samples, matrices = tables.samples, tables.matrices
-    chosen = runs[adaptive_mask(runs)][INSTANCE + ["action", "k"]]
+    chosen = runs[adaptive_mask(runs)][INSTANCE + ["action", "k"] + (["tie_set"] if "tie_set" in runs else [])]
     out = chosen.merge(tables.oracle, on=SCENARIO, how="left")
     regrets, ties, random_regrets = [], [], []
     for row in out.itertuples(index=False):
@@ -189,6 +190,9 @@ def controller_choices(runs: pd.DataFrame, meas: pd.DataFrame | None = None,
     out["regret"], out["within_noise"], out["random_regret"] = regrets, ties, random_regrets
     out["correct"] = out.action == out.oracle_action
     out["correct_k"] = out.k == out.oracle_k
+    if "tie_set" in out:  # the oracle's action among the actions the cost model could not tell from the chosen one
+        out["correct_tie_set"] = [isinstance(t, str) and o in json.loads(t) for t, o in zip(out.tie_set,
+                                                                                             out.oracle_action)]
     out["actions"] = [len(matrices[tuple(getattr(r, c) for c in SCENARIO)]) for r in out.itertuples(index=False)]
     return out
 

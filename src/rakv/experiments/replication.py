@@ -31,7 +31,7 @@ import numpy as np
 from scipy import stats
 
 from rakv.experiments.intervals import CONFIDENCE
-from rakv.experiments.summary import Summary
+from rakv.experiments.summary import PooledStatistic, Summary
 
 ALPHA = 1.0 - CONFIDENCE  # the family-wise level of the Holm-adjusted difference tests
 
@@ -157,20 +157,6 @@ def inside_rate_expected(df: int, pooled_runs: int = 1) -> float:
     return float(2 * stats.t.cdf(quantile(df) / math.sqrt(1 + 1 / pooled_runs), df) - 1)
 
 
-@dataclass(frozen=True)
-class PooledStatistic:
-    """One statistic over R runs: each run's CI, the pooled CI, the run-level variance component tau^2 and its
-    standard deviation (on the statistic's scale, `scale`), and Cochran's Q with its p-value (R - 1 df)."""
-    name: str
-    scale: str
-    runs: list[list]
-    pooled: list
-    tau2: float
-    tau: float
-    q: float
-    q_p: float
-
-
 def pool(cis: list[list], name: str, df: int) -> PooledStatistic | None:
     """The statistic `name` pooled over its runs' CIs (random effects, DerSimonian-Laird; shared prompts: see the
     module's docstring); None where fewer than one CI can be read."""
@@ -190,9 +176,9 @@ def pool(cis: list[list], name: str, df: int) -> PooledStatistic | None:
     mean = float((w_star * y).sum() / w_star.sum())
     half = quantile(df) * math.sqrt(float(se2.mean()) + tau2 / runs)
     ends = sorted((scale.back(mean - half), scale.back(mean + half)))
-    q_p = float(stats.chi2.sf(q, runs - 1)) if runs > 1 else math.nan
-    return PooledStatistic(name, scale.name, [list(ci) for ci in cis], [scale.back(mean), *ends], tau2,
-                           math.sqrt(tau2), q, q_p)
+    q_p = float(stats.chi2.sf(q, runs - 1)) if runs > 1 else None
+    return PooledStatistic(name=name, scale=scale.name, runs=[list(ci) for ci in cis],
+                           pooled=[scale.back(mean), *ends], run_sd=math.sqrt(tau2), heterogeneity_p=q_p)
 
 
 def pool_runs(runs: list[dict[str, list]], df: int) -> dict[str, PooledStatistic]:
@@ -225,3 +211,35 @@ def held_out_coverage(runs: list[dict[str, list]], df: int) -> Coverage | None:
             total += 1
             inside += bool(stat.pooled[1] <= value <= stat.pooled[2])
     return Coverage(inside, total, inside_rate_expected(df, len(runs) - 1))
+
+
+def _pooled_record(record, prefix: str, pooled: dict[str, PooledStatistic]):
+    """`record` (a statistics record of summary.json under `prefix`) with every interval that was pooled replaced
+    by its pooled CI; nested records likewise."""
+    from dataclasses import fields, is_dataclass, replace
+
+    from rakv.experiments.summary import name_of
+
+    changes = {}
+    for f in fields(record):
+        value, name = getattr(record, f.name), f"{prefix}.{name_of(f)}"
+        if is_dataclass(value):
+            changes[f.name] = _pooled_record(value, name, pooled)
+        elif isinstance(value, list) and name in pooled:
+            changes[f.name] = pooled[name].pooled
+    return replace(record, **changes)
+
+
+def pooled_summary(summary: Summary) -> Summary:
+    """The summary as the shipped runs of its commit and machine class give it together: every pooled interval
+    (per configuration and over configurations) and the claims judged on them (Summary.replication); the summary
+    itself where no other run is shipped. The paper's abstract, introduction and conclusion read this view."""
+    from dataclasses import replace
+
+    if not summary.replication:
+        return summary
+    pooled = {p.name: p for p in summary.replication.statistics}
+    per_configuration = {name: _pooled_record(s, f"per_configuration.{name}", pooled)
+                         for name, s in summary.per_configuration.items()}
+    return replace(summary, per_configuration=per_configuration,
+                   pooled=_pooled_record(summary.pooled, "pooled", pooled), claims=summary.replication.claims)

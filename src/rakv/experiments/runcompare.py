@@ -14,9 +14,16 @@ import json
 from dataclasses import dataclass, is_dataclass
 from pathlib import Path
 
-from rakv.experiments.replication import degrees_of_freedom, differences, inside_rate_expected
-from rakv.experiments.summary import Summary, record_items
+from rakv.experiments.replication import (
+    degrees_of_freedom,
+    differences,
+    held_out_coverage,
+    inside_rate_expected,
+    pool_runs,
+)
+from rakv.experiments.summary import ClaimAcrossRuns, PooledStatistic, Replication, Summary, record_items
 from rakv.experiments.verdicts import ci_side
+from rakv.runtime.paths import shown as shown_path
 
 
 def sections(summary: Summary) -> list[tuple[str, object]]:
@@ -144,18 +151,117 @@ def agreement(a: Summary, b: Summary) -> Agreement:
                      significant, inside_rate_expected(df))
 
 
-def decision_agreement(a: Path, b: Path) -> dict[str, float]:
-    """Per configuration, the share of the controller's study runs (the same prompt, scenario and repeat in both
-    runs) in which the two runs chose the same action: each run calibrates its own cost tables, so where actions
-    lie within each other's noise the two can choose differently."""
+DECISION_KEY = ["configuration", "prompt_id", "scenario", "repeat"]
+
+
+def controller_decisions(folder: Path):
+    """The controller's study runs of a results folder, indexed by DECISION_KEY: action and tie set (None without
+    the raw table)."""
     import pandas as pd
 
-    key = ["configuration", "prompt_id", "scenario", "repeat"]
-    if not all((Path(folder) / "study" / "runs.parquet").exists() for folder in (a, b)):
-        return {}  # a summary shipped without its raw tables
-    chosen = []
-    for folder in (a, b):
-        runs = pd.read_parquet(Path(folder) / "study" / "runs.parquet", columns=[*key, "strategy", "action"])
-        chosen.append(runs[runs.strategy == "rakv-asd"].set_index(key).action)
-    both = pd.concat([chosen[0].rename("a"), chosen[1].rename("b")], axis=1).dropna()
-    return {str(name): float(part.mean()) for name, part in (both.a == both.b).groupby(level="configuration")}
+    from rakv.experiments.calibrations import tables_by_configuration, with_tie_sets
+
+    path = Path(folder) / "study" / "runs.parquet"
+    if not path.exists():
+        return None  # a summary shipped without its raw tables
+    runs = pd.read_parquet(path)
+    runs = with_tie_sets(runs, tables_by_configuration(runs, Path(folder)))
+    return runs[runs.strategy == "rakv-asd"].set_index(DECISION_KEY)[["action", "tie_set"]]
+
+
+def decision_agreement(a: Path, b: Path, tied: bool = False) -> dict[str, float]:
+    """Per configuration, the share of the controller's study runs (the same prompt, scenario and repeat in both
+    runs) in which the two runs chose the same action (`tied`: actions whose tie sets overlap, i.e. the two choices
+    lie within the cost model's noise of each other in at least one run's eyes). Each run calibrates its own cost
+    tables, so near-ties can fall either way."""
+    import pandas as pd
+
+    decisions = [controller_decisions(folder) for folder in (a, b)]
+    if any(d is None for d in decisions):
+        return {}
+    both = decisions[0].join(decisions[1], lsuffix="_a", rsuffix="_b", how="inner")
+    if tied:
+        same = pd.Series([bool(set(json.loads(x or "[]")) & set(json.loads(y or "[]")))
+                          for x, y in zip(both.tie_set_a, both.tie_set_b)], index=both.index)
+    else:
+        same = both.action_a == both.action_b
+    return {str(name): float(part.mean()) for name, part in same.groupby(level="configuration")}
+
+
+# ---------------------------------------------------------------------------------------------
+# The shipped runs of one commit on one machine class, together (Summary.replication)
+
+# a claim with an interval -> its statistic under per_configuration.<configuration>. in summary.json
+CLAIM_STATISTICS = {
+    "latency_reduction_vs_joint_k4": "latency_reduction.joint-k4",
+    "throughput_gain_vs_joint_k4": "throughput_gain.joint-k4",
+    "latency_reduction_vs_kv_only": "latency_reduction.kv-only",
+    "throughput_gain_vs_kv_only": "throughput_gain.kv-only",
+    "accuracy_k": "accuracy_k", "accuracy_action": "accuracy_action", "mape": "mape", "spearman": "spearman",
+    "mean_regret": "mean_regret", "spec_regime": "spec_slowdown.pooled",
+}
+
+
+def commit_of(folder: Path) -> str | None:
+    try:
+        return json.loads((Path(folder) / "study" / "metadata.json").read_text()).get("git_commit")
+    except (OSError, ValueError):
+        return None
+
+
+def sibling_runs(results: Path) -> list[Path]:
+    """The other shipped runs of this run's commit and machine class: folders beside it named <name>-rerun*, with a
+    summary.json, the same study commit and the same hardware class."""
+    results = Path(results)
+    mine = hardware(results), commit_of(results)
+    out = []
+    for folder in sorted(results.parent.glob(results.name + "-rerun*")):
+        if not (folder / "summary.json").exists() or commit_of(folder) != mine[1] or mine[1] is None:
+            continue
+        theirs = hardware(folder)
+        if None not in (mine[0], theirs) and same_machine(mine[0], theirs):
+            out.append(folder)
+    return out
+
+
+def pooled_claims(summaries: list[Summary], pooled: dict[str, PooledStatistic]):
+    """The claims judged on the pooled estimates (rows with a CI; the others as this run has them) and every claim's
+    verdicts run by run."""
+    from rakv.experiments.claims import claim_row
+
+    rows, across = [], []
+    for row in summaries[0].claims:
+        statistic = CLAIM_STATISTICS.get(row.key)
+        stat = pooled.get(f"per_configuration.{row.configuration}.{statistic}") if statistic else None
+        rows.append(claim_row(row.key, row.configuration, stat.pooled) if stat else row)
+        same = [next((r for r in s.claims if (r.key, r.configuration) == (row.key, row.configuration)), None)
+                for s in summaries]
+        direction = [r.direction if r else "missing" for r in same]
+        magnitude = [r.magnitude if r else "missing" for r in same]
+        held = all(d == rows[-1].direction for d in direction) and all(m == rows[-1].magnitude for m in magnitude)
+        across.append(ClaimAcrossRuns(row.key, row.configuration, direction, magnitude, rows[-1].direction,
+                                      rows[-1].magnitude, held))
+    return rows, across
+
+
+def replication_summary(results: Path, summary: Summary) -> Replication | None:
+    """`summary` (this run's, under `results`) with its siblings (`sibling_runs`); None without any."""
+    from rakv.experiments.summary import read_summary
+
+    siblings = sibling_runs(results)
+    if not siblings:
+        return None
+    summaries = [summary, *(read_summary(f) for f in siblings)]
+    df = degrees_of_freedom(summary)
+    cis = [with_intervals(s) for s in summaries]
+    significant = [f"{f.name}: {d.name}" for f, other in zip(siblings, cis[1:])
+                   for d in differences(cis[0], other, df) if d.significant]
+    pooled = pool_runs(cis, df)
+    claims, across = pooled_claims(summaries, pooled)
+    coverage = held_out_coverage(cis, df)
+    return Replication(
+        runs=[shown_path(results), *(shown_path(f) for f in siblings)], tests=len(differences(cis[0], cis[1], df)),
+        significant=significant, statistics=list(pooled.values()), claims=claims, claim_runs=across,
+        coverage_inside=coverage.inside, coverage_total=coverage.total, coverage_expected=coverage.expected,
+        decisions_same=decision_agreement(results, siblings[0]),
+        decisions_tied=decision_agreement(results, siblings[0], tied=True))

@@ -28,6 +28,7 @@ from rakv.experiments.oracle import (
     strategy_latencies,
 )
 from rakv.experiments.summary import (
+    ABSENT,
     AcceptanceMape,
     ByBaseline,
     ConfigurationStatistics,
@@ -235,6 +236,7 @@ def configuration_statistics(runs: pd.DataFrame, meas: pd.DataFrame, lat: pd.Dat
         accuracy_action=scenario_mean(choices, "correct"),
         accuracy_within_noise=scenario_mean(choices, "within_noise"),
         accuracy_k=scenario_mean(choices, "correct_k"),
+        accuracy_tie_set=scenario_mean(choices, "correct_tie_set") if "correct_tie_set" in choices else ABSENT,
         accuracy_chance=float((1.0 / choices.actions).mean()) if len(choices) else None,
         mean_regret=scenario_mean(choices, "regret", "linear"),
         worst_regret=float(worst.regret.max()) if len(worst) else None,

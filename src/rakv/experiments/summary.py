@@ -145,6 +145,8 @@ class ConfigurationStatistics:
     scenarios: int
     controller_runs: int
     mape_minus_null: Interval = optional()  # MAPE - the action-blind predictor's, paired by (scenario, action)
+    # the oracle's action within the controller's tie set (the actions within the cost model's noise of its choice)
+    accuracy_tie_set: Interval = optional()
 
 
 @dataclass(frozen=True)
@@ -319,8 +321,8 @@ class Slos:
 
 @dataclass(frozen=True)
 class Margins:
-    """The equivalence margins of the "no worse" goals (relative): the study's defaults and the families' own
-    (family -> metric -> margin, sized from the pilot's minimum detectable difference)."""
+    """The equivalence margins of the "no worse" goals (relative), fixed in conf/experiment/serving.yaml before any
+    data: the study's defaults and any family's own (family -> metric -> margin)."""
     goodput: float
     ttft: float
     by_family: dict[str, dict[str, float]] = optional()  # absent: a run before families had their own
@@ -340,6 +342,29 @@ class FamilyPower:
     mdd: float
     own_repeats: int
     margin: float | None
+
+
+@dataclass(frozen=True)
+class GoalPower:
+    """One goal's power, planned before the run from the pilot (rakv.experiments.serving_stats.goal_power): the
+    minimum detectable difference at the run's repeats (two-sided `confidence`: 95 % family-wise over the family's
+    goals and, for a goal met at some load, its loads; 80 % power) from the pilot's SD at the load that binds,
+    against the goal's margin; `powered` False: the goal is reported "underpowered", with the repeats (and, if a
+    run's requests were independent, the requests per trace) that would power it. None where the pilot cannot say."""
+    key: str
+    family: str
+    metric: str
+    repeats: int
+    confidence: float
+    margin: float | None
+    loads: list[float]  # the loads the pilot has this statistic at
+    load: float | None
+    paired_sd: float | None
+    mdd: float | None
+    powered: bool | None
+    repeats_needed: int | None
+    requests_needed: int | None
+    note: str
 
 
 @dataclass(frozen=True)
@@ -450,6 +475,11 @@ class Goal:
     rate: float = optional()
     unit: str = optional()
     status: dict[str, dict[str, str]] = optional()  # policy -> rate -> meets / fails / unclear
+    # the goal's own p-value (its loads corrected within it) and Holm's within its family (the verdict: met or
+    # missed where p_holm < 0.05); absent: a run analysed before, or a goal not tested (underpowered, not in the data)
+    p_value: float | None = optional()
+    p_holm: float | None = optional()
+    reason: str = optional()  # why "underpowered" or "missing" (rakv.experiments.verdicts.GOAL_VERDICTS)
 
 
 @dataclass(frozen=True)
@@ -493,6 +523,7 @@ class ServingSummary:
     # per family the paired noise and minimum detectable difference: the plan's (from the pilot, before the run) and
     # this run's own (serving_stats.power_rows)
     power: list[FamilyPower] = optional()  # absent: a run analysed before it was reported
+    goal_power: list[GoalPower] = optional()  # each goal's power planned from the pilot; absent: analysed before
 
 
 # ---------------------------------------------------------------------------------------------
@@ -503,10 +534,19 @@ class ServingSummary:
 # The sampling stage (rakv.experiments.sampling_stats)
 
 
+CLOSED_FORM = "closed form"  # ClosedFormCheck.expectation of token-wise (and greedy) cells: sum of alpha_j
+# ClosedFormCheck.expectation of block cells: the block rule's expected accepted count given each round's draft
+GIVEN_THE_DRAFTS = "expected given the drafts"
+DISTRIBUTION_SAMPLES = "distribution samples"  # ClosedFormCheck.source of the distribution samples' checks
+
+
 @dataclass(frozen=True)
 class ClosedFormCheck:
-    """Measured acceptance (accepted / positions reached) against its closed form, per (configuration, temperature,
-    rule, k); verdict: agrees | differs (token-wise and greedy) | bound (block: token-wise's closed form)."""
+    """Measured acceptance (accepted / positions reached) against what its rule must accept in expectation, per
+    (configuration, temperature, rule, k) (rakv.experiments.sampling_stats.closed_form_checks); verdict: agrees |
+    differs (the difference's CI includes 0 or not) | identity (the difference has no variance: measured equals its
+    expectation by construction, as greedy's does, so the check cannot fail and is never counted as agreement) | not
+    judged (no interval: one request)."""
     configuration: str
     temperature: float
     verify: str
@@ -514,9 +554,18 @@ class ClosedFormCheck:
     requests: int
     positions: int
     measured: Interval
-    closed_form: float
+    closed_form: float  # the expectation per position reached (token-wise: the closed form; block: given the drafts)
     difference: Interval  # measured - closed form
     verdict: str
+    expectation: str = optional()  # CLOSED_FORM | GIVEN_THE_DRAFTS; absent: CLOSED_FORM (block cells were "bound")
+    # the difference's interval: None for the normal one with the variance the closed form implies, else a t
+    # interval over the requests on this many degrees of freedom
+    degrees_of_freedom: int | None = optional()
+    source: str = optional()  # "runs" | DISTRIBUTION_SAMPLES; absent: "runs"
+    control: bool = optional()  # the biased rule against token-wise's closed form: the check's positive control
+    # block cells: measured - token-wise's expected count on the same drafts, the same interval as `difference`'s:
+    # where it excludes 0 and `difference` does not, the check told the block rule from token-wise (its power)
+    versus_token: Interval = optional()
 
 
 @dataclass(frozen=True)
@@ -602,6 +651,9 @@ class LongContextRow:
     documents: int = optional()
     # rakv-asd's latency / kv-only's on the same requests: speculation on top of reuse (NaN for other strategies)
     vs_reuse: Interval = optional()
+    # the t intervals' degrees of freedom (documents with a ratio - 1; None: no interval)
+    vs_ar_degrees_of_freedom: int | None = optional()
+    vs_reuse_degrees_of_freedom: int | None = optional()
 
 
 @dataclass(frozen=True)
@@ -612,6 +664,59 @@ class SamplingSummary:
     distribution: list[DistributionTest]
     structured: list[StructuredRow]
     long_context: list[LongContextRow]
+    # the same check on the distribution samples' speculative arms (source DISTRIBUTION_SAMPLES), the biased control's
+    # included; absent: a run analysed before it was made
+    distribution_checks: list[ClosedFormCheck] = optional()
+
+
+# ---------------------------------------------------------------------------------------------
+# Replication: the shipped runs of one commit on one machine class together (rakv.experiments.replication)
+
+
+@dataclass(frozen=True)
+class PooledStatistic:
+    """One headline statistic over the runs: each run's CI, the pooled CI (random effects), the run-level standard
+    deviation `run_sd` on the statistic's `scale` (DerSimonian-Laird; 0 when the runs agree within their own
+    intervals) and the heterogeneity test's p-value (Cochran's Q)."""
+    name: str
+    scale: str
+    runs: list[Interval]
+    pooled: Interval
+    run_sd: float
+    heterogeneity_p: float | None
+
+
+@dataclass(frozen=True)
+class ClaimAcrossRuns:
+    """One claim's verdicts in each run and on the pooled estimate; `held`: every run's verdicts are the pooled
+    ones (direction and magnitude)."""
+    key: str
+    configuration: str
+    direction: list[str]
+    magnitude: list[str]
+    pooled_direction: str
+    pooled_magnitude: str
+    held: bool
+
+
+@dataclass(frozen=True)
+class Replication:
+    """This run with the other shipped runs of its commit and machine class (`runs`, this one first): which
+    headline differences are significant (Holm over `tests` per pair of runs; "run: statistic"), every statistic
+    pooled, the claims judged on the pooled estimates (`claims`) and run by run (`claim_runs`), the pooled CIs'
+    coverage of a held-out run beside an exact replication's, and how often the runs' controllers chose the same
+    action (`decisions_same`) or actions within each other's tie sets (`decisions_tied`), per configuration."""
+    runs: list[str]
+    tests: int
+    significant: list[str]
+    statistics: list[PooledStatistic]
+    claims: list[ClaimRow]
+    claim_runs: list[ClaimAcrossRuns]
+    coverage_inside: int
+    coverage_total: int
+    coverage_expected: float
+    decisions_same: dict[str, float]
+    decisions_tied: dict[str, float] = optional()
 
 
 @dataclass(frozen=True)
@@ -639,6 +744,7 @@ class Summary:
     claims: list[ClaimRow] = field(default_factory=list)
     serving: ServingSummary = optional()  # absent without the serving stage
     sampling: SamplingSummary = optional()  # absent without the sampling stage
+    replication: Replication = optional()  # absent without another shipped run of the same commit and machine
 
     def to_json(self) -> dict:
         """The summary as summary.json holds it (JSON-ready: plain numbers, NaN as null, absent parts left out)."""

@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 
 from rakv.runtime.actions import Action, parse_k_set
 from rakv.runtime.cache import Hit
-from rakv.runtime.costmodel import CostTable, RequestFeatures, action_kv_bytes, estimate_latency
+from rakv.runtime.costmodel import (
+    CostTable,
+    RequestFeatures,
+    action_kv_bytes,
+    estimate_latency,
+    prediction_noise,
+    tie_set,
+)
 from rakv.runtime.depth import MATCH_CLASSES, RoundDepth
 from rakv.runtime.errors import RakvError
 from rakv.runtime.paths import conf_file
@@ -86,6 +93,7 @@ class Decision:
     alpha_after: float | None = None  # set once the chosen action's rounds have been observed
     tracker_after: tuple[float, ...] | None = None  # the EWMA state then (accepted, rejected, matched): exact resume
     by_match_after: dict[str, tuple[float, ...]] | None = None  # the per-match-class EWMAs then (rakv.runtime.depth)
+    tie_set: list[str] | None = None  # the actions within the cost model's noise of the best (costmodel.tie_set)
 
 
 @dataclass
@@ -187,6 +195,7 @@ class Controller:
 
     def __post_init__(self):
         self.learned: dict[float, Learned] = {}
+        self.noise = prediction_noise(self.table)  # the relative error of a calibrated cost: ties (tie_set)
 
     def start(self, temperature: float, alpha: float) -> None:
         """Where the estimate at `temperature` starts (the acceptance measured there); before any of its requests."""
@@ -256,7 +265,8 @@ class Controller:
         return Decision(action=best, predicted_latency_s=predictions[best],
                         predictions={a.label: v for a, v in predictions.items()},
                         alpha_before=self.tracker_at(temperature).alpha if alpha is None else alpha,
-                        decision_s=time.perf_counter() - start, explored=explored)
+                        decision_s=time.perf_counter() - start, explored=explored,
+                        tie_set=tie_set({a.label: v for a, v in predictions.items()}, self.noise))
 
     def round_depth(self, proposer: type[Proposer], temperature: float = 0.0) -> RoundDepth | None:
         """A per-round depth for one request with this kind of proposer (None: the option is off, or the proposer

@@ -8,6 +8,7 @@ alpha), so the controller, the sensitivity analysis and the notebooks all call t
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -173,6 +174,32 @@ def estimate_latency(table: CostTable, features: RequestFeatures, reuse: bool, k
                      + (1 - m) * table.target_step(mid_context))
         cost += steps / tokens * per_round
     return cost + memory_penalty_s_per_byte * action_kv_bytes(table, features, k)
+
+
+# A median of n repeats has a standard error of about 1.2533 sigma / sqrt(n) (normal repeats), and sigma is about
+# 1.4826 median absolute deviations: a point's relative standard error from its recorded spread (MAD / median).
+MEDIAN_SE_PER_MAD = 1.2533 * 1.4826
+TIE_Z = 1.96  # two estimates closer than this many standard errors of their difference are a tie
+
+
+def prediction_noise(table: CostTable) -> float:
+    """The relative standard error of a calibrated cost: the median, over the table's measured points (prefill,
+    target step, verify and propose at every k), of MEDIAN_SE_PER_MAD * spread / sqrt(repeats). 0 for a table
+    without recorded spreads (a poly fit, an older file)."""
+    curves = [table.target_prefill, table.target_step, *table.verify.values(), *table.propose.values()]
+    errors = [MEDIAN_SE_PER_MAD * spread / math.sqrt(n) for c in curves for spread, n in zip(c.spread, c.samples)
+              if n > 0]
+    return float(np.median(errors)) if errors else 0.0
+
+
+def tie_set(predictions: dict[str, float], noise: float) -> list[str]:
+    """The actions whose estimate lies within the cost model's noise of the least: within TIE_Z standard errors of
+    a difference of two estimates (sqrt(2) * `noise`, relative) of it, least estimate first. The controller's
+    choice among them is decided by the calibration's noise, so a run that chose another of them made no
+    different decision (rakv.experiments.runcompare; docs/outputs.md)."""
+    least = min(predictions.values())
+    tolerance = TIE_Z * math.sqrt(2.0) * noise
+    return sorted((a for a, v in predictions.items() if v <= least * (1.0 + tolerance)), key=predictions.get)
 
 
 def break_even_alpha(table: CostTable, features: RequestFeatures, reuse: bool, k: int,

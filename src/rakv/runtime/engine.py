@@ -124,6 +124,7 @@ class RequestResult:
                    closed_form_acceptance=self.closed_form_acceptance)
         decision = self.decision
         row.update(predictions=json.dumps(decision.predictions) if decision else None,
+                   tie_set=json.dumps(decision.tie_set) if decision and decision.tie_set is not None else None,
                    alpha_before=decision.alpha_before if decision else None,
                    alpha_after=decision.alpha_after if decision else None,
                    decision_s=decision.decision_s if decision else None,
