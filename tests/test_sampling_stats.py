@@ -1,5 +1,6 @@
 """The sampling stage's statistics (rakv.experiments.sampling_stats) on synthetic tables whose truth is known."""
 
+import dataclasses
 import json
 import math
 
@@ -10,6 +11,7 @@ import torch
 from scipy.stats import binomtest
 
 from rakv.experiments import sampling_stats as ss
+from rakv.experiments.summary import ABSENT, DISTRIBUTION_SAMPLES
 from rakv.runtime.verification import accept_biased, closed_form_moments
 
 
@@ -79,6 +81,88 @@ def test_the_closed_form_interval_covers_and_a_shift_is_seen():
     assert differs.verdict == "differs" and differs.difference[1] > 0
 
 
+def greedy_runs(rng, requests: int = 4, verify: str = "greedy") -> pd.DataFrame:
+    """Greedy rounds as the engine logs them: alpha_j is 1 where the candidate is the target's argmax, else 0, so the
+    closed form of the reached positions is the accepted count itself, and its variance 0."""
+    rows = []
+    for r in range(requests):
+        accepted = int(rng.integers(8, 30))
+        rows.append({"configuration": "c", "temperature": 0.0, "verify": verify, "k": 4, "strategy": "spec-k4",
+                     "accepted": accepted, "rejections": 4, "closed_form_accepted": float(accepted),
+                     "closed_form_variance": 0.0, "prompt_id": f"p{r}", "seed_index": 0})
+    return pd.DataFrame(rows)
+
+
+def test_a_check_that_cannot_fail_is_refused_as_agreement():
+    rng = np.random.default_rng(7)
+    (greedy,) = ss.closed_form_checks(greedy_runs(rng))
+    (token,) = ss.closed_form_checks(synthetic_runs(rng, requests=8))
+    assert greedy.verdict == ss.IDENTITY and token.verdict in (ss.AGREES, ss.DIFFERS)
+    # the rule reads the interval, not the rule's name: a token-wise cell whose alphas are all 0 or 1 is one too
+    (certain,) = ss.closed_form_checks(greedy_runs(rng, verify="token").assign(temperature=1.0))
+    assert certain.verdict == ss.IDENTITY
+    tally = ss.agreement_tally([greedy, certain, token])
+    assert (tally.judged, tally.identities) == (1, 2) and tally.agree == (token.verdict == ss.AGREES)
+    # planted: a check that cannot fail, labelled "agrees", is refused whatever its label says
+    planted = dataclasses.replace(greedy, verdict=ss.AGREES)
+    assert ss.agreement_tally([planted]) == ss.CheckTally(0, 0, 1, 0, 0, 0)
+    # a greedy cell whose bookkeeping is off differs: it can fail that way, and then counts as a failure
+    broken = greedy_runs(rng)
+    broken.loc[0, "closed_form_accepted"] += 1.0
+    (off,) = ss.closed_form_checks(broken)
+    assert off.verdict == ss.DIFFERS and ss.agreement_tally([off]) == ss.CheckTally(0, 1, 0, 0, 0, 0)
+    # a block cell of a summary from before its expectation given the drafts ("bound") is not judged
+    old = dataclasses.replace(token, verify="block", verdict="bound", expectation=ABSENT)
+    assert ss.agreement_tally([old]).not_judged == 1 and ss.agreement_tally([old]).judged == 0
+
+
+def block_runs(rng, shift: float = 0.0, requests: int = 8, rounds: int = 8) -> pd.DataFrame:
+    """Block rounds of k = 4 whose accepted count has the mean the rows record as the block rule's expectation given
+    the draft (plus `shift`), and token-wise's expectation 0.3 lower (block keeps more on these drafts)."""
+    rows = []
+    for r in range(requests):
+        expected = rng.uniform(0.5, 3.5, rounds)
+        accepted = rng.binomial(4, np.clip((expected + shift) / 4, 0, 1))
+        rows.append({"configuration": "c", "temperature": 1.0, "verify": "block", "k": 4, "strategy": "spec-k4",
+                     "accepted": int(accepted.sum()), "rejections": int((accepted < 4).sum()),
+                     "closed_form_accepted": float((expected - 0.3).sum()), "closed_form_variance": 1.0,
+                     "expected_accepted_block": float(expected.sum()),
+                     "expected_accepted_token": float((expected - 0.3).sum()), "prompt_id": f"p{r}", "seed_index": 0})
+    return pd.DataFrame(rows)
+
+
+def test_block_cells_are_judged_against_their_expectation_given_the_drafts():
+    rng = np.random.default_rng(9)
+    verdicts = [ss.closed_form_checks(block_runs(rng))[0].verdict for _ in range(400)]
+    assert 0.92 <= verdicts.count(ss.AGREES) / len(verdicts) <= 0.985  # a 95 % t interval over 8 requests
+    (cell,) = ss.closed_form_checks(block_runs(rng, requests=60))
+    assert cell.expectation == ss.GIVEN_THE_DRAFTS and cell.degrees_of_freedom == 59 and cell.verdict == ss.AGREES
+    # the same cell against token-wise's expectation: above it, the check tells the two rules apart
+    assert cell.versus_token[1] > 0
+    (shifted,) = ss.closed_form_checks(block_runs(rng, shift=-0.4, requests=60))
+    assert shifted.verdict == ss.DIFFERS and shifted.difference[2] < 0
+    (alone,) = ss.closed_form_checks(block_runs(rng, requests=1))
+    assert alone.verdict == ss.NOT_JUDGED and alone.degrees_of_freedom is None
+    assert ss.closed_form_checks(block_runs(rng).drop(columns="expected_accepted_block")) == []
+
+
+def test_the_distribution_samples_are_checked_with_the_biased_control_apart():
+    rng = np.random.default_rng(12)
+    arms = []
+    for arm, frame in (("token", synthetic_runs(rng, requests=40)), ("block", block_runs(rng, requests=40)),
+                       ("biased", synthetic_runs(rng, shift=-0.3, requests=40))):
+        frame = frame.rename(columns={"verify": "arm", "expected_accepted_block": "expected_block",
+                                      "expected_accepted_token": "expected_token"}).assign(arm=arm)
+        arms.append(frame.assign(expected_block=frame.get("expected_block", 0.0)))
+    checks = ss.distribution_checks(pd.concat(arms + [arms[0].assign(arm="plain", k=0)]))
+    by = {c.verify: c for c in checks}
+    assert set(by) == {"token", "block", "biased"} and all(c.source == DISTRIBUTION_SAMPLES for c in checks)
+    assert by["biased"].control and by["biased"].verdict == ss.DIFFERS and not by["token"].control
+    tally = ss.agreement_tally(checks)
+    assert (tally.controls, tally.controls_rejected, tally.judged) == (1, 1, 2)
+    assert ss.distribution_checks(pd.concat(arms).drop(columns="expected_block")) == []
+
+
 def samples(rng, arm: str, bias: float, prompts: int = 3, seeds: int = 80) -> list[dict]:
     rows = []
     for prompt in range(prompts):
@@ -114,6 +198,28 @@ def test_simultaneous_intervals_widen_each_cell_by_bonferroni():
     assert family_agreement([check(0.0002)]) == 0
     far = ClosedFormCheck("c", 1.0, "token", 4, 8, 200, [0.9, 0.85, 0.95], 0.7, [0.2, 0.19, 0.21], "differs")
     assert family_agreement([far] * 12) == 0
+
+
+def test_the_paper_counts_only_checks_that_can_fail_and_prints_the_degrees_of_freedom():
+    from types import SimpleNamespace
+
+    from rakv.experiments.report import acceptance_sentences, family_agreement, workloads_table
+
+    rng = np.random.default_rng(4)
+    token = ss.closed_form_checks(synthetic_runs(rng, requests=8))[0]
+    planted = dataclasses.replace(ss.closed_form_checks(greedy_runs(rng))[0], verdict=ss.AGREES)
+    block = ss.closed_form_checks(block_runs(rng, requests=6))[0]
+    sampling = SimpleNamespace(closed_form=[token, planted, block], distribution_checks=ABSENT)
+    text = " ".join(acceptance_sentences(sampling))
+    judged = [c for c in (token, block) if c.verdict in (ss.AGREES, ss.DIFFERS)]
+    agree = sum(c.verdict == ss.AGREES for c in judged)
+    assert f"in {agree} of the {len(judged)} checks that can fail" in text
+    assert "The 1 greedy cells are not counted" in text and "on 5 to 5 degrees of freedom" in text
+    # the identity never enters the simultaneous count either
+    assert family_agreement([planted] * 12) == 0
+    rows = ss.long_context_rows(long_context_frame(np.random.default_rng(3)))
+    table = workloads_table(SimpleNamespace(structured=[], long_context=rows))
+    assert "latency / kv-only & df" in table and table.count(" & 2 \\\\") == len(rows)
 
 
 def test_the_mode_count_test_ranks_a_shifted_count_and_not_a_resample():
@@ -210,6 +316,12 @@ def test_long_context_rows_are_per_length_bin_with_reuse_and_speculation_on_top(
     # evictions summed over the requests measured under the row's budget; AR's copied rows say none
     assert by[160.0, "1024-2048", "kv-only"].evictions == 3 and by[512.0, "1024-2048", "kv-only"].evictions == 0
     assert by[512.0, "1024-2048", "ar"].evictions == 0 and by[160.0, "1024-2048", "ar"].evictions is None
+    # t intervals over three documents: 2 degrees of freedom, recorded beside each ratio; one document, none
+    assert {r.vs_ar_degrees_of_freedom for r in rows} == {2}
+    assert on_top is by[512.0, "1024-2048", "rakv-asd"].vs_reuse and reuse.vs_reuse_degrees_of_freedom is None
+    assert by[512.0, "1024-2048", "rakv-asd"].vs_reuse_degrees_of_freedom == 2
+    single = ss.long_context_rows(long_context_frame(np.random.default_rng(3), documents=1))
+    assert {r.vs_ar_degrees_of_freedom for r in single} == {None} and math.isnan(single[0].vs_ar[1])
 
 
 def test_long_context_strategies_take_turns_at_running_first():

@@ -11,14 +11,18 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from rakv.experiments import analysis
 from rakv.experiments.claims import REFERENCE, ClaimCounts, claim_counts
 from rakv.experiments.oracle import NOISE_LEVEL
+from rakv.experiments.sampling_stats import AGREES, DIFFERS, agreement_tally, counted_verdict
 from rakv.experiments.study_stats import BASELINES, strategy_means
 from rakv.experiments.summary import (
+    ABSENT,
     ALL_ITERATIONS,
+    DISTRIBUTION_SAMPLES,
     EXPECTED_GIVEN_DRAFT,
     FIRST_ROUNDS,
     AcceptanceRow,
@@ -1466,7 +1470,7 @@ def sampling_tables(summary: Summary) -> str:
     s = summary.sampling
     lines = ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\fittable{%",
              "\\begin{tabular}{llrrlllll}", "\\toprule",
-             "Configuration & Decoding & $\\alpha$ measured [95\\,\\% CI] & closed form & agrees? & "
+             "Configuration & Decoding & $\\alpha$ measured [95\\,\\% CI] & closed form & check & "
              "spec-k4 / AR & RAKV-ASD / AR & RAKV-ASD / best fixed & best fixed \\\\", "\\midrule"]
     checks = {(c.configuration, c.temperature, c.k): c for c in s.closed_form if c.verify in ("token", "greedy")}
     for t in s.temperatures:
@@ -1479,10 +1483,51 @@ def sampling_tables(summary: Summary) -> str:
     lines += ["\\bottomrule", "\\end{tabular}}",
               "\\caption{Speculation by temperature (sampling stage). $\\alpha$: spec-k4's accepted candidates per "
               "position reached, token-wise verification (greedy: the target's argmax), with the mean of its closed "
-              "form $\\sum_x\\min(p(x),q(x))$ over the same positions (CI over requests; agrees: the CI of the "
-              "difference includes 0). Latency ratios: geometric means over prompts of paired (prompt, seed) "
-              "ratios with 95\\,\\% t CIs; below 1 is faster.}\\label{tab:sampling}", "\\end{table}"]
-    return "\n".join(lines) + "\n" + sampling_tests_table(s) + workloads_table(s)
+              "form $\\sum_x\\min(p(x),q(x))$ over the same positions (agrees: the CI of the difference includes "
+              "0; identity: greedy, where measured equals its closed form by construction, a check that cannot "
+              "fail; Table~\\ref{tab:acceptance-checks} has every cell). Latency ratios: geometric means over "
+              "prompts of paired (prompt, seed) ratios with 95\\,\\% t CIs; below 1 is faster.}"
+              "\\label{tab:sampling}", "\\end{table}"]
+    return ("\n".join(lines) + "\n" + acceptance_checks_table(s) + sampling_tests_table(s) + workloads_table(s))
+
+
+def acceptance_checks(s) -> list:
+    """Every acceptance check: the runs' cells, then the distribution samples' (absent before they were made)."""
+    return list(s.closed_form) + list(s.distribution_checks or [])
+
+
+def freedom_text(degrees) -> str:
+    """A CI's degrees of freedom: a number for a t interval, z for the normal one (None)."""
+    return "z" if degrees is None or degrees is ABSENT else str(degrees)
+
+
+def acceptance_checks_table(s) -> str:
+    """Every acceptance check with its interval, degrees of freedom and verdict, identities and controls marked."""
+    checks = acceptance_checks(s)
+    if not checks:
+        return ""
+    three = lambda v: num(v, 3)  # noqa: E731
+    lines = ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\fittable{%", "\\begin{tabular}{llrrrrrlrll}",
+             "\\toprule", "Configuration & rows & $T$, rule, $k$ & requests & measured & expected & "
+             "difference [95\\,\\% CI] & df & verdict & $-$ token-wise's [95\\,\\% CI] \\\\", "\\midrule"]
+    for c in checks:
+        rule = f"{tex_escape(c.verify)} (control)" if c.control is True else tex_escape(c.verify)
+        versus = ci_text(c.versus_token, fmt=three) if c.versus_token else ""
+        lines.append(f"{tex_escape(c.configuration)} & {'samples' if c.source == DISTRIBUTION_SAMPLES else 'runs'} & "
+                     f"{c.temperature:g}, {rule}, {c.k} & {c.requests} & {three(c.measured[0])} & "
+                     f"{three(c.closed_form)} & {ci_text(c.difference, fmt=three)} & "
+                     f"{freedom_text(c.degrees_of_freedom)} & {counted_verdict(c)} & {versus} \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}}",
+              "\\caption{Measured acceptance (accepted candidates per position reached) against what its rule must "
+              "accept in expectation over the same positions: token-wise (and greedy, and the biased control) its "
+              "closed form $\\sum_x\\min(p(x),q(x))$, with the normal interval of the variance the closed form "
+              "implies (df z); block its own expected accepted count given each round's draft, a t interval over "
+              "the requests (df: requests $-$ 1). Rows: the sampling runs, or the distribution samples. Identity: "
+              "the difference has no variance (greedy: $\\alpha_j$ is 1 exactly where a candidate passes), so the "
+              "check cannot fail and is not counted as agreement; the biased control must differ. Last column "
+              "(block): measured minus token-wise's expected count on the same drafts; where it excludes 0 the "
+              "check told the two rules apart.}\\label{tab:acceptance-checks}", "\\end{table}"]
+    return "\n".join(lines) + "\n"
 
 
 def sampling_tests_table(s) -> str:
@@ -1540,21 +1585,23 @@ def workloads_table(s) -> str:
                   "\\end{table}"]
     if s.long_context:
         lines += ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\fittable{%",
-                  "\\begin{tabular}{llllrrrll}", "\\toprule",
+                  "\\begin{tabular}{llllrrrlll}", "\\toprule",
                   "Configuration & Strategy & store & document & reused tokens & evictions & TTFT (s) & "
-                  "latency / AR & latency / kv-only \\\\", "\\midrule"]
+                  "latency / AR & latency / kv-only & df \\\\", "\\midrule"]
         for r in s.long_context:
             lines.append(f"{tex_escape(r.configuration)} & {tex_escape(r.strategy)} & {r.budget_mib:g} MiB & "
                          f"{long_context_bin(r)} & {r.hit_tokens:.0f} of {r.document_tokens:.0f} & "
                          f"{'--' if r.evictions is None else r.evictions} & "
                          f"{r.ttft_s:.2f} & {ratio_text(r.vs_ar)} & "
-                         f"{ratio_text(r.vs_reuse) if r.vs_reuse and not missing(r.vs_reuse[0]) else ''} \\\\")
+                         f"{ratio_text(r.vs_reuse) if r.vs_reuse and not missing(r.vs_reuse[0]) else ''} & "
+                         f"{long_context_freedom(r)} \\\\")
         lines += ["\\bottomrule", "\\end{tabular}}",
                   "\\caption{Long retrieved contexts (WikiText-2 articles as documents, several questions each as "
                   "separate requests, documents in turn) under two prefix-store budgets, per document length "
                   "(tokens; the number of documents in brackets); reused tokens are per request, latency ratios "
-                  "geometric means over the documents of the bin with 95\\,\\% t CIs (a document's questions "
-                  "averaged first); latency / kv-only is speculation on top of reuse. AR never reads the store: "
+                  "geometric means over the documents of the bin with 95\\,\\% t CIs on df degrees of freedom "
+                  "(documents $-$ 1; a document's questions averaged first); latency / kv-only is speculation on top "
+                  "of reuse. AR never reads the store: "
                   "measured under the first budget, its rows stand for both (evictions: --).}\\label{tab:long-context}",
                   "\\end{table}"]
     return "\n".join(lines) + "\n" if lines else ""
@@ -1569,11 +1616,21 @@ def long_context_sentences(rows) -> list[str]:
         asd = by.get((name, budget, length_bin, ADAPTIVE))
         if strategy != "kv-only" or asd is None or not length_bin:
             continue
-        out.append(f"On documents of {length_bin} tokens ({r.documents}) with a {budget:g} MiB store, "
+        out.append(f"On documents of {length_bin} tokens ({r.documents}, t intervals on {long_context_freedom(r)} "
+                   f"degrees of freedom) with a {budget:g} MiB store, "
                    f"{tex_escape(name)}'s reuse (kv-only, {r.hit_tokens:.0f} tokens reused per request) is "
                    f"{ratio_words(r.vs_ar, 'AR')} and RAKV-ASD is {ratio_words(asd.vs_reuse, 'kv-only')} "
                    f"({r.evictions} evictions under kv-only).")
     return out
+
+
+def long_context_freedom(r) -> str:
+    """A long-context row's t intervals' degrees of freedom (documents - 1), both ratios' where they differ; '--'
+    without an interval, '?' for a run analysed before they were recorded."""
+    if r.vs_ar_degrees_of_freedom is ABSENT:
+        return "?"
+    shown = [d for d in (r.vs_ar_degrees_of_freedom, r.vs_reuse_degrees_of_freedom) if d is not None]
+    return " / ".join(dict.fromkeys(str(d) for d in shown)) or "--"
 
 
 def long_context_bin(r) -> str:
@@ -1583,17 +1640,70 @@ def long_context_bin(r) -> str:
 
 
 def family_agreement(checks) -> int:
-    """How many closed-form checks agree when their intervals are widened to simultaneous (Bonferroni) ones; each
-    check's interval is the normal one, value +- 1.96 sd."""
-    from scipy.stats import norm
+    """How many of the checks that can fail agree when their intervals are widened to simultaneous (Bonferroni)
+    ones over those checks: each by its own quantile, the normal one or Student's t on its degrees of freedom."""
+    from scipy.stats import norm, t
 
-    widen = norm.ppf(1 - 0.025 / max(len(checks), 1)) / norm.ppf(0.975)
+    judged = [c for c in checks if c.control is not True and counted_verdict(c) in (AGREES, DIFFERS)]
+    tail = 0.025 / max(len(judged), 1)
     agree = 0
-    for c in checks:
+    for c in judged:
+        degrees = c.degrees_of_freedom if isinstance(c.degrees_of_freedom, int) else None
+        widen = (norm.ppf(1 - tail) / norm.ppf(0.975) if degrees is None
+                 else t.ppf(1 - tail, degrees) / t.ppf(0.975, degrees))
         value, low, high = c.difference
-        half = (high - value) * widen
-        agree += (value - half) <= 0.0 <= (value + half)
+        agree += (value - (value - low) * widen) <= 0.0 <= (value + (high - value) * widen)
     return agree
+
+
+def acceptance_sentences(s) -> list[str]:
+    """The acceptance checks: agreement among those that can fail, the identities apart, the controls, and what the
+    block checks could tell (rakv.experiments.sampling_stats.agreement_tally)."""
+    checks = acceptance_checks(s)
+    tally = agreement_tally(checks)
+    text = [f"Measured acceptance agrees with what its rule must accept in {tally.agree} of the {tally.judged} "
+            "checks that can fail, at 95\\,\\% each (Table~\\ref{tab:acceptance-checks}): token-wise cells against "
+            "the closed form (a normal interval with the variance it implies), block cells against the block rule's "
+            "expected accepted count given each round's draft (a t interval over the requests)"
+            + ("." if tally.agree == tally.judged else
+               f"; with the 5\\,\\% shared over the {tally.judged} (Bonferroni, the level at which ``every check "
+               f"agrees'' is a 95\\,\\% statement), {family_agreement(checks)} agree.")]
+    if tally.identities:
+        text.append(f"The {tally.identities} greedy cells are not counted: there $\\alpha_j$ is 1 exactly where a "
+                    "candidate passes, so measured acceptance equals its closed form by construction (identity "
+                    "checks, which cannot fail).")
+    if tally.not_judged:
+        text.append(f"{tally.not_judged} cells are not judged: no interval (one request), or a block cell analysed "
+                    "before its rule's expectation given the drafts was recorded.")
+    for c in checks:
+        if c.control is True:
+            text.append(f"On the biased control ({tex_escape(c.configuration)}, {c.requests} samples) the same check "
+                        f"{'rejects' if counted_verdict(c) == DIFFERS else 'does not reject'} the "
+                        f"token-wise closed form (difference {ci_text(c.difference, fmt=lambda v: num(v, 3))}).")
+    blocks = [c for c in checks if c.verify == "block" and counted_verdict(c) in (AGREES, DIFFERS)]
+    if blocks:
+        text.append(block_power_sentence(blocks))
+    return text
+
+
+def block_power_sentence(blocks) -> str:
+    """What the block checks could see: their half-widths and degrees of freedom, how many also exclude token-wise's
+    expectation on the same drafts, and how many could not (both rules' expectations equal on point-mass drafts)."""
+    halves = [(c.difference[2] - c.difference[1]) / 2 for c in blocks]
+    compared = [c for c in blocks if c.versus_token]
+    # equal to float rounding (both summed in float32-rounded probabilities): a gap of 1e-4 per position is none
+    same = [c for c in compared if np.allclose(c.versus_token, c.difference, rtol=0, atol=1e-4, equal_nan=True)]
+    told = [c for c in compared if ci_side(c.versus_token, 0.0, point_if_no_interval=False) in ("above", "below")]
+    freedom = sorted(c.degrees_of_freedom for c in blocks)
+    text = (f"The block checks' half-widths run from {min(halves):.3f} to {max(halves):.3f} candidates per position "
+            f"reached (t intervals on {freedom[0]} to {freedom[-1]} degrees of freedom)")
+    if compared:
+        text += (f"; {len(told)} of {len(compared)} also {'excludes' if len(told) == 1 else 'exclude'} token-wise's "
+                 "expected count on the same drafts, telling the two rules apart")
+    if same:
+        text += (f", and on {len(same)} the two expectations are equal (prompt lookup's drafts are point masses, "
+                 "under which the block rule keeps each prefix with token-wise's probability), so no check could")
+    return text + "."
 
 
 def sampling_text(summary: Summary) -> str:
@@ -1602,15 +1712,7 @@ def sampling_text(summary: Summary) -> str:
     if not s:
         return ("The sampling stage did not run for this results folder (its profile has no \\texttt{sampling} "
                 "section), so every result of this paper is for greedy decoding on code and prose.\n")
-    text = []
-    token_checks = [c for c in s.closed_form if c.verify != "block"]
-    agree = sum(c.verdict == "agrees" for c in token_checks)
-    text.append(f"Measured acceptance agrees with its closed form in {agree} of {len(token_checks)} "
-                "(configuration, temperature, $k$) cells of token-wise or greedy verification at 95\\,\\% each "
-                "(Table~\\ref{tab:sampling})"
-                + ("." if agree == len(token_checks) else
-                   f"; with the 5\\,\\% shared over the {len(token_checks)} cells (Bonferroni, the level at which "
-                   f"``every cell agrees'' is a 95\\,\\% statement), in {family_agreement(token_checks)} of them."))
+    text = acceptance_sentences(s)
     for t in s.temperatures:
         text.append(f"At {temperature_label(t.temperature)}, {tex_escape(t.configuration)}'s spec-k4 is "
                     f"{ratio_words(t.spec_k4_vs_ar, 'AR')}, and RAKV-ASD is {ratio_words(t.vs_ar, 'AR')} and "

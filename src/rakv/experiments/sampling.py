@@ -7,12 +7,13 @@ and is skipped when its table exists (delete it to measure again):
 
 - runs:          per (configuration, temperature, prompt, seed) every fixed strategy (AR, spec-k for each k and
                  each verification rule) and rakv-asd, from an empty store; each row carries the accepted
-                 candidates and their closed form (rakv.runtime.verification.closed_form_moments), so the analysis
-                 checks measured acceptance against sum_x min(p, q), compares block with token-wise verification
-                 and gives the controller's speedup per temperature. One controller learns acceptance per
-                 temperature (rakv.runtime.controller.Controller.start), each starting from the acceptance measured
-                 at that temperature on the calibration's prompts (acceptance.json), the cost table being the
-                 calibration's (a step costs what it costs at any temperature).
+                 candidates, their closed form (rakv.runtime.verification.closed_form_moments) and both rules'
+                 expected accepted count given each round's draft, so the analysis checks measured acceptance
+                 against sum_x min(p, q) (token-wise) or its expectation given the drafts (block), compares block
+                 with token-wise verification and gives the controller's speedup per temperature. One controller
+                 learns acceptance per temperature (rakv.runtime.controller.Controller.start), each starting from
+                 the acceptance measured at that temperature on the calibration's prompts (acceptance.json), the
+                 cost table being the calibration's (a step costs what it costs at any temperature).
 - distribution:  per (configuration, prompt, arm, seed) the first tokens sampled at the distribution temperature and
                  the target's log-likelihood of them: plain sampling (k = 0) against speculative sampling under each
                  rule, including the deliberately biased rule (the positive control); the analysis runs the

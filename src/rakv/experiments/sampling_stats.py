@@ -5,6 +5,14 @@ Intervals here are 95 %, on the unit that is independent:
   Bernoulli(alpha_j) given everything before it, so accepted - sum of alpha_j has mean zero and variance
   sum of alpha_j (1 - alpha_j) (a martingale's predictable variation), whatever the prompts; the interval is the
   normal one with that variance (a z interval, not a t interval);
+- the block rule's check sets its accepted count against the rule's own expected count given each round's draft
+  (rakv.runtime.verification.expected_accepted): each round's difference has mean zero given the past, so each
+  request's sum does whatever its prompt, and the requests are the units (a t interval over them, its degrees of
+  freedom recorded: the count's variance given the draft is not logged). Token-wise's closed form is no bound
+  on what block accepts round by round, only on average over drafts (docs/sampling.md);
+- a check whose difference has no variance (greedy: alpha_j is 1 exactly where the candidate passes, so measured
+  equals its closed form by construction) cannot fail: its verdict is "identity", and `agreement_tally` never
+  counts it, nor the biased control, as agreement (docs/sampling.md, "What counts as agreement");
 - latencies, acceptance per round and the workloads' ratios take prompts (or documents) as clusters: the
   requests of one prompt share its text, so their per-request values are averaged per prompt first.
 Relative differences are geometric means of ratios (a t interval of the mean log ratio, exponentiated), so a
@@ -22,15 +30,20 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-from rakv.experiments.intervals import geometric_mean_interval, t_interval
+from rakv.experiments.intervals import geometric_mean_interval, ratio_interval, t_interval
 from rakv.experiments.summary import (
+    ABSENT,
+    CLOSED_FORM,
+    DISTRIBUTION_SAMPLES,
     EXPECTED_GIVEN_DRAFT,
     FIRST_ROUNDS,
+    GIVEN_THE_DRAFTS,
     BlockVsToken,
     ClosedFormCheck,
     DistributionTest,
@@ -44,7 +57,11 @@ from rakv.runtime.actions import ADAPTIVE, Action
 
 NAN = float("nan")
 PLAIN = "plain"
-CONTROL = "biased"
+CONTROL = "biased"  # the positive control's rule (rakv.runtime.verification.CONTROL_RULES)
+RUNS = "runs"  # ClosedFormCheck.source of the runs table's cells
+AGREES, DIFFERS, IDENTITY, NOT_JUDGED = "agrees", "differs", "identity", "not judged"  # ClosedFormCheck.verdict
+CELL = ["configuration", "temperature", "verify", "k"]  # one acceptance check's rows
+NO_WIDTH = 1e-9  # an interval (and a difference) this narrow is rounding: the difference has no variance
 
 
 def reached(frame: pd.DataFrame) -> pd.Series:
@@ -52,32 +69,109 @@ def reached(frame: pd.DataFrame) -> pd.Series:
     return frame.accepted + frame.rejections
 
 
+def check_verdict(difference) -> str:
+    """agrees | differs by the side of 0 the difference's CI lies on; identity where the CI has no width and the
+    difference is 0 (the measurement equals its expectation whatever happened: a check that cannot fail); not
+    judged where there is no interval (one request)."""
+    value, low, high = difference
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return NOT_JUDGED
+    if high - low <= NO_WIDTH and abs(value) <= NO_WIDTH:
+        return IDENTITY
+    return AGREES if ci_side(difference, 0.0) == "straddles" else DIFFERS
+
+
+def closed_form_difference(group: pd.DataFrame, positions: int) -> list[float]:
+    """(accepted - sum of alpha_j) per position reached, with the normal interval of the variance the closed form
+    implies, sum of alpha_j (1 - alpha_j) (each reached position a Bernoulli(alpha_j) given the past), which holds
+    with few requests and rare rejections where a sample variance would not."""
+    value = float(group.accepted.sum() - group.closed_form_accepted.sum()) / positions
+    half = float(stats.norm.ppf(0.975)) * math.sqrt(float(group.closed_form_variance.sum())) / positions
+    return [value, value - half, value + half]
+
+
+def given_drafts_difference(group: pd.DataFrame, rule: str = "block") -> list[float]:
+    """(accepted - `rule`'s expected accepted count given each round's draft) per position reached, each request's
+    rounds summed: the delta method's t interval over the requests (requests - 1 degrees of freedom)."""
+    return ratio_interval(group.accepted - group[f"expected_accepted_{rule}"], reached(group), scale="linear")
+
+
+def acceptance_check(key: tuple, group: pd.DataFrame, source: str = RUNS) -> ClosedFormCheck | None:
+    """One cell's check (key: configuration, temperature, rule, k): measured acceptance against its closed form
+    (token-wise, greedy, and the biased control, which must be told from it) or, for the block rule, against its
+    expectation given the drafts; None where no round reached a position or a block table lacks the expectation."""
+    name, temperature, rule, k = key
+    group = group[reached(group) > 0]
+    positions = int(reached(group).sum())
+    if positions == 0 or (rule == "block" and "expected_accepted_block" not in group):
+        return None
+    measured = float(group.accepted.sum()) / positions
+    versus_token = ABSENT
+    if rule == "block":
+        difference, expectation = given_drafts_difference(group), GIVEN_THE_DRAFTS
+        freedom = len(group) - 1 if np.isfinite(difference[1]) else None
+        if "expected_accepted_token" in group:
+            versus_token = given_drafts_difference(group, "token")
+    else:
+        difference, expectation, freedom = closed_form_difference(group, positions), CLOSED_FORM, None
+    value, low, high = difference
+    return ClosedFormCheck(name, float(temperature), str(rule), int(k), len(group), positions,
+                           [measured, measured - (value - low), measured + (high - value)], measured - value,
+                           difference, check_verdict(difference), expectation=expectation,
+                           degrees_of_freedom=freedom, source=source, control=rule == CONTROL,
+                           versus_token=versus_token)
+
+
 def closed_form_checks(runs: pd.DataFrame) -> list[ClosedFormCheck]:
-    """Per (configuration, temperature, rule, k) of the fixed spec-k runs: measured acceptance (accepted / reached)
-    against its closed form (sum of alpha_j / reached). The difference's interval uses the variance the closed form
-    itself implies, sum of alpha_j (1 - alpha_j) (each reached position a Bernoulli(alpha_j) given the past), which
-    holds with few requests and rare rejections where a sample variance would not. Token-wise and greedy rounds
-    must agree (agrees / differs); the block rule's closed form is token-wise's, a lower bound of what it accepts,
-    so its row is reported with verdict 'bound'."""
+    """Per (configuration, temperature, rule, k) of the fixed spec-k runs: measured acceptance (accepted / positions
+    reached) against what the rule must accept in expectation (`acceptance_check`)."""
     spec = runs[(runs.strategy != ADAPTIVE) & (runs.k > 0)]
-    out = []
-    for (name, temperature, rule, k), group in spec.groupby(["configuration", "temperature", "verify", "k"]):
-        positions = int(reached(group).sum())
-        if positions == 0:
-            continue
-        measured = float(group.accepted.sum()) / positions
-        closed = float(group.closed_form_accepted.sum()) / positions
-        half = 1.959964 * math.sqrt(float(group.closed_form_variance.sum())) / positions
-        difference = [measured - closed, measured - closed - half, measured - closed + half]
-        if rule == "block":
-            verdict = "bound"
-        else:
-            verdict = "agrees" if ci_side(difference, 0.0) == "straddles" else "differs"
-        out.append(ClosedFormCheck(name, float(temperature), str(rule), int(k), len(group), positions,
-                                   [measured, measured - (difference[0] - difference[1]),
-                                    measured + (difference[2] - difference[0])],
-                                   closed, difference, verdict))
-    return out
+    checks = (acceptance_check(key, group) for key, group in spec.groupby(CELL))
+    return [c for c in checks if c is not None]
+
+
+def distribution_checks(samples: pd.DataFrame) -> list[ClosedFormCheck]:
+    """The same check on the distribution samples' speculative arms (hundreds of requests per arm): token-wise
+    against its closed form, block against its expectation given the drafts, and the biased control against
+    token-wise's closed form, which the check must reject for its agreement elsewhere to mean anything."""
+    if "expected_block" not in samples:
+        return []  # a table from before the columns
+    arms = samples[samples.arm != PLAIN].rename(columns={"arm": "verify", "expected_block": "expected_accepted_block",
+                                                   "expected_token": "expected_accepted_token"})
+    checks = (acceptance_check(key, group, DISTRIBUTION_SAMPLES)
+              for key, group in arms.groupby(CELL))
+    return [c for c in checks if c is not None]
+
+
+@dataclass(frozen=True)
+class CheckTally:
+    """Acceptance checks by what they can say: `agree` of the `judged` ones that can fail, `identities` that cannot,
+    `not_judged` without an interval, and the positive controls `controls_rejected` of `controls`."""
+    agree: int
+    judged: int
+    identities: int
+    not_judged: int
+    controls: int
+    controls_rejected: int
+
+
+def counted_verdict(check: ClosedFormCheck) -> str:
+    """The verdict a check's interval gives now (`check_verdict`), not the one it carries, so a check that cannot
+    fail is refused as agreement whatever it was labelled; a block cell of a summary from before its expectation
+    given the drafts (then labelled "bound", against token-wise's closed form, no bound of it) is not judged."""
+    if check.verify == "block" and check.expectation is ABSENT:
+        return NOT_JUDGED
+    return check_verdict(check.difference)
+
+
+def agreement_tally(checks: list[ClosedFormCheck]) -> CheckTally:
+    """Counts the checks by `counted_verdict`, the positive controls apart (they must differ)."""
+    controls = [c for c in checks if c.control is True]
+    verdicts = [counted_verdict(c) for c in checks if c.control is not True]
+    return CheckTally(agree=verdicts.count(AGREES), judged=verdicts.count(AGREES) + verdicts.count(DIFFERS),
+                      identities=verdicts.count(IDENTITY), not_judged=verdicts.count(NOT_JUDGED),
+                      controls=len(controls),
+                      controls_rejected=sum(counted_verdict(c) == DIFFERS for c in controls))
 
 
 def per_prompt_log_ratio(runs: pd.DataFrame, ours: tuple[str, str], baseline: tuple[str, str]) -> pd.Series:
@@ -325,15 +419,18 @@ def structured_rows(rows: pd.DataFrame) -> list[StructuredRow]:
 def long_context_rows(rows: pd.DataFrame) -> list[LongContextRow]:
     """Per (configuration, budget, document length, strategy): reuse, evictions, TTFT and latency, the latency ratio
     to AR of the same requests and, for rakv-asd, to kv-only's (speculation on top of reuse): geometric means over
-    the documents of the bin (a document's questions averaged first), t intervals over them."""
+    the documents of the bin (a document's questions averaged first), t intervals over them with their degrees of
+    freedom (documents - 1: 2 for the offline profile's three documents a bin, a t quantile of 4.30)."""
     out = []
     key = ["configuration", "budget_mib", "document", "question"]
     latency = rows.set_index([*key, "strategy"]).latency_s
 
-    def ratio_to(group: pd.DataFrame, baseline: str) -> list[float]:
+    def ratio_to(group: pd.DataFrame, baseline: str) -> tuple[list[float], int | None]:
         mine = group.set_index(key).latency_s
         base = latency.xs(baseline, level="strategy").reindex(mine.index)
-        return geometric_mean_interval(np.log(mine / base).groupby(level="document").mean().dropna())
+        per_document = np.log(mine / base).groupby(level="document").mean()
+        per_document = per_document[np.isfinite(per_document)]
+        return geometric_mean_interval(per_document), len(per_document) - 1 if len(per_document) > 1 else None
 
     by = ["configuration", "budget_mib", "length_bin", "strategy"]
     for (name, budget, length_bin, strategy), group in rows.groupby(by, sort=False):
@@ -341,13 +438,15 @@ def long_context_rows(rows: pd.DataFrame) -> list[LongContextRow]:
         # say nothing of this budget (None: not measured here)
         measured = (group[group.measured_under_mib == group.budget_mib] if "measured_under_mib" in group
                     else group)
+        vs_ar, vs_ar_df = ratio_to(group, "ar")
+        vs_reuse, vs_reuse_df = ratio_to(group, "kv-only") if strategy == ADAPTIVE else ([NAN, NAN, NAN], None)
         out.append(LongContextRow(
             configuration=name, budget_mib=float(budget), strategy=str(strategy), requests=len(group),
             document_tokens=float(group.document_tokens.mean()), hit_tokens=float(group.hit_tokens.mean()),
             evictions=int(measured.evictions.sum()) if len(measured) else None, ttft_s=float(group.ttft_s.mean()),
-            latency_s=float(group.latency_s.mean()), vs_ar=ratio_to(group, "ar"), length_bin=str(length_bin),
-            documents=int(group.document.nunique()),
-            vs_reuse=ratio_to(group, "kv-only") if strategy == ADAPTIVE else [NAN, NAN, NAN]))
+            latency_s=float(group.latency_s.mean()), vs_ar=vs_ar, length_bin=str(length_bin),
+            documents=int(group.document.nunique()), vs_reuse=vs_reuse,
+            vs_ar_degrees_of_freedom=vs_ar_df, vs_reuse_degrees_of_freedom=vs_reuse_df))
     return out
 
 
@@ -371,4 +470,5 @@ def sampling_summary(results, tables: dict, seed: int = 0) -> SamplingSummary | 
                                                if distribution is not None else []),
         distribution=distribution_tests(distribution, level, resamples, seed) if distribution is not None else [],
         structured=structured_rows(structured) if structured is not None else [],
-        long_context=long_context_rows(long_context) if long_context is not None else [])
+        long_context=long_context_rows(long_context) if long_context is not None else [],
+        distribution_checks=distribution_checks(distribution) if distribution is not None else [])
