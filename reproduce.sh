@@ -48,6 +48,11 @@ for stage in "${stages[@]}"; do
         echo "reproduce: stage '$stage' failed; fix the cause and rerun the same command to resume" >&2
         exit 1
     fi
+    if [ "$stage" = calibrate ] && [ -d "data/reference/$profile/calibration" ]; then
+        # what this machine's calibration predicts for the headline comparisons, before the study measures them
+        .venv/bin/python scripts/predict_headlines.py "$results_dir" --reference "data/reference/$profile" \
+            || echo "reproduce: no prediction from this calibration (see above)" >&2
+    fi
     took=$(( $(date +%s) - stage_start ))
     mkdir -p "results/$profile"
     printf '%s\t%s\t%s\n' "$stage" "$took" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >> "$times_file"
@@ -78,4 +83,7 @@ if [ -f "$reference/summary.json" ] && [ -f "$results_dir/summary.json" ] \
     echo "reproduce: this run against the shipped reference run ($reference); the full table is in $report"
     grep '^compare_runs:' "$report" | sed 's/^compare_runs:/ /'
     [ "$rc" -le 1 ] || echo "reproduce: the comparison could not read a summary (see $report)" >&2
+    echo "reproduce: this machine's calibration's prediction of the headline comparisons beside what its study measured"
+    .venv/bin/python scripts/predict_headlines.py "$results_dir" --reference "$reference" | grep -v '^ *$' | tail -n 12 \
+        || true
 fi

@@ -43,6 +43,10 @@ def main(argv=None) -> int:
     except (RakvError, OSError, ValueError) as exc:
         print(f"predict_headlines: error: {exc}", file=sys.stderr)
         return 2
+    if not rows:
+        print(f"predict_headlines: no configuration of {args.results} has a calibration and request shapes under "
+              f"{args.reference} (another profile): nothing to predict")
+        return 0
     print("\n".join(prediction_lines(rows)))
     measured = [r for r in rows if r.inside is not None]
     print(f"predict_headlines: a calibrated curve's run-to-run shift on one machine class: {run_sd:.1%} (log sd)")

@@ -41,7 +41,7 @@ COMPARISONS = {  # name -> the summary's measured statistic of the same definiti
     "best k>0 vs k=0": "spec_slowdown.pooled",
 }
 SHAPE = ["prompt_tokens", "available_hit_tokens", "new_tokens", "exact_hit", "available_draft_tokens"]
-DRAWS = 400
+DRAWS = 200
 
 
 def request_shapes(runs: pd.DataFrame) -> pd.DataFrame:
@@ -147,8 +147,8 @@ def curves(table: CostTable) -> list:
 @dataclass(frozen=True)
 class PredictionRow:
     """One machine's prediction of one headline comparison beside what its study measured: `inside` (the measured
-    estimate inside the predicted interval) and, for a miss, `cause`: "acceptance" where predicting at the
-    acceptance the study measured puts it inside, else "cost model"."""
+    estimate is what the prediction allows, `inside()`) and, for a miss, `cause`: "acceptance" where predicting at
+    the acceptance the study measured allows it, else "cost model"."""
     run: str
     configuration: str
     comparison: str
@@ -183,9 +183,16 @@ def measured_value(statistics, comparison: str) -> list | None:
 
 
 def inside(interval, value) -> bool | None:
+    """Whether a measured comparison is what its prediction allows: its estimate within the predicted interval
+    widened, side by side, by the measurement's own CI (the study's prompts and timing noise, which the calibration
+    cannot foresee: the two errors independent, their half-widths added in quadrature). None: nothing measured."""
     if value is None or value[0] is None or not np.isfinite(value[0]):
         return None
-    return bool(interval[1] <= value[0] <= interval[2])
+    point, low, high = interval
+    m, m_low, m_high = (float("nan") if v is None else v for v in value)
+    below = m - m_low if np.isfinite(m_low) else 0.0
+    above = m_high - m if np.isfinite(m_high) else 0.0
+    return bool(point - math.hypot(point - low, above) <= m <= point + math.hypot(high - point, below))
 
 
 def run_predictions(folder: Path, shapes: pd.DataFrame, run_sd: float, label: str | None = None,

@@ -1,0 +1,82 @@
+"""rakv.experiments.prediction: the headline comparisons a calibration predicts before the study, and how a measured
+one is judged against them."""
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rakv.experiments import prediction
+from rakv.runtime.actions import Action
+from rakv.runtime.costmodel import CostTable
+from rakv.runtime.paths import REFERENCE_DIR
+
+REFERENCE = REFERENCE_DIR / "offline"
+ACTIONS = [Action.parse(a) for a in ("r0k0", "r1k0", "r0k4", "r1k4", "r1k6")]
+
+
+def test_the_comparisons_follow_the_studys_definitions():
+    costs = np.array([[4.0, 2.0, 3.0, 1.0, 1.5],
+                      [4.0, 4.0, 2.0, 2.0, 1.0]])  # request 2 offers no hit: r1 costs what r0 does
+    chosen = costs.argmin(axis=1)  # r1k4, r1k6
+    got = prediction.comparisons(chosen, costs, ACTIONS)
+    assert got["vs Joint-k4"] == pytest.approx(1 - 2.0 / 3.0)
+    assert got["vs KV-only"] == pytest.approx(1 - 2.0 / 6.0)
+    assert got["vs best fixed"] == pytest.approx(1 - 2.0 / 2.5)  # r1k6's sum, the least of any one action
+    assert got["best k>0 vs k=0"] == pytest.approx(2.0 / 6.0 - 1)
+
+
+def test_a_measurement_is_judged_with_its_own_interval():
+    predicted = [0.10, 0.05, 0.15]
+    assert prediction.inside(predicted, [0.12, 0.10, 0.14])
+    assert not prediction.inside(predicted, [0.30, 0.28, 0.32])
+    assert prediction.inside(predicted, [0.20, 0.05, 0.35])  # outside the prediction, but its own CI is wide
+    assert prediction.inside(predicted, None) is None
+
+
+def test_the_run_to_run_shift_of_a_calibration_is_read_from_a_pair(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(REFERENCE / "calibration", a)
+    shutil.copytree(REFERENCE / "calibration", b)
+    assert prediction.calibration_run_sd([(a, b)]) == 0.0
+    for path in b.glob("*.json"):
+        table = CostTable.from_json(json.loads(path.read_text()))
+        for curve in prediction.curves(table):
+            curve.ys = [1.2 * y for y in curve.ys]
+        path.write_text(json.dumps(table.to_json()))
+    assert prediction.calibration_run_sd([(a, b)]) == pytest.approx(math.log(1.2) / math.sqrt(2))
+    assert prediction.calibration_run_sd([]) is None
+
+
+def test_the_prediction_is_seeded_and_its_interval_holds_its_point():
+    runs = pd.read_parquet(REFERENCE / "study" / "runs.parquet")
+    shapes = prediction.request_shapes(runs)
+    part = shapes[shapes.configuration == "smollm2"]
+    table = prediction.configuration_table(REFERENCE, "smollm2")
+    actions = [Action.parse(a) for a in ("r0k0", "r0k4", "r1k0", "r1k4", "r1k6")]
+    first = prediction.predict(table, part, actions, run_sd=0.1, draws=30, seed=3)
+    assert first == prediction.predict(table, part, actions, run_sd=0.1, draws=30, seed=3)
+    for name, (point, low, high) in first.items():
+        assert low <= point <= high, name
+    still = prediction.predict(table, part, actions, run_sd=0.0, draws=5, seed=3)
+    assert still["vs Joint-k4"][0] == first["vs Joint-k4"][0]  # the point does not depend on the noise
+
+
+def test_a_planted_miss_is_refused_and_named(tmp_path):
+    """A run whose study 'measured' far more than its calibration allows (planted in its summary): the comparison is
+    outside, and named by its cause; the others of the run stay as they were."""
+    run = tmp_path / "offline"
+    shutil.copytree(REFERENCE / "calibration", run / "calibration")
+    summary = json.loads((REFERENCE / "summary.json").read_text())
+    summary["per_configuration"]["smollm2"]["latency_reduction"]["joint-k4"] = [0.9, 0.89, 0.91]
+    (run / "summary.json").write_text(json.dumps(summary))
+    shapes = prediction.request_shapes(pd.read_parquet(REFERENCE / "study" / "runs.parquet"))
+    rows = {(r.configuration, r.comparison): r for r in prediction.run_predictions(run, shapes, run_sd=0.05,
+                                                                                   draws=20)}
+    planted = rows["smollm2", "vs Joint-k4"]
+    assert planted.inside is False and planted.cause == "cost model"
+    assert set(prediction.COMPARISONS) == {c for _, c in rows}
+    assert all(r.cause is None for r in rows.values() if r.inside)
