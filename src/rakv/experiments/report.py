@@ -33,13 +33,11 @@ from rakv.experiments.summary import (
     PeakKv,
     Summary,
 )
-from rakv.experiments.verdicts import ci_side
+from rakv.experiments.verdicts import GOAL_VERDICTS, ci_side, tally
 from rakv.runtime.actions import ADAPTIVE
 from rakv.runtime.errors import RakvError
 from rakv.runtime.paths import ROOT
 from rakv.runtime.paths import shown as shown_path
-
-VERDICTS = ("met", "missed", "inconclusive", "not judged")  # a serving goal's answers (rakv.experiments.serving_stats)
 
 BASELINE_NAMES = {"joint-k4": "Joint", "kv-only": "KvOnly", "ar": "Ar", "spec-k4": "Spec",
                   "best-fixed": "BestFixed", "oracle": "Oracle"}
@@ -214,12 +212,10 @@ def abstract(summary: Summary, meta: dict) -> str:
     text.append(f"{exact.equal}/{exact.total} outputs are identical to autoregressive greedy decoding.")
     serving = summary.serving
     if serving:
-        counts = {v: sum(g.verdict == v for g in serving.goals) for v in VERDICTS}
         text.append(f"With several requests in flight, a serving study of {serving.runs} served traces judges "
                     f"{len(serving.goals)} goals named before the run (RAKV-ASD under load against vLLM's and "
-                    f"SmartSpec's rules, chunked prefill under an ITL SLO, predictions under load): {counts['met']} "
-                    f"met, {counts['missed']} missed, {counts['inconclusive']} inconclusive, "
-                    f"{counts['not judged']} not judged (no load where a policy missed an SLO); "
+                    f"SmartSpec's rules, chunked prefill under an ITL SLO, predictions under load), family-wise at "
+                    f"95\\,\\%: {goal_tally(serving.goals)}; "
                     f"{serving.exact.equal}/{serving.exact.total} served outputs are identical to "
                     "batch-one greedy decoding.")
     return " ".join(text) + "\n"
@@ -286,13 +282,8 @@ def conclusion(summary: Summary) -> str:
         text.append(twins)
     serving = summary.serving
     if serving:
-        goals = serving.goals
-        counts = {v: sum(g.verdict == v for g in goals) for v in VERDICTS}
-        met = counts["met"]
-        text.append(f"Under load, of {len(goals)} goals named before the run, {met} {'is' if met == 1 else 'are'} "
-                    f"met, {counts['missed']} missed, {counts['inconclusive']} inconclusive and "
-                    f"{counts['not judged']} not judged at {serving.repeats} repeats, each over its own trace "
-                    "(Table~\\ref{tab:serving-goals}).")
+        text.append(f"Under load, of {len(serving.goals)} goals named before the run, {goal_tally(serving.goals)} "
+                    f"at {serving.repeats} repeats, each over its own trace (Table~\\ref{{tab:serving-goals}}).")
     exact = summary.exact
     text.append(f"Every output was checked against autoregressive greedy decoding ({exact.equal} of "
                 f"{exact.total} identical in the study"
@@ -785,12 +776,11 @@ def serving_goals_markdown(summary: Summary) -> str:
     for g in goals:
         value, interval = goal_value(g, lambda v: markdown_value(v, "%"))
         lines.append(f"| {g.goal} | {value} | {interval} | {g.verdict} |")
-    counts = {v: sum(g.verdict == v for g in goals) for v in VERDICTS}
     lines.append("")
     exact = summary.serving.exact
-    lines.append(f"{counts['met']} met, {counts['missed']} missed, {counts['inconclusive']} inconclusive, "
-                 f"{counts['not judged']} not judged (no load where a policy missed an SLO) of "
-                 f"{len(goals)}; each row's rule is in `summary.json` (`serving.goals[].rule`). Beside the goals, a "
+    lines.append(f"Of {len(goals)} goals, {goal_tally(goals)} (family-wise at 95 %: Holm within each family); each "
+                 "row's rule is in `summary.json` (`serving.goals[].rule`), and why a goal is underpowered or missing "
+                 "in `serving.goals[].reason`. Beside the goals, a "
                  f"check of the engine rather than of a policy: {exact.equal} of {exact.total} served outputs "
                  "identical to the request decoded alone with greedy AR.")
     return "\n".join(lines) + "\n"
@@ -994,12 +984,12 @@ def serving_text(summary: Summary) -> str:
                     f"{num(stats.acceptance_error[2])}]"
                     + (f" and the ex-post regret {ci_text(stats.regret)}" if not missing(stats.regret[0])
                        else "") + ".")
-    counts = {v: sum(g.verdict == v for g in serving.goals) for v in VERDICTS}
-    text.append(f"Of the {len(serving.goals)} goals in Table~\\ref{{tab:serving-goals}}, {counts['met']} "
-                f"{'is' if counts['met'] == 1 else 'are'} met, {counts['missed']} missed, "
-                f"{counts['inconclusive']} inconclusive and {counts['not judged']} not judged (goodput goals are "
-                "judged only at loads where some policy missed an SLO for some request: elsewhere goodput is the "
-                "arrival rate whatever the policy); each goal's rule, with its margin, is in the table. "
+    text.append(f"Of the {len(serving.goals)} goals in Table~\\ref{{tab:serving-goals}}, "
+                f"{goal_tally(serving.goals)}, "
+                "family-wise at 95\\,\\% (Holm's step-down within each family; a goal met at some load of several "
+                "read with its CIs Bonferroni-corrected for its loads). Goodput goals are judged only at loads where "
+                "some policy missed an SLO for some request (elsewhere goodput is the arrival rate whatever the "
+                "policy); each goal's rule, with its margin, is in the table. " + unanswered_sentence(serving) + " "
                 f"Exactness is checked beside the goals, not counted among them: {serving.exact.equal} of "
                 f"{serving.exact.total} served outputs were identical to the request decoded alone.")
     text.append(serving_power_sentence(serving))
@@ -1022,27 +1012,61 @@ def met_but_lower_sentence(serving) -> str:
             f"lower there, by less than the margin: {shown}.")
 
 
+def goal_tally(goals) -> str:
+    """The serving goals' verdicts counted, one each so they sum to the goals (rakv.experiments.verdicts.tally):
+    "a met, b missed, c inconclusive, d underpowered and e missing"."""
+    counts = tally([g.verdict for g in goals])
+    return ", ".join(f"{counts[v]} {v}" for v in GOAL_VERDICTS[:-1]) + f" and {counts['missing']} missing"
+
+
+def unanswered_sentence(serving) -> str:
+    """Why goals are underpowered or missing, from their `reason`s: the repeats that would power the underpowered
+    ones (the plan's, from the pilot), and the missing ones grouped by their first reason."""
+    weak = [g for g in serving.goals if g.verdict == "underpowered"]
+    gone = [g for g in serving.goals if g.verdict in ("missing", "not judged")]
+    text = []
+    if weak:
+        needed = sorted(int(m) for g in weak for m in re.findall(r"(\d+) repeats would power", g.reason or ""))
+        text.append(f"{len(weak)} {'goal is' if len(weak) == 1 else 'goals are'} underpowered at "
+                    f"{serving.repeats} repeats: the plan's minimum detectable difference, from the pilot before "
+                    "the run, exceeds the margin"
+                    + (f"; {needed[0]:,}" + (f" to {needed[-1]:,}" if needed[-1] != needed[0] else "")
+                       + " repeats would power them" if needed else "")
+                    + (f" ({len(weak) - len(needed)} not even 10,000)" if len(needed) < len(weak) else "") + ".")
+    if gone:
+        why: dict[str, int] = {}
+        for g in gone:
+            first = (g.reason or "no interval").split(";")[0]
+            why[first] = why.get(first, 0) + 1
+        text.append(f"{len(gone)} {'goal is' if len(gone) == 1 else 'goals are'} missing, counted: "
+                    + "; ".join(f"{tex_escape(reason)} ({n})" for reason, n in why.items()) + ".")
+    return " ".join(text)
+
+
 def serving_power_sentence(serving) -> str:
-    """The margins against the noise: per family the minimum detectable difference the plan expected (from the
-    pilot) and the one this run's own paired noise gives, at its repeats, beside the family's margin."""
+    """The margins against the noise: how the margins were fixed, how many goals the plan found powered, and per
+    family the paired noise the pilot showed and this run's own, at its repeats."""
     pilot = {(p.family, p.metric): p for p in (serving.power or []) if p.source == "pilot"}
     own = {(p.family, p.metric): p for p in (serving.power or []) if p.source == "run"}
-    if not own:
-        return ""
     metric_words = {"goodput": "goodput", "median_ttft_ms": "median TTFT"}
     parts = []
     for key, run in own.items():
         planned = pilot.get(key)
-        parts.append(f"{tex_escape(run.family)} ({metric_words.get(run.metric, tex_escape(run.metric))}): margin "
-                     + (pct(run.margin, 0) if run.margin is not None else "none")
-                     + (f", planned MDD {pct(planned.mdd)}" if planned else "")
-                     + f", this run's {pct(run.mdd)} (paired SD {pct(run.paired_sd)})")
-    repeats = next(iter(own.values())).repeats
-    within = sum(r.margin is not None and r.mdd <= r.margin for r in own.values())
-    return (f"Each family's margin was set before the run from the pilot's minimum detectable difference "
-            f"(95\\,\\% CI, 80\\,\\% power, {repeats} repeats; the median paired SD over the goals' comparisons at "
-            f"the loads served): {'; '.join(parts)}. In this run {within} of {len(own)} families' MDDs lie within "
-            "their margins; a ``no worse'' verdict rules out only a loss as large as the margin.")
+        parts.append(f"{tex_escape(run.family)} ({metric_words.get(run.metric, tex_escape(run.metric))}) "
+                     + (f"{pct(planned.paired_sd)} in the pilot, " if planned else "")
+                     + f"{pct(run.paired_sd)} in this run")
+    margins = serving.margins
+    text = [f"The margins were fixed before any data from what a user would call ``no worse'' (goodput "
+            f"{pct(margins.goodput, 0)}, median TTFT {pct(margins.ttft, 0)}), not from a pilot's noise."]
+    rows = [p for p in (serving.goal_power or []) if p.margin is not None]
+    if rows:
+        powered = sum(bool(p.powered) for p in rows)
+        text.append(f"Before the run the plan computed every goal's minimum detectable difference from the pilot at "
+                    f"{rows[0].repeats} repeats (family-wise 95\\,\\% CI, 80\\,\\% power): {powered} of "
+                    f"{len(rows)} goals with a margin were powered.")
+    if parts:
+        text.append("The median paired SD of each family's goal comparisons: " + "; ".join(parts) + ".")
+    return " ".join(text)
 
 
 def serving_goals_table(summary: Summary) -> str:
@@ -1051,8 +1075,9 @@ def serving_goals_table(summary: Summary) -> str:
              "Goal & Value & 95\\,\\% CI & Verdict & Rule \\\\", "\\midrule"]
     for g in goals:
         value, interval = goal_value(g)
+        why = f" ({g.reason})" if g.reason else ""  # why underpowered or missing
         lines.append(f"{tex_escape(g.goal)} & {value} & {interval} & {g.verdict} & "
-                     f"{{\\footnotesize {tex_escape(g.rule or '')}}} \\\\")
+                     f"{{\\footnotesize {tex_escape((g.rule or '') + why)}}} \\\\")
     if not goals:
         lines.append("\\multicolumn{5}{l}{the serving stage did not run} \\\\")
     lines += ["\\bottomrule", "\\end{tabular}"]

@@ -12,9 +12,10 @@ default configuration, trace sizes, rates per family, repeats):
   admission) with the global EWMA or the prefix-keyed acceptance.
 
 SLOs are multiples of this machine's calibrated one-request decode step (the batch cost table's one-row pass at
-`SLO_CONTEXT` positions), so the same design asks the same of a faster or slower machine; they and the minimum
-detectable differences from a pilot run (`profile.serving.pilot`, rakv.experiments.serving_stats.power) are written
-to plan.txt before the first run.
+`SLO_CONTEXT` positions), so the same design asks the same of a faster or slower machine; they, every goal the
+design names and each goal's minimum detectable difference from a pilot run at the profile's repeats
+(`profile.serving.pilot`, rakv.experiments.serving_stats.goal_power: "underpowered" where it exceeds the goal's
+margin, with the repeats that would power it) are written to plan.txt before the first run.
 
 A cell is (family, rate, policy); every repeat draws its own trace per (family, rate) from the family's generator
 (seeded by the repeat, `trace_seed`) and serves it under each policy: the (family, rate) groups of one repeat in a
@@ -315,9 +316,24 @@ def _plan_text(cfg: DictConfig, plan: list[dict], served: dict, runs: int, todo:
         for row in power(pilot, grid.repeats, _plain(cfg.experiment.margins), _plain(cfg.experiment.families),
                          rates=_plain(grid.rates)):
             lines.append(f"power from the pilot {grid.pilot}: {row}")
+    lines += planned_power_lines(cfg, pilot)
     lines += [f"  {c['family']:<18} rate {c['rate']:<6g} {c['policy']:<24} {c['configuration']:<16} "
               f"{json.dumps(c['options'])}" for c in plan]
     return "\n".join(lines) + "\n"
+
+
+def planned_power_lines(cfg: DictConfig, pilot: Path | None) -> list[str]:
+    """plan.txt's goals, each with its minimum detectable difference from the pilot at the profile's repeats and
+    whether that powers it (rakv.experiments.serving_stats.goal_power), before any run; and the tally they start
+    from: a goal the plan cannot power is reported underpowered whatever the run shows."""
+    from rakv.experiments.serving_stats import goal_power, goal_power_lines, planned_goals
+
+    grid = cfg.profile.serving
+    planned = planned_goals(_plain(cfg.experiment.families), _plain(grid.rates), _plain(cfg.experiment.margins))
+    rows = goal_power(planned, pilot, int(grid.repeats), int(grid.requests))
+    weak = sum(row["powered"] is False for row in rows)
+    return [f"goals named before the run: {len(planned)}; {weak} underpowered at {grid.repeats} repeats by the "
+            f"plan (reported so, whatever the run shows)", *goal_power_lines(rows)]
 
 
 def _eta(out: Path, todo: int) -> str:

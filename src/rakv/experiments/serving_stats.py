@@ -16,12 +16,20 @@ non-inferiority within an equivalence margin against baselines named before the 
 an SLO met at a load at least every fixed budget's, and errors below a threshold. Every rule can answer met, missed
 or inconclusive. That every served output is identical to batch-one greedy AR is a check of the engine, reported
 beside the goals (`exact`), not one of them.
+
+Fixed before the data (docs/serving.md, "Fixed before the data"): the design's goals and margins and the profile's
+loads are the repository's (`judged_by`); the plan names every goal (`planned_goals`) and, from the pilot, its
+minimum detectable difference at the profile's repeats (`goal_power`), a goal above its margin being "underpowered"
+whatever the run shows; each tested goal's p-value (`p_value`, its loads corrected within it: `over_loads`) is
+Holm-adjusted within its family (`family_wise`), and a goal the data cannot answer is "missing", with why. Every
+goal ends with one of rakv.experiments.verdicts.GOAL_VERDICTS, so the tally sums to the goals.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +37,7 @@ import pandas as pd
 from scipy import stats
 
 from rakv.experiments.intervals import CONFIDENCE, ratio_interval, t_interval
+from rakv.experiments.replication import holm
 from rakv.experiments.summary import (
     ALL_ITERATIONS,
     AcceptanceErrors,
@@ -39,6 +48,7 @@ from rakv.experiments.summary import (
     FamilyPower,
     Goal,
     GoalPair,
+    GoalPower,
     IterationMape,
     LatencyMape,
     Margins,
@@ -47,9 +57,9 @@ from rakv.experiments.summary import (
     Slos,
     SloSteps,
 )
-from rakv.experiments.verdicts import all_of, any_of, below, ci_side, higher, non_inferior
+from rakv.experiments.verdicts import UNDERPOWERED, below, ci_side, higher, non_inferior
 from rakv.runtime.costmodel import tokens_per_round
-from rakv.runtime.paths import ROOT
+from rakv.runtime.paths import CONF_DIR, ROOT, conf_file
 from rakv.serving.batchcost import shape_class
 
 POWER = 0.80
@@ -102,6 +112,31 @@ def paired_sd_worst(cells: pd.DataFrame, metric: str = "goodput", pairs: dict | 
     return {family: max(rows) for family, rows in _paired_sds(cells, metric, pairs).items()}
 
 
+def residual_sd(both: pd.DataFrame | None) -> float | None:
+    """The standard deviation of the per-repeat residuals a - (sum a / sum b) b relative to b's mean (columns a, b:
+    paired repeats), what relative_interval's delta method is made of; None with fewer than two pairs or where b's
+    mean is not positive (no relative difference to it)."""
+    if both is None or len(both) < 2:
+        return None
+    a, b = both.columns
+    if not both[b].mean() > 0:
+        return None
+    ratio = both[a].sum() / both[b].sum()
+    return float(((both[a] - ratio * both[b]) / both[b].mean()).std(ddof=1))
+
+
+def repeats_to_power(sd: float, margin: float, confidence: float = CONFIDENCE, most: int = 10_000) -> int | None:
+    """The least repeats n with minimum_detectable(sd, n, confidence) <= margin (the MDD falls with n), None where
+    even `most` do not reach it."""
+    if not (np.isfinite(sd) and margin > 0) or minimum_detectable(sd, most, confidence) > margin:
+        return None
+    low, high = 1, most  # minimum_detectable(sd, low) > margin >= minimum_detectable(sd, high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if minimum_detectable(sd, middle, confidence) <= margin else (middle, high)
+    return high
+
+
 def _paired_sds(cells: pd.DataFrame, metric: str, pairs: dict | None) -> dict[str, list[tuple[float, str]]]:
     out = {}
     for family, part in cells.groupby("family"):
@@ -112,12 +147,8 @@ def _paired_sds(cells: pd.DataFrame, metric: str, pairs: dict | None) -> dict[st
             chosen = (pairs or {}).get(family) if pairs is not None else \
                 [(a, b) for i, a in enumerate(policies) for b in policies[i + 1:]]
             for a, b in chosen or []:
-                if a not in wide or b not in wide:
-                    continue
-                both = wide[[a, b]].dropna()
-                if len(both) >= 2 and both[b].mean() > 0:
-                    ratio = both[a].sum() / both[b].sum()
-                    sd = float(((both[a] - ratio * both[b]) / both[b].mean()).std(ddof=1))
+                sd = residual_sd(wide[[a, b]].dropna()) if a in wide and b in wide else None
+                if sd is not None:
                     variances.append((sd, f"{a} vs {b} at {float(rate):g} req/s"))
         if variances:
             out[family] = variances
@@ -125,7 +156,8 @@ def _paired_sds(cells: pd.DataFrame, metric: str, pairs: dict | None) -> dict[st
 
 
 def family_margins(design: dict) -> dict[str, dict[str, float]]:
-    """family -> its own margins (metric -> margin), for the families of the design that set any."""
+    """family -> its own margins (metric -> margin), for the families of the design that set any (the present design
+    sets none: conf/experiment/serving.yaml)."""
     return {family: dict(spec["margins"]) for family, spec in design.items() if spec.get("margins")}
 
 
@@ -137,7 +169,7 @@ def pilot_path(grid: dict) -> Path | None:
 
 def family_margin(margins: dict, design: dict | None, family: str, metric: str) -> float:
     """The family's equivalence margin for `metric` ("goodput" or "ttft"): its own (`margins` in its design entry,
-    sized from the pilot's minimum detectable difference) or the study's default."""
+    fixed before the data like the default) or the study's default."""
     own = ((design or {}).get(family) or {}).get("margins") or {}
     return float(own.get(metric, margins[metric]))
 
@@ -181,8 +213,8 @@ def power(pilot: Path, repeats: int, margins: dict | None = None, design: dict |
                 f"{POWER:.0%}) {mdd:.1%} at {repeats} repeats ({minimum_detectable(sd, own):.1%} at the pilot's "
                 f"{own})")
         if margin is not None:
-            line += (f"; margin {margin:.0%}: " + ("MDD <= margin" if mdd <= margin else
-                     "MDD > margin, so a 'no worse' goal is expected inconclusive unless the effect is large"))
+            line += (f"; margin {margin:.0%}: " + ("MDD <= margin" if mdd <= margin else "MDD > margin")
+                     + " (the family's median comparison at 95 % alone; each goal's own line below decides its power)")
         lines.append(line)
     return lines
 
@@ -205,22 +237,37 @@ def cell_table(data: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def paired_difference(data: dict, family: str, rate: float, a: str, b: str, metric: str,
-                      relative: bool = True) -> list[float]:
-    """metric(a) - metric(b) over the repeats both ran, with its interval over repeats: relative, mean(a) / mean(b)
-    - 1 (the delta method's t interval of the ratio on the log scale, so it never passes -100 %); absolute, the t
-    interval of the per-repeat differences."""
+def paired_values(data: dict, family: str, rate: float, a: str, b: str, metric: str) -> pd.DataFrame | None:
+    """metric of `a` and `b` over the repeats both ran (columns a, b), None where either lacks them."""
     cells = runs(data)
     part = cells[(cells.family == family) & (cells.rate == rate) & cells.policy.isin([a, b])]
     wide = part.pivot_table(index="repeat", columns="policy", values=metric)
     if a not in wide or b not in wide:
-        return [float("nan")] * 3
+        return None
     both = wide[[a, b]].dropna()
-    if not len(both):
+    return both if len(both) else None
+
+
+def relative_interval(both: pd.DataFrame | None, confidence: float = CONFIDENCE) -> list[float]:
+    """mean(a) / mean(b) - 1 over paired repeats (columns: a, b) with the delta method's t interval on the log scale
+    (rakv.experiments.intervals.ratio_interval), so it never passes -100 %; NaN without pairs."""
+    if both is None:
         return [float("nan")] * 3
-    if relative:  # mean(a) / mean(b) - 1 on the log scale (rakv.experiments.intervals.ratio_interval): >= -100 %
-        return ratio_interval(both[a], both[b], scale="log", transform=lambda r: r - 1.0)
-    return t_interval(both[a] - both[b])
+    a, b = both.columns
+    try:
+        return ratio_interval(both[a], both[b], scale="log", transform=lambda r: r - 1.0, confidence=confidence)
+    except OverflowError:  # a quantile so far out (a p-value's search) that exp() of the bound leaves float range
+        return [ratio_interval(both[a], both[b], scale="log", transform=lambda r: r - 1.0)[0], -1.0, math.inf]
+
+
+def paired_difference(data: dict, family: str, rate: float, a: str, b: str, metric: str,
+                      relative: bool = True, confidence: float = CONFIDENCE) -> list[float]:
+    """metric(a) - metric(b) over the repeats both ran, with its interval over repeats: relative, mean(a) / mean(b)
+    - 1 (`relative_interval`); absolute, the t interval of the per-repeat differences."""
+    both = paired_values(data, family, rate, a, b, metric)
+    if relative or both is None:
+        return relative_interval(both, confidence)
+    return t_interval(both[a] - both[b], confidence)
 
 
 def verdict(ci: list[float], threshold: float, above: bool) -> str:
@@ -241,14 +288,75 @@ def _rates(data: dict, family: str) -> list[float]:
     return sorted(float(r) for r in cells[cells.family == family].rate.unique())
 
 
-NOT_JUDGED = "not judged"  # a goal whose every load is one where no policy misses an SLO: reported, not scored
+def _unmeasured(rates: dict | None, family: str, measured: list[float]) -> list[float]:
+    """The design's loads of `family` (the profile's rates) that the data lack: the run was measured without them."""
+    planned = {float(r) for r in ((rates or {}).get(family) or [])}
+    return sorted(planned - set(measured))
+
+
+def _loads_text(loads) -> str:
+    return ", ".join(f"{r:g}" for r in loads) + " req/s"
+
+
+ALPHA = 1.0 - CONFIDENCE  # the family-wise error rate of the goals' verdicts (Holm within each family)
+DECIDED = ("met", "missed")
+
+
+def p_value(decide) -> tuple[float, str]:
+    """A goal's p-value and its side: the least alpha at which `decide(alpha)` (the goal's rule with every CI at
+    confidence 1 - alpha, its loads corrected within it) answers met or missed, and that answer. `decide` is
+    monotone (nested CIs: an answer at alpha stands at any larger alpha), so bisection on log alpha finds it;
+    (1.0, its answer as alpha -> 1) where no alpha decides. At one load and one goal, p < 0.05 exactly when the 95 %
+    CI lies wholly on one side of the rule's threshold."""
+    top = decide(1.0 - 1e-9)
+    if top not in DECIDED:
+        return 1.0, top
+    low, high = -16.0, math.log10(1.0 - 1e-9)
+    if decide(10.0 ** low) in DECIDED:
+        return 10.0 ** low, decide(10.0 ** low)
+    for _ in range(48):
+        middle = (low + high) / 2
+        low, high = (low, middle) if decide(10.0 ** middle) in DECIDED else (middle, high)
+    return 10.0 ** high, decide(10.0 ** high)
+
+
+def _tested(goal: dict, decide, missing: str | None = None) -> dict:
+    """`goal` with its test: `p_value` and `side` (p_value(decide)), its verdict at 95 % before the family's Holm
+    correction (rakv.experiments.serving_stats.family_wise), and `missing`: why the data cannot answer it (None
+    where they can)."""
+    p, side = p_value(decide)
+    alone = side if p < ALPHA else ("missing" if missing else "inconclusive")
+    return {**goal, "verdict": alone, "p_value": p, "side": side, "missing": missing}
+
+
+def over_loads(boths: list, rule, every: bool, unmeasured: int = 0):
+    """decide(alpha) of a goal over loads (each a paired frame, `relative_interval`; `rule`: a CI -> met / missed /
+    inconclusive / missing): `every` load must meet it (met: met at every load; missed: missed at some load) or
+    `some` load (met: met at some load; missed: missed at every one). The side that needs only one load of L is
+    read at 1 - alpha / L (Bonferroni over the goal's loads: it had L tries), the other at 1 - alpha (it must hold at
+    each, an intersection). `unmeasured` loads of the design count in L and forbid the answer that needs them all."""
+    count = len(boths) + unmeasured
+
+    def decide(alpha: float) -> str:
+        if not boths:
+            return "missing"
+        one_of = [rule(relative_interval(b, 1.0 - alpha / count)) for b in boths]
+        each = [rule(relative_interval(b, 1.0 - alpha)) for b in boths]
+        if every:
+            if "missed" in one_of:
+                return "missed"
+            return "met" if not unmeasured and all(v == "met" for v in each) else "inconclusive"
+        if "met" in one_of:
+            return "met"
+        return "missed" if not unmeasured and all(v == "missed" for v in each) else "inconclusive"
+    return decide
 
 
 def judged_loads(data: dict, family: str) -> dict[float, bool]:
     """rate -> whether goodput can tell the family's policies apart there: some policy, in some repeat, served a
     request that missed an SLO (goodput below the completed requests' rate) or failed one. Where every request of
     every policy meets every SLO, goodput is the rate requests finish at, set by the arrivals, and "no worse in
-    goodput" tests nothing."""
+    goodput" tests nothing. The rule reads no policy's value against another's, so it cannot favour one."""
     cells = runs(data)
     part = cells[cells.family == family]
     out = {}
@@ -256,11 +364,6 @@ def judged_loads(data: dict, family: str) -> dict[float, bool]:
         missed = (group.goodput < group.request_throughput * (1 - 1e-9)) | (group.failed > 0)
         out[float(rate)] = bool(missed.any())
     return out
-
-
-def _over_loads(per_rate: list, judged: dict[float, bool], combine) -> str:
-    verdicts = [v for rate, _, v in per_rate if judged.get(rate)]
-    return combine(verdicts) if verdicts else NOT_JUDGED
 
 
 LABELS = {  # kind -> (the goal's words, its key's tail)
@@ -272,33 +375,44 @@ LABELS = {  # kind -> (the goal's words, its key's tail)
 }
 
 
-def speculation_goals(data: dict, design: dict, margins: dict) -> tuple[list[dict], list[dict]]:
+def goodput_key(family: str, kind: str, rival: str) -> str:
+    return f"{family}/no_worse/{rival}" if kind == "no worse" else f"{family}/{LABELS[kind][1].format(rival=rival)}"
+
+
+def _load_rule(kind: str, margin: float):
+    return (lambda ci: non_inferior(ci, margin)) if kind == "no worse" else higher
+
+
+def speculation_goals(data: dict, design: dict, margins: dict,
+                      rates: dict | None = None) -> tuple[list[dict], list[dict]]:
     """Per speculation family (one naming `no_worse_than`): RAKV-ASD's goodput against each named baseline, no worse
     within the margin at every judged load (`judged_loads`) and higher than the field's rules at some judged load;
-    its output throughput at the family's highest (saturating) load no worse than each baseline; and, where the
+    its output throughput at the design's highest (saturating) load no worse than each baseline; and, where the
     design names an `ablation` arm (load-aware k with the EWMA acceptance), which of RAKV-ASD's two differences
     pays: RAKV-ASD against the arm (the prefix-keyed acceptance's part) and the arm against the fixed k (load-aware
-    k's part), each higher at some judged load. Returns (goals, the per-rate pairs they are read from; a pair at a
-    load that is not judged carries its rule's verdict and `judged` false)."""
+    k's part), each higher at some judged load. `rates`: the design's loads per family (the profile's); a load there
+    but not in the data makes a goal that needs it "missing", named. Returns (goals, each with its p-value, the
+    per-rate pairs they are read from; a pair at a load that is not judged carries `judged` false)."""
     goals, pairs = [], []
     for family, spec in design.items():
         named = spec.get("goals") or {}
         if "no_worse_than" not in named or family not in set(runs(data).family):
             continue
         margin = family_margin(margins, design, family, "goodput")
-        judged, rates = judged_loads(data, family), _rates(data, family)
+        judged, measured = judged_loads(data, family), _rates(data, family)
+        unmeasured = _unmeasured(rates, family, measured)
         for kind, a, rival in _comparisons(named):
             per_rate = []
-            for rate in rates:
-                ci = paired_difference(data, family, rate, a, rival, "goodput")
-                one = non_inferior(ci, margin) if kind == "no worse" else higher(ci)
-                per_rate.append((rate, ci, one))
+            for rate in measured:
+                both = paired_values(data, family, rate, a, rival, "goodput")
+                ci = relative_interval(both)
+                one = _load_rule(kind, margin)(ci)
+                per_rate.append((rate, ci, one, both))
                 pairs.append({"family": family, "rate": rate, "policy": a, "against": rival, "metric": "goodput",
                               "kind": kind, "value": ci[0], "ci_low": ci[1], "ci_high": ci[2], "verdict": one,
                               "judged": judged.get(rate, False)})
-            if per_rate:
-                goals.append(_goodput_goal(family, kind, a, rival, per_rate, judged, margin))
-        goals += _throughput_goals(data, family, named, rates, margin)
+            goals.append(_goodput_goal(family, kind, a, rival, per_rate, judged, margin, unmeasured))
+        goals += _throughput_goals(data, family, named, measured, margin, unmeasured)
     return goals, pairs
 
 
@@ -313,41 +427,69 @@ def _comparisons(named: dict) -> list[tuple[str, str, str]]:
     return out
 
 
-def _goodput_goal(family, kind, a, rival, per_rate, judged, margin) -> dict:
-    """One goodput goal over its loads: scored where judged, the CI shown from the worst (no worse) or the best
-    (higher) judged load (every load where none is judged)."""
-    scored = [p for p in per_rate if judged.get(p[0])] or per_rate
-    loads = [f"{r:g}" for r, _, _ in per_rate if judged.get(r)]
+def _goodput_missing(scored: list, unmeasured: list[float], rival: str) -> str | None:
+    """Why a goodput goal's data cannot answer it, or None: no judged load, a judged load without an interval (its
+    baseline's goodput 0 there: a relative difference to 0 is undefined), loads of the design not measured."""
+    reasons = []
+    if not scored and not unmeasured:
+        reasons.append("no load where a policy missed an SLO: goodput is the arrival rate whatever the policy")
+    for rate, ci, _, both in scored:
+        if not np.isfinite(ci[0]) or not np.isfinite(ci[1]):
+            zero = both is not None and not both[rival].mean() > 0
+            reasons.append(f"no interval at {rate:g} req/s" + (f" ({rival}'s goodput is 0 there: a relative "
+                                                                 "difference to 0 is undefined)" if zero else ""))
+    if unmeasured:
+        reasons.append(f"{_loads_text(unmeasured)} in the design but not in the data (measured without them)")
+    return "; ".join(reasons) or None
+
+
+def _goodput_goal(family, kind, a, rival, per_rate, judged, margin, unmeasured=()) -> dict:
+    """One goodput goal over its loads (`per_rate`: every measured load's (rate, CI, verdict, pairs)): tested where
+    judged (`over_loads`), the CI shown from the worst (no worse) or the best (higher) judged load (every load where
+    none is judged)."""
+    scored = [p for p in per_rate if judged.get(p[0])]
+    shown = scored or per_rate
+    loads = [f"{r:g}" for r, *_ in scored]
     where = (f"judged at {', '.join(loads)} req/s" if loads else
              "no load judged: every request of every policy met every SLO")
+    decide = over_loads([p[3] for p in scored], _load_rule(kind, margin), kind == "no worse", len(unmeasured))
+    missing = _goodput_missing(scored, list(unmeasured), rival)
+    corrected = "Holm within the family; the side one load decides Bonferroni-corrected for the loads"
     if kind == "no worse":
-        rate, ci, _ = min(scored, key=lambda p: p[1][0] if np.isfinite(p[1][0]) else -np.inf)
-        return _goal(f"{family}: {a} goodput no worse than {rival} (margin {margin:.0%}) at every judged load; worst "
-                     f"at {rate:g} req/s ({where})", f"{family}/no_worse/{rival}", ci,
-                     _over_loads(per_rate, judged, all_of),
-                     f"per judged load: met if the CI of the relative difference lies above -{margin:.0%}, missed if "
-                     f"below it; met at every judged load", family=family, rival=rival, rate=rate, unit="relative")
-    rate, ci, _ = max(scored, key=lambda p: p[1][1] if np.isfinite(p[1][1]) else -np.inf)
-    words, key = (x.format(a=a, rival=rival) for x in LABELS[kind])
-    return _goal(f"{family}: {words} at some judged load; best at {rate:g} req/s ({where})", f"{family}/{key}", ci,
-                 _over_loads(per_rate, judged, any_of),
-                 "per judged load: met if the CI of the relative difference lies above 0, missed if below 0; met at "
-                 "some judged load, missed at every one", family=family, rival=rival, rate=rate, unit="relative")
+        rate, ci, *_ = min(shown, key=lambda p: p[1][0] if np.isfinite(p[1][0]) else -np.inf)
+        return _tested(_goal(
+            f"{family}: {a} goodput no worse than {rival} (margin {margin:.0%}) at every judged load; worst at "
+            f"{rate:g} req/s ({where})",
+            f"{family}/no_worse/{rival}", ci, "", f"per judged load: met if the CI of the relative difference lies "
+            f"above -{margin:.0%}, missed if below it; met at every judged load, missed at some ({corrected})",
+            family=family, rival=rival, rate=rate, unit="relative"), decide, missing)
+    rate, ci, *_ = max(shown, key=lambda p: p[1][1] if np.isfinite(p[1][1]) else -np.inf)
+    words = LABELS[kind][0].format(a=a, rival=rival)
+    return _tested(_goal(
+        f"{family}: {words} at some judged load; best at {rate:g} req/s ({where})", goodput_key(family, kind, rival),
+        ci, "",
+        f"per judged load: met if the CI of the relative difference lies above 0, missed if below 0; met at some "
+        f"judged load, missed at every one ({corrected})", family=family, rival=rival, rate=rate, unit="relative"),
+        decide, missing)
 
 
-def _throughput_goals(data, family, named, rates, margin) -> list[dict]:
-    """Output throughput at the family's highest load (saturation: the server, not the arrivals, sets it), no worse
+def _throughput_goals(data, family, named, measured, margin, unmeasured=()) -> list[dict]:
+    """Output throughput at the design's highest load (saturation: the server, not the arrivals, sets it), no worse
     than each named baseline within the margin; judged whatever the SLOs."""
-    if not rates:
+    top = max([*measured, *unmeasured], default=None)
+    if top is None:
         return []
-    top, ours, goals = max(rates), named["ours"], []
+    ours, goals = named["ours"], []
+    missing = None if top in measured else f"{_loads_text([top])} in the design but not in the data"
     for rival in named["no_worse_than"]:
-        ci = paired_difference(data, family, top, ours, rival, "output_throughput")
-        goals.append(_goal(f"{family}: {ours} output throughput no worse than {rival} (margin {margin:.0%}) at the "
-                           f"highest load, {top:g} req/s", f"{family}/throughput/{rival}", ci,
-                           non_inferior(ci, margin),
-                           f"met if the CI of the relative difference lies above -{margin:.0%}, missed if below it",
-                           family=family, rival=rival, rate=top, unit="relative"))
+        both = paired_values(data, family, top, ours, rival, "output_throughput") if not missing else None
+        goals.append(_tested(_goal(
+            f"{family}: {ours} output throughput no worse than {rival} (margin {margin:.0%}) at the highest load, "
+            f"{top:g} req/s", f"{family}/throughput/{rival}", relative_interval(both), "",
+            f"met if the CI of the relative difference lies above -{margin:.0%}, missed if below it (Holm within "
+            "the family)", family=family, rival=rival, rate=top, unit="relative"),
+            over_loads([both] if both is not None else [], lambda ci: non_inferior(ci, margin), True),
+            missing or (None if both is not None else "no interval: a policy lacks runs at that load")))
     return goals
 
 
@@ -358,6 +500,18 @@ def slo_status(table: pd.DataFrame, family: str, policy: str, slo_ms: float) -> 
     for row in rows.itertuples(index=False):
         side = ci_side((row.p99_itl_ms, row.p99_itl_ms_low, row.p99_itl_ms_high), slo_ms, point_if_no_interval=False)
         out[float(row.rate)] = {"below": "meets", "above": "fails"}.get(side, "unclear")
+    return out
+
+
+def slo_status_at(data: dict, family: str, policy: str, slo_ms: float, confidence: float) -> dict[float, str]:
+    """slo_status with every p99 ITL CI at `confidence` (the t interval over repeats)."""
+    cells = runs(data)
+    part = cells[(cells.family == family) & (cells.policy == policy)]
+    out = {}
+    for rate, group in part.groupby("rate"):
+        ci = t_interval(group.p99_itl_ms.astype(float), confidence)
+        side = ci_side(ci, slo_ms, point_if_no_interval=False)
+        out[float(rate)] = {"below": "meets", "above": "fails"}.get(side, "unclear")
     return out
 
 
@@ -372,7 +526,30 @@ def reach(status: dict[float, str], sure: bool) -> float:
     return best
 
 
-def chunking_goals(data: dict, table: pd.DataFrame, design: dict, margins: dict) -> list[dict]:
+def reach_verdict(status: dict[str, dict[float, str]], ours: str, fixed: list[str]) -> str:
+    """met if the loads `ours` surely meets the SLO at reach every fixed budget's possible ones, missed if a fixed
+    budget surely meets it where `ours` surely fails, else inconclusive."""
+    sure = {p: reach(s, True) for p, s in status.items()}
+    maybe = {p: reach(s, False) for p, s in status.items()}
+    if all(sure[ours] >= maybe[f] for f in fixed):
+        return "met"
+    return "missed" if any(sure[f] > maybe[ours] for f in fixed) else "inconclusive"
+
+
+def _slo_reach_decide(data, ours, fixed, slo, unmeasured):
+    """decide(alpha) of the SLO-reach goal: met read with every p99 ITL CI at 1 - alpha (it needs all of them), missed
+    at 1 - alpha / (fixed budgets) (any one budget surely ahead suffices)."""
+    def decide(alpha: float) -> str:
+        at = lambda confidence: {p: slo_status_at(data, "chunking", p, slo, confidence)  # noqa: E731
+                                 for p in [ours, *fixed]}
+        if reach_verdict(at(1.0 - alpha / len(fixed)), ours, fixed) == "missed":
+            return "missed"
+        return "met" if not unmeasured and reach_verdict(at(1.0 - alpha), ours, fixed) == "met" else "inconclusive"
+    return decide
+
+
+def chunking_goals(data: dict, table: pd.DataFrame, design: dict, margins: dict,
+                   rates: dict | None = None) -> list[dict]:
     spec = design.get("chunking") or {}
     named = spec.get("goals") or {}
     cells = runs(data)
@@ -380,31 +557,32 @@ def chunking_goals(data: dict, table: pd.DataFrame, design: dict, margins: dict)
         return []
     ours, fixed, baseline = named["ours"], list(named["fixed"]), named["ttft_baseline"]
     slo = float(cells[cells.family == "chunking"].slo_itl_ms.median())
+    unmeasured = _unmeasured(rates, "chunking", _rates(data, "chunking"))
     status = {p: slo_status(table, "chunking", p, slo) for p in [ours, *fixed]}
     sure = {p: reach(s, True) for p, s in status.items()}
     maybe = {p: reach(s, False) for p, s in status.items()}
-    if all(sure[ours] >= maybe[f] for f in fixed):
-        reached = "met"
-    elif any(sure[f] > maybe[ours] for f in fixed):
-        reached = "missed"
-    else:
-        reached = "inconclusive"
     rival = max(fixed, key=lambda f: (maybe[f], sure[f]))
-    goals = [{"goal": f"chunking: {ours} meets the ITL SLO ({slo:.0f} ms p99) up to a load >= every fixed budget's "
-                      f"(it: {sure[ours]:g} req/s surely; best fixed {rival}: {maybe[rival]:g} at most)",
-              "key": "chunking/slo_reach", "value": sure[ours], "ci_low": None, "ci_high": None, "verdict": reached,
-              "rule": "per load the p99 ITL CI wholly under the SLO (meets) or over (fails); met if the loads it "
-                      "surely meets reach every fixed budget's possible ones, missed if a fixed budget surely meets "
-                      "where it surely fails", "rival": rival, "unit": "req/s",
-              "status": {p: {f"{rate:g}": v for rate, v in by_rate.items()} for p, by_rate in status.items()}}]
+    missing = f"{_loads_text(unmeasured)} in the design but not in the data" if unmeasured else None
+    goals = [_tested({
+        "goal": f"chunking: {ours} meets the ITL SLO ({slo:.0f} ms p99) up to a load >= every fixed budget's (it: "
+                f"{sure[ours]:g} req/s surely; best fixed {rival}: {maybe[rival]:g} at most)",
+        "key": "chunking/slo_reach", "value": sure[ours], "ci_low": None, "ci_high": None, "verdict": "",
+        "rule": "per load the p99 ITL CI wholly under the SLO (meets) or over (fails); met if the loads it surely "
+                "meets reach every fixed budget's possible ones, missed if a fixed budget surely meets where it "
+                "surely fails (that side's CIs Bonferroni-corrected over the fixed budgets; Holm within the family)",
+        "rival": rival, "unit": "req/s", "family": "chunking",
+        "status": {p: {f"{rate:g}": v for rate, v in by_rate.items()} for p, by_rate in status.items()}},
+        _slo_reach_decide(data, ours, fixed, slo, unmeasured), missing)]
     margin = family_margin(margins, design, "chunking", "ttft")
     rate = sure[baseline] or _rates(data, "chunking")[0]
-    ci = paired_difference(data, "chunking", rate, ours, baseline, "median_ttft_ms")
-    goals.append(_goal(f"chunking: {ours} median TTFT no worse than {baseline} (margin {margin:.0%}) at {rate:g} "
-                       f"req/s, the highest load {baseline} meets the SLO", "chunking/ttft", ci,
-                       non_inferior(ci, margin, worse="above"),
-                       f"met if the CI of the relative difference lies below +{margin:.0%}, missed if above it",
-                       rival=baseline, rate=rate, unit="relative"))
+    both = paired_values(data, "chunking", rate, ours, baseline, "median_ttft_ms")
+    goals.append(_tested(_goal(
+        f"chunking: {ours} median TTFT no worse than {baseline} (margin {margin:.0%}) at {rate:g} req/s, the highest "
+        f"load {baseline} meets the SLO", "chunking/ttft", relative_interval(both), "",
+        f"met if the CI of the relative difference lies below +{margin:.0%}, missed if above it (Holm within the "
+        "family)", rival=baseline, rate=rate, unit="relative", family="chunking"),
+        over_loads([both] if both is not None else [], lambda ci: non_inferior(ci, margin, worse="above"), True),
+        None if both is not None else f"no interval at {rate:g} req/s"))
     return goals
 
 
@@ -444,15 +622,18 @@ def latency_goals(requests: pd.DataFrame, threshold: float) -> tuple[list[dict],
         part = latency[latency.family == family]
         if not len(part):
             continue
-        ci = t_interval(per_repeat_mean(part))
+        means = per_repeat_mean(part)
+        ci = t_interval(means)
         one = batch_one[batch_one.family == family]
         detail[family] = {"served": ci, "requests": int(len(part)),
                           "batch_one": t_interval(per_repeat_mean(one)) if len(one) else [float("nan")] * 3,
                           "by_rate": {f"{rate:g}": t_interval(per_repeat_mean(g)) for rate, g in part.groupby("rate")}}
-        goals.append(_goal(f"{family}: serving latency MAPE (admission's prediction under load) < {threshold:.0%}",
-                           f"{family}/latency_mape", ci, below(ci, threshold),
-                           f"met if the CI lies below {threshold:.0%}, missed if above", family=family,
-                           unit="fraction"))
+        goals.append(_tested(
+            _goal(f"{family}: serving latency MAPE (admission's prediction under load) < {threshold:.0%}",
+                  f"{family}/latency_mape", ci, "", f"met if the CI lies below {threshold:.0%}, missed if above "
+                  "(Holm within the family)", family=family, unit="fraction"),
+            lambda alpha, means=means: below(t_interval(means, 1.0 - alpha), threshold),
+            None if np.isfinite(ci[1]) else "no interval: fewer than two repeats"))
     return goals, detail
 
 
@@ -472,15 +653,223 @@ def acceptance_goals(requests: pd.DataFrame, design: dict) -> tuple[list[dict], 
                           if len(regret) else [float("nan")] * 3}
     a, b = per_repeat_mean(errors[errors.policy == ours]), per_repeat_mean(errors[errors.policy == baseline])
     common = sorted(set(a.index) & set(b.index))
-    ci = t_interval([a[r] - b[r] for r in common])
+    differences = [a[r] - b[r] for r in common]
+    ci = t_interval(differences)
     stats_[ours]["vs_baseline"] = ci
-    side = ci_side(ci, 0.0, point_if_no_interval=False)
-    rule = {"below": "met", "above": "missed", "missing": "missing"}.get(side, "inconclusive")
-    goal = _goal(f"acceptance: |alpha at admission - realised| lower with {ours} than with {baseline} "
-                 f"({stats_[baseline]['acceptance_error'][0]:.3f}), difference", "acceptance/error", ci, rule,
-                 "met if the CI of the paired difference lies below 0, missed if above", rival=baseline,
-                 unit="alpha")
+
+    def decide(alpha: float) -> str:
+        side = ci_side(t_interval(differences, 1.0 - alpha), 0.0, point_if_no_interval=False)
+        return {"below": "met", "above": "missed", "missing": "missing"}.get(side, "inconclusive")
+
+    goal = _tested(_goal(f"acceptance: |alpha at admission - realised| lower with {ours} than with {baseline} "
+                         f"({stats_[baseline]['acceptance_error'][0]:.3f}), difference", "acceptance/error", ci, "",
+                         "met if the CI of the paired difference lies below 0, missed if above (Holm within the "
+                         "family)", rival=baseline, unit="alpha", family="acceptance"),
+                   decide, None if np.isfinite(ci[1]) else "no interval: no acceptance errors in two repeats or more")
     return [goal], stats_
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan: the goals the design names before any run, each one's power from the pilot, the family-wise verdicts
+
+
+@dataclass(frozen=True)
+class PlannedGoal:
+    """A goal as the design names it before any run (`planned_goals`): its key and family, the metric of cells it
+    compares (None: read from the requests), the policies, the design's loads and how it reads them (`over`:
+    "every" load, "some" load, "top": the highest, "picked": the one its rule picks from the data, "pooled": every
+    request), and the margin its power is judged against (None: a threshold goal, whose MDD is printed alone). A
+    "higher" goal's margin is the family's goodput margin: the smallest gain a user would notice, by the same
+    standard as "no worse"."""
+    key: str
+    family: str
+    metric: str | None
+    policy: str | None
+    rival: str | None
+    loads: tuple[float, ...]
+    over: str
+    margin: float | None
+
+
+def planned_goals(design: dict, rates: dict, margins: dict) -> list[PlannedGoal]:
+    """Every goal of the design at the profile's loads (`rates`: family -> loads), in the summary's order; the goal
+    builders above produce these keys, so a planned goal absent from the data is reported "missing", not skipped."""
+    out = []
+    loads = {f: tuple(sorted(float(r) for r in rs)) for f, rs in rates.items()}
+    for family, spec in design.items():
+        named = spec.get("goals") or {}
+        if "no_worse_than" not in named or family not in loads:
+            continue
+        margin = family_margin(margins, design, family, "goodput")
+        out += [PlannedGoal(goodput_key(family, kind, rival), family, "goodput", a, rival, loads[family],
+                            "every" if kind == "no worse" else "some", margin)
+                for kind, a, rival in _comparisons(named)]
+        out += [PlannedGoal(f"{family}/throughput/{rival}", family, "output_throughput", named["ours"], rival,
+                            (max(loads[family]),), "top", margin) for rival in named["no_worse_than"]]
+    chunking = (design.get("chunking") or {}).get("goals") or {}
+    if "ours" in chunking and "chunking" in loads:
+        out += [PlannedGoal("chunking/slo_reach", "chunking", "p99_itl_ms", chunking["ours"], None,
+                            loads["chunking"], "every", None),
+                PlannedGoal("chunking/ttft", "chunking", "median_ttft_ms", chunking["ours"],
+                            chunking["ttft_baseline"], loads["chunking"], "picked",
+                            family_margin(margins, design, "chunking", "ttft"))]
+    out += [PlannedGoal(f"{family}/latency_mape", family, None, None, None, loads[family], "pooled", None)
+            for family in sorted(loads)]
+    acceptance = (design.get("acceptance") or {}).get("goals") or {}
+    if "baseline" in acceptance and "acceptance" in loads:
+        out.append(PlannedGoal("acceptance/error", "acceptance", None, acceptance["ours"], acceptance["baseline"],
+                               loads["acceptance"], "pooled", None))
+    return out
+
+
+def goal_level(goal: PlannedGoal, planned: list[PlannedGoal]) -> float:
+    """The two-sided level a goal is powered at: 0.05 over the goals of its family (Holm's first step, the strictest:
+    an MDD there holds at every later step) and, for a goal met at some load, over its loads as well."""
+    family = sum(g.family == goal.family for g in planned)
+    return ALPHA / family / (len(goal.loads) if goal.over == "some" else 1)
+
+
+def _pilot_sds(goal: PlannedGoal, cells: pd.DataFrame, requests: pd.DataFrame | None) -> dict:
+    """load (None: pooled) -> the pilot's noise of a goal's statistic there: the paired residual SD of a relative
+    difference (residual_sd; goodput only at loads the pilot judged, elsewhere it is the arrival rate), the SD of p99
+    ITL over the SLO, or of the per-repeat mean error (from the pilot's requests, where it shipped them)."""
+    data = {"cells": cells}
+    if goal.metric == "p99_itl_ms":
+        part = cells[(cells.family == goal.family) & (cells.policy == goal.policy)]
+        return {float(r): float((g.p99_itl_ms / g.slo_itl_ms).std(ddof=1)) for r, g in part.groupby("rate")
+                if float(r) in goal.loads and len(g) >= 2}
+    if goal.metric is not None:
+        judged = judged_loads(data, goal.family) if goal.metric == "goodput" else {}
+        out = {}
+        for rate in goal.loads:
+            if goal.metric != "goodput" or judged.get(rate):
+                sd = residual_sd(paired_values(data, goal.family, rate, goal.policy, goal.rival, goal.metric))
+                if sd is not None:
+                    out[rate] = sd
+        return out
+    if requests is None or "family" not in requests:
+        return {}
+    part = requests[requests.family == goal.family]
+    if goal.key.endswith("/latency_mape"):
+        means = per_repeat_mean(request_values(part, "latency"))
+    else:
+        errors = request_values(part, "acceptance")
+        mine, theirs = (per_repeat_mean(errors[errors.policy == p]) for p in (goal.policy, goal.rival))
+        means = (mine - theirs).dropna()
+    return {None: float(means.std(ddof=1))} if len(means) >= 2 else {}
+
+
+def goal_power(planned: list[PlannedGoal], pilot: Path | None, repeats: int, requests: int | None = None) -> list[dict]:
+    """Per planned goal, from the pilot's cells (and requests where it shipped them): the MDD at `repeats` (95 % CI
+    family-wise, 80 % power: `minimum_detectable` at `goal_level`) of the load that binds (every load: the noisiest;
+    some load: the quietest; the picked load: the noisiest, whichever the data pick), whether it is within the
+    margin (`powered`), and if not the repeats that would power it (`repeats_to_power`: the least n with
+    (t(1 - a/2, n - 1) + t(0.8, n - 1)) sd / sqrt(n) <= margin) and the requests per trace that would at these
+    repeats if a run's requests were independent (the SD falling as 1/sqrt(requests): requests x (MDD / margin)^2)."""
+    cells_path = Path(pilot) / "cells.parquet" if pilot else None
+    cells = pd.read_parquet(cells_path) if cells_path and cells_path.exists() else None
+    requests_path = Path(pilot) / "requests.parquet" if pilot else None
+    pilot_requests = pd.read_parquet(requests_path) if requests_path and requests_path.exists() else None
+    rows = []
+    for goal in planned:
+        level = goal_level(goal, planned)
+        sds = _pilot_sds(goal, cells, pilot_requests) if cells is not None else {}
+        row = {"key": goal.key, "family": goal.family, "metric": goal.metric or "requests", "repeats": repeats,
+               "confidence": 1.0 - level, "margin": goal.margin, "loads": [r for r in sds if r is not None],
+               "load": None, "paired_sd": None, "mdd": None, "powered": None, "repeats_needed": None,
+               "requests_needed": None}
+        if not sds:
+            row["note"] = ("no pilot: the profile names none, or it is not shipped" if cells is None else
+                           "the pilot shipped no requests.parquet, which this statistic is read from"
+                           if goal.metric is None and pilot_requests is None else
+                           "the pilot has no two repeats of this statistic at the design's loads")
+            rows.append(row)
+            continue
+        pick = min if goal.over == "some" else max
+        load, sd = pick(sds.items(), key=lambda item: item[1])
+        mdd = minimum_detectable(sd, repeats, 1.0 - level)
+        row.update(load=load, paired_sd=sd, mdd=mdd, note="")
+        if goal.margin is not None:
+            row["powered"] = bool(mdd <= goal.margin)
+            if not row["powered"]:
+                row["repeats_needed"] = repeats_to_power(sd, goal.margin, 1.0 - level)
+                row["requests_needed"] = (math.ceil(requests * (mdd / goal.margin) ** 2)
+                                          if requests and row["repeats_needed"] else None)
+        rows.append(row)
+    return rows
+
+
+def goal_power_lines(rows: list[dict]) -> list[str]:
+    """The plan's lines on each goal's power (`goal_power`), written to plan.txt before the first run."""
+    lines = ["each goal's minimum detectable difference from the pilot, at the profile's repeats n: MDD = (t(1 - a/2, "
+             "n - 1) + t(0.80, n - 1)) x sd / sqrt(n), a = 0.05 / (the family's goals) [/ the goal's loads where one "
+             "load decides it] (Holm within the family at 95 %: its strictest step); a goal whose MDD exceeds its "
+             "margin is reported underpowered, with the least n that powers it"]
+    for row in rows:
+        if row["mdd"] is None:
+            lines.append(f"  {row['key']}: MDD unknown ({row['note']})")
+            continue
+        where = f" at {row['load']:g} req/s" if row["load"] is not None else ""
+        line = (f"  {row['key']}: MDD {row['mdd']:.1%} at {row['repeats']} repeats (a = {1 - row['confidence']:.4f}; "
+                f"the pilot's sd {row['paired_sd']:.1%}{where})")
+        if row["margin"] is None:
+            line += "; a threshold goal, no margin: its MDD says how far from the threshold it can decide"
+        elif row["powered"]:
+            line += f" <= margin {row['margin']:.0%}: powered"
+        else:
+            line += f" > margin {row['margin']:.0%}: underpowered; {power_needed(row)}"
+        lines.append(line)
+    return lines
+
+
+def power_needed(row: dict, trace: bool = True) -> str:
+    """What would power an underpowered goal: repeats, or (`trace`) a longer trace at the same repeats."""
+    repeats = (f"{row['repeats_needed']} repeats would power it" if row["repeats_needed"] else
+               "no repeat count up to 10,000 would power it")
+    longer = (f", or about {row['requests_needed']:,} requests per trace at {row['repeats']} repeats (if a run's "
+              "requests were independent)" if trace and row["requests_needed"] else "")
+    return repeats + longer
+
+
+def family_wise(goals: list[dict], planned: list[PlannedGoal], power: list[dict]) -> list[dict]:
+    """Every goal's one verdict (rakv.experiments.verdicts.GOAL_VERDICTS), in the plan's order (a goal the data gave
+    but the plan lacks after them): "underpowered" where the plan found its MDD above its margin (`power`, with what
+    would power it); else Holm's step-down within its family over all the family's goals (one untested counts with
+    p = 1): met or missed where the Holm-adjusted p < 0.05 (the side its CIs lie on), else "missing" where the data
+    cannot answer it (with why), else inconclusive. A planned goal the data lack is "missing", counted."""
+    by_key = {g["key"]: g for g in goals}
+    plan = {g.key: g for g in planned}
+    order = [*plan, *(k for k in by_key if k not in plan)]
+    family = {k: plan[k].family if k in plan else by_key[k].get("family") or k.split("/")[0] for k in order}
+    weak = {row["key"]: row for row in power if row["powered"] is False}
+    adjusted = {}
+    for name in dict.fromkeys(family.values()):
+        keys = [k for k in order if family[k] == name]
+        tested = [by_key[k]["p_value"] if k in by_key and k not in weak else 1.0 for k in keys]
+        adjusted.update(zip(keys, holm(tested)))
+    return [_final(key, by_key.get(key), weak.get(key), adjusted[key], family[key]) for key in order]
+
+
+def _final(key: str, goal: dict | None, weak: dict | None, p_holm: float, family: str) -> dict:
+    """One goal's verdict (family_wise): missing where its data are incomplete (unless Holm decided it from what is
+    there), underpowered where the plan said so, else Holm's."""
+    if goal is None:
+        return {"goal": f"{key}: named by the design, not in the data", "key": key, "value": None, "ci_low": None,
+                "ci_high": None, "verdict": "missing", "rule": "--", "family": family,
+                "reason": "not in the data: its family was not served, or none of its requests finished"}
+    kept = {k: v for k, v in goal.items() if k not in ("verdict", "side", "missing", "p_value")}
+    weak_text = (f"the plan's MDD {weak['mdd']:.1%} at {weak['repeats']} repeats exceeds the margin "
+                 f"{weak['margin']:.0%}: {power_needed(weak, trace=False)}") if weak else ""
+    if weak and not goal["missing"]:
+        return {**kept, "verdict": UNDERPOWERED, "reason": weak_text}
+    tested = {"p_value": goal["p_value"], "p_holm": p_holm} if not weak else {}
+    if not weak and p_holm < ALPHA:
+        return {**kept, **tested, "verdict": goal["side"]}
+    if goal["missing"]:
+        return {**kept, **tested, "verdict": "missing",
+                "reason": goal["missing"] + (f"; underpowered besides (MDD {weak['mdd']:.1%} at {weak['repeats']} "
+                                             f"repeats > {weak['margin']:.0%})" if weak else "")}
+    return {**kept, **tested, "verdict": "inconclusive"}
 
 
 def iteration_mape(iterations: pd.DataFrame) -> dict:
@@ -572,6 +961,54 @@ def comparisons(data: dict) -> list[dict]:
     return rows
 
 
+def _profile(name: str):
+    """conf/profile/<name>.yaml as Hydra composes it (the profiles its `defaults` name beneath it, `_self_` last),
+    None where conf/ has no such profile."""
+    from omegaconf import OmegaConf
+
+    if not (CONF_DIR / "profile" / f"{name}.yaml").exists():
+        return None
+    node = conf_file(f"profile/{name}.yaml")
+    bases = [_profile(entry) for entry in node.get("defaults") or [] if isinstance(entry, str) and entry != "_self_"]
+    own = OmegaConf.masked_copy(node, [k for k in node if k != "defaults"])
+    return OmegaConf.merge(*[b for b in bases if b is not None], own)
+
+
+def judged_by(meta: dict) -> tuple[dict, dict]:
+    """(the experiment, the profile's serving section) a run is judged by. The goals, margins and loads are fixed in
+    the repository before any run (conf/experiment/serving.yaml; conf/profile/<the run's profile>.yaml's rates and
+    pilot), so a run is judged by them as they stand, not by the copy in its metadata.json: a run measured under
+    an earlier design (data/reference/offline's, whose margins were moved after a pilot) is judged by the present
+    one, and a load of the design it lacks is reported missing. The run's own repeats, requests and configurations
+    stay its own; the run's copy stands in where the repository has no such profile."""
+    from omegaconf import OmegaConf
+
+    run = meta["config"]
+    experiment = {**run["experiment"], **OmegaConf.to_container(conf_file("experiment/serving.yaml"))}
+    grid = dict(run["profile"]["serving"])
+    profile = _profile(run["profile"]["name"])
+    if profile is not None and profile.profile.get("serving") is not None:
+        own = OmegaConf.to_container(profile.profile.serving)
+        grid.update({k: own[k] for k in ("rates", "pilot") if k in own})
+        if "pilot" not in own:
+            grid.pop("pilot", None)
+    return experiment, grid
+
+
+def judged_goals(data: dict, table: pd.DataFrame, experiment: dict, grid: dict) -> tuple:
+    """(goals with their final verdicts, the per-load pairs, latency detail, acceptance detail, each goal's planned
+    power) of a run judged by `experiment` and `grid` (judged_by)."""
+    design, margins, rates = experiment["families"], experiment["margins"], grid.get("rates") or {}
+    spec_goals, pairs = speculation_goals(data, design, margins, rates)
+    goals = spec_goals + chunking_goals(data, table, design, margins, rates)
+    latency_rows, latency = latency_goals(data["requests"], float(experiment["mape_goal"]))
+    acceptance_rows, acceptance = acceptance_goals(data["requests"], design)
+    planned = planned_goals(design, rates, margins)
+    power = goal_power(planned, pilot_path(grid), int(runs(data).repeat.nunique()), grid.get("requests"))
+    goals = family_wise(goals + latency_rows + acceptance_rows, planned, power)
+    return goals, pairs, latency, acceptance, power
+
+
 def serving_summary(results: Path, seed: int = 0) -> ServingSummary:
     """Everything the serving study's analysis reports (summary.json's `serving`, rakv.experiments.summary)."""
     from rakv.experiments.config import configuration
@@ -580,17 +1017,11 @@ def serving_summary(results: Path, seed: int = 0) -> ServingSummary:
     results = Path(results)
     data = load(results)
     meta = json.loads((results / "serving" / "metadata.json").read_text())
-    grid = meta["config"]["profile"]["serving"]
-    design = meta["config"]["experiment"]["families"]
-    margins = meta["config"]["experiment"]["margins"]
-    threshold = float(meta["config"]["experiment"]["mape_goal"])
+    experiment, grid = judged_by(meta)
+    design, margins = experiment["families"], experiment["margins"]
     table = cell_table(data)
     cells = runs(data)
-    spec_goals, pairs = speculation_goals(data, design, margins)
-    goals = spec_goals + chunking_goals(data, table, design, margins)
-    latency_rows, latency = latency_goals(data["requests"], threshold)
-    acceptance_rows, acceptance = acceptance_goals(data["requests"], design)
-    goals += latency_rows + acceptance_rows
+    goals, pairs, latency, acceptance, power = judged_goals(data, table, experiment, grid)
     # exactness is a check of the engine (reported beside the goals, `exact`), not a goal of the policies
     equal, total = int(cells.outputs_equal_ar.sum()), int((cells.completed + cells.failed).sum())
     chosen = configuration(grid["configuration"])
@@ -604,10 +1035,11 @@ def serving_summary(results: Path, seed: int = 0) -> ServingSummary:
         configuration=grid["configuration"], configurations=sorted(cells.configuration.unique()),
         calibrated_acceptance=alpha, runs=int(len(cells)), requests=int(len(data["requests"])),
         repeats=int(cells.repeat.nunique()), commit=meta.get("git_commit"),
-        slo_steps=SloSteps(**meta["config"]["experiment"]["slo_steps"]),
+        slo_steps=SloSteps(**meta["config"]["experiment"]["slo_steps"]),  # the run's: its SLOs were measured by them
         slos_ms={name: Slos(**v) for name, v in slos.items()},
         margins=Margins(**margins, by_family=family_margins(design)),
-        mape_goal=threshold, itl_slo_ms=float(cells.slo_itl_ms.median()), exact=ServedExact(equal, total),
+        mape_goal=float(experiment["mape_goal"]), itl_slo_ms=float(cells.slo_itl_ms.median()),
+        exact=ServedExact(equal, total),
         cells=[Cell(**r) for r in table.to_dict("records")], pairs=[GoalPair(**p) for p in pairs],
         iteration_mape={name: IterationMape(**v) for name, v in iteration_mape(data["iterations"]).items()},
         latency={family: LatencyMape(**v) for family, v in latency.items()},
@@ -615,7 +1047,7 @@ def serving_summary(results: Path, seed: int = 0) -> ServingSummary:
         chosen_k=[ChosenK(**r) for r in chosen_k(data["iterations"]).to_dict("records")],
         break_even_by_batch=[BatchBreakEven(**r) for r in break_even_by_batch(cost).to_dict("records")],
         goals=[Goal(**g) for g in goals], comparisons=[Comparison(**r) for r in comparisons(data)],
-        power=family_power(cells, grid, design, margins))
+        power=family_power(cells, grid, design, margins), goal_power=[GoalPower(**row) for row in power])
 
 
 def family_power(cells: pd.DataFrame, grid: dict, design: dict, margins: dict) -> list[FamilyPower]:

@@ -8,6 +8,12 @@ once, without resampling), or the side is "missing". Every rule below is symmetr
 a CI about it swaps met and missed and keeps inconclusive (a property test in tests/test_serving_stats.py). The
 claims (rakv.experiments.claims), the serving goals (rakv.experiments.serving_stats) and the paper's wording
 (rakv.experiments.report) map these four answers to their own words.
+
+A serving goal ends with exactly one of `GOAL_VERDICTS` (docs/serving.md, "Goals"): met, missed or inconclusive from
+its CIs under the family's Holm correction; "underpowered" where the plan, before the run, found its minimum
+detectable difference at the profile's repeats above its margin (decided from the pilot, never from the run); and
+"missing" where the data cannot answer it (a load of the design not measured, a baseline's goodput of 0, no load
+where any policy missed an SLO), each with its reason. `tally` counts them, so the counts sum to the goals.
 """
 
 from __future__ import annotations
@@ -59,6 +65,21 @@ def higher(ci, threshold: float = 0.0) -> str:
     straddling the threshold is never read as a loss."""
     side = ci_side(ci, threshold, point_if_no_interval=False)
     return {"above": "met", "below": "missed", "missing": "missing"}.get(side, "inconclusive")
+
+
+UNDERPOWERED = "underpowered"
+GOAL_VERDICTS = ("met", "missed", "inconclusive", UNDERPOWERED, "missing")  # a serving goal's answers, in that order
+
+
+def tally(verdicts: list[str]) -> dict[str, int]:
+    """How many goals end with each of GOAL_VERDICTS (every one counted once: the counts sum to the goals)."""
+    # "not judged" (no load where a policy missed an SLO), in summary.json files written before these five, is a
+    # goal the data could not answer: missing
+    verdicts = ["missing" if v == "not judged" else v for v in verdicts]
+    unknown = sorted(set(verdicts) - set(GOAL_VERDICTS))
+    if unknown:
+        raise ValueError(f"goal verdicts outside {GOAL_VERDICTS}: {unknown}")
+    return {v: sum(x == v for x in verdicts) for v in GOAL_VERDICTS}
 
 
 def all_of(verdicts: list[str]) -> str:
