@@ -186,3 +186,29 @@ def test_the_papers_run_to_run_sentence_reads_a_shipped_second_run(tmp_path):
     assert f"0 of {total} headline statistics differ significantly" in text
     assert "lies on): smollm2: latency reduction vs joint-k4" in text
     assert f"for {2 * total - 2} of {2 * total} statistics" in text  # the moved one is outside both ways
+
+
+def shipped_compare_files() -> list[Path]:
+    runs = [*sorted(REFERENCE_DIR.glob("offline-rerun*")), *sorted((REFERENCE_DIR / "other-machines").glob("*"))]
+    return [run for run in runs if (run / "summary.json").exists()]
+
+
+def test_every_shipped_compare_file_is_todays_comparison_and_the_papers(monkeypatch, capsys):
+    """Each shipped run beside the reference carries compare_reference.txt, exactly what compare_runs prints against
+    today's reference (scripts/write_compare_files.sh); the paper's run-to-run paragraph counts the same
+    significant differences as the rerun's file."""
+    from rakv.runtime.paths import ROOT
+
+    monkeypatch.chdir(ROOT)
+    runs = shipped_compare_files()
+    assert runs
+    for run in runs:
+        relative = run.relative_to(ROOT)
+        compare_runs.main([str(REFERENCE.relative_to(ROOT)), str(relative)])
+        assert (run / "compare_reference.txt").read_text() == capsys.readouterr().out, \
+            f"{relative}/compare_reference.txt is stale: ./scripts/write_compare_files.sh"
+    rerun = (REFERENCE_DIR / "offline-rerun" / "compare_reference.txt").read_text()
+    line = next(x for x in rerun.splitlines() if "differ significantly" in x)
+    counted = line.split("compare_runs: ")[1].split(" statistic(s)")[0]  # "N of M"
+    paper = (ROOT / "paper" / "generated" / "offline" / "run_to_run.tex").read_text()
+    assert f"{counted} headline statistics differ significantly" in paper

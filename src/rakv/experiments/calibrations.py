@@ -36,6 +36,8 @@ def with_tie_sets(runs: pd.DataFrame, cost_tables: dict) -> pd.DataFrame:
     runs = runs.copy()
     if "tie_set" not in runs:
         runs["tie_set"] = None
+    if "predictions" not in runs:  # no controller predictions recorded: nothing to recompute from
+        return runs
     missing = adaptive_mask(runs) & runs.tie_set.isna() & runs.predictions.notna()
     noise = {name: prediction_noise(table) for name, table in cost_tables.items() if table is not None}
     runs.loc[missing, "tie_set"] = [

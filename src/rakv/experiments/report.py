@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rakv.experiments import analysis
-from rakv.experiments.claims import REFERENCE, ClaimCounts, claim_counts
+from rakv.experiments import analysis, runcompare
+from rakv.experiments.claims import CLAIMS, REFERENCE, ClaimCounts, claim_counts
 from rakv.experiments.oracle import NOISE_LEVEL
+from rakv.experiments.replication import pooled_summary
 from rakv.experiments.sampling_stats import AGREES, DIFFERS, agreement_tally, counted_verdict
 from rakv.experiments.study_stats import BASELINES, strategy_means
 from rakv.experiments.summary import (
@@ -36,8 +37,7 @@ from rakv.experiments.summary import (
 from rakv.experiments.verdicts import GOAL_VERDICTS, ci_side, tally
 from rakv.runtime.actions import ADAPTIVE
 from rakv.runtime.errors import RakvError
-from rakv.runtime.paths import ROOT
-from rakv.runtime.paths import shown as shown_path
+from rakv.runtime.paths import REFERENCE_DIR, ROOT
 
 BASELINE_NAMES = {"joint-k4": "Joint", "kv-only": "KvOnly", "ar": "Ar", "spec-k4": "Spec",
                   "best-fixed": "BestFixed", "oracle": "Oracle"}
@@ -191,6 +191,9 @@ def twin_sentence(summary: Summary, form: str = "full") -> str | None:
 
 
 def abstract(summary: Summary, meta: dict) -> str:
+    """The abstract, from the pooled view of the shipped runs of this commit and machine class where there are
+    several (rakv.experiments.replication.pooled_summary), saying which claim verdicts held in every run."""
+    summary = pooled_summary(summary)
     grid = summary.grid
     prompts = ", ".join(f"{n} {tex_escape(d)}" for d, n in grid.prompts.items())
     text = [
@@ -208,6 +211,9 @@ def abstract(summary: Summary, meta: dict) -> str:
     twins = twin_sentence(summary, "abstract")
     if twins:
         text.append(twins)
+    held = replication_clause(summary)
+    if held:
+        text.append(held)
     exact = summary.exact
     text.append(f"{exact.equal}/{exact.total} outputs are identical to autoregressive greedy decoding.")
     serving = summary.serving
@@ -267,7 +273,9 @@ def substitutions(summary: Summary, meta: dict, results: Path) -> str:
 
 
 def conclusion(summary: Summary) -> str:
-    """The paper's conclusion: what was reproduced, by the rules stated, and what was not; worded by the CIs."""
+    """The paper's conclusion: what was reproduced, by the rules stated, and what was not; worded by the CIs (pooled
+    over the shipped runs of this commit and machine class where there are several)."""
+    summary = pooled_summary(summary)
     text = []
     for name, s in summary.per_configuration.items():
         first, second, third = (f"{verdict(s.latency_reduction.against(b))} {BASELINE_TEXT[b]}"
@@ -277,6 +285,11 @@ def conclusion(summary: Summary) -> str:
                     f"lower latency), {second}, and {third}, and the regime of speculation against $k=0$ is "
                     f"{regime_word(claim_of(summary, 'spec_regime', name))}.")
     text.append(counts_brief(claim_counts(summary.claims)) + ".")
+    if summary.replication:
+        moved = [c for c in summary.replication.claim_runs if not c.held]
+        text.append(f"{len(summary.replication.claim_runs) - len(moved)} of {len(summary.replication.claim_runs)} "
+                    f"claim rows have the same verdicts in each of the {len(summary.replication.runs)} shipped runs "
+                    "as on their pooled estimates" + (f"; the others: {claims_named(moved)}" if moved else "") + ".")
     twins = twin_sentence(summary, "conclusion")
     if twins:
         text.append(twins)
@@ -290,6 +303,28 @@ def conclusion(summary: Summary) -> str:
                 + (f", {serving.exact.equal} of {serving.exact.total} served" if serving else "")
                 + "); what the reference reported on the GPT-2 pairs' acceptance could not be tested offline.")
     return " ".join(text) + "\n"
+
+
+def claims_named(rows) -> str:
+    """Claim rows (ClaimAcrossRuns) in words: each claim's configuration, key and its verdicts run by run."""
+    def verdicts(row) -> str:
+        runs = [f"{shown(d)}/{shown(m)}" for d, m in zip(row.direction, row.magnitude)]
+        return f"{', '.join(runs)} in the runs, {shown(row.pooled_direction)}/{shown(row.pooled_magnitude)} pooled"
+
+    return "; ".join(f"\\texttt{{{tex_escape(r.configuration)}}} {tex_escape(CLAIMS[r.key].label)} "
+                     f"(direction/magnitude {verdicts(r)})" for r in rows)
+
+
+def replication_clause(summary: Summary) -> str | None:
+    """The abstract's sentence on the shipped runs of this commit and machine class (None with one run)."""
+    rep = summary.replication
+    if not rep:
+        return None
+    held = sum(c.held for c in rep.claim_runs)
+    return (f"Every interval above pools {len(rep.runs)} full runs of this commit on this machine class (random "
+            f"effects over runs, the run-level variance estimated per statistic); {len(rep.significant)} of "
+            f"{rep.tests} headline statistics differ significantly between them (Holm, 5\\,\\%), and {held} of "
+            f"{len(rep.claim_runs)} claim rows have the same verdicts in every run.")
 
 
 def counts_sentence(counts: ClaimCounts) -> str:
@@ -314,6 +349,8 @@ def counts_brief(counts: ClaimCounts) -> str:
 
 
 def claims_discussion(summary: Summary) -> str:
+    """Section "Claims": the counts and what was reversed, on the pooled claims where several runs are shipped."""
+    summary = pooled_summary(summary)
     rows = pd.DataFrame(summary.claims)
     if rows.empty:
         return "No claims could be evaluated.\n"
@@ -339,7 +376,9 @@ def verdict(triple) -> str:
 
 
 def introduction_findings(summary: Summary) -> str:
-    """The introduction's paragraph on what this reproduction finds, worded by the signs of its CIs."""
+    """The introduction's paragraph on what this reproduction finds, worded by the signs of its CIs (pooled over the
+    shipped runs of this commit and machine class where there are several)."""
+    summary = pooled_summary(summary)
     rows = pd.DataFrame(summary.claims)
     text = [f"This reproduction ran {summary.runs} timed requests on "
             f"{len(summary.configurations)} configuration{'s' if len(summary.configurations) != 1 else ''}; where "
@@ -425,7 +464,7 @@ def limitations(summary: Summary, meta: dict) -> str:
         f"{grid.measurements_per_action_min} measurements per action and {grid.controller_repeats} "
         "controller runs per scenario; confidence intervals resample prompts, so with few prompts they are wide.",
     ]
-    undecided = [r for r in summary.claims if r.direction == "inconclusive"]
+    undecided = [r for r in pooled_summary(summary).claims if r.direction == "inconclusive"]
     if undecided:
         text.append(f"{len(undecided)} signed claims are inconclusive at this grid's power.")
     mapes = {n: s.mape[0] for n, s in summary.per_configuration.items() if not missing(s.mape[0])}
@@ -539,61 +578,136 @@ def machine_prices_sentence(labels: dict) -> str:
 
 
 def machines_table(labels: dict, context_run: Path) -> str:
-    """Table tab:machines: each machine's calibrated prices at the context length the regime is read at."""
+    """Table tab:machines: each run's machine, commit and kernels, and its calibrated prices at the context length
+    the regime is read at."""
     rows = []
     for p, label in labels.items():
+        commit, kernels = (runcompare.commit_of(p) or "")[:7], kernels_of(p) or "--"
         for name, cost in machine_costs(p).items():
-            rows.append(f"{label} & \\texttt{{{tex_escape(name)}}} & {num(cost['step_ms'], 1)} & "
+            rows.append(f"{label} & \\texttt{{{commit}}} & \\texttt{{{tex_escape(kernels)}}} & "
+                        f"\\texttt{{{tex_escape(name)}}} & {num(cost['step_ms'], 1)} & "
                         f"{num(cost['verify4'], 2)} & {num(cost['draft'], 2)} \\\\")
     table = ["\\begin{table}[!htbp]\\centering\\scriptsize",
-             f"\\caption{{\\label{{tab:machines}}Each machine's calibrated prices at "
-             f"{analysis.price_context(context_run):g} positions of context: the target's decode "
-             "step, verifying $k=4$ candidates and one draft step, the last two relative to the decode step.}",
-             "\\begin{tabular}{llrrr}", "\\toprule",
-             "Machine & Pair & Decode step (ms) & Verify 4 / step & Draft step / step \\\\", "\\midrule",
-             *rows, "\\bottomrule", "\\end{tabular}", "\\end{table}"]
+             f"\\caption{{\\label{{tab:machines}}Each run's machine, commit and kernels (their source's hash: one "
+             f"hash, one batch-one engine), and its calibrated prices at {analysis.price_context(context_run):g} "
+             "positions of context: the target's decode step, verifying $k=4$ candidates and one draft step, the "
+             "last two relative to the decode step.}",
+             "\\begin{tabular}{lllrrrr}", "\\toprule",
+             "Run & Commit & Kernels & Pair & Decode step (ms) & Verify 4 / step & Draft step / step \\\\",
+             "\\midrule", *rows, "\\bottomrule", "\\end{tabular}", "\\end{table}"]
     return "\n".join(table) + "\n"
 
 
-def across_machines(results: Path | None = None, folder: Path = OTHER_MACHINES) -> str:
-    """The paper's "Across machines": the shipped runs of other machines (data/reference/other-machines/, each
-    with about.json) side by side, the first as A: how many of B's headline statistics fall inside A's 95 % CIs,
-    how many draw the same conclusion (rakv.experiments.runcompare.agreement), which flip, and each machine's
-    measured prices (from its calibrations), the reason a regime moves."""
-    from rakv.experiments.runcompare import agreement
+def kernels_of(folder: Path) -> str | None:
+    """The kernels a run's study ran (its calibration keys' kernels field: the source's hash), None if unrecorded."""
+    try:
+        keys = json.loads((Path(folder) / "study" / "metadata.json").read_text()).get("calibration_keys") or {}
+    except (OSError, ValueError):
+        return None
+    found = {v["pair"]["target"].get("kernels") for v in keys.values() if isinstance(v, dict) and "pair" in v}
+    return found.pop() if len(found) == 1 else None
+
+
+def machine_comparison(a: Path, b: Path, a_label: str, b_label: str) -> str:
+    """One sentence: run B against run A, as one engine on two machines or, with other kernels, confounded."""
     from rakv.experiments.summary import read_summary
 
+    got = runcompare.agreement(read_summary(a), read_summary(b))
+    same_engine = kernels_of(a) is not None and kernels_of(a) == kernels_of(b)
+    flips = "; ".join(tex_escape(_statistic_words(n)) for n in got.flipped) or "none"
+    moved = "; ".join(tex_escape(_statistic_words(n)) for n in got.significant) or "none"
+    kind = ("the same kernels, so a difference is the machine's" if same_engine else
+            "other kernels, so machine and code are confounded")
+    return (f"{b_label} against {a_label} ({kind}): {len(got.significant)} of {got.total} headline statistics "
+            f"differ significantly (Holm, 5\\,\\%: {moved}), and {got.same_conclusion} draw the same conclusion "
+            f"(conclusions that differ: {flips}).")
+
+
+def across_machines(results: Path | None = None, folder: Path = OTHER_MACHINES) -> str:
+    """The paper's "Across machines": this run against each shipped run of another machine (data/reference/
+    other-machines/, each with about.json), and the other machines' runs of one engine against each other, each
+    labelled with its commit and kernels so that a machine's effect is told from a change of code
+    (`machine_comparison`); each run's prices (Table tab:machines) and what its calibration predicted for the
+    headline comparisons beside what it measured (Table tab:predicted, rakv.experiments.prediction)."""
     runs = [p for p in sorted(Path(folder).glob("*")) if (p / "about.json").exists()]
-    if len(runs) < 2:
+    if not runs:
         return "No run of another machine is shipped (\\texttt{data/reference/other-machines/}).\n"
     about = {p: json.loads((p / "about.json").read_text()) for p in runs}
-    runs.sort(key=lambda p: about[p]["label"] != "AVX-512")  # the AVX-512 run first: it is A
-    a = read_summary(runs[0])
+    labels = {p: f"{tex_escape(about[p]['label'])} \\texttt{{{about[p]['commit']}}}" for p in runs}
     text = []
-    for b_dir in runs[1:]:
-        got = agreement(a, read_summary(b_dir))
-        first, second = about[runs[0]], about[b_dir]
-        flips = "; ".join(tex_escape(_statistic_words(n)) for n in got.flipped) or "none"
-        text.append(f"The same study ran on a {tex_escape(first['machine'])} (commit \\texttt{{{first['commit']}}}) "
-                    f"and on a {tex_escape(second['machine'])} (commit \\texttt{{{second['commit']}}}; "
-                    f"{tex_escape(second.get('engine') or 'the batch-one engine not compared')}). Of {got.total} "
-                    "headline "
-                    f"statistics with a "
-                    f"95\\,\\% CI, {got.inside} of the second run's values lie inside the first run's CIs, and "
-                    f"{got.same_conclusion} draw the same conclusion (both intervals above zero, both below, or both "
-                    f"straddling it); the conclusions that differ: {flips}.")
-    labels = {p: f"{tex_escape(about[p]['label'])} (\\texttt{{{about[p]['commit']}}})" for p in runs}
     if results is not None and (Path(results) / "summary.json").exists():
         meta = json.loads((Path(results) / "study" / "metadata.json").read_text())
-        own = read_summary(results)
-        isa = (meta.get("hardware") or {}).get("isa")
-        labels[Path(results)] = f"this run ({isa_label(isa)})"
-        compared = [f"{got.inside} of {got.total} inside the {labels[p]} run's CIs and "
-                    f"{got.same_conclusion} with its conclusion" for p in runs
-                    for got in [agreement(read_summary(p), own)]]
-        text.append(f"This run's headline statistics: {'; '.join(compared)}.")
+        labels = {Path(results): f"this run ({isa_label((meta.get('hardware') or {}).get('isa'))})", **labels}
+        text += [machine_comparison(Path(results), p, labels[Path(results)], f"The {labels[p]} run ("
+                                    f"{tex_escape(about[p]['machine'])}, \\texttt{{{about[p]['commit']}}})")
+                 for p in runs]
+    for i, a in enumerate(runs):
+        for b in runs[i + 1:]:
+            if kernels_of(a) is not None and kernels_of(a) == kernels_of(b):
+                text.append(machine_comparison(a, b, f"the {labels[a]} run", f"The {labels[b]} run"))
     text.append(machine_prices_sentence(labels))
-    return " ".join(text) + "\n" + machines_table(labels, results or runs[0])
+    predicted = prediction_section(results, runs, labels)
+    return " ".join(text) + "\n" + machines_table(labels, results or runs[0]) + predicted
+
+
+def prediction_rows(results: Path | None, runs: list[Path], labels: dict) -> list:
+    """Every shipped run's headline comparisons predicted from its calibration (rakv.experiments.prediction), this
+    run and its reruns first; [] without the request shapes or a same-machine calibration pair."""
+    from rakv.experiments import prediction
+
+    reference = Path(results) if results is not None else REFERENCE_DIR / "offline"
+    shapes = prediction.shapes_for(reference, REFERENCE_DIR / "offline")
+    run_sd = prediction.calibration_run_sd(prediction.same_machine_calibrations(reference))
+    if shapes is None or run_sd is None:
+        return []
+    own = [reference, *runcompare.sibling_runs(reference)] if results is not None else []
+    names = {**{p: "this run" if p == reference else f"rerun \\texttt{{{tex_escape(p.name)}}}" for p in own}, **labels}
+    return [row for p in [*own, *runs] for row in prediction.run_predictions(p, shapes, run_sd, names.get(p, p.name))]
+
+
+def prediction_section(results: Path | None, runs: list[Path], labels: dict) -> str:
+    """Table tab:predicted and its sentence: predicted against measured for every shipped run."""
+    from rakv.experiments import prediction
+
+    rows = prediction_rows(results, runs, labels)
+    if not rows:
+        return ""
+    measured = [r for r in rows if r.inside is not None]
+    misses = [r for r in measured if not r.inside]
+    named = "; ".join(f"{r.run}, \\texttt{{{tex_escape(r.configuration)}}} {tex_escape(r.comparison)} ({r.cause})"
+                      for r in misses) or "none"
+    reference = Path(results) if results is not None else REFERENCE_DIR / "offline"
+    run_sd = prediction.calibration_run_sd(prediction.same_machine_calibrations(reference))
+    cells = []
+    for r in rows:
+        pred = f"{pct(r.predicted[0], 0)} [{pct(r.predicted[1], 0)}, {pct(r.predicted[2], 0)}]"
+        meas = "--" if r.measured is None or missing(r.measured[0]) else pct(r.measured[0], 0)
+        mark = "" if r.inside is None else "" if r.inside else " $\\times$"
+        cells.append((r.run, r.configuration, r.comparison, f"{pred} / {meas}{mark}"))
+    frame = pd.DataFrame(cells, columns=["run", "configuration", "comparison", "cell"])
+    wide = frame.pivot_table(index=["run", "configuration"], columns="comparison", values="cell", aggfunc="first",
+                             sort=False)
+    columns = list(prediction.COMPARISONS)
+    lines = ["\\begin{table}[!htbp]\\centering\\scriptsize",
+             "\\caption{\\label{tab:predicted}Each shipped run's headline comparisons as its calibration alone "
+             "predicts them (point [95\\,\\% interval], \\texttt{scripts/predict\\_headlines.py}) / as its study "
+             "measured them; $\\times$: outside what the prediction allows (its interval widened by the "
+             "measurement's own CI).}",
+             "\\begin{tabular}{ll" + "r" * len(columns) + "}", "\\toprule",
+             "Run & Configuration & " + " & ".join(tex_escape(c) for c in columns) + " \\\\", "\\midrule"]
+    for (run, configuration), row in wide.iterrows():
+        lines.append(f"{run} & \\texttt{{{tex_escape(configuration)}}} & "
+                     + " & ".join(row.get(c, "--") for c in columns) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
+    sentence = (f"From its calibration alone, before its study runs, each machine's cost model predicts the four "
+                "headline comparisons (Table~\\ref{tab:predicted}; the interval allows for a calibrated curve's "
+                f"run-to-run shift on one machine class, {pct(run_sd, 0)} in log terms between this run's "
+                "calibrations and its rerun's, and for the calibration's acceptance): "
+                f"{len(measured) - len(misses)} of {len(measured)} measured comparisons lie inside their predicted "
+                f"interval widened by their own CI; outside: {named}. A miss is named \\emph{{acceptance}} where "
+                "predicting at the acceptance the study measured allows it, \\emph{cost model} where not even that "
+                "does.")
+    return sentence + "\n" + "\n".join(lines) + "\n"
 
 
 def isa_label(isa: str | None) -> str:
@@ -605,45 +719,77 @@ def isa_label(isa: str | None) -> str:
 
 
 def run_to_run(results: Path) -> str:
-    """The paper's run-to-run sentence: a second full run of the same commit on the same machine class, shipped
-    beside this one as <results>-rerun/ (a separate clean clone and process), read against this run's 95 % CIs
-    (rakv.experiments.runcompare.agreement): the fraction inside, and the statistics that moved."""
-    from rakv.experiments.runcompare import agreement, decision_agreement, hardware, same_machine
+    """The paper's run-to-run paragraph: the other shipped runs of this commit and machine class (<results>-rerun*,
+    each from a separate clean clone and process) against this one: significant differences (Holm), the run-level
+    variance, the pooled CIs' coverage of a held-out run, conclusions and the controllers' decisions
+    (rakv.experiments.runcompare.replication_summary, recomputed here from the shipped summaries)."""
+    from rakv.experiments.runcompare import agreement, replication_summary, sibling_runs
     from rakv.experiments.summary import read_summary
 
-    rerun = Path(results).with_name(Path(results).name + "-rerun")
-    if not (rerun / "summary.json").exists():
-        return (f"No second full run of this commit is shipped beside this one (\\texttt{{{tex_escape(rerun.name)}/}} "
-                "is absent), so run-to-run agreement is not reported here; \\texttt{scripts/compare\\_runs.py} "
-                "compares any two runs.\n")
-    got = agreement(read_summary(results), read_summary(rerun))
-    machines = hardware(Path(results)), hardware(rerun)
-    same = None not in machines and same_machine(*machines)
-    moved = "; ".join(tex_escape(_statistic_words(n)) for n in got.outside) or "none"
-    where = "the same machine class" if same else "another machine"
-    return (f"A second full run of the same profile, from a separate clean clone and process "
-            f"(\\texttt{{{tex_escape(shown_path(rerun))}/}}, on {where}), "
-            f"puts {got.inside} of {got.total} headline statistics ({pct(got.inside / got.total, 0)}) inside this "
-            f"run's 95\\,\\% CIs and draws the same conclusion for {got.same_conclusion}; outside: {moved}. "
-            + decisions_sentence(decision_agreement(results, rerun)) + "\n")
+    siblings = sibling_runs(Path(results))
+    if not siblings:
+        return ("No second full run of this commit on this machine class is shipped beside this one "
+                f"(\\texttt{{{tex_escape(Path(results).name)}-rerun/}} is absent), so run-to-run agreement is not "
+                "reported here; \\texttt{scripts/compare\\_runs.py} compares any two runs.\n")
+    own = read_summary(results)
+    rep = replication_summary(Path(results), own)
+    got = agreement(own, read_summary(siblings[0]))
+    varying = [p for p in rep.statistics if p.run_sd > 0]
+    flips = "; ".join(tex_escape(_statistic_words(n)) for n in got.flipped) or "none"
+    return (f"{len(rep.runs)} full runs of this commit on this machine class are shipped ("
+            + ", ".join(f"\\texttt{{{tex_escape(r)}/}}" for r in rep.runs) + "; each from its own clean clone and "
+            f"process, with its own calibration). Tested with both runs' uncertainty, {len(rep.significant)} of "
+            f"{rep.tests} headline statistics differ significantly (Welch's $t$ on each statistic's scale, Holm over "
+            f"the {rep.tests}, 5\\,\\% family-wise); the conclusions that differ (the side of zero each CI lies "
+            f"on): {flips}. {len(varying)} of {len(rep.statistics)} statistics show a run-level variance component "
+            "above zero (DerSimonian--Laird), which the pooled intervals of the abstract and "
+            "Table~\\ref{tab:claims} include. " + coverage_sentence(rep)
+            + decisions_sentence(rep.decisions_same, rep.decisions_tied or {}) + "\n")
 
 
-def decisions_sentence(shares: dict[str, float]) -> str:
-    """How often two runs' controllers chose the same action for the same (prompt, scenario, repeat)."""
+def coverage_sentence(rep) -> str:
+    """The pooled CIs' coverage of a held-out run against an exact replication's, worded by a binomial test (on the
+    pairs of one left-out run: the runs' pairs are not independent of each other)."""
+    from scipy.stats import binomtest
+
+    share = rep.coverage_inside / max(1, rep.coverage_total)
+    runs = len(rep.runs)
+    p = binomtest(round(rep.coverage_inside / runs), max(1, rep.coverage_total // runs), rep.coverage_expected).pvalue
+    if p >= 0.05:
+        reading = "within chance of what an exact replication gives"
+    elif share < rep.coverage_expected:
+        reading = ("fewer than an exact replication gives: a run's own interval does not hold all of the run-to-run "
+                   "variation, which is why the claims are judged on the pooled intervals")
+    else:
+        reading = "more than an exact replication gives: the runs agree more closely than their intervals say"
+    return (f"Left out in turn, a run's estimate lies inside the CI of the others for {rep.coverage_inside} of "
+            f"{rep.coverage_total} statistics ({pct(share, 0)}; an exact replication: {pct(rep.coverage_expected, 0)}"
+            f", binomial $p = {p:.2g}$), {reading}. ")
+
+
+def decisions_sentence(shares: dict[str, float], tied: dict[str, float]) -> str:
+    """How often two runs' controllers chose the same action for the same (prompt, scenario, repeat), and actions
+    within each other's tie sets (the cost model's noise, rakv.runtime.costmodel.tie_set)."""
     if not shares:
         return ""
     parts = ", ".join(f"{pct(v, 0)} of {tex_escape(k)}'s" for k, v in shares.items())
-    return (f"Each run calibrated its own cost tables, and the two controllers chose the same action in {parts} "
-            "runs: where actions lie within each other's noise the choice, and the oracle's, can differ.")
+    ties = ", ".join(f"{pct(v, 0)} of {tex_escape(k)}'s" for k, v in tied.items())
+    return (f"Each run calibrated its own cost tables; the two controllers chose the same action in {parts} runs"
+            + (f", and actions within each other's tie set (estimates within the cost model's noise of the least) in "
+               f"{ties}" if ties else "") + ".")
 
 
 def statistics_table(summary: Summary) -> str:
-    """Per configuration: the controller's statistics with their CIs."""
+    """Per configuration: the controller's statistics with their CIs (pooled over the shipped runs of this commit and
+    machine class where there are several)."""
+    summary = pooled_summary(summary)
     names = list(summary.per_configuration)
     rows = [
         ("accuracy, strict", lambda s: ci_text(s.accuracy_action)),
         ("accuracy, within noise", lambda s: ci_text(s.accuracy_within_noise)),
         ("accuracy of $k$", lambda s: ci_text(s.accuracy_k)),
+        ("oracle's action in the controller's tie set", lambda s: ci_text(s.accuracy_tie_set) if s.accuracy_tie_set
+         else "--"),
         ("accuracy of a random choice", lambda s: pct(s.accuracy_chance)),
         ("mean regret (cross-fitted)", lambda s: ci_text(s.mean_regret)),
         ("worst per-scenario regret", lambda s: pct(s.worst_regret)),
@@ -711,19 +857,42 @@ def claim_cells(row: ClaimRow, fmt) -> tuple[str, str, str]:
     return reference, reproduced, band
 
 
-def claims_table(rows: list[ClaimRow]) -> str:
+def verdict_cells(row: ClaimRow, across: dict) -> tuple[str, str]:
+    """A claim row's direction and magnitude as printed: its verdicts, and where several shipped runs were pooled and
+    a run's verdict differs from the pooled one, every run's in parentheses (`across`: (key, configuration) ->
+    ClaimAcrossRuns)."""
+    runs = across.get((row.key, row.configuration))
+    cells = []
+    for pooled, each in ((row.direction, runs and runs.direction), (row.magnitude, runs and runs.magnitude)):
+        differs = each and any(v != pooled for v in each)
+        cells.append(shown(pooled) + (f" ({', '.join(shown(v) for v in each)})" if differs else ""))
+    return cells[0], cells[1]
+
+
+def headline_claims(summary: Summary) -> tuple[list[ClaimRow], dict]:
+    """The claim rows the paper and README print (pooled over the shipped runs where there are several) and each
+    row's verdicts run by run, keyed by (key, configuration)."""
+    if not summary.replication:
+        return summary.claims, {}
+    return summary.replication.claims, {(c.key, c.configuration): c for c in summary.replication.claim_runs}
+
+
+def claims_table(summary: Summary) -> str:
+    rows, across = headline_claims(summary)
+    pooled = " (runs)" if across else ""
     lines = [r"\begin{tabular}{p{5.2cm}llrp{3.6cm}rcc}", r"\toprule",
-             r"Claim & Configuration & Kind & Reference & Reproduced [95\% CI] & Band & Direction & Magnitude \\",
-             r"\midrule"]
+             r"Claim & Configuration & Kind & Reference & Reproduced [95\% CI] & Band & "
+             f"Direction{pooled} & Magnitude{pooled} \\\\", r"\midrule"]
     for row in rows:
         fmt = (lambda v: pct(v)) if row.unit == "%" else (lambda v: num(v))
         reference, reproduced, band = claim_cells(row, fmt)
         if row.key.startswith("crossover_alpha") and row.reproduced == 0:  # explained where it is printed
             reproduced += " (pays at any acceptance: Section~\\ref{sec:regime})"
+        direction, magnitude = verdict_cells(row, across)
         lines.append(f"{tex_escape(row.claim)} & \\texttt{{{tex_escape(row.configuration)}}} & "
                      f"{row.kind} & {reference} & "
                      f"{tex_escape(reproduced) if shows_text(row) else reproduced} & "
-                     f"{band} & {shown(row.direction)} & {shown(row.magnitude)} \\\\")
+                     f"{band} & {direction} & {magnitude} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
@@ -734,14 +903,17 @@ def markdown_value(value, unit: str) -> str:
     return f"{100 * value:.1f} %" if unit == "%" else f"{value:.3f}"
 
 
-def claims_markdown(rows: list[ClaimRow]) -> str:
+def claims_markdown(summary: Summary) -> str:
     """The claims table (as claims_table) in Markdown, for the README."""
-    lines = ["| claim | configuration | kind | reference | reproduced [95 % CI] | band | direction | magnitude |",
-             "|---|---|---|---:|---:|---:|:---:|:---:|"]
+    rows, across = headline_claims(summary)
+    pooled = " (runs)" if across else ""
+    lines = [f"| claim | configuration | kind | reference | reproduced [95 % CI] | band | direction{pooled} | "
+             f"magnitude{pooled} |", "|---|---|---|---:|---:|---:|:---:|:---:|"]
     for row in rows:
         reference, reproduced, band = claim_cells(row, lambda v, unit=row.unit: markdown_value(v, unit))
+        direction, magnitude = verdict_cells(row, across)
         lines.append(f"| {row.claim} | `{row.configuration}` | {row.kind} | {reference} | "
-                     f"{reproduced} | {band} | {shown(row.direction)} | {shown(row.magnitude)} |")
+                     f"{reproduced} | {band} | {direction} | {magnitude} |")
     return "\n".join(lines) + "\n"
 
 
@@ -841,7 +1013,7 @@ def refresh_readme(summary: Summary, readme: Path, results: Path | None = None) 
     """Write the claims table and the serving goals of `summary`, and the sizes and times of the run in `results`
     (`readme_facts`), into the README between their markers; True when it changed."""
     text = Path(readme).read_text()
-    updated = between_markers(text, "claims", claims_markdown(summary.claims))
+    updated = between_markers(text, "claims", claims_markdown(summary))
     updated = between_markers(updated, "serving-goals", serving_goals_markdown(summary))
     for name, value in (readme_facts(results) if results is not None else {}).items():
         updated = between_markers(updated, name, value, inline=True)
@@ -1444,7 +1616,7 @@ def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path
         "limitations.tex": limitations(summary, meta),
         "introduction.tex": introduction_findings(summary),
         "reproducibility.tex": reproducibility(summary, meta, stage_times(results)),
-        "claims_table.tex": claims_table(summary.claims),
+        "claims_table.tex": claims_table(summary),
         "statistics_table.tex": statistics_table(summary),
         "statistics_note.tex": mape_note(summary),
         "coverage_table.tex": coverage_table(),
