@@ -80,8 +80,9 @@ def test_the_shipped_ablation_csv_is_todays_replay(ablations):
 def test_the_readme_claims_table_is_the_reference_runs(shipped):
     readme = (ROOT / "README.md").read_text()
     table = readme.split("<!-- claims -->\n")[1].split("<!-- /claims -->")[0]
-    assert table == report.claims_markdown(shipped.claims), f"README's claims table is stale; {REGENERATE}"
-    assert len(table.splitlines()) == 2 + len(shipped.claims) > 2
+    assert table == report.claims_markdown(shipped), f"README's claims table is stale; {REGENERATE}"
+    rows, _ = report.headline_claims(shipped)  # pooled over the shipped runs of the commit where there are several
+    assert len(table.splitlines()) == 2 + len(rows) > 2
 
 
 def test_the_readme_sizes_and_times_are_the_reference_runs():

@@ -592,9 +592,9 @@ def machines_table(labels: dict, context_run: Path) -> str:
              f"hash, one batch-one engine), and its calibrated prices at {analysis.price_context(context_run):g} "
              "positions of context: the target's decode step, verifying $k=4$ candidates and one draft step, the "
              "last two relative to the decode step.}",
-             "\\begin{tabular}{lllrrrr}", "\\toprule",
+             "\\fittable{\\begin{tabular}{lllrrrr}", "\\toprule",
              "Run & Commit & Kernels & Pair & Decode step (ms) & Verify 4 / step & Draft step / step \\\\",
-             "\\midrule", *rows, "\\bottomrule", "\\end{tabular}", "\\end{table}"]
+             "\\midrule", *rows, "\\bottomrule", "\\end{tabular}}", "\\end{table}"]
     return "\n".join(table) + "\n"
 
 
@@ -693,12 +693,12 @@ def prediction_section(results: Path | None, runs: list[Path], labels: dict) -> 
              "predicts them (point [95\\,\\% interval], \\texttt{scripts/predict\\_headlines.py}) / as its study "
              "measured them; $\\times$: outside what the prediction allows (its interval widened by the "
              "measurement's own CI).}",
-             "\\begin{tabular}{ll" + "r" * len(columns) + "}", "\\toprule",
+             "\\fittable{\\begin{tabular}{ll" + "r" * len(columns) + "}", "\\toprule",
              "Run & Configuration & " + " & ".join(tex_escape(c) for c in columns) + " \\\\", "\\midrule"]
     for (run, configuration), row in wide.iterrows():
         lines.append(f"{run} & \\texttt{{{tex_escape(configuration)}}} & "
                      + " & ".join(row.get(c, "--") for c in columns) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
+    lines += ["\\bottomrule", "\\end{tabular}}", "\\end{table}"]
     sentence = (f"From its calibration alone, before its study runs, each machine's cost model predicts the four "
                 "headline comparisons (Table~\\ref{tab:predicted}; the interval allows for a calibrated curve's "
                 f"run-to-run shift on one machine class, {pct(run_sd, 0)} in log terms between this run's "
@@ -1910,6 +1910,8 @@ def sampling_text(summary: Summary) -> str:
         return ("The sampling stage did not run for this results folder (its profile has no \\texttt{sampling} "
                 "section), so every result of this paper is for greedy decoding on code and prose.\n")
     text = acceptance_sentences(s)
+    if s.temperatures:
+        text.append("Table~\\ref{tab:sampling} gives speculation by temperature.")
     for t in s.temperatures:
         text.append(f"At {temperature_label(t.temperature)}, {tex_escape(t.configuration)}'s spec-k4 is "
                     f"{ratio_words(t.spec_k4_vs_ar, 'AR')}, and RAKV-ASD is {ratio_words(t.vs_ar, 'AR')} and "

@@ -179,7 +179,7 @@ def decision_agreement(a: Path, b: Path, tied: bool = False) -> dict[str, float]
     decisions = [controller_decisions(folder) for folder in (a, b)]
     if any(d is None for d in decisions):
         return {}
-    both = decisions[0].join(decisions[1], lsuffix="_a", rsuffix="_b", how="inner")
+    both = decisions[0].merge(decisions[1], left_index=True, right_index=True, suffixes=("_a", "_b"))
     if tied:
         same = pd.Series([bool(set(json.loads(x or "[]")) & set(json.loads(y or "[]")))
                           for x, y in zip(both.tie_set_a, both.tie_set_b)], index=both.index)
