@@ -306,10 +306,15 @@ def conclusion(summary: Summary) -> str:
 
 
 def claims_named(rows) -> str:
-    """Claim rows (ClaimAcrossRuns) in words: each claim's configuration, key and its verdicts run by run."""
+    """Claim rows (ClaimAcrossRuns) in words: each claim's configuration, key, its verdicts run by run and why the
+    pooled one differs (the runs' verdicts differ from each other, or they agree and the run-level variance widens
+    the pooled interval across a boundary)."""
     def verdicts(row) -> str:
         runs = [f"{shown(d)}/{shown(m)}" for d, m in zip(row.direction, row.magnitude)]
-        return f"{', '.join(runs)} in the runs, {shown(row.pooled_direction)}/{shown(row.pooled_magnitude)} pooled"
+        cause = ("the runs disagree" if len(set(row.direction)) > 1 or len(set(row.magnitude)) > 1 else
+                 "the runs agree, and the run-level variance widens the pooled interval across a boundary")
+        return (f"{', '.join(runs)} in the runs, {shown(row.pooled_direction)}/{shown(row.pooled_magnitude)} pooled: "
+                f"{cause}")
 
     return "; ".join(f"\\texttt{{{tex_escape(r.configuration)}}} {tex_escape(CLAIMS[r.key].label)} "
                      f"(direction/magnitude {verdicts(r)})" for r in rows)
@@ -646,8 +651,48 @@ def across_machines(results: Path | None = None, folder: Path = OTHER_MACHINES) 
             if kernels_of(a) is not None and kernels_of(a) == kernels_of(b):
                 text.append(machine_comparison(a, b, f"the {labels[a]} run", f"The {labels[b]} run"))
     text.append(machine_prices_sentence(labels))
+    own = [Path(results), *runcompare.sibling_runs(Path(results))] if results is not None else []
+    shown_runs = {**{p: "rerun" for p in own[1:]}, **labels}
+    text.append("Table~\\ref{tab:conclusions} sets the headline conclusions of every shipped run side by side.")
     predicted = prediction_section(results, runs, labels)
-    return " ".join(text) + "\n" + machines_table(labels, results or runs[0]) + predicted
+    return (" ".join(text) + "\n" + machines_table(labels, results or runs[0])
+            + conclusions_table([*own, *runs], shown_runs) + predicted)
+
+
+CONCLUSIONS = (("joint-k4", "vs Joint-k4"), ("kv-only", "vs KV-only"), ("best-fixed", "vs best fixed"))
+SHORT_VERDICTS = {"faster than": "faster", "slower than": "slower", "not distinguishable from": "n.d.",
+                  "reversed": "reversed", "the reference's": "reference's", "undecided": "undecided"}
+
+
+def conclusions_table(folders: list[Path], labels: dict) -> str:
+    """Table tab:conclusions: the headline conclusions (RAKV-ASD faster than, slower than or not distinguishable
+    from each baseline; the regime) of every shipped run, a column per run (this run, its reruns, other machines)."""
+    from rakv.experiments.summary import read_summary
+
+    summaries = {p: read_summary(p) for p in folders}
+    names = list(next(iter(summaries.values())).per_configuration)
+    rows = []
+    for name in names:
+        for baseline, words in CONCLUSIONS:
+            cells = [SHORT_VERDICTS.get(verdict(s.per_configuration[name].latency_reduction.against(baseline)), "--")
+                     if name in s.per_configuration else "--" for s in summaries.values()]
+            rows.append(f"\\texttt{{{tex_escape(name)}}} & {words} & " + " & ".join(cells) + " \\\\")
+        regimes = []
+        for s in summaries.values():
+            row = next((r for r in s.claims if r.key == "spec_regime" and r.configuration == name), None)
+            regimes.append(SHORT_VERDICTS.get(regime_word(row), "--") if name in s.per_configuration else "--")
+        rows.append(f"\\texttt{{{tex_escape(name)}}} & regime & " + " & ".join(regimes) + " \\\\")
+    columns = " & ".join(labels.get(p, tex_escape(p.name)) for p in folders)
+    return "\n".join([
+        "\\begin{table}[!htbp]\\centering\\scriptsize",
+        "\\caption{\\label{tab:conclusions}The headline conclusions of every shipped run, each from its own 95\\,\\% "
+        "CIs: RAKV-ASD's latency against each baseline (faster, slower, or n.d.: not distinguishable, the CI "
+        "includes zero), and the regime (the best $k>0$ against the best $k=0$ over all scenarios: reversed, the "
+        "reference's, or undecided; --: not recorded by that run's analysis). Runs of other commits differ in code "
+        "as well as machine (Table~\\ref{tab:machines}).}",
+        "\\fittable{\\begin{tabular}{ll" + "l" * len(folders) + "}", "\\toprule",
+        f"Configuration & Conclusion & {columns} \\\\", "\\midrule", *rows, "\\bottomrule",
+        "\\end{tabular}}", "\\end{table}"]) + "\n"
 
 
 def prediction_rows(results: Path | None, runs: list[Path], labels: dict) -> list:
