@@ -40,7 +40,7 @@ def main(argv=None) -> int:
         return 2
     try:
         rows = run_predictions(args.results, shapes, run_sd)
-    except (RakvError, OSError, ValueError) as exc:
+    except (RakvError, OSError, ValueError, KeyError) as exc:
         print(f"predict_headlines: error: {exc}", file=sys.stderr)
         return 2
     if not rows:

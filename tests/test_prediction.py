@@ -80,3 +80,10 @@ def test_a_planted_miss_is_refused_and_named(tmp_path):
     assert planted.inside is False and planted.cause == "cost model"
     assert set(prediction.COMPARISONS) == {c for _, c in rows}
     assert all(r.cause is None for r in rows.values() if r.inside)
+
+
+def test_a_comparison_whose_baseline_was_not_priced_is_nan_not_an_error():
+    actions = [Action.parse(a) for a in ("r0k0", "r0k4")]  # no r1k4, no r1k0
+    got = prediction.comparisons(np.array([1]), np.array([[2.0, 1.0]]), actions)
+    assert math.isnan(got["vs Joint-k4"]) and math.isnan(got["vs KV-only"])
+    assert got["best k>0 vs k=0"] == pytest.approx(-0.5)

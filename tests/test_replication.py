@@ -105,3 +105,11 @@ def test_the_pooled_view_replaces_pooled_intervals_and_claims():
     assert view.per_configuration["smollm2"].latency_reduction.joint_k4 == pytest.approx(pooled[NAME])
     assert view.claims == summary.replication.claims
     assert len(summary.replication.claim_runs) == len(summary.claims)
+
+
+def test_zero_width_intervals_pool_to_their_value_not_to_nan():
+    """A statistic with no spread over prompts (a regret of exactly 0 in every prompt) has a zero-width CI."""
+    pooled = replication.pool([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], "per_configuration.x.mean_regret", df=7)
+    assert pooled.pooled == pytest.approx([0.0, 0.0, 0.0], abs=1e-5)
+    mixed = replication.pool([[0.0, 0.0, 0.0], [0.1, 0.05, 0.15]], "per_configuration.x.mean_regret", df=7)
+    assert all(math.isfinite(v) for v in mixed.pooled)

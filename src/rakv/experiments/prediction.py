@@ -73,10 +73,14 @@ def comparisons(chosen: np.ndarray, costs: np.ndarray, actions: list[Action]) ->
     ours = costs[rows, chosen].sum()
     spec = [j for j, a in enumerate(actions) if a.k > 0]
     plain = [j for j, a in enumerate(actions) if a.k == 0]
-    return {"vs Joint-k4": 1.0 - ours / costs[:, index["r1k4"]].sum(),
-            "vs KV-only": 1.0 - ours / costs[:, index["r1k0"]].sum(),
-            "vs best fixed": 1.0 - ours / costs.sum(axis=0).min(),
-            "best k>0 vs k=0": costs[:, spec].min(axis=1).sum() / costs[:, plain].min(axis=1).sum() - 1.0}
+
+    def against(label: str) -> float:  # NaN where the action set lacks the baseline
+        return 1.0 - ours / costs[:, index[label]].sum() if label in index else math.nan
+
+    regime = (costs[:, spec].min(axis=1).sum() / costs[:, plain].min(axis=1).sum() - 1.0) if spec and plain else \
+        math.nan
+    return {"vs Joint-k4": against("r1k4"), "vs KV-only": against("r1k0"),
+            "vs best fixed": 1.0 - ours / costs.sum(axis=0).min(), "best k>0 vs k=0": regime}
 
 
 def perturbed(table: CostTable, factors) -> CostTable:
@@ -186,13 +190,15 @@ def inside(interval, value) -> bool | None:
     """Whether a measured comparison is what its prediction allows: its estimate within the predicted interval
     widened, side by side, by the measurement's own CI (the study's prompts and timing noise, which the calibration
     cannot foresee: the two errors independent, their half-widths added in quadrature). None: nothing measured."""
-    if value is None or value[0] is None or not np.isfinite(value[0]):
+    if value is None or value[0] is None or not np.isfinite(value[0]) or not np.isfinite(interval[0]):
         return None
     point, low, high = interval
     m, m_low, m_high = (float("nan") if v is None else v for v in value)
     below = m - m_low if np.isfinite(m_low) else 0.0
     above = m_high - m if np.isfinite(m_high) else 0.0
-    return bool(point - math.hypot(point - low, above) <= m <= point + math.hypot(high - point, below))
+    lowest = min(low, point - math.hypot(max(point - low, 0.0), above))
+    highest = max(high, point + math.hypot(max(high - point, 0.0), below))
+    return bool(lowest <= m <= highest)
 
 
 def run_predictions(folder: Path, shapes: pd.DataFrame, run_sd: float, label: str | None = None,

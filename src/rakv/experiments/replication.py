@@ -17,6 +17,8 @@ error at the run's degrees of freedom (prompts - 1). From there:
   (variance tau^2, estimated by DerSimonian and Laird's moments, zero when the runs agree within their own
   intervals) and e_r the run's own error (se_r). Because the runs share their prompts, pooling does not shrink the
   prompts' part of the error: the pooled variance is mean(se_r^2) + tau^2 / R, never less than a typical run's.
+  For the same reason tau^2 is a lower bound: the prompts' part of se_r is in Q's yardstick but cancels between
+  runs that share the prompts, so a run-level variance smaller than it can read as zero.
 - **A held-out run** (`held_out_coverage`): each run left out in turn, the others pooled; the share of statistics
   whose left-out estimate lies inside the pooled CI, beside what an exact replication gives.
 """
@@ -151,7 +153,8 @@ def differences(a: dict[str, list], b: dict[str, list], df: int) -> list[Differe
 
 def inside_rate_expected(df: int, pooled_runs: int = 1) -> float:
     """The share of statistics whose estimate in an exact replication lies inside the CI pooled from `pooled_runs`
-    others (one: "B inside A's CI"), for independent prompt samples of equal size: the left-out estimate minus the
+    others (one: "B inside A's CI"), for independent prompt samples of equal size (runs that share their prompts, as
+    one profile's do, agree more: for them this is a lower bound): the left-out estimate minus the
     pooled one has variance se^2 (1 + 1/R), and the CI's half-width is t * se with se estimated on df degrees of
     freedom, so the share is P(|T_df| < t / sqrt(1 + 1/R))."""
     return float(2 * stats.t.cdf(quantile(df) / math.sqrt(1 + 1 / pooled_runs), df) - 1)
@@ -159,15 +162,16 @@ def inside_rate_expected(df: int, pooled_runs: int = 1) -> float:
 
 def pool(cis: list[list], name: str, df: int) -> PooledStatistic | None:
     """The statistic `name` pooled over its runs' CIs (random effects, DerSimonian-Laird; shared prompts: see the
-    module's docstring); None where fewer than one CI can be read."""
+    module's docstring); None where any run's CI cannot be read."""
     scale = scale_of(name)
     read = [on_scale(ci, scale, df) for ci in cis]
     if any(r is None for r in read) or not read:
         return None
     y = np.array([r[0] for r in read])
-    se2 = np.array([r[1] ** 2 for r in read])
+    # a zero-width interval (a statistic with no spread over prompts): a tiny floor keeps the weights finite
+    se2 = np.maximum(np.array([r[1] ** 2 for r in read]), 1e-12)
     runs = len(y)
-    w = 1.0 / np.maximum(se2, 1e-300)
+    w = 1.0 / se2
     fixed = float((w * y).sum() / w.sum())
     q = float((w * (y - fixed) ** 2).sum())
     denominator = float(w.sum() - (w ** 2).sum() / w.sum())

@@ -289,7 +289,9 @@ def conclusion(summary: Summary) -> str:
         moved = [c for c in summary.replication.claim_runs if not c.held]
         text.append(f"{len(summary.replication.claim_runs) - len(moved)} of {len(summary.replication.claim_runs)} "
                     f"claim rows have the same verdicts in each of the {len(summary.replication.runs)} shipped runs "
-                    "as on their pooled estimates" + (f"; the others: {claims_named(moved)}" if moved else "") + ".")
+                    "as on their pooled estimates" + (f"; the others: "
+                                                      f"{claims_named(moved, pooled_statistics(summary))}"
+                                                      if moved else "") + ".")
     twins = twin_sentence(summary, "conclusion")
     if twins:
         text.append(twins)
@@ -305,19 +307,28 @@ def conclusion(summary: Summary) -> str:
     return " ".join(text) + "\n"
 
 
-def claims_named(rows) -> str:
+def claims_named(rows, statistics: dict) -> str:
     """Claim rows (ClaimAcrossRuns) in words: each claim's configuration, key, its verdicts run by run and why the
     pooled one differs (the runs' verdicts differ from each other, or they agree and the run-level variance widens
-    the pooled interval across a boundary)."""
+    the pooled interval across a boundary, or the pooled estimate, between the runs', does; `statistics`: the
+    pooled statistics by name)."""
     def verdicts(row) -> str:
         runs = [f"{shown(d)}/{shown(m)}" for d, m in zip(row.direction, row.magnitude)]
+        name = f"per_configuration.{row.configuration}.{runcompare.CLAIM_STATISTICS.get(row.key)}"
+        widened = name in statistics and statistics[name].run_sd > 0
         cause = ("the runs disagree" if len(set(row.direction)) > 1 or len(set(row.magnitude)) > 1 else
-                 "the runs agree, and the run-level variance widens the pooled interval across a boundary")
+                 "the runs agree, and the run-level variance widens the pooled interval across a boundary" if widened
+                 else "the runs agree, and the pooled estimate, between theirs, crosses a boundary")
         return (f"{', '.join(runs)} in the runs, {shown(row.pooled_direction)}/{shown(row.pooled_magnitude)} pooled: "
                 f"{cause}")
 
     return "; ".join(f"\\texttt{{{tex_escape(r.configuration)}}} {tex_escape(CLAIMS[r.key].label)} "
                      f"(direction/magnitude {verdicts(r)})" for r in rows)
+
+
+def pooled_statistics(summary: Summary) -> dict:
+    """The summary's statistics pooled over the shipped runs, by name (empty with one run)."""
+    return {p.name: p for p in summary.replication.statistics} if summary.replication else {}
 
 
 def replication_clause(summary: Summary) -> str | None:
@@ -326,9 +337,10 @@ def replication_clause(summary: Summary) -> str | None:
     if not rep:
         return None
     held = sum(c.held for c in rep.claim_runs)
-    return (f"Every interval above pools {len(rep.runs)} full runs of this commit on this machine class (random "
+    return (f"The study's intervals above pool {len(rep.runs)} full runs of this commit on this machine class (random "
             f"effects over runs, the run-level variance estimated per statistic); {len(rep.significant)} of "
-            f"{rep.tests} headline statistics differ significantly between them (Holm, 5\\,\\%), and {held} of "
+            f"{rep.tests} tests of a headline statistic's difference between them are significant (Holm, "
+            f"5\\,\\%), and {held} of "
             f"{len(rep.claim_runs)} claim rows have the same verdicts in every run.")
 
 
@@ -621,8 +633,10 @@ def machine_comparison(a: Path, b: Path, a_label: str, b_label: str) -> str:
     same_engine = kernels_of(a) is not None and kernels_of(a) == kernels_of(b)
     flips = "; ".join(tex_escape(_statistic_words(n)) for n in got.flipped) or "none"
     moved = "; ".join(tex_escape(_statistic_words(n)) for n in got.significant) or "none"
-    kind = ("the same kernels, so a difference is the machine's" if same_engine else
-            "other kernels, so machine and code are confounded")
+    same_commit = runcompare.commit_of(a) is not None and runcompare.commit_of(a) == runcompare.commit_of(b)
+    kind = ("the same commit, so a difference is the machine's" if same_commit else
+            "the same kernels at another commit: a difference is the machine's or the code's outside the kernels"
+            if same_engine else "other kernels, so machine and code are confounded")
     return (f"{b_label} against {a_label} ({kind}): {len(got.significant)} of {got.total} headline statistics "
             f"differ significantly (Holm, 5\\,\\%: {moved}), and {got.same_conclusion} draw the same conclusion "
             f"(conclusions that differ: {flips}).")
@@ -702,12 +716,24 @@ def prediction_rows(results: Path | None, runs: list[Path], labels: dict) -> lis
 
     reference = Path(results) if results is not None else REFERENCE_DIR / "offline"
     shapes = prediction.shapes_for(reference, REFERENCE_DIR / "offline")
-    run_sd = prediction.calibration_run_sd(prediction.same_machine_calibrations(reference))
+    run_sd = calibration_shift(reference)
     if shapes is None or run_sd is None:
         return []
     own = [reference, *runcompare.sibling_runs(reference)] if results is not None else []
     names = {**{p: "this run" if p == reference else f"rerun \\texttt{{{tex_escape(p.name)}}}" for p in own}, **labels}
     return [row for p in [*own, *runs] for row in prediction.run_predictions(p, shapes, run_sd, names.get(p, p.name))]
+
+
+def calibration_shift(results: Path) -> float | None:
+    """A calibrated curve's run-to-run shift on one machine class: from this run and its reruns where they are
+    shipped, else from the shipped reference run and its rerun (rakv.experiments.prediction.calibration_run_sd)."""
+    from rakv.experiments import prediction
+
+    for folder in (Path(results), REFERENCE_DIR / "offline"):
+        shift = prediction.calibration_run_sd(prediction.same_machine_calibrations(folder))
+        if shift is not None:
+            return shift
+    return None
 
 
 def prediction_section(results: Path | None, runs: list[Path], labels: dict) -> str:
@@ -721,8 +747,7 @@ def prediction_section(results: Path | None, runs: list[Path], labels: dict) -> 
     misses = [r for r in measured if not r.inside]
     named = "; ".join(f"{r.run}, \\texttt{{{tex_escape(r.configuration)}}} {tex_escape(r.comparison)} ({r.cause})"
                       for r in misses) or "none"
-    reference = Path(results) if results is not None else REFERENCE_DIR / "offline"
-    run_sd = prediction.calibration_run_sd(prediction.same_machine_calibrations(reference))
+    run_sd = calibration_shift(Path(results) if results is not None else REFERENCE_DIR / "offline")
     cells = []
     for r in rows:
         pred = f"{pct(r.predicted[0], 0)} [{pct(r.predicted[1], 0)}, {pct(r.predicted[2], 0)}]"
@@ -746,8 +771,8 @@ def prediction_section(results: Path | None, runs: list[Path], labels: dict) -> 
     lines += ["\\bottomrule", "\\end{tabular}}", "\\end{table}"]
     sentence = (f"From its calibration alone, before its study runs, each machine's cost model predicts the four "
                 "headline comparisons (Table~\\ref{tab:predicted}; the interval allows for a calibrated curve's "
-                f"run-to-run shift on one machine class, {pct(run_sd, 0)} in log terms between this run's "
-                "calibrations and its rerun's, and for the calibration's acceptance): "
+                f"run-to-run shift on one machine class, {pct(run_sd, 0)} in log terms between two shipped runs' "
+                "calibrations on one machine, and for the calibration's acceptance): "
                 f"{len(measured) - len(misses)} of {len(measured)} measured comparisons lie inside their predicted "
                 f"interval widened by their own CI; outside: {named}. A miss is named \\emph{{acceptance}} where "
                 "predicting at the acceptance the study measured allows it, \\emph{cost model} where not even that "
@@ -767,7 +792,7 @@ def run_to_run(results: Path) -> str:
     """The paper's run-to-run paragraph: the other shipped runs of this commit and machine class (<results>-rerun*,
     each from a separate clean clone and process) against this one: significant differences (Holm), the run-level
     variance, the pooled CIs' coverage of a held-out run, conclusions and the controllers' decisions
-    (rakv.experiments.runcompare.replication_summary, recomputed here from the shipped summaries)."""
+    (the summary's `replication`, rakv.experiments.runcompare.replication_summary)."""
     from rakv.experiments.runcompare import agreement, replication_summary, sibling_runs
     from rakv.experiments.summary import read_summary
 
@@ -777,17 +802,19 @@ def run_to_run(results: Path) -> str:
                 f"(\\texttt{{{tex_escape(Path(results).name)}-rerun/}} is absent), so run-to-run agreement is not "
                 "reported here; \\texttt{scripts/compare\\_runs.py} compares any two runs.\n")
     own = read_summary(results)
-    rep = replication_summary(Path(results), own)
+    rep = own.replication or replication_summary(Path(results), own)
     got = agreement(own, read_summary(siblings[0]))
     varying = [p for p in rep.statistics if p.run_sd > 0]
     flips = "; ".join(tex_escape(_statistic_words(n)) for n in got.flipped) or "none"
     return (f"{len(rep.runs)} full runs of this commit on this machine class are shipped ("
             + ", ".join(f"\\texttt{{{tex_escape(r)}/}}" for r in rep.runs) + "; each from its own clean clone and "
             f"process, with its own calibration). Tested with both runs' uncertainty, {len(rep.significant)} of "
-            f"{rep.tests} headline statistics differ significantly (Welch's $t$ on each statistic's scale, Holm over "
-            f"the {rep.tests}, 5\\,\\% family-wise); the conclusions that differ (the side of zero each CI lies "
+            f"{rep.tests} headline statistics' differences are significant (Welch's $t$ on each statistic's scale, "
+            "Holm over the headline statistics, 5\\,\\% family-wise); the conclusions that differ between this "
+            "run and the first rerun (the side of zero each CI lies "
             f"on): {flips}. {len(varying)} of {len(rep.statistics)} statistics show a run-level variance component "
-            "above zero (DerSimonian--Laird), which the pooled intervals of the abstract and "
+            "above zero (DerSimonian--Laird's, a lower bound where the runs share their prompts), which the pooled "
+            "intervals of the abstract and "
             "Table~\\ref{tab:claims} include. " + coverage_sentence(rep)
             + decisions_sentence(rep.decisions_same, rep.decisions_tied or {}) + "\n")
 
@@ -797,19 +824,22 @@ def coverage_sentence(rep) -> str:
     pairs of one left-out run: the runs' pairs are not independent of each other)."""
     from scipy.stats import binomtest
 
-    share = rep.coverage_inside / max(1, rep.coverage_total)
+    if not rep.coverage_total:
+        return ""
+    share = rep.coverage_inside / rep.coverage_total
     runs = len(rep.runs)
-    p = binomtest(round(rep.coverage_inside / runs), max(1, rep.coverage_total // runs), rep.coverage_expected).pvalue
-    if p >= 0.05:
-        reading = "within chance of what an exact replication gives"
-    elif share < rep.coverage_expected:
-        reading = ("fewer than an exact replication gives: a run's own interval does not hold all of the run-to-run "
-                   "variation, which is why the claims are judged on the pooled intervals")
+    trials = max(1, rep.coverage_total // runs)
+    p = binomtest(min(trials, round(rep.coverage_inside / runs)), trials, rep.coverage_expected).pvalue
+    if p >= 0.05 or share > rep.coverage_expected:
+        # runs that share their prompts agree more than independent ones: above the benchmark is no finding
+        reading = "not fewer than an exact replication with independent prompts gives"
     else:
-        reading = "more than an exact replication gives: the runs agree more closely than their intervals say"
+        reading = ("fewer than an exact replication gives even with independent prompts (runs that share their "
+                   "prompts would agree more): a run's own interval does not hold all of the run-to-run variation, "
+                   "which is why the claims are judged on the pooled intervals")
     return (f"Left out in turn, a run's estimate lies inside the CI of the others for {rep.coverage_inside} of "
-            f"{rep.coverage_total} statistics ({pct(share, 0)}; an exact replication: {pct(rep.coverage_expected, 0)}"
-            f", binomial $p = {p:.2g}$), {reading}. ")
+            f"{rep.coverage_total} statistics ({pct(share, 0)}; an exact replication with independent prompts: "
+            f"{pct(rep.coverage_expected, 0)}, binomial $p = {p:.2g}$), {reading}. ")
 
 
 def decisions_sentence(shares: dict[str, float], tied: dict[str, float]) -> str:
@@ -1653,7 +1683,7 @@ def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path
     runs = pd.read_parquet(results / "study" / "runs.parquet")
     files = {
         "macros.tex": "% generated by rakv.experiments.report from summary.json; do not edit\n" + "".join(
-            f"\\newcommand{{\\{name}}}{{{value}}}\n" for name, value in macros(summary, meta).items()),
+            f"\\newcommand{{\\{name}}}{{{value}}}\n" for name, value in macros(pooled_summary(summary), meta).items()),
         "abstract.tex": abstract(summary, meta),
         "substitutions.tex": substitutions(summary, meta, results),
         "conclusion.tex": conclusion(summary),

@@ -171,9 +171,9 @@ def controller_decisions(folder: Path):
 
 def decision_agreement(a: Path, b: Path, tied: bool = False) -> dict[str, float]:
     """Per configuration, the share of the controller's study runs (the same prompt, scenario and repeat in both
-    runs) in which the two runs chose the same action (`tied`: actions whose tie sets overlap, i.e. the two choices
-    lie within the cost model's noise of each other in at least one run's eyes). Each run calibrates its own cost
-    tables, so near-ties can fall either way."""
+    runs) in which the two runs chose the same action (`tied`: one run's choice lies in the other's tie set, i.e. the
+    two choices lie within the cost model's noise of each other in at least one run's eyes; runs without a tie set
+    are left out). Each run calibrates its own cost tables, so near-ties can fall either way."""
     import pandas as pd
 
     decisions = [controller_decisions(folder) for folder in (a, b)]
@@ -181,8 +181,10 @@ def decision_agreement(a: Path, b: Path, tied: bool = False) -> dict[str, float]
         return {}
     both = decisions[0].merge(decisions[1], left_index=True, right_index=True, suffixes=("_a", "_b"))
     if tied:
-        same = pd.Series([bool(set(json.loads(x or "[]")) & set(json.loads(y or "[]")))
-                          for x, y in zip(both.tie_set_a, both.tie_set_b)], index=both.index)
+        both = both.dropna(subset=["tie_set_a", "tie_set_b"])  # no tie set (no predictions recorded): not judged
+        same = pd.Series([b in json.loads(x) or a in json.loads(y) for a, b, x, y in
+                          zip(both.action_a, both.action_b, both.tie_set_a, both.tie_set_b)], index=both.index,
+                         dtype=bool)
     else:
         same = both.action_a == both.action_b
     return {str(name): float(part.mean()) for name, part in same.groupby(level="configuration")}
@@ -254,13 +256,13 @@ def replication_summary(results: Path, summary: Summary) -> Replication | None:
     summaries = [summary, *(read_summary(f) for f in siblings)]
     df = degrees_of_freedom(summary)
     cis = [with_intervals(s) for s in summaries]
-    significant = [f"{f.name}: {d.name}" for f, other in zip(siblings, cis[1:])
-                   for d in differences(cis[0], other, df) if d.significant]
+    tested = [(f, differences(cis[0], other, df)) for f, other in zip(siblings, cis[1:])]  # Holm within each pair
+    significant = [f"{f.name}: {d.name}" for f, found in tested for d in found if d.significant]
     pooled = pool_runs(cis, df)
     claims, across = pooled_claims(summaries, pooled)
     coverage = held_out_coverage(cis, df)
     return Replication(
-        runs=[shown_path(results), *(shown_path(f) for f in siblings)], tests=len(differences(cis[0], cis[1], df)),
+        runs=[shown_path(results), *(shown_path(f) for f in siblings)], tests=sum(len(found) for _, found in tested),
         significant=significant, statistics=list(pooled.values()), claims=claims, claim_runs=across,
         coverage_inside=coverage.inside, coverage_total=coverage.total, coverage_expected=coverage.expected,
         decisions_same=decision_agreement(results, siblings[0]),
