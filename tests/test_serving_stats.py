@@ -1,5 +1,6 @@
-"""The serving study's statistics (rakv.experiments.serving_stats): the interval method's coverage at the study's
-repeat count (simulated), the power arithmetic, and the goal rules answering met, missed and inconclusive."""
+"""The serving study's statistics (rakv.experiments.serving_cells, serving_power, serving_goals): the interval
+method's coverage at the study's repeat count (simulated), the power arithmetic, and the goal rules answering met,
+missed and inconclusive."""
 
 import numpy as np
 import pandas as pd
@@ -7,8 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rakv.experiments import serving_stats as ss
-from rakv.experiments.verdicts import all_of, any_of, below, ci_side, higher, non_inferior, tally
+from rakv.experiments import serving_cells as sc
+from rakv.experiments import serving_goals as sg
+from rakv.experiments import serving_power as sp
+from rakv.experiments.intervals import t_interval
+from rakv.experiments.serving_power import GoalId, GoalKind
+from rakv.experiments.summary import ABSENT
+from rakv.experiments.verdicts import Verdict, all_of, any_of, below, ci_side, higher, non_inferior, tally
 from rakv.runtime.paths import conf_file
 
 REPEATS = int(conf_file("profile/offline.yaml").profile.serving.repeats)  # the study's repeat count
@@ -18,7 +24,7 @@ def coverage(draw, repeats, truth, trials=4000, seed=0):
     rng = np.random.default_rng(seed)
     hits = 0
     for _ in range(trials):
-        _, low, high = ss.t_interval(draw(rng, repeats))
+        _, low, high = t_interval(draw(rng, repeats))
         hits += low <= truth <= high
     return hits / trials
 
@@ -47,11 +53,11 @@ def test_the_percentile_bootstrap_over_three_repeats_covers_far_less_than_it_say
 
 def test_the_minimum_detectable_difference_is_detected_with_the_stated_power():
     sd, n = 0.08, REPEATS
-    mdd = ss.minimum_detectable(sd, n)
+    mdd = sp.minimum_detectable(sd, n)
     rng = np.random.default_rng(2)
-    detected = np.mean([ss.t_interval(rng.normal(mdd, sd, n))[1] > 0 for _ in range(4000)])
-    assert abs(detected - ss.POWER) < 0.04, detected
-    assert ss.minimum_detectable(sd, 10) < mdd and ss.minimum_detectable(sd, 1) == float("inf")
+    detected = np.mean([t_interval(rng.normal(mdd, sd, n))[1] > 0 for _ in range(4000)])
+    assert abs(detected - sp.POWER) < 0.04, detected
+    assert sp.minimum_detectable(sd, 10) < mdd and sp.minimum_detectable(sd, 1) == float("inf")
 
 
 finite = st.floats(-1, 1, allow_nan=False)
@@ -114,15 +120,15 @@ def cells_frame(values: dict) -> pd.DataFrame:
 def test_paired_differences_are_per_repeat_and_relative_to_the_baseline():
     frame = cells_frame({(1.0, "a"): [(2.0, 0, 0), (3.0, 0, 0), (4.0, 0, 0)],
                          (1.0, "b"): [(1.0, 0, 0), (2.0, 0, 0), (3.0, 0, 0)]})
-    ci = ss.paired_difference({"cells": frame}, "chunking", 1.0, "a", "b", "goodput")
+    ci = sc.paired_difference({"cells": frame}, "chunking", 1.0, "a", "b", "goodput")
     assert ci[0] == pytest.approx(0.5) and -1.0 < ci[1] < 0.5 < ci[2]  # 9 / 6 - 1, its interval over 3 repeats
     same = cells_frame({(1.0, "a"): [(2.0, 0, 0), (4.0, 0, 0), (6.0, 0, 0)],
                         (1.0, "b"): [(1.0, 0, 0), (2.0, 0, 0), (3.0, 0, 0)]})
-    ci = ss.paired_difference({"cells": same}, "chunking", 1.0, "a", "b", "goodput")
+    ci = sc.paired_difference({"cells": same}, "chunking", 1.0, "a", "b", "goodput")
     assert ci == pytest.approx([1.0, 1.0, 1.0])  # twice the baseline in every repeat: no spread
     halved = cells_frame({(1.0, "a"): [(0.0, 0, 0), (0.1, 0, 0), (0.0, 0, 0)],
                           (1.0, "b"): [(1.0, 0, 0), (2.0, 0, 0), (3.0, 0, 0)]})
-    assert ss.paired_difference({"cells": halved}, "chunking", 1.0, "a", "b", "goodput")[1] >= -1.0
+    assert sc.paired_difference({"cells": halved}, "chunking", 1.0, "a", "b", "goodput")[1] >= -1.0
 
 
 def test_the_slo_reach_rule_can_meet_miss_and_be_unsure():
@@ -135,7 +141,7 @@ def test_the_slo_reach_rule_can_meet_miss_and_be_unsure():
                              (1.0, "f"): [(1, i, 100) for i in fixed_itl[0]],
                              (4.0, "f"): [(1, i, 100) for i in fixed_itl[1]]})
         data = {"cells": frame}
-        return ss.chunking_goals(data, ss.cell_table(data), design, margins)[0]["verdict"]
+        return sg.chunking_goals(data, sc.cell_table(data), design, margins)[0].verdict
 
     under, over, around = [50, 52, 51], [150, 152, 151], [60, 140, 100]
     assert verdict((under, under), (under, over)) == "met"
@@ -146,10 +152,10 @@ def test_the_slo_reach_rule_can_meet_miss_and_be_unsure():
 def test_a_draft_configurations_requests_have_no_ex_post_regret_and_that_is_not_an_error():
     requests = pd.DataFrame({"family": ["acceptance"] * 2, "policy": ["ewma", "prefix-keyed"], "status": "ok",
                              "repeat": 0, "alpha": [0.5, 0.6], "realised_alpha": [0.7, 0.7]})
-    assert ss.request_values(requests, "regret").empty
-    goals, stats = ss.acceptance_goals(requests, {"acceptance": {"goals": {"ours": "prefix-keyed",
+    assert sc.request_values(requests, "regret").empty
+    goals, stats = sg.acceptance_goals(requests, {"acceptance": {"goals": {"ours": "prefix-keyed",
                                                                               "baseline": "ewma"}}})
-    assert goals[0]["verdict"] == "missing" and stats["ewma"]["acceptance_error"][0] == pytest.approx(0.2)
+    assert goals[0].verdict == "missing" and stats["ewma"].acceptance_error[0] == pytest.approx(0.2)
 
 
 def speculation_cells(goodput: dict, throughput: float = 1.0) -> pd.DataFrame:
@@ -171,18 +177,21 @@ def test_goodput_goals_are_judged_only_where_some_policy_misses_an_slo():
                                (8.0, "ours"): [(4.0, 4.0), (4.1, 4.1), (3.9, 3.9)],
                                (8.0, "base"): [(2.0, 4.0), (2.1, 4.1), (1.9, 3.9)]})
     data = {"cells": frame}
-    assert ss.judged_loads(data, "speculation") == {1.0: False, 8.0: True}
-    goals, pairs = ss.speculation_goals(data, design, {"goodput": 0.1})
-    by_key = {g["key"]: g for g in goals}
-    assert by_key["speculation/no_worse/base"]["verdict"] == "met"  # judged at 8 only, where ours doubles goodput
-    assert by_key["speculation/higher/base"]["verdict"] == "met"
-    assert {(p["rate"], p["judged"]) for p in pairs} == {(1.0, False), (8.0, True)}
+    assert sc.judged_loads(data, "speculation") == {1.0: False, 8.0: True}
+    goals, pairs = sg.speculation_goals(data, design, {"goodput": 0.1})
+    by_id = {g.id: g for g in goals}
+    assert by_id[GoalId("speculation", GoalKind.NO_WORSE, "base")].verdict == "met"  # judged at 8 only: ours doubles
+    assert by_id[GoalId("speculation", GoalKind.HIGHER, "base")].verdict == "met"
+    assert {(p.rate, p.judged) for p in pairs} == {(1.0, False), (8.0, True)}
     only_low = {"cells": frame[frame.rate == 1.0]}
-    goals, _ = ss.speculation_goals(only_low, design, {"goodput": 0.1})
-    assert {g["verdict"] for g in goals if "/throughput/" not in g["key"]} == {"missing"}  # counted, explained
-    assert all("no load where a policy missed an SLO" in g["missing"] for g in goals if "/throughput/" not in g["key"])
+    goals, _ = sg.speculation_goals(only_low, design, {"goodput": 0.1})
+    goodput = [g for g in goals if g.id.kind != GoalKind.THROUGHPUT]
+    assert {g.verdict for g in goodput} == {"missing"}  # counted, explained
+    assert all("no load where a policy missed an SLO" in g.missing for g in goodput)
     # the highest load's throughput goal is judged whatever the SLOs: ours is 50 % lower there
-    assert next(g for g in goals if g["key"] == "speculation/throughput/base")["verdict"] == "missed"
+    assert next(g for g in goals if g.id == GoalId("speculation", GoalKind.THROUGHPUT, "base")).verdict == "missed"
+    assert [g.key for g in goals] == ["speculation/no_worse/base", "speculation/higher/base",
+                                      "speculation/throughput/base"]  # summary.json's keys
 
 
 def test_the_ablation_arm_says_which_part_pays():
@@ -191,12 +200,13 @@ def test_the_ablation_arm_says_which_part_pays():
     slo_missed = lambda good: [(good * f, 4.0 * f) for f in (1.0, 1.02, 0.98)]  # noqa: E731
     frame = speculation_cells({(8.0, "ours"): slo_missed(3.0), (8.0, "arm"): slo_missed(3.0),
                                (8.0, "k2"): slo_missed(2.0)})
-    goals, _ = ss.speculation_goals({"cells": frame}, design, {"goodput": 0.1})
-    by_key = {g["key"]: g["verdict"] for g in goals}
+    goals, _ = sg.speculation_goals({"cells": frame}, design, {"goodput": 0.1})
+    by_kind = {g.id.kind: g.verdict for g in goals}
     # the arm (load-aware k, EWMA acceptance) already has all of ours' gain over k2: load-aware k pays, the
     # prefix-keyed acceptance adds nothing measurable
-    assert by_key["speculation/part/load_aware"] == "met"
-    assert by_key["speculation/part/acceptance"] in ("inconclusive", "missed")
+    assert by_kind[GoalKind.PART_LOAD_AWARE] == "met"
+    assert by_kind[GoalKind.PART_ACCEPTANCE] in ("inconclusive", "missed")
+    assert {g.key for g in goals} >= {"speculation/part/load_aware", "speculation/part/acceptance"}
 
 
 def test_a_familys_own_margin_decides_its_no_worse_goal():
@@ -207,11 +217,11 @@ def test_a_familys_own_margin_decides_its_no_worse_goal():
     data = {"cells": speculation_cells({(8.0, "ours"): per(2.4), (8.0, "base"): per(3.0)})}
     default = {"speculation": {"goals": named}}
     own = {"speculation": {"goals": named, "margins": {"goodput": 0.25}}}
-    verdict = lambda design: next(g for g in ss.speculation_goals(data, design, {"goodput": 0.1, "ttft": 0.3})[0]  # noqa: E731
-                                  if g["key"] == "speculation/no_worse/base")
-    assert verdict(default)["verdict"] == "missed" and "margin 10%" in verdict(default)["goal"]
-    assert verdict(own)["verdict"] == "met" and "margin 25%" in verdict(own)["goal"]
-    assert ss.family_margin({"goodput": 0.1, "ttft": 0.3}, own, "speculation", "ttft") == 0.3  # the default
+    verdict = lambda design: next(g for g in sg.speculation_goals(data, design, {"goodput": 0.1, "ttft": 0.3})[0]  # noqa: E731
+                                  if g.id.kind == GoalKind.NO_WORSE)
+    assert verdict(default).verdict == "missed" and "margin 10%" in verdict(default).goal
+    assert verdict(own).verdict == "met" and "margin 25%" in verdict(own).goal
+    assert sp.family_margin({"goodput": 0.1, "ttft": 0.3}, own, "speculation", "ttft") == 0.3  # the default
 
 
 def test_the_plans_power_is_computed_at_the_loads_the_run_serves(tmp_path):
@@ -225,8 +235,8 @@ def test_the_plans_power_is_computed_at_the_loads_the_run_serves(tmp_path):
         values[(rate, "ours")] = [(g * (1 + spread * z), 4.0) for g, z in zip(base, rng.standard_normal(5))]
     speculation_cells(values).to_parquet(tmp_path / "cells.parquet")
     design = {"speculation": {"goals": {"ours": "ours", "no_worse_than": ["base"]}, "margins": {"goodput": 0.05}}}
-    every = ss.power(tmp_path, 5, {"goodput": 0.1, "ttft": 0.3}, design)[0]
-    served = ss.power(tmp_path, 5, {"goodput": 0.1, "ttft": 0.3}, design, rates={"speculation": [4]})[0]
+    every = sp.power(tmp_path, 5, {"goodput": 0.1, "ttft": 0.3}, design)[0]
+    served = sp.power(tmp_path, 5, {"goodput": 0.1, "ttft": 0.3}, design, rates={"speculation": [4]})[0]
     assert "margin 5%" in served and "MDD <= margin" in served
     assert "MDD > margin" in every
 
@@ -265,8 +275,8 @@ positive = st.lists(st.floats(0.5, 2.0), min_size=REPEATS, max_size=REPEATS)
 def test_a_goals_p_value_is_below_005_exactly_when_its_95_percent_interval_decides(ours, base, margin):
     both = pairs_frame(ours, base)
     rule = lambda ci: non_inferior(ci, margin)  # noqa: E731
-    p, side = ss.p_value(ss.over_loads([both], rule, every=True))
-    alone = rule(ss.relative_interval(both))
+    p, side = sg.p_value(sg.over_loads([both], rule, every=True))
+    alone = rule(sc.relative_interval(both))
     if abs(p - 0.05) > 1e-6:
         assert (p < 0.05) == (alone in ("met", "missed"))
     if p < 0.05:
@@ -277,39 +287,48 @@ def test_a_goal_met_at_some_load_of_several_is_corrected_for_its_loads():
     """Four loads with the same data: "higher at some load" had four tries, so its p is four times one load's
     (Bonferroni); "no worse at every load" needs all four, so its p is one load's."""
     both = pairs_frame([1.10, 1.18, 1.05, 1.22, 1.12], [1.0, 1.02, 0.99, 1.03, 1.0])
-    one, side = ss.p_value(ss.over_loads([both], higher, every=False))
+    one, side = sg.p_value(sg.over_loads([both], higher, every=False))
     assert side == "met" and one < 0.05 / 4
-    four, _ = ss.p_value(ss.over_loads([both] * 4, higher, every=False))
+    four, _ = sg.p_value(sg.over_loads([both] * 4, higher, every=False))
     assert four == pytest.approx(4 * one, rel=1e-3)
-    every, _ = ss.p_value(ss.over_loads([both] * 4, lambda ci: non_inferior(ci, 0.1), every=True))
-    assert every == pytest.approx(ss.p_value(ss.over_loads([both], lambda ci: non_inferior(ci, 0.1), True))[0])
+    every, _ = sg.p_value(sg.over_loads([both] * 4, lambda ci: non_inferior(ci, 0.1), every=True))
+    assert every == pytest.approx(sg.p_value(sg.over_loads([both], lambda ci: non_inferior(ci, 0.1), True))[0])
     # a load of the design the data lack: "every load" can no longer be met, "some load" no longer missed
-    assert ss.over_loads([both], lambda ci: non_inferior(ci, 0.1), True, unmeasured=1)(0.5) == "inconclusive"
+    assert sg.over_loads([both], lambda ci: non_inferior(ci, 0.1), True, unmeasured=1)(0.5) == "inconclusive"
 
 
-def with_p(key, family, p, side="met", missing=None):
-    return {"goal": key, "key": key, "value": 0.0, "ci_low": -0.1, "ci_high": 0.1, "rule": "r", "family": family,
-            "p_value": p, "side": side, "missing": missing, "verdict": side if p < 0.05 else "inconclusive"}
+def no_worse(family, rival):
+    return GoalId(family, GoalKind.NO_WORSE, rival)
 
 
-def planned(key, family, margin=0.1):
-    return ss.PlannedGoal(key, family, "goodput", "ours", "base", (4.0,), "every", margin)
+def with_p(goal_id, p, side="met", missing=None):
+    """A goal tested on the data at p-value `p`, deciding `side`."""
+    return sg.TestedGoal(goal_id, goal_id.key, [0.0, -0.1, 0.1], "r", p, Verdict(side), missing)
+
+
+def planned(goal_id, margin=0.1):
+    return sp.PlannedGoal(goal_id, "goodput", "ours", (4.0,), "every", margin)
 
 
 def test_holm_within_a_family_and_the_tally_sums_to_the_planned_goals():
     """Four goals of one family at p 0.01-0.04, each "met" alone at 95 %: Holm keeps the first (0.01 <= 0.05 / 4)
     and leaves the rest inconclusive; another family's lone goal at p 0.04 is met (families are corrected apart);
     a planned goal the data lack is missing, named and counted (and counts in its family's Holm, as p = 1)."""
-    goals = [with_p(f"a/{i}", "a", p) for i, p in enumerate((0.01, 0.02, 0.03, 0.04))] + [with_p("b/0", "b", 0.04)]
-    plan = [planned(g["key"], g["family"]) for g in goals] + [planned("c/absent", "c"), planned("c/1", "c")]
-    goals.append(with_p("c/1", "c", 0.04))
-    final = ss.family_wise(goals, plan, power=[])
-    verdicts = {g["key"]: g["verdict"] for g in final}
-    assert verdicts == {"a/0": "met", "a/1": "inconclusive", "a/2": "inconclusive", "a/3": "inconclusive",
-                        "b/0": "met", "c/absent": "missing", "c/1": "inconclusive"}  # c: 2 x 0.04 > 0.05
-    assert next(g for g in final if g["key"] == "c/absent")["reason"].startswith("not in the data")
-    assert next(g for g in final if g["key"] == "a/1")["p_holm"] == pytest.approx(0.06)
-    assert sum(tally([g["verdict"] for g in final]).values()) == len(plan)
+    goals = [with_p(no_worse("a", f"r{i}"), p) for i, p in enumerate((0.01, 0.02, 0.03, 0.04))]
+    goals.append(with_p(no_worse("b", "r0"), 0.04))
+    plan = [planned(g.id) for g in goals] + [planned(no_worse("c", "absent")), planned(no_worse("c", "r1"))]
+    goals.append(with_p(no_worse("c", "r1"), 0.04))
+    assert all(g.verdict == "met" for g in goals)  # each alone, at 95 %
+    final = sg.family_wise(goals, plan, power=[])
+    verdicts = {g.key: g.verdict for g in final}
+    assert verdicts == {"a/no_worse/r0": "met", "a/no_worse/r1": "inconclusive", "a/no_worse/r2": "inconclusive",
+                        "a/no_worse/r3": "inconclusive", "b/no_worse/r0": "met", "c/no_worse/absent": "missing",
+                        "c/no_worse/r1": "inconclusive"}  # c: 2 x 0.04 > 0.05
+    by_key = {g.key: g for g in final}
+    assert by_key["c/no_worse/absent"].reason.startswith("not in the data")
+    assert by_key["c/no_worse/absent"].family == "c"
+    assert by_key["a/no_worse/r1"].p_holm == pytest.approx(0.06)
+    assert sum(tally([g.verdict for g in final]).values()) == len(plan)
     with pytest.raises(ValueError):
         tally(["met", "passed"])
 
@@ -323,25 +342,26 @@ def test_a_goal_the_plan_cannot_power_is_underpowered_whatever_the_run_shows(tmp
     cells = speculation_cells({(8.0, "base"): [(g, 5.0) for g in base], (8.0, "ours"): [(g, 5.0) for g in ours]})
     cells.to_parquet(tmp_path / "cells.parquet")
     design = {"speculation": {"goals": {"ours": "ours", "no_worse_than": ["base"]}}}
-    plan = ss.planned_goals(design, {"speculation": [8]}, {"goodput": 0.1, "ttft": 0.2})
+    plan = sp.planned_goals(design, {"speculation": [8]}, {"goodput": 0.1, "ttft": 0.2})
     assert [g.key for g in plan] == ["speculation/no_worse/base", "speculation/throughput/base",
                                      "speculation/latency_mape"]
-    rows = {r["key"]: r for r in ss.goal_power(plan, tmp_path, REPEATS, requests=12)}
+    assert [(g.id.kind, g.rival) for g in plan] == [(GoalKind.NO_WORSE, "base"), (GoalKind.THROUGHPUT, "base"),
+                                                    (GoalKind.LATENCY_MAPE, None)]
+    rows = {r.key: r for r in sp.goal_power(plan, tmp_path, REPEATS, requests=12)}
     row = rows["speculation/no_worse/base"]
     level = 1 - 0.05 / 3  # three goals in the family: Holm's strictest step
-    assert row["confidence"] == pytest.approx(level) and row["mdd"] > 0.1 and row["powered"] is False
-    n = row["repeats_needed"]
-    assert ss.minimum_detectable(row["paired_sd"], n, level) <= 0.1 < ss.minimum_detectable(row["paired_sd"], n - 1,
-                                                                                               level)
-    assert rows["speculation/latency_mape"]["mdd"] is None  # no requests in this pilot: said, not guessed
-    lines = ss.goal_power_lines(list(rows.values()))
+    assert row.confidence == pytest.approx(level) and row.mdd > 0.1 and row.powered is False
+    n = row.repeats_needed
+    assert sp.minimum_detectable(row.paired_sd, n, level) <= 0.1 < sp.minimum_detectable(row.paired_sd, n - 1, level)
+    assert rows["speculation/latency_mape"].mdd is None  # no requests in this pilot: said, not guessed
+    lines = sp.goal_power_lines(list(rows.values()))
     assert all(any(key in line for line in lines) for key in rows)
     assert f"{n} repeats would power it" in "\n".join(lines)
-    final = ss.family_wise([with_p("speculation/no_worse/base", "speculation", 1e-6)], plan, list(rows.values()))
-    weak = next(g for g in final if g["key"] == "speculation/no_worse/base")
-    assert weak["verdict"] == "underpowered" and f"{n} repeats" in weak["reason"] and "p_holm" not in weak
-    wide = ss.planned_goals(design, {"speculation": [8]}, {"goodput": 0.9, "ttft": 0.2})
-    assert ss.goal_power(wide, tmp_path, REPEATS)[0]["powered"] is True
+    final = sg.family_wise([with_p(plan[0].id, 1e-6)], plan, list(rows.values()))
+    weak = next(g for g in final if g.key == "speculation/no_worse/base")
+    assert weak.verdict == "underpowered" and f"{n} repeats" in weak.reason and weak.p_holm is ABSENT
+    wide = sp.planned_goals(design, {"speculation": [8]}, {"goodput": 0.9, "ttft": 0.2})
+    assert sp.goal_power(wide, tmp_path, REPEATS)[0].powered is True
 
 
 def test_a_load_of_the_design_missing_from_the_data_is_reported_and_counted():
@@ -351,23 +371,38 @@ def test_a_load_of_the_design_missing_from_the_data_is_reported_and_counted():
     frame = speculation_cells({(8.0, "ours"): [(4.0, 4.0), (4.1, 4.1), (3.9, 3.9), (4.0, 4.0), (4.05, 4.05)],
                                (8.0, "base"): [(2.0, 4.0), (2.1, 4.1), (1.9, 3.9), (2.0, 4.0), (2.05, 4.05)]})
     data, rates = {"cells": frame}, {"speculation": [2, 8]}
-    goals, _ = ss.speculation_goals(data, design, {"goodput": 0.1}, rates)
-    plan = ss.planned_goals(design, rates, {"goodput": 0.1, "ttft": 0.2})
-    final = {g["key"]: g for g in ss.family_wise(goals, plan, power=[])}
-    no_worse = final["speculation/no_worse/base"]
-    assert no_worse["verdict"] == "missing" and "2 req/s in the design but not in the data" in no_worse["reason"]
-    assert final["speculation/higher/base"]["verdict"] == "met"
-    assert final["speculation/latency_mape"]["verdict"] == "missing"  # no requests in this data: named, counted
-    assert sum(tally([g["verdict"] for g in final.values()]).values()) == len(plan)
+    goals, _ = sg.speculation_goals(data, design, {"goodput": 0.1}, rates)
+    plan = sp.planned_goals(design, rates, {"goodput": 0.1, "ttft": 0.2})
+    final = {g.key: g for g in sg.family_wise(goals, plan, power=[])}
+    missing = final["speculation/no_worse/base"]
+    assert missing.verdict == "missing" and "2 req/s in the design but not in the data" in missing.reason
+    assert final["speculation/higher/base"].verdict == "met"
+    assert final["speculation/latency_mape"].verdict == "missing"  # no requests in this data: named, counted
+    assert sum(tally([g.verdict for g in final.values()]).values()) == len(plan)
+
+
+def test_a_goal_is_named_by_its_fields_and_its_key_spells_them():
+    """summary.json's keys, one per kind, spelled from the record's fields (nothing parses them back)."""
+    keys = {GoalId("speculation", GoalKind.NO_WORSE, "k0"): "speculation/no_worse/k0",
+            GoalId("speculation-draft", GoalKind.HIGHER, "smartspec"): "speculation-draft/higher/smartspec",
+            GoalId("speculation", GoalKind.PART_ACCEPTANCE, "arm"): "speculation/part/acceptance",
+            GoalId("speculation", GoalKind.PART_LOAD_AWARE, "k2"): "speculation/part/load_aware",
+            GoalId("speculation", GoalKind.THROUGHPUT, "k0"): "speculation/throughput/k0",
+            GoalId("chunking", GoalKind.SLO_REACH): "chunking/slo_reach",
+            GoalId("chunking", GoalKind.TTFT, "none"): "chunking/ttft",
+            GoalId("acceptance", GoalKind.LATENCY_MAPE): "acceptance/latency_mape",
+            GoalId("acceptance", GoalKind.ACCEPTANCE_ERROR, "ewma"): "acceptance/error"}
+    assert {goal_id.kind for goal_id in keys} == set(GoalKind)
+    assert all(goal_id.key == key for goal_id, key in keys.items())
 
 
 @given(st.floats(0.01, 0.6), st.floats(0.03, 0.5), st.sampled_from([0.95, 0.99, 0.999]))
 def test_the_repeats_that_power_a_goal_are_the_least_that_do(sd, margin, confidence):
-    n = ss.repeats_to_power(sd, margin, confidence)
+    n = sp.repeats_to_power(sd, margin, confidence)
     if n is None:
-        assert ss.minimum_detectable(sd, 10_000, confidence) > margin
+        assert sp.minimum_detectable(sd, 10_000, confidence) > margin
     else:
-        assert ss.minimum_detectable(sd, n, confidence) <= margin < ss.minimum_detectable(sd, n - 1, confidence)
+        assert sp.minimum_detectable(sd, n, confidence) <= margin < sp.minimum_detectable(sd, n - 1, confidence)
 
 
 def test_the_designs_margins_are_what_a_user_calls_no_worse_and_no_pilot_load_is_dropped():
@@ -377,7 +412,7 @@ def test_the_designs_margins_are_what_a_user_calls_no_worse_and_no_pilot_load_is
     assert float(design.margins.goodput) <= 0.10
     assert all(float((spec.get("margins") or {}).get("goodput", 0.0)) <= 0.10 for spec in design.families.values())
     grid = conf_file("profile/offline.yaml").profile.serving
-    pilot = pd.read_parquet(ss.pilot_path(dict(grid)) / "cells.parquet")
+    pilot = pd.read_parquet(sp.pilot_path(dict(grid)) / "cells.parquet")
     for family, part in pilot.groupby("family"):
         assert {float(r) for r in part.rate} <= {float(r) for r in grid.rates[family]}, family
 
@@ -407,6 +442,6 @@ def test_a_p_value_search_survives_two_repeats_and_a_zero_baseline():
     """Two repeats put the t quantile of a tiny alpha past exp()'s range, and a baseline's goodput of 0 leaves no
     relative difference: the search answers (1.0 where nothing decides), it does not raise."""
     noisy = pairs_frame([1.0, 3.0], [2.0, 1.0])
-    assert ss.p_value(ss.over_loads([noisy], higher, every=False))[0] <= 1.0
+    assert sg.p_value(sg.over_loads([noisy], higher, every=False))[0] <= 1.0
     zero = pairs_frame([1.0, 1.2, 0.9], [0.0, 0.0, 0.0])
-    assert ss.p_value(ss.over_loads([zero], higher, every=False))[0] == 1.0  # its goal says why (missing)
+    assert sg.p_value(sg.over_loads([zero], higher, every=False))[0] == 1.0  # its goal says why (missing)

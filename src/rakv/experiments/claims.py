@@ -7,8 +7,9 @@ the bands are defined once, in TOLERANCE, with their rationale); an *equivalence
 KV-only") and an *estimate* (a share, an error) only the band (a direction means nothing for them); an
 *extreme* over cells (a least or most) is one value with no interval, shown without a verdict; the reference's
 qualitative claim on the larger pair is a *finding* read from the feasibility stage. Each verdict is yes, no,
-inconclusive (the CI straddles the boundary), or n/a where the kind has none; `claim_counts` is the one count
-the paper and the README quote. Which side of a threshold a CI lies on is rakv.experiments.verdicts' rule.
+inconclusive (the CI straddles the boundary), or n/a where the kind has none (rakv.experiments.verdicts.ClaimVerdict,
+the one vocabulary); `claim_counts` is the one count the paper and the README quote. Which side of a threshold a CI
+lies on is rakv.experiments.verdicts' rule.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from rakv.experiments.summary import BreakEven, ClaimRow, ConfigurationStatistics, Crossover, Feasibility
-from rakv.experiments.verdicts import ci_side
+from rakv.experiments.verdicts import ClaimVerdict, Side, ci_side
 
 # Reference figures of the reproduced study (paper/main.tex, "Claims").
 REFERENCE = {
@@ -102,33 +103,33 @@ CLAIMS = {
 }
 
 
-def verdict_direction(claim: Claim, ci: list) -> str:
+def verdict_direction(claim: Claim, ci: list) -> ClaimVerdict:
     """yes: the CI lies on the reference's side of the null; no: on the other side; else inconclusive (n/a: the
     claim's kind has no direction)."""
     if claim.null is None or claim.kind != "effect":
-        return "n/a"
+        return ClaimVerdict.NOT_APPLICABLE
     side = ci_side(ci, claim.null)
-    if side == "missing":
-        return "inconclusive"
-    expected = claim.side or ("above" if claim.reference > claim.null else
-                              "below" if claim.reference < claim.null else None)
-    if expected is None or side == "straddles":
-        return "inconclusive"
-    return "yes" if side == expected else "no"
+    if side == Side.MISSING:
+        return ClaimVerdict.INCONCLUSIVE
+    expected = claim.side or (Side.ABOVE if claim.reference > claim.null else
+                              Side.BELOW if claim.reference < claim.null else None)
+    if expected is None or side == Side.STRADDLES:
+        return ClaimVerdict.INCONCLUSIVE
+    return ClaimVerdict.YES if side == expected else ClaimVerdict.NO
 
 
-def verdict_band(claim: Claim, ci: list) -> str:
+def verdict_band(claim: Claim, ci: list) -> ClaimVerdict:
     """yes: the CI lies inside the tolerance band; no: it lies wholly outside; else inconclusive. A value without
     an interval is not judged (n/a)."""
     value, low, high = ci
     if claim.band is None or not (np.isfinite(low) and np.isfinite(high)):
-        return "n/a"
+        return ClaimVerdict.NOT_APPLICABLE
     lo, hi = TOLERANCE[claim.band](claim.reference)
     if lo <= low and high <= hi:
-        return "yes"
+        return ClaimVerdict.YES
     if high < lo or low > hi:
-        return "no"
-    return "inconclusive"
+        return ClaimVerdict.NO
+    return ClaimVerdict.INCONCLUSIVE
 
 
 def claim_row(key: str, configuration: str, ci, text: str | None = None) -> ClaimRow:
@@ -138,12 +139,12 @@ def claim_row(key: str, configuration: str, ci, text: str | None = None) -> Clai
     if claim.kind == "finding":
         return ClaimRow(claim=claim.label, key=key, configuration=configuration, unit=claim.unit, kind=claim.kind,
                         reference=None, reproduced=None, ci_low=None, ci_high=None, band_low=None, band_high=None,
-                        null=None, text=text, direction=ci, magnitude="n/a")
+                        null=None, text=text, direction=ci, magnitude=ClaimVerdict.NOT_APPLICABLE)
     if claim.kind == "extreme" or not isinstance(ci, (list, tuple)):
         ci = [ci, None, None]  # one value: no interval is invented for it
     ci = [float("nan") if v is None else float(v) for v in ci]
     if not np.isfinite(ci[0]):
-        direction = band = "missing" if text is None else "n/a"
+        direction = band = ClaimVerdict.MISSING if text is None else ClaimVerdict.NOT_APPLICABLE
     else:
         direction, band = verdict_direction(claim, ci), verdict_band(claim, ci)
     lo, hi = TOLERANCE[claim.band](claim.reference) if claim.band else (None, None)
@@ -170,17 +171,18 @@ def twin_crossover_rows(break_even: list[BreakEven]) -> list[ClaimRow]:
         paying = [b for b in points if b.break_even_alpha is not None]
         claim = CLAIMS["twin_crossover"]
         if not paying:
-            text, band = "never pays at any k", "not tested"
+            text, band = "never pays at any k", ClaimVerdict.NOT_TESTED
         else:
             least = min(paying, key=lambda b: b.break_even_alpha)
             alphas = [b.break_even_alpha for b in paying]
             text = (f"{least.break_even_alpha:.3f} (k = {least.k}; over k {min(alphas):.3f}-{max(alphas):.3f}; "
                     f"{least.prompt_tokens}-token prompt, {least.new_tokens} new tokens)")
-            band = "yes" if lo <= least.break_even_alpha <= hi else "no"
+            band = ClaimVerdict.YES if lo <= least.break_even_alpha <= hi else ClaimVerdict.NO
         value = None if not paying else least.break_even_alpha
         rows.append(ClaimRow(claim=claim.label, key="twin_crossover", configuration=pair, unit=claim.unit,
                              kind=claim.kind, reference=claim.reference, reproduced=value, ci_low=None, ci_high=None,
-                             band_low=lo, band_high=hi, null=None, text=text, direction="n/a", magnitude=band))
+                             band_low=lo, band_high=hi, null=None, text=text, direction=ClaimVerdict.NOT_APPLICABLE,
+                             magnitude=band))
     return rows
 
 
@@ -190,9 +192,9 @@ def larger_pair_row(feasibility: Feasibility, verdict: str | None) -> ClaimRow:
     feasibility verdict's sentence)."""
     name = feasibility.configuration or "gpt2large-gpt2medium"
     if feasibility.status == "ran":
-        return claim_row("larger_pair", name, "no" if feasibility.crossed else "yes",
+        return claim_row("larger_pair", name, ClaimVerdict.NO if feasibility.crossed else ClaimVerdict.YES,
                          "crosses" if feasibility.crossed else "does not cross")
-    return claim_row("larger_pair", name, "not tested", verdict or "not run")
+    return claim_row("larger_pair", name, ClaimVerdict.NOT_TESTED, verdict or "not run")
 
 
 def claims(per_configuration: dict[str, ConfigurationStatistics], crossovers: dict[str, Crossover],
@@ -225,7 +227,7 @@ def claims(per_configuration: dict[str, ConfigurationStatistics], crossovers: di
     return rows
 
 
-VERDICTS = ("yes", "no", "inconclusive")
+VERDICTS = (ClaimVerdict.YES, ClaimVerdict.NO, ClaimVerdict.INCONCLUSIVE)  # the verdicts a judged claim gets
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ default configuration, trace sizes, rates per family, repeats):
 SLOs are multiples of this machine's calibrated one-request decode step (the batch cost table's one-row pass at
 `SLO_CONTEXT` positions), so the same design asks the same of a faster or slower machine; they, every goal the
 design names and each goal's minimum detectable difference from a pilot run at the profile's repeats
-(`profile.serving.pilot`, rakv.experiments.serving_stats.goal_power: "underpowered" where it exceeds the goal's
+(`profile.serving.pilot`, rakv.experiments.serving_power.goal_power: "underpowered" where it exceeds the goal's
 margin, with the repeats that would power it) are written to plan.txt before the first run.
 
 A cell is (family, rate, policy); every repeat draws its own trace per (family, rate) from the family's generator
@@ -297,7 +297,7 @@ def _study_table(cfg: DictConfig, engine):
 
 
 def _plan_text(cfg: DictConfig, plan: list[dict], served: dict, runs: int, todo: int) -> str:
-    from rakv.experiments.serving_stats import family_margins, pilot_path, power
+    from rakv.experiments.serving_power import family_margins, pilot_path, power
 
     grid = cfg.profile.serving
     lines = [f"serving study: {len(plan)} cells x {grid.repeats} repeats = {runs} runs ({todo} to go)"]
@@ -324,14 +324,14 @@ def _plan_text(cfg: DictConfig, plan: list[dict], served: dict, runs: int, todo:
 
 def planned_power_lines(cfg: DictConfig, pilot: Path | None) -> list[str]:
     """plan.txt's goals, each with its minimum detectable difference from the pilot at the profile's repeats and
-    whether that powers it (rakv.experiments.serving_stats.goal_power), before any run; and the tally they start
+    whether that powers it (rakv.experiments.serving_power.goal_power), before any run; and the tally they start
     from: a goal the plan cannot power is reported underpowered whatever the run shows."""
-    from rakv.experiments.serving_stats import goal_power, goal_power_lines, planned_goals
+    from rakv.experiments.serving_power import goal_power, goal_power_lines, planned_goals
 
     grid = cfg.profile.serving
     planned = planned_goals(_plain(cfg.experiment.families), _plain(grid.rates), _plain(cfg.experiment.margins))
     rows = goal_power(planned, pilot, int(grid.repeats), int(grid.requests))
-    weak = sum(row["powered"] is False for row in rows)
+    weak = sum(row.powered is False for row in rows)
     return [f"goals named before the run: {len(planned)}; {weak} underpowered at {grid.repeats} repeats by the "
             f"plan (reported so, whatever the run shows)", *goal_power_lines(rows)]
 

@@ -36,7 +36,7 @@ from rakv.experiments.summary import (
     JointReuse,
     SpecSlowdown,
 )
-from rakv.experiments.verdicts import ci_side
+from rakv.experiments.verdicts import payoff
 from rakv.runtime.actions import ADAPTIVE
 
 BASELINES = ByBaseline.names()  # kv-only, best-fixed, joint-k4, spec-k4, ar, oracle: the summary declares them
@@ -282,15 +282,14 @@ def measured_crossover(controlled: pd.DataFrame, column: str = "measured_speedup
 
 
 NO_DRAFT_REUSE = "joint-k4-draft-reprefilled"  # rakv.experiments.sensitivity: joint-k4 with draft reuse off
-JOINT_VERDICTS = {"above": "pays", "below": "costs", "straddles": "inconclusive", "missing": "no interval"}
 
 
 def joint_reuse_by_length(rows: pd.DataFrame) -> list[JointReuse]:
     """Whether speculating pays once the prefix is reused (the sensitivity stage's reuse_output_length part): per
     configuration, scenario and output length, 1 - mean latency(r = 1, k = 4) / mean latency(r = 1, k = 0) over the
     same prompts and repeats, with its CI over prompts; `verdict` pays (the CI above 0), costs (below),
-    inconclusive (it includes 0) or no interval (fewer than two prompts). `draft_hit_share`: the share of the reused
-    positions whose draft state came from the store."""
+    inconclusive (it includes 0) or no interval (fewer than two prompts), rakv.experiments.verdicts.payoff.
+    `draft_hit_share`: the share of the reused positions whose draft state came from the store."""
     out = []
     for (name, scenario, n), part in rows.groupby(["configuration", "scenario", "new_tokens"], sort=True):
         wide = part.pivot_table(index=["dataset", "prompt_id", "repeat"], columns="strategy", values="latency_s")
@@ -311,5 +310,5 @@ def joint_reuse_by_length(rows: pd.DataFrame) -> list[JointReuse]:
             draft_reuse_reduction=draft_gain, draft_prefill_s=float(joint.draft_prefill_s.mean()),
             draft_hit_share=float(joint.draft_hit_tokens.sum() / max(joint.hit_tokens.sum(), 1)),
             reuse_draft=bool(joint.reuse_draft.all()),
-            verdict=JOINT_VERDICTS[ci_side(ci, 0.0, point_if_no_interval=False)]))
+            verdict=payoff(ci)))
     return out

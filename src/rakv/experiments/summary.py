@@ -22,6 +22,7 @@ Conventions of the on-disk form, kept as they were when the summary was a dict:
 
 from __future__ import annotations
 
+import enum
 import json
 import types
 import typing
@@ -33,6 +34,7 @@ from typing import NewType, get_args, get_origin, get_type_hints
 
 import numpy as np
 
+from rakv.experiments.verdicts import Verdict
 from rakv.runtime.errors import RakvError
 
 Interval = NewType("Interval", list)  # [value, low, high]: a statistic with its 95 % CI (None: no bound)
@@ -346,7 +348,7 @@ class FamilyPower:
 
 @dataclass(frozen=True)
 class GoalPower:
-    """One goal's power, planned before the run from the pilot (rakv.experiments.serving_stats.goal_power): the
+    """One goal's power, planned before the run from the pilot (rakv.experiments.serving_power.goal_power): the
     minimum detectable difference at the run's repeats (two-sided `confidence`: 95 % family-wise over the family's
     goals and, for a goal met at some load, its loads; 80 % power) from the pilot's SD at the load that binds,
     against the goal's margin; `powered` False: the goal is reported "underpowered", with the repeats (and, if a
@@ -407,12 +409,12 @@ class GoalPair:
     policy: str
     against: str
     metric: str
-    kind: str
+    kind: str  # rakv.experiments.serving_power.GoalKind's first four: no worse, higher, part: ...
     value: float | None
     ci_low: float | None
     ci_high: float | None
-    verdict: str
-    judged: bool = optional()  # whether some policy missed an SLO at this load (rakv.experiments.serving_stats)
+    verdict: Verdict  # the load's alone, under the goal's rule
+    judged: bool = optional()  # whether some policy missed an SLO at this load (serving_cells.judged_loads)
 
 
 @dataclass(frozen=True)
@@ -468,13 +470,13 @@ class Goal:
     value: float | None
     ci_low: float | None
     ci_high: float | None
-    verdict: str
+    verdict: Verdict
     rule: str
     family: str = optional()
     rival: str = optional()
     rate: float = optional()
     unit: str = optional()
-    status: dict[str, dict[str, str]] = optional()  # policy -> rate -> meets / fails / unclear
+    status: dict[str, dict[str, str]] = optional()  # policy -> rate -> serving_goals.SloStatus: meets/fails/unclear
     # the goal's own p-value (its loads corrected within it) and Holm's within its family (the verdict: met or
     # missed where p_holm < 0.05); absent: a run analysed before, or a goal not tested (underpowered, not in the data)
     p_value: float | None = optional()
@@ -521,7 +523,7 @@ class ServingSummary:
     goals: list[Goal]
     comparisons: list[Comparison]
     # per family the paired noise and minimum detectable difference: the plan's (from the pilot, before the run) and
-    # this run's own (serving_stats.power_rows)
+    # this run's own (serving_power.power_rows)
     power: list[FamilyPower] = optional()  # absent: a run analysed before it was reported
     goal_power: list[GoalPower] = optional()  # each goal's power planned from the pilot; absent: analysed before
 
@@ -815,6 +817,10 @@ def _check(hint, value, where: str):
         return _check(options[0], value, where)
     if is_dataclass(hint):
         return _record(hint, value, where)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):  # a vocabulary (rakv.experiments.verdicts)
+        if not isinstance(value, str) or value not in {m.value for m in hint}:
+            raise SchemaError(f"field '{where}' is not one of {', '.join(m.value for m in hint)} (found {value!r:.40})")
+        return hint(value)
     if origin is list:
         if not isinstance(value, list):
             raise SchemaError(f"field '{where}' is not a list")
