@@ -1,13 +1,16 @@
 """Any stage of ./reproduce.sh (rakv.experiments.stages), the pipeline's one Hydra entry point; directly:
     .venv/bin/python scripts/run_stage.py STAGE profile=smoke [Hydra overrides]
 STAGE is one of `python -m rakv.experiments.stages --list`; the stage's primary config in conf/ is composed
-(rakv.experiments.stages.PRIMARY_CONFIGS, else config.yaml)."""
+(rakv.experiments.stages.PRIMARY_CONFIGS, else config.yaml) onto its schema (rakv.experiments.schema). Overrides
+that do not compose (a misspelt key, a value of the wrong type) stop here with one line and exit status 2."""
 
 import sys
 
 import hydra
 
+from rakv.experiments.schema import composition_error, register_schemas
 from rakv.experiments.stages import PRIMARY_CONFIGS, STAGES, run_stage
+from rakv.runtime.paths import CONF_DIR
 
 
 def main() -> None:
@@ -15,11 +18,17 @@ def main() -> None:
         print(f"usage: {sys.argv[0]} STAGE [Hydra overrides] (stages: {' '.join(STAGES)})", file=sys.stderr)
         sys.exit(2)
     stage = sys.argv.pop(1)  # the rest are Hydra's
+    config_name = PRIMARY_CONFIGS.get(stage, "config")
+    register_schemas()
+    error = composition_error(str(CONF_DIR), config_name, sys.argv[1:])
+    if error:
+        print(f"{stage}: error: {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
     def task(cfg):
         run_stage(stage, cfg)
 
-    hydra.main(version_base="1.3", config_path="../conf", config_name=PRIMARY_CONFIGS.get(stage, "config"))(task)()
+    hydra.main(version_base="1.3", config_path="../conf", config_name=config_name)(task)()
 
 
 if __name__ == "__main__":

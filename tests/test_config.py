@@ -2,12 +2,23 @@
 one-way import rule (runtime modules never import experiment modules)."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
-from rakv.experiments.config import CONF_DIR, configurations, controller_config, validate
+from rakv.experiments.config import (
+    CONF_DIR,
+    configuration,
+    configuration_names,
+    configurations,
+    controller_config,
+    validate,
+)
+from rakv.experiments.schema import ServingSection, StudySection, section
 from rakv.experiments.stages import PRIMARY_CONFIGS
 from rakv.runtime.errors import RakvError
 
@@ -46,6 +57,60 @@ def test_controller_defaults_come_from_conf():
     cfg = composed()
     config = controller_config(cfg)
     assert list(config.k_set) == list(cfg.controller.k_set) and config.beta == cfg.controller.beta
+
+
+def run_stage(*arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "scripts/run_stage.py", *arguments], cwd=SRC.parents[1],
+                          capture_output=True, text=True, timeout=300)
+
+
+def one_line_error(done: subprocess.CompletedProcess, stage: str = "study") -> str:
+    """The stage's stderr, checked to be one `STAGE: error: ...` line with a non-zero exit and nothing run."""
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"{stage}: error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr and not done.stdout
+    return done.stderr
+
+
+@pytest.mark.parametrize("override, message", [
+    ("profile.study.repeets=3", "Key 'repeets' not in 'StudySection' full_key: profile.study.repeets"),
+    ("profile.sensitivity.prompts=many", "could not be converted to Integer full_key: profile.sensitivity.prompts"),
+    ("-m profile.serving.repeat=1,2", "Key 'repeat' not in 'ServingSection'"),  # a sweep: its first job's
+])
+def test_a_wrong_key_or_type_in_a_profile_override_fails_at_composition_with_one_line(override, message):
+    assert message in one_line_error(run_stage("study", "profile=smoke", *override.split(), "results_dir=/tmp/x"))
+
+
+def test_a_wrong_key_in_a_profile_yaml_fails_at_composition_with_one_line(tmp_path):
+    """A profile of its own (found through hydra.searchpath) that misspells a key of the study's section."""
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "misspelt.yaml").write_text(
+        "# @package _global_\ndefaults: [smoke, _self_]\nprofile:\n  name: misspelt\n  study:\n    repeets: 3\n")
+    error = one_line_error(run_stage("sampling", f"hydra.searchpath=[file://{tmp_path}]", "profile=misspelt"),
+                           "sampling")
+    assert "In 'profile/misspelt'" in error and "Key 'repeets' not in 'StudySection'" in error
+
+
+def test_a_key_added_to_a_typed_section_fails_before_the_stage():
+    """`+key=value` passes composition (Hydra opens the config to add it); validate refuses it in one line."""
+    with pytest.raises(RakvError, match=r"profile.study.repeets: not a key of StudySection"):
+        validate(composed("config", "+profile.study.repeets=3"))
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_a_stage_takes_its_section_as_its_dataclass_with_the_composed_values(profile):
+    cfg = composed("feasibility", f"profile={profile}")
+    study, serving = section(cfg.profile.study), section(cfg.profile.serving)
+    assert isinstance(study, StudySection) and isinstance(serving, ServingSection)
+    assert study.new_tokens == cfg.profile.feasibility.new_tokens and study.repeats == 0  # feasibility's interpolation
+    assert serving.rates == OmegaConf.to_container(cfg.profile.serving.rates)  # 1.5 and 4 keep their types
+
+
+@pytest.mark.parametrize("name", configuration_names())
+def test_every_configuration_is_composed_by_hydra_onto_its_schema(name):
+    entry = OmegaConf.load(CONF_DIR / "configuration" / f"{name}.yaml")
+    chosen = configuration(name)
+    assert (chosen.name, chosen.pair, chosen.proposer) == (name, entry.pair, entry.proposer)
 
 
 LAUNCHERS = ("joblib", "local", "slurm")
@@ -93,9 +158,10 @@ def test_each_rule_fails_the_composed_config_with_one_line(override, message):
 
 # The layers, bottom up, and what each may import (besides itself): runtime (one request), serving (several
 # requests in flight), experiments (the pipeline around them: the studies run both), bench (the benchmarks' logic
-# behind scripts/bench_*.py and the vLLM peer's scripts: it runs both, never the pipeline); `rakv.cli`, the
-# command, sits on top of runtime and serving.
-MAY_IMPORT = {"runtime": set(), "serving": {"runtime"}, "experiments": {"runtime", "serving"},
+# behind scripts/bench_*.py and the vLLM peer's scripts: it runs both, never the pipeline; the experiments read its
+# shipped reports through its records, rakv.bench.peer_reports); `rakv.cli`, the command, sits on top of runtime
+# and serving.
+MAY_IMPORT = {"runtime": set(), "serving": {"runtime"}, "experiments": {"runtime", "serving", "bench"},
               "bench": {"runtime", "serving"}}
 LAYER_MODULES = [(layer, p) for layer in MAY_IMPORT for p in sorted((SRC / layer).glob("*.py"))]
 

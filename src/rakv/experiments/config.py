@@ -1,31 +1,36 @@
 """The composed Hydra config (conf/) turned into the objects the stages use, and validated once.
 
-`validate(cfg)` runs before any stage body (rakv.experiments.stages.run_stage): every rule the CLI's flags are
-held to (k_set, beta, lambda, budgets, kernels) is checked here on the composed config too, through
-the same constructors, so `./reproduce.sh controller.beta=1.5` fails at once with one line.
+The config is composed onto its schema (rakv.experiments.schema: a misspelt key or a wrong type fails at composition);
+`validate(cfg)` runs before any stage body (rakv.experiments.stages.run_stage): keys a `+` override added to a typed
+section, values a profile left out, and every rule the CLI's flags are held to (k_set, beta, lambda, budgets,
+kernels) are checked here on the composed config too, through the same constructors, so
+`./reproduce.sh controller.beta=1.5` fails at once with one line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rakv.experiments.records import write_atomic
+from rakv.experiments.schema import ConfigurationEntry, one_line
 from rakv.runtime.actions import ADAPTIVE
 from rakv.runtime.calibration import calibration_for
 from rakv.runtime.controller import ControllerConfig
 from rakv.runtime.costmodel import CostTable
-from rakv.runtime.engine import PROPOSERS, Engine
+from rakv.runtime.engine import Engine
 from rakv.runtime.engine_options import EngineOptions
 from rakv.runtime.errors import RakvError
 from rakv.runtime.kernels import effective_mode
 from rakv.runtime.models import PAIR_NAMES
 from rakv.runtime.paths import CONF_DIR
-from rakv.runtime.proposers import Proposer, proposer_type
+from rakv.runtime.proposers import PROPOSERS, Proposer, proposer_type
 from rakv.runtime.strategies import action_of
 from rakv.runtime.workloads import Prompt, dataset_texts, parse_scenario, select_prompts
 
@@ -43,12 +48,32 @@ class Configuration:
         return proposer_type(self.proposer)
 
 
+def configuration_names() -> list[str]:
+    """The options of conf/configuration/ (its yaml files; the schema stored beside them is none)."""
+    return sorted(p.stem for p in (CONF_DIR / "configuration").glob("*.yaml"))
+
+
+@cache
 def configuration(name: str) -> Configuration:
-    path = CONF_DIR / "configuration" / f"{name}.yaml"
-    if not path.is_file():
-        options = sorted(p.stem for p in (CONF_DIR / "configuration").glob("*.yaml"))
-        raise RakvError(f"unknown configuration '{name}'; choose one of: {', '.join(options)}")
-    entry = OmegaConf.load(path)
+    """An option of conf/configuration/, composed by Hydra onto its schema (ConfigurationEntry): the same loader and
+    checks as the stages' config, within a stage's Hydra context or a fresh one on conf/."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if name not in configuration_names():
+        raise RakvError(f"unknown configuration '{name}'; choose one of: {', '.join(configuration_names())}")
+    overrides = [f"+configuration={name}"]
+    try:
+        if GlobalHydra.instance().is_initialized():  # inside scripts/run_stage.py's Hydra: its conf/
+            node = compose(overrides=overrides)
+        else:
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                node = compose(overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise RakvError(f"configuration '{name}': {one_line(exc)}") from None
+    entry: ConfigurationEntry = OmegaConf.to_object(node.configuration)
     return Configuration(name=name, pair=entry.pair, proposer=entry.proposer)
 
 
@@ -95,6 +120,11 @@ def prompts_for(cfg: DictConfig, encode, dataset: str) -> list[Prompt]:
 
 def validate(cfg: DictConfig) -> None:
     """Every rule on the composed config, checked once before a stage starts; a RakvError names the key."""
+    schema_errors = unknown_keys(cfg) + [f"{key}: no value (the profile leaves it out)"
+                                         for key in sorted(OmegaConf.missing_keys(cfg))]
+    if schema_errors:
+        raise RakvError(f"the composed config does not fit its schema (rakv.experiments.schema): "
+                        f"{'; '.join(schema_errors)}")
     controller_config(cfg)
     if cfg.cache.budget_mib <= 0:
         raise RakvError(f"cache.budget_mib must be positive, got {cfg.cache.budget_mib}")
@@ -110,7 +140,7 @@ def validate(cfg: DictConfig) -> None:
     for c in configurations(cfg):
         if c.pair not in PAIR_NAMES or c.proposer not in PROPOSERS:
             raise RakvError(f"configuration '{c.name}': pair must be one of {PAIR_NAMES} and proposer one of "
-                            f"{PROPOSERS}, got {c.pair} / {c.proposer}")
+                            f"{tuple(PROPOSERS)}, got {c.pair} / {c.proposer}")
     for dataset in cfg.datasets:
         if dataset not in cfg.data:
             raise RakvError(f"dataset '{dataset}' has no entry under data (configured: {', '.join(cfg.data)})")
@@ -129,6 +159,22 @@ def validate(cfg: DictConfig) -> None:
         validate_sampling(cfg)
     if not 0 <= cfg.study.shard_index < cfg.study.num_shards:
         raise RakvError(f"study.shard_index must be in [0, {cfg.study.num_shards}), got {cfg.study.shard_index}")
+
+
+def unknown_keys(node: DictConfig, path: str = "") -> list[str]:
+    """Keys of a typed section that its dataclass lacks: Hydra's `+key=value` adds them past the schema (a plain
+    `key=value` or a key in a yaml already fails at composition), and OmegaConf.to_object would drop them unread."""
+    kind, found = OmegaConf.get_type(node), []
+    names = {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else None
+    for key in node.keys():
+        where = f"{path}{key}"
+        if names is not None and key not in names:
+            found.append(f"{where}: not a key of {kind.__name__} (added with '+'?)")
+            continue
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            found += unknown_keys(child, f"{where}.")
+    return found
 
 
 def validate_sampling(cfg: DictConfig) -> None:
