@@ -6,7 +6,7 @@
 # change, from a run of committed code on a clean clone with nothing else running:
 #   git clone . /tmp/run && (cd /tmp/run && ./reproduce.sh) && ./scripts/ship_reference.sh /tmp/run/results/offline
 # A second full run of the same commit (another clean clone, another process) ships beside it under NAME, analysed
-# but without a paper of its own; the reference's paper then reads it (report.run_to_run), so ship it first:
+# but without a paper of its own; the reference's paper then reads it (prose_machines.run_to_run), so ship it first:
 #   ./scripts/ship_reference.sh /tmp/run2/results/offline offline offline-rerun
 #   ./scripts/ship_reference.sh /tmp/run/results/offline
 set -euo pipefail

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rakv.experiments import analysis, claims, intervals, oracle, sentences, study_stats
+from rakv.experiments import analysis, claims, intervals, oracle, prose, study_stats
 from rakv.experiments.notebooks import OutputPaths, run_all, setup
 from rakv.experiments.summary import Crossover, Feasibility, load_record, read_summary, record_items
 
@@ -122,7 +122,7 @@ def test_spec_slowdown(runs):
 def test_the_regime_is_judged_by_the_side_of_its_interval():
     """The reference's best k > 0 was slower than k = 0 in every scenario: a pooled slowdown wholly below zero is the
     regime reversed (direction "no"), wholly above it the reference's, across it undecided."""
-    from rakv.experiments.report import regime_clause, regime_word
+    from rakv.experiments.prose import regime_clause, regime_word
 
     reversed_ = claims.claim_row("spec_regime", "c", [-0.4, -0.5, -0.3])
     same = claims.claim_row("spec_regime", "c", [0.2, 0.1, 0.3])
@@ -250,11 +250,11 @@ def test_cost_side_feasibility_is_labelled_and_never_claims_a_verdict(runs, tmp_
     rows = [{**r, **costs} for r in rows]
     feas = {"status": "cost side only: weights unavailable", "configuration": "big", "twin": "big-twin",
             "twins": ["big-twin", "other-twin"], "break_even": rows}
-    sentence = sentences.cost_side_sentence(load_record(Feasibility, feas, "feasibility"))
+    sentence = prose.cost_side_sentence(load_record(Feasibility, feas, "feasibility"))
     assert sentence == ("cost side only (architecture twins): pays only above alpha = 0.88 (k = 4), never for k = 8; "
                         "acceptance needs the real weights")
     nothing_pays = {**feas, "break_even": [{**r, "break_even_alpha": None} for r in rows]}
-    never = sentences.cost_side_sentence(load_record(Feasibility, nothing_pays, "feasibility"))
+    never = prose.cost_side_sentence(load_record(Feasibility, nothing_pays, "feasibility"))
     assert "never pays, for any k, even at alpha = 1" in never
     study = tmp_path / "study"
     study.mkdir()
@@ -267,7 +267,7 @@ def test_cost_side_feasibility_is_labelled_and_never_claims_a_verdict(runs, tmp_
 
 
 def test_generated_sentences_follow_the_sign_of_the_interval():
-    from rakv.experiments.report import comparison
+    from rakv.experiments.prose import comparison
 
     assert comparison([0.2, 0.1, 0.3], "kv-only").startswith("20.0\\% lower latency than KV-only (95\\% CI [10.0\\%")
     assert comparison([-0.2, -0.3, -0.1], "kv-only") == \
@@ -276,7 +276,7 @@ def test_generated_sentences_follow_the_sign_of_the_interval():
 
 
 def test_the_introductions_verdicts_follow_the_sign_of_the_interval():
-    from rakv.experiments.report import verdict
+    from rakv.experiments.prose import verdict
 
     assert verdict([0.2, 0.1, 0.3]) == "faster than"
     assert verdict([-0.2, -0.3, -0.1]) == "slower than"

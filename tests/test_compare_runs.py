@@ -158,9 +158,9 @@ def test_agreement_counts_values_inside_and_conclusions_that_flip(tmp_path):
 
 
 def test_the_paper_sets_the_shipped_other_machines_side_by_side():
-    from rakv.experiments import report
+    from rakv.experiments import prose_machines
 
-    text = report.across_machines(REFERENCE)
+    text = prose_machines.across_machines(REFERENCE)
     assert "\\label{tab:machines}" in text and "AVX-512" in text and "this run" in text
     assert text.count("smollm2-draft") >= 3  # one price row per machine and this run
 
@@ -168,7 +168,7 @@ def test_the_paper_sets_the_shipped_other_machines_side_by_side():
 def test_the_papers_run_to_run_sentence_reads_a_shipped_second_run(tmp_path):
     """A second run of the same commit and machine class beside this one is read: its significant differences, the
     conclusions that flip, the run-level variance and the held-out coverage; one of another commit is not."""
-    from rakv.experiments import report
+    from rakv.experiments import prose_machines
 
     def metadata(folder: Path, commit: str) -> Path:
         (folder / "study").mkdir()
@@ -177,12 +177,12 @@ def test_the_papers_run_to_run_sentence_reads_a_shipped_second_run(tmp_path):
         return folder
 
     first = metadata(write(tmp_path / "offline", summary([0.10, 0.04, 0.17])), "abc")
-    assert "No second full run" in report.run_to_run(first)
+    assert "No second full run" in prose_machines.run_to_run(first)
     metadata(write(tmp_path / "offline-rerun", summary([0.01, -0.06, 0.08])), "def")
-    assert "No second full run" in report.run_to_run(first)  # another commit: not a rerun of this one
+    assert "No second full run" in prose_machines.run_to_run(first)  # another commit: not a rerun of this one
     shutil.rmtree(tmp_path / "offline-rerun")
     metadata(write(tmp_path / "offline-rerun", summary([0.01, -0.06, 0.08])), "abc")
-    text = report.run_to_run(first)
+    text = prose_machines.run_to_run(first)
     total = len(compare_runs.with_intervals(compare_runs.read_summary(first)))
     assert f"0 of {total} headline statistics' differences are significant" in text
     assert "lies on): smollm2: latency reduction vs joint-k4" in text

@@ -83,7 +83,7 @@ def test_nothing_runs_outside_the_text_area():
 def test_every_character_of_the_built_pdf_lies_inside_the_text_area():
     """The built PDF itself, character by character (pypdfium2's boxes): nothing outside main.tex's margins but the
     page numbers; the same check flags the body text once the area is shrunk (it can fail)."""
-    from rakv.experiments.report import text_margin_pt, words_outside
+    from rakv.experiments.pdf_layout import text_margin_pt, words_outside
 
     assert words_outside(PDF) == []
     shrunk = words_outside(PDF, margin_pt=text_margin_pt() + 40)
@@ -91,7 +91,7 @@ def test_every_character_of_the_built_pdf_lies_inside_the_text_area():
 
 
 def test_the_layout_report_reads_latexs_warnings():
-    from rakv.experiments.report import layout_report
+    from rakv.experiments.pdf_layout import layout_report
 
     log = ("Overfull \\hbox (41.03337pt too wide) in paragraph at lines 1--194\n"
            "LaTeX Warning: Float too large for page by 82.42203pt on input line 358.\n"

@@ -88,13 +88,13 @@ def test_the_tuned_schedule_and_smartspec_share_one_choice_of_k():
 
 
 def test_the_paper_s_peer_rows_are_the_shipped_measurements(tmp_path):
-    """report.peer_section renders bench_vllm_serve's summary over repeats (means with their t intervals, the paired
-    ratios in words from their CIs), bench_serving's files and tune_vllm's check as the paper's rows, numbers as
-    measured; without results it writes a comment only."""
+    """prose_serving.peer_section renders bench_vllm_serve's summary over repeats (means with their t intervals, the
+    paired ratios in words from their CIs), bench_serving's files and tune_vllm's check as the paper's rows, numbers
+    as measured; without results it writes a comment only."""
     import json
 
     from rakv.experiments import peer_tables as pt
-    from rakv.experiments.report import peer_section
+    from rakv.experiments.prose_serving import peer_section
 
     assert peer_section(None).startswith("%")
     metrics = {"completed": 32, "failed": 0, "p50_tpot_ms": 48.0, "p99_tpot_ms": 75.0, "p50_itl_ms": 40.0,

@@ -12,7 +12,7 @@ import math
 import pandas as pd
 import pytest
 
-from rakv.experiments import ablation, analysis, enginecompare, report
+from rakv.experiments import ablation, analysis, enginecompare, formatting, latex, readme_writer
 from rakv.experiments.figures import FIGURES, SAMPLING_FIGURES
 from rakv.experiments.summary import Summary, read_summary
 from rakv.runtime.paths import REFERENCE_DIR, ROOT
@@ -65,8 +65,8 @@ def ablations() -> pd.DataFrame:
 
 
 def test_the_shipped_latex_is_what_todays_report_writes(recomputed, ablations, tmp_path):
-    written = report.write_generated(recomputed, REFERENCE, tmp_path)
-    written.append(report.write_ablation(ablations, tmp_path))
+    written = latex.write_generated(recomputed, REFERENCE, tmp_path)
+    written.append(latex.write_ablation(ablations, tmp_path))
     written += enginecompare.write_engine_comparison(BEFORE_ENGINES, REFERENCE, tmp_path)
     stale = [path.name for path in written if not (GENERATED / path.name).exists()
              or (GENERATED / path.name).read_text() != path.read_text()]
@@ -80,8 +80,8 @@ def test_the_shipped_ablation_csv_is_todays_replay(ablations):
 def test_the_readme_claims_table_is_the_reference_runs(shipped):
     readme = (ROOT / "README.md").read_text()
     table = readme.split("<!-- claims -->\n")[1].split("<!-- /claims -->")[0]
-    assert table == report.claims_markdown(shipped), f"README's claims table is stale; {REGENERATE}"
-    rows, _ = report.headline_claims(shipped)  # pooled over the shipped runs of the commit where there are several
+    assert table == readme_writer.claims_markdown(shipped), f"README's claims table is stale; {REGENERATE}"
+    rows, _ = formatting.headline_claims(shipped)  # pooled over the shipped runs of the commit where there are several
     assert len(table.splitlines()) == 2 + len(rows) > 2
 
 
@@ -89,7 +89,7 @@ def test_the_readme_sizes_and_times_are_the_reference_runs():
     """Every size and time the README quotes for the reference run stands between markers and equals what its files
     give (tracked bytes, stage_times.tsv)."""
     readme = (ROOT / "README.md").read_text()
-    facts = report.readme_facts(REFERENCE)
+    facts = readme_writer.readme_facts(REFERENCE)
     for name, value in facts.items():
         shown = readme.split(f"<!-- {name} -->")[1].split(f"<!-- /{name} -->")[0]
         assert shown == value, f"README's {name} is {shown!r}, the shipped files give {value!r}; {REGENERATE}"

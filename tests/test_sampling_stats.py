@@ -186,7 +186,7 @@ def test_the_distribution_tests_have_power_against_the_control_and_keep_their_le
 
 
 def test_simultaneous_intervals_widen_each_cell_by_bonferroni():
-    from rakv.experiments.report import family_agreement
+    from rakv.experiments.prose_sampling import family_agreement
     from rakv.experiments.summary import ClosedFormCheck
 
     def check(low):
@@ -203,7 +203,7 @@ def test_simultaneous_intervals_widen_each_cell_by_bonferroni():
 def test_the_paper_counts_only_checks_that_can_fail_and_prints_the_degrees_of_freedom():
     from types import SimpleNamespace
 
-    from rakv.experiments.report import acceptance_sentences, family_agreement, workloads_table
+    from rakv.experiments.prose_sampling import acceptance_sentences, family_agreement, workloads_table
 
     rng = np.random.default_rng(4)
     token = ss.closed_form_checks(synthetic_runs(rng, requests=8))[0]

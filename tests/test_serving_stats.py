@@ -244,7 +244,7 @@ def test_the_plans_power_is_computed_at_the_loads_the_run_serves(tmp_path):
 def test_a_no_worse_goal_met_below_zero_is_named_as_measurably_lower():
     from types import SimpleNamespace
 
-    from rakv.experiments.report import met_but_lower_sentence
+    from rakv.experiments.prose_serving import met_but_lower_sentence
     from rakv.experiments.summary import Goal
 
     def goal(key, value, low, high, verdict="met"):
@@ -420,7 +420,8 @@ def test_the_designs_margins_are_what_a_user_calls_no_worse_and_no_pilot_load_is
 def test_the_papers_tally_names_every_verdict_and_why_goals_went_unanswered():
     from types import SimpleNamespace
 
-    from rakv.experiments.report import goal_tally, unanswered_sentence
+    from rakv.experiments.prose import goal_tally
+    from rakv.experiments.prose_serving import unanswered_sentence
     from rakv.experiments.summary import Goal
 
     def goal(verdict, reason=None):

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rakv.experiments import report
+from rakv.experiments import prose
 from rakv.experiments.claims import Claim, verdict_direction
 from rakv.experiments.verdicts import (
     GOAL_VERDICTS,
@@ -50,7 +50,7 @@ def test_claims_goals_and_prose_agree_on_every_interval(a, b, c):
     claim = Claim("a positive effect", 0.2, "effect", 0.0)
     assert verdict_direction(claim, ci) == {"above": "yes", "below": "no"}.get(side, "inconclusive")
     assert higher(list(ci), 0.0) == {"above": "met", "below": "missed"}.get(side, "inconclusive")
-    assert report.verdict(ci) == {"above": "faster than", "below": "slower than"}.get(side, "not distinguishable from")
+    assert prose.verdict(ci) == {"above": "faster than", "below": "slower than"}.get(side, "not distinguishable from")
     assert non_inferior(list(ci), 0.0) == {"above": "met", "below": "missed"}.get(side, "inconclusive")
     assert not math.isnan(value)
 

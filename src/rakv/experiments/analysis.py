@@ -16,7 +16,7 @@ import pandas as pd
 from rakv.experiments.calibrations import calibration_tables, tables_by_configuration, with_tie_sets
 from rakv.experiments.claims import claims
 from rakv.experiments.oracle import measurements, strategy_latencies
-from rakv.experiments.sentences import feasibility_verdict
+from rakv.experiments.prose import feasibility_verdict
 from rakv.experiments.study_stats import (
     acceptance_mape,
     acceptance_table,

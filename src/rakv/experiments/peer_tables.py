@@ -2,7 +2,7 @@
 over repeats that scripts/bench_vllm_serve.py and scripts/bench_serving.py store beside their runs, and the markdown
 tables of docs/peers.md, rendered from the shipped files only (scripts/peer_tables.py rewrites the blocks between
 `<!-- peer-table: NAME -->` and `<!-- /peer-table: NAME -->`; tests/test_peer_tables.py checks they are current).
-The paper's "Against vLLM" paragraph (rakv.experiments.report.peer_section) reads the same statistics.
+The paper's "Against vLLM" paragraph (rakv.experiments.prose_serving.peer_section) reads the same statistics.
 
 Intervals: a metric over repeats is the mean with its Student t interval (rakv.experiments.intervals.t_interval); a
 comparison of rakv with vLLM is the ratio rakv / vLLM, per repeat (the same prompts and arrivals in both), as the

@@ -68,7 +68,7 @@ def analysis(cfg: DictConfig) -> None:
     """Every notebook, headless, on results/<name>/: summary.json, figures/<name>/, paper/generated/<name>/."""
     from rakv.experiments.config import results_dir
     from rakv.experiments.notebooks import OutputPaths, run_all
-    from rakv.experiments.report import refresh_readme
+    from rakv.experiments.readme_writer import refresh_readme
     from rakv.experiments.summary import read_summary
 
     results = results_dir(cfg)
@@ -114,7 +114,7 @@ def paper(cfg: DictConfig) -> None:
     done = subprocess.run(command, cwd=PAPER, capture_output=True, text=True)
     if done.returncode != 0:
         raise RakvError(f"LaTeX failed; see {build / 'main.log'} (and {build / 'main.blg'} for the bibliography)")
-    from rakv.experiments.report import layout_report
+    from rakv.experiments.pdf_layout import layout_report
 
     layout = layout_report((build / "main.log").read_text(errors="replace"), build / "main.pdf")
     (build / "layout.json").write_text(json.dumps(layout, indent=1) + "\n")
@@ -123,7 +123,7 @@ def paper(cfg: DictConfig) -> None:
           f"float(s) too large for the page, {len(layout['words_outside'])} run(s) of characters outside the text "
           "area", flush=True)
     if paths.results == README_REFERENCE.resolve():  # the README quotes the PDF's size: measured once it is built
-        from rakv.experiments.report import refresh_readme
+        from rakv.experiments.readme_writer import refresh_readme
         from rakv.experiments.summary import read_summary
 
         refresh_readme(read_summary(paths.results), ROOT / "README.md", paths.results)

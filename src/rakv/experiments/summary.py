@@ -1,7 +1,7 @@
 """The summary of a results folder, declared once: typed records, and results/<name>/summary.json as their on-disk
 form (docs/layout.md names the modules around it, docs/outputs.md what the keys mean).
 
-`rakv.experiments.analysis.summarize` builds a `Summary`; the report, the figures, the notebooks,
+`rakv.experiments.analysis.summarize` builds a `Summary`; the paper's prose and LaTeX, the figures, the notebooks,
 scripts/compare_runs.py and the tests read its attributes. summary.json is written and read only through this
 module (`write_summary`, `read_summary`, `Summary.to_json`, `Summary.from_json`): reading checks every field's
 presence and type against these declarations, so an old or edited file stops with one line naming the field

@@ -1,0 +1,284 @@
+"""paper/generated/<name>/, written from summary.json, the study metadata and runs.parquet only: the macros, the
+tables that stand in files of their own, and every generated section (rakv.experiments.prose and its siblings
+word them; this module only writes them).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from rakv.experiments.formatting import (
+    ci_text,
+    claim_cells,
+    goal_value,
+    headline_claims,
+    missing,
+    num,
+    pct,
+    shows_text,
+    tex_escape,
+    verdict_cells,
+)
+from rakv.experiments.oracle import NOISE_LEVEL
+from rakv.experiments.prose import (
+    abstract,
+    claims_discussion,
+    conclusion,
+    introduction_findings,
+    limitations,
+    mape_note,
+    reproducibility,
+    stage_times,
+)
+from rakv.experiments.prose_machines import across_machines, regime_text, run_to_run, substitutions
+from rakv.experiments.prose_sampling import sampling_text
+from rakv.experiments.prose_serving import SCENARIO_TEXT, joint_reuse_text, peer_folder, peer_section, serving_text
+from rakv.experiments.replication import pooled_summary
+from rakv.experiments.study_stats import BASELINES, strategy_means
+from rakv.experiments.summary import AcceptanceRow, PeakKv, Summary
+from rakv.runtime.paths import ROOT
+
+BASELINE_NAMES = {"joint-k4": "Joint", "kv-only": "KvOnly", "ar": "Ar", "spec-k4": "Spec",
+                  "best-fixed": "BestFixed", "oracle": "Oracle"}
+
+
+def macros(summary: Summary, meta: dict) -> dict[str, str]:
+    m = {"ProfileName": tex_escape(meta["config"]["profile"]["name"]), "RunsTotal": str(summary.runs),
+         "StrategyRuns": str(summary.strategy_runs), "SweepRuns": str(summary.sweep_runs),
+         "Configurations": tex_escape(", ".join(summary.configurations)),
+         "Hardware": tex_escape(f"{meta['hardware']['processor']} ({meta['hardware']['device']}, "
+                                f"{meta['hardware']['threads'] or 'GPU'} threads, {meta['hardware']['dtype']})"),
+         "TorchVersion": tex_escape(meta["packages"]["torch"]),
+         "TransformersVersion": tex_escape(meta["packages"]["transformers"]),
+         "GitCommit": tex_escape((meta.get("git_commit") or "unknown")[:12]),
+         "NewTokens": str(meta["config"]["profile"]["study"]["new_tokens"]),
+         "KernelsMode": tex_escape(meta["config"].get("kernels", "stock")),
+         "MeasurementsPerAction": str(summary.grid.measurements_per_action_min),
+         "ControllerRepeats": str(summary.grid.controller_repeats),
+         "ExactEqual": str(summary.exact.equal), "ExactTotal": str(summary.exact.total),
+         "NoiseLevel": pct(NOISE_LEVEL, 0),
+         "CrossoverMeasured": tex_escape(", ".join(f"{k}: {num(v)}" for k, v in summary.crossover_measured.items())
+                                         or "n/a"),
+         "FeasibilityStatus": tex_escape(summary.feasibility.status),
+         "FeasibilityGap": tex_escape(summary.feasibility_verdict)}
+    for baseline, name in BASELINE_NAMES.items():
+        m[f"LatRedPooled{name}"] = ci_text(summary.pooled.latency_reduction.against(baseline))
+    return m
+
+
+INTERVAL_COVERAGE = ROOT / "paper" / "interval_coverage.csv"
+
+
+def coverage_table(path: Path = INTERVAL_COVERAGE) -> str:
+    """The simulated coverage of every interval method (paper/interval_coverage.csv, written by
+    scripts/interval_coverage.py from rakv.experiments.coverage; the code and the shipped profiles', not a run's)."""
+    lines = ["\\begin{tabular}{p{4.3cm}p{3.9cm}p{2.6cm}p{4.4cm}r}", "\\toprule",
+             "Statistic & Interval & Units & Simulated shape & Coverage \\\\", "\\midrule"]
+    if not Path(path).exists():
+        lines.append(f"\\multicolumn{{5}}{{l}}{{{tex_escape(Path(path).name)} is missing}} \\\\")
+    else:
+        for row in pd.read_csv(path).itertuples(index=False):
+            lines.append(f"{tex_escape(row.statistic)} & {tex_escape(row.method)} & {tex_escape(row.units)} & "
+                         f"{tex_escape(row.shape)} & {row.coverage:.3f} \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def statistics_table(summary: Summary) -> str:
+    """Per configuration: the controller's statistics with their CIs (pooled over the shipped runs of this commit and
+    machine class where there are several)."""
+    summary = pooled_summary(summary)
+    names = list(summary.per_configuration)
+    rows = [
+        ("accuracy, strict", lambda s: ci_text(s.accuracy_action)),
+        ("accuracy, within noise", lambda s: ci_text(s.accuracy_within_noise)),
+        ("accuracy of $k$", lambda s: ci_text(s.accuracy_k)),
+        ("oracle's action in the controller's tie set", lambda s: ci_text(s.accuracy_tie_set) if s.accuracy_tie_set
+         else "--"),
+        ("accuracy of a random choice", lambda s: pct(s.accuracy_chance)),
+        ("mean regret (cross-fitted)", lambda s: ci_text(s.mean_regret)),
+        ("worst per-scenario regret", lambda s: pct(s.worst_regret)),
+        ("mean regret of a random choice", lambda s: ci_text(s.random_regret)),
+        ("MAPE", lambda s: ci_text(s.mape)),
+        ("MAPE, action-blind predictor", lambda s: pct(s.mape_null)),
+        ("MAPE minus action-blind (points)", lambda s: ci_text(s.mape_minus_null) if s.mape_minus_null else "--"),
+        ("Spearman $\\rho$, mean per scenario", lambda s: ci_text(s.spearman, num)),
+        ("Spearman $\\rho$, pooled", lambda s: num(s.spearman_pooled)),
+        ("best fixed action (hindsight)", lambda s: f"\\texttt{{{s.best_fixed_action}}}"),
+        *[(f"latency reduction vs {tex_escape(b)}", lambda s, b=b: ci_text(s.latency_reduction.against(b)))
+          for b in BASELINES],
+        ("best $k\\neq0$ vs $k=0$, slowdown", lambda s: f"{pct(s.spec_slowdown.min, 0)} to "
+                                                     f"{pct(s.spec_slowdown.max, 0)}"),
+    ]
+    lines = [r"\begin{tabular}{l" + "r" * len(names) + "}", r"\toprule",
+             "Statistic & " + " & ".join(f"\\texttt{{{tex_escape(n)}}}" for n in names) + r" \\", r"\midrule"]
+    for label, get in rows:
+        lines.append(label + " & " + " & ".join(get(summary.per_configuration[n]) for n in names) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def claims_table(summary: Summary) -> str:
+    rows, across = headline_claims(summary)
+    pooled = " (runs)" if across else ""
+    lines = [r"\begin{tabular}{p{5.2cm}llrp{3.6cm}rcc}", r"\toprule",
+             r"Claim & Configuration & Kind & Reference & Reproduced [95\% CI] & Band & "
+             f"Direction{pooled} & Magnitude{pooled} \\\\", r"\midrule"]
+    for row in rows:
+        fmt = (lambda v: pct(v)) if row.unit == "%" else (lambda v: num(v))
+        reference, reproduced, band = claim_cells(row, fmt)
+        if row.key.startswith("crossover_alpha") and row.reproduced == 0:  # explained where it is printed
+            reproduced += " (pays at any acceptance: Section~\\ref{sec:regime})"
+        direction, magnitude = verdict_cells(row, across)
+        lines.append(f"{tex_escape(row.claim)} & \\texttt{{{tex_escape(row.configuration)}}} & "
+                     f"{row.kind} & {reference} & "
+                     f"{tex_escape(reproduced) if shows_text(row) else reproduced} & "
+                     f"{band} & {direction} & {magnitude} \\\\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def acceptance_table(rows: list[AcceptanceRow]) -> str:
+    lines = [r"\begin{tabular}{llrrrc}", r"\toprule",
+             r"Configuration & Dataset & Measured $\alpha$ [95\% CI] & Break-even $\alpha$ (least $k$) & "
+             r"Break-even $\alpha$, $k=4$ & Pays \\", r"\midrule"]
+    for r in rows:
+        least = "never" if missing(r.break_even_alpha) else f"{num(r.break_even_alpha)} ($k={r.break_even_k}$)"
+        pays = "n/a" if r.speculation_pays is None else ("yes" if r.speculation_pays else "no")
+        lines.append(f"\\texttt{{{tex_escape(r.configuration)}}} & {tex_escape(r.dataset)} & "
+                     f"{ci_text((r.acceptance, r.acceptance_low, r.acceptance_high), num)} & {least} & "
+                     f"{'never' if missing(r.break_even_alpha_k4) else num(r.break_even_alpha_k4)} & {pays} \\\\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+STRATEGY_NAMES = {"oracle": "oracle (cross-fitted)", "best-fixed": "best fixed action (in hindsight)"}
+
+
+def strategy_table(runs: pd.DataFrame) -> str:
+    """Table 1: mean latency and throughput per strategy with 95 % CIs over prompts."""
+    table = strategy_means(runs)
+    lines = [r"\begin{tabular}{llrrr}", r"\toprule",
+             r"Configuration & Strategy & Instances & Latency (s) [95\% CI] & Throughput (tok/s) [95\% CI] \\",
+             r"\midrule"]
+    for row in table.itertuples():
+        latency = ci_text((row.latency_s, row.latency_s_low, row.latency_s_high), lambda v: num(v, 3))
+        throughput = ci_text((row.tokens_per_s, row.tokens_per_s_low, row.tokens_per_s_high), lambda v: num(v, 1))
+        lines.append(f"{tex_escape(row.configuration)} & {tex_escape(STRATEGY_NAMES.get(row.strategy, row.strategy))} "
+                     f"& {row.instances} & {latency} & {throughput} \\\\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def memory_table(rows: list[PeakKv]) -> str:
+    lines = [r"\begin{tabular}{lrrr}", r"\toprule",
+             r"Configuration & $k$ & Peak K/V, mean (MiB) & Peak K/V, max (MiB) \\", r"\midrule"]
+    for r in rows:
+        lines.append(f"\\texttt{{{tex_escape(r.configuration)}}} & {r.k} & {r.peak_kv_mib:.2f} & "
+                     f"{r.peak_kv_mib_max:.2f} \\\\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def ablation_table(frame: pd.DataFrame) -> str:
+    """The controller ablations (rakv.experiments.ablation.ablation_table) as a LaTeX table."""
+    lines = [r"\begin{tabular}{>{\raggedright\arraybackslash}p{4.4cm}lllllll}", r"\toprule",
+             r"Variant & Mean regret & Worst & Acc.\ strict & Acc.\ within noise & Spearman & vs best fixed & "
+             r"Spec.\ share \\",
+             r"\midrule"]
+    for name, part in frame.groupby("configuration", sort=False):
+        lines.append(f"\\multicolumn{{8}}{{l}}{{\\texttt{{{tex_escape(name)}}}}} \\\\")
+        for row in part.to_dict("records"):
+            lines.append(f"{tex_escape(row['variant'])} & {ci_text(row['mean_regret'])} & {pct(row['worst_regret'])} & "
+                         f"{ci_text(row['accuracy_action'], lambda v: pct(v, 0))} & "
+                         f"{ci_text(row['accuracy_within_noise'], lambda v: pct(v, 0))} & "
+                         f"{ci_text(row['spearman'], num)} & "
+                         f"{ci_text(row['vs_best_fixed'])} & {pct(row['speculative_share'], 0)} \\\\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_ablation(frame: pd.DataFrame, out_dir: Path) -> Path:
+    path = Path(out_dir) / "ablation_table.tex"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(ablation_table(frame))
+    return path
+
+
+def serving_goals_table(summary: Summary) -> str:
+    goals = summary.serving.goals if summary.serving else []
+    lines = ["\\begin{tabular}{p{6.2cm}rrlp{4.2cm}}", "\\toprule",
+             "Goal & Value & 95\\,\\% CI & Verdict & Rule \\\\", "\\midrule"]
+    for g in goals:
+        value, interval = goal_value(g)
+        why = f" ({g.reason})" if g.reason else ""  # why underpowered or missing
+        lines.append(f"{tex_escape(g.goal)} & {value} & {interval} & {g.verdict} & "
+                     f"{{\\footnotesize {tex_escape((g.rule or '') + why)}}} \\\\")
+    if not goals:
+        lines.append("\\multicolumn{5}{l}{the serving stage did not run} \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def joint_reuse_table(summary: Summary) -> str:
+    """Speculation on top of reuse, by output length: r = 1 with k = 4 against r = 1 with k = 0."""
+    rows = summary.joint_reuse
+    lines = ["\\begin{tabular}{llrrrlrl}", "\\toprule",
+             "Configuration & Store hit & $N$ & $r{=}1,k{=}0$ (s) & $r{=}1,k{=}4$ (s) & "
+             "$k{=}4$ vs $k{=}0$ [95\\,\\% CI] "
+             "& draft re-prefilled (s) & draft reuse saves [95\\,\\% CI] \\\\", "\\midrule"]
+    for r in rows:
+        ablated = r.reprefilled_s is not None
+        reprefilled = f"{r.reprefilled_s:.3f}" if ablated else "--"
+        saved = ci_text(r.draft_reuse_reduction) if ablated else "--"
+        lines.append(f"{tex_escape(r.configuration)} & {SCENARIO_TEXT.get(r.scenario, r.scenario)} & "
+                     f"{r.new_tokens} & {r.reuse_s:.3f} & {r.joint_s:.3f} & "
+                     f"{ci_text(r.latency_reduction)} ({r.verdict}) & {reprefilled} & {saved} \\\\")
+    if not rows:
+        lines.append("\\multicolumn{8}{l}{the sensitivity stage did not run} \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path]:
+    """paper/generated/<name>/: macros, tables, and the generated abstract, claims discussion and limitations."""
+    results, out_dir = Path(results), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = json.loads((results / "study" / "metadata.json").read_text())
+    runs = pd.read_parquet(results / "study" / "runs.parquet")
+    files = {
+        # the header names the module as the shipped paper/generated/*/macros.tex do, until they are regenerated
+        "macros.tex": "% generated by rakv.experiments.report from summary.json; do not edit\n" + "".join(
+            f"\\newcommand{{\\{name}}}{{{value}}}\n" for name, value in macros(pooled_summary(summary), meta).items()),
+        "abstract.tex": abstract(summary, meta),
+        "substitutions.tex": substitutions(summary, meta, results),
+        "conclusion.tex": conclusion(summary),
+        "claims_discussion.tex": claims_discussion(summary),
+        "limitations.tex": limitations(summary, meta),
+        "introduction.tex": introduction_findings(summary),
+        "reproducibility.tex": reproducibility(summary, meta, stage_times(results)),
+        "claims_table.tex": claims_table(summary),
+        "statistics_table.tex": statistics_table(summary),
+        "statistics_note.tex": mape_note(summary),
+        "coverage_table.tex": coverage_table(),
+        "across_machines.tex": across_machines(results),
+        "run_to_run.tex": run_to_run(results),
+        "acceptance_table.tex": acceptance_table(summary.acceptance),
+        "memory_table.tex": memory_table(summary.peak_kv),
+        "strategy_table.tex": strategy_table(runs),
+        "serving.tex": serving_text(summary),
+        "serving_goals_table.tex": serving_goals_table(summary),
+        "joint_reuse_table.tex": joint_reuse_table(summary),
+        "joint_reuse.tex": joint_reuse_text(summary),
+        "peer.tex": peer_section(peer_folder(results)),
+        "regime.tex": regime_text(summary, results),
+        "sampling.tex": sampling_text(summary),
+    }
+    paths = []
+    for name, text in files.items():
+        (out_dir / name).write_text(text)
+        paths.append(out_dir / name)
+    return paths

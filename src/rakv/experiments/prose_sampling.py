@@ -1,0 +1,313 @@
+"""The paper's section on sampling and workloads (the sampling stage, rakv.experiments.sampling_stats): its
+sentences, each worded by its verdict, and the tables the section prints after them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rakv.experiments.formatting import ci_text, missing, num, pct, tex_escape
+from rakv.experiments.sampling_stats import AGREES, DIFFERS, agreement_tally, counted_verdict
+from rakv.experiments.summary import ABSENT, DISTRIBUTION_SAMPLES, EXPECTED_GIVEN_DRAFT, FIRST_ROUNDS, Summary
+from rakv.experiments.verdicts import ci_side
+from rakv.runtime.actions import ADAPTIVE
+
+
+def ratio_text(triple) -> str:
+    """A latency ratio (ours / theirs) with its CI, e.g. 0.91 [0.85, 0.97]."""
+    return ci_text(triple, fmt=lambda v: num(v, 2))
+
+
+def ratio_words(triple, baseline: str) -> str:
+    """A latency ratio worded by the side of 1 its CI lies on."""
+    side = ci_side(triple, 1.0, point_if_no_interval=False)
+    if side == "below":
+        return f"faster than {baseline} (latency ratio {ratio_text(triple)})"
+    if side == "above":
+        return f"slower than {baseline} (latency ratio {ratio_text(triple)})"
+    return f"not distinguishable from {baseline} (latency ratio {ratio_text(triple)})"
+
+
+def temperature_label(t: float) -> str:
+    return "greedy" if t == 0 else f"$T={t:g}$"
+
+
+def sampling_tables(summary: Summary) -> str:
+    s = summary.sampling
+    lines = ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\fittable{%",
+             "\\begin{tabular}{llrrlllll}", "\\toprule",
+             "Configuration & Decoding & $\\alpha$ measured [95\\,\\% CI] & closed form & check & "
+             "spec-k4 / AR & RAKV-ASD / AR & RAKV-ASD / best fixed & best fixed \\\\", "\\midrule"]
+    checks = {(c.configuration, c.temperature, c.k): c for c in s.closed_form if c.verify in ("token", "greedy")}
+    for t in s.temperatures:
+        check = checks.get((t.configuration, t.temperature, 4))
+        measured = ci_text(check.measured, fmt=lambda v: num(v, 3)) if check else "--"
+        closed = num(check.closed_form, 3) if check else "--"
+        lines.append(f"{tex_escape(t.configuration)} & {temperature_label(t.temperature)} & {measured} & {closed} & "
+                     f"{check.verdict if check else '--'} & {ratio_text(t.spec_k4_vs_ar)} & {ratio_text(t.vs_ar)} & "
+                     f"{ratio_text(t.vs_best_fixed)} & {tex_escape(t.best_fixed)} \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}}",
+              "\\caption{Speculation by temperature (sampling stage). $\\alpha$: spec-k4's accepted candidates per "
+              "position reached, token-wise verification (greedy: the target's argmax), with the mean of its closed "
+              "form $\\sum_x\\min(p(x),q(x))$ over the same positions (agrees: the CI of the difference includes "
+              "0; identity: greedy, where measured equals its closed form by construction, a check that cannot "
+              "fail; Table~\\ref{tab:acceptance-checks} has every cell). Latency ratios: geometric means over "
+              "prompts of paired (prompt, seed) ratios with 95\\,\\% t CIs; below 1 is faster.}"
+              "\\label{tab:sampling}", "\\end{table}"]
+    return ("\n".join(lines) + "\n" + acceptance_checks_table(s) + sampling_tests_table(s) + workloads_table(s))
+
+
+def acceptance_checks(s) -> list:
+    """Every acceptance check: the runs' cells, then the distribution samples' (absent before they were made)."""
+    return list(s.closed_form) + list(s.distribution_checks or [])
+
+
+def freedom_text(degrees) -> str:
+    """A CI's degrees of freedom: a number for a t interval, z for the normal one (None)."""
+    return "z" if degrees is None or degrees is ABSENT else str(degrees)
+
+
+def acceptance_checks_table(s) -> str:
+    """Every acceptance check with its interval, degrees of freedom and verdict, identities and controls marked."""
+    checks = acceptance_checks(s)
+    if not checks:
+        return ""
+    three = lambda v: num(v, 3)  # noqa: E731
+    lines = ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\fittable{%", "\\begin{tabular}{llrrrrrlrll}",
+             "\\toprule", "Configuration & rows & $T$, rule, $k$ & requests & measured & expected & "
+             "difference [95\\,\\% CI] & df & verdict & $-$ token-wise's [95\\,\\% CI] \\\\", "\\midrule"]
+    for c in checks:
+        rule = f"{tex_escape(c.verify)} (control)" if c.control is True else tex_escape(c.verify)
+        versus = ci_text(c.versus_token, fmt=three) if c.versus_token else ""
+        lines.append(f"{tex_escape(c.configuration)} & {'samples' if c.source == DISTRIBUTION_SAMPLES else 'runs'} & "
+                     f"{c.temperature:g}, {rule}, {c.k} & {c.requests} & {three(c.measured[0])} & "
+                     f"{three(c.closed_form)} & {ci_text(c.difference, fmt=three)} & "
+                     f"{freedom_text(c.degrees_of_freedom)} & {counted_verdict(c)} & {versus} \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}}",
+              "\\caption{Measured acceptance (accepted candidates per position reached) against what its rule must "
+              "accept in expectation over the same positions: token-wise (and greedy, and the biased control) its "
+              "closed form $\\sum_x\\min(p(x),q(x))$, with the normal interval of the variance the closed form "
+              "implies (df z); block its own expected accepted count given each round's draft, a t interval over "
+              "the requests (df: requests $-$ 1). Rows: the sampling runs, or the distribution samples. Identity: "
+              "the difference has no variance (greedy: $\\alpha_j$ is 1 exactly where a candidate passes), so the "
+              "check cannot fail and is not counted as agreement; the biased control must differ. Last column "
+              "(block): measured minus token-wise's expected count on the same drafts; where it excludes 0 the "
+              "check told the two rules apart.}\\label{tab:acceptance-checks}", "\\end{table}"]
+    return "\n".join(lines) + "\n"
+
+
+def sampling_tests_table(s) -> str:
+    """The distribution tests and block against token-wise verification."""
+    lines = []
+    if s.block_vs_token or s.distribution:
+        lines += ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\fittable{%", "\\begin{tabular}{llrrrlll}",
+                  "\\toprule",
+                  "Configuration & Rule (arm) & samples & tests & min.\\ Holm $p$ & rejected & "
+                  "rejections on halves & \\\\", "\\midrule"]
+        for d in s.distribution:
+            arm = f"{d.arm} (positive control)" if d.control else d.arm
+            lines.append(f"{tex_escape(d.configuration)} & {tex_escape(arm)} & "
+                         f"{d.samples_per_prompt}$\\times${d.prompts} & {d.tests} & {d.min_adjusted_p:.3g} & "
+                         f"{'yes' if d.rejected else 'no'} & "
+                         f"{pct(d.half_sample_rejection_rate, 0)} & \\\\")
+        if s.block_vs_token:
+            lines += ["\\midrule", "Configuration & $T$, $k$ & token / round & block / round & "
+                      "block $-$ token [95\\,\\% CI] & verdict & block / token latency & \\\\", "\\midrule"]
+            for b in s.block_vs_token:
+                where = {FIRST_ROUNDS: f" ({b.requests} first rounds)",
+                         EXPECTED_GIVEN_DRAFT: f" ({b.requests} requests, given the draft)"}.get(b.source, "")
+                lines.append(f"{tex_escape(b.configuration)}{where} & {b.temperature:g}, {b.k} & "
+                             f"{b.token_per_round:.3f} & "
+                             f"{b.block_per_round:.3f} & {ci_text(b.difference, fmt=lambda v: num(v, 3))} & "
+                             f"{b.verdict} & {ratio_text(b.latency_ratio)} & \\\\")
+        lines += ["\\bottomrule", "\\end{tabular}}",
+                  "\\caption{Top: speculative against plain sampling of the same prompts (first tokens, many seeds): "
+                  "chi-square tests of the token counts at every position and prompt, and per prompt a "
+                  "Kolmogorov-Smirnov test of the target's log-likelihood of the samples and a Mann-Whitney test of "
+                  "how many of their tokens were the target's most likely, Holm-corrected per arm at 5\\,\\%; the "
+                  "rejection rate on random halves of the samples estimates the tests' power against the positive "
+                  "control at half the size (a lower bound at the full size), and their size for the other rules. "
+                  "Bottom: accepted "
+                  "candidates per round under block and token-wise verification of the same (prompt, seed) pairs "
+                  "(whole requests: CI over prompts; first rounds: the distribution samples' first round, whose "
+                  "$k$ candidates the two rules verify alike, CI over the pairs; given the draft: on every round of "
+                  "the distribution samples' token-wise and block arms, both rules' expected accepted count given "
+                  "that round's draft, CI over the requests).}\\label{tab:sampling-tests}",
+                  "\\end{table}"]
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def workloads_table(s) -> str:
+    """Structured outputs and long retrieved contexts."""
+    lines = []
+    if s.structured:
+        lines += ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\begin{tabular}{llrrrl}", "\\toprule",
+                  "Configuration & Strategy & parses & valid & latency (s) & same tokens as AR \\\\", "\\midrule"]
+        for r in s.structured:
+            lines.append(f"{tex_escape(r.configuration)} & {tex_escape(r.strategy)} & {pct(r.parse_rate, 0)} & "
+                         f"{pct(r.valid_rate, 0)} & {r.latency_s:.2f} & {'yes' if r.same_as_ar else 'no'} \\\\")
+        lines += ["\\bottomrule", "\\end{tabular}",
+                  "\\caption{Structured outputs (JSON following a schema; greedy).}\\label{tab:workloads}",
+                  "\\end{table}"]
+    if s.long_context:
+        lines += ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\fittable{%",
+                  "\\begin{tabular}{llllrrrlll}", "\\toprule",
+                  "Configuration & Strategy & store & document & reused tokens & evictions & TTFT (s) & "
+                  "latency / AR & latency / kv-only & df \\\\", "\\midrule"]
+        for r in s.long_context:
+            lines.append(f"{tex_escape(r.configuration)} & {tex_escape(r.strategy)} & {r.budget_mib:g} MiB & "
+                         f"{long_context_bin(r)} & {r.hit_tokens:.0f} of {r.document_tokens:.0f} & "
+                         f"{'--' if r.evictions is None else r.evictions} & "
+                         f"{r.ttft_s:.2f} & {ratio_text(r.vs_ar)} & "
+                         f"{ratio_text(r.vs_reuse) if r.vs_reuse and not missing(r.vs_reuse[0]) else ''} & "
+                         f"{long_context_freedom(r)} \\\\")
+        lines += ["\\bottomrule", "\\end{tabular}}",
+                  "\\caption{Long retrieved contexts (WikiText-2 articles as documents, several questions each as "
+                  "separate requests, documents in turn) under two prefix-store budgets, per document length "
+                  "(tokens; the number of documents in brackets); reused tokens are per request, latency ratios "
+                  "geometric means over the documents of the bin with 95\\,\\% t CIs on df degrees of freedom "
+                  "(documents $-$ 1; a document's questions averaged first); latency / kv-only is speculation on top "
+                  "of reuse. AR never reads the store: "
+                  "measured under the first budget, its rows stand for both (evictions: --).}\\label{tab:long-context}",
+                  "\\end{table}"]
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def long_context_sentences(rows) -> list[str]:
+    """Per (configuration, store budget, document length): reuse against AR and speculation on top of reuse, each
+    worded by its CI, with the store's evictions."""
+    by = {(r.configuration, r.budget_mib, r.length_bin, r.strategy): r for r in rows}
+    out = []
+    for (name, budget, length_bin, strategy), r in by.items():
+        asd = by.get((name, budget, length_bin, ADAPTIVE))
+        if strategy != "kv-only" or asd is None or not length_bin:
+            continue
+        out.append(f"On documents of {length_bin} tokens ({r.documents}, t intervals on {long_context_freedom(r)} "
+                   f"degrees of freedom) with a {budget:g} MiB store, "
+                   f"{tex_escape(name)}'s reuse (kv-only, {r.hit_tokens:.0f} tokens reused per request) is "
+                   f"{ratio_words(r.vs_ar, 'AR')} and RAKV-ASD is {ratio_words(asd.vs_reuse, 'kv-only')} "
+                   f"({r.evictions} evictions under kv-only).")
+    return out
+
+
+def long_context_freedom(r) -> str:
+    """A long-context row's t intervals' degrees of freedom (documents - 1), both ratios' where they differ; '--'
+    without an interval, '?' for a run analysed before they were recorded."""
+    if r.vs_ar_degrees_of_freedom is ABSENT:
+        return "?"
+    shown = [d for d in (r.vs_ar_degrees_of_freedom, r.vs_reuse_degrees_of_freedom) if d is not None]
+    return " / ".join(dict.fromkeys(str(d) for d in shown)) or "--"
+
+
+def long_context_bin(r) -> str:
+    """A long-context row's document length bin and how many documents it holds ('all' for a run analysed before
+    the rows were per bin)."""
+    return f"{r.length_bin} ({r.documents})" if r.length_bin else "all"
+
+
+def family_agreement(checks) -> int:
+    """How many of the checks that can fail agree when their intervals are widened to simultaneous (Bonferroni)
+    ones over those checks: each by its own quantile, the normal one or Student's t on its degrees of freedom."""
+    from scipy.stats import norm, t
+
+    judged = [c for c in checks if c.control is not True and counted_verdict(c) in (AGREES, DIFFERS)]
+    tail = 0.025 / max(len(judged), 1)
+    agree = 0
+    for c in judged:
+        degrees = c.degrees_of_freedom if isinstance(c.degrees_of_freedom, int) else None
+        widen = (norm.ppf(1 - tail) / norm.ppf(0.975) if degrees is None
+                 else t.ppf(1 - tail, degrees) / t.ppf(0.975, degrees))
+        value, low, high = c.difference
+        agree += (value - (value - low) * widen) <= 0.0 <= (value + (high - value) * widen)
+    return agree
+
+
+def acceptance_sentences(s) -> list[str]:
+    """The acceptance checks: agreement among those that can fail, the identities apart, the controls, and what the
+    block checks could tell (rakv.experiments.sampling_stats.agreement_tally)."""
+    checks = acceptance_checks(s)
+    tally = agreement_tally(checks)
+    text = [f"Measured acceptance agrees with what its rule must accept in {tally.agree} of the {tally.judged} "
+            "checks that can fail, at 95\\,\\% each (Table~\\ref{tab:acceptance-checks}): token-wise cells against "
+            "the closed form (a normal interval with the variance it implies), block cells against the block rule's "
+            "expected accepted count given each round's draft (a t interval over the requests)"
+            + ("." if tally.agree == tally.judged else
+               f"; with the 5\\,\\% shared over the {tally.judged} (Bonferroni, the level at which ``every check "
+               f"agrees'' is a 95\\,\\% statement), {family_agreement(checks)} agree.")]
+    if tally.identities:
+        text.append(f"The {tally.identities} greedy cells are not counted: there $\\alpha_j$ is 1 exactly where a "
+                    "candidate passes, so measured acceptance equals its closed form by construction (identity "
+                    "checks, which cannot fail).")
+    if tally.not_judged:
+        text.append(f"{tally.not_judged} cells are not judged: no interval (one request), or a block cell analysed "
+                    "before its rule's expectation given the drafts was recorded.")
+    for c in checks:
+        if c.control is True:
+            text.append(f"On the biased control ({tex_escape(c.configuration)}, {c.requests} samples) the same check "
+                        f"{'rejects' if counted_verdict(c) == DIFFERS else 'does not reject'} the "
+                        f"token-wise closed form (difference {ci_text(c.difference, fmt=lambda v: num(v, 3))}).")
+    blocks = [c for c in checks if c.verify == "block" and counted_verdict(c) in (AGREES, DIFFERS)]
+    if blocks:
+        text.append(block_power_sentence(blocks))
+    return text
+
+
+def block_power_sentence(blocks) -> str:
+    """What the block checks could see: their half-widths and degrees of freedom, how many also exclude token-wise's
+    expectation on the same drafts, and how many could not (both rules' expectations equal on point-mass drafts)."""
+    halves = [(c.difference[2] - c.difference[1]) / 2 for c in blocks]
+    compared = [c for c in blocks if c.versus_token]
+    # equal to float rounding (both summed in float32-rounded probabilities): a gap of 1e-4 per position is none
+    same = [c for c in compared if np.allclose(c.versus_token, c.difference, rtol=0, atol=1e-4, equal_nan=True)]
+    told = [c for c in compared if ci_side(c.versus_token, 0.0, point_if_no_interval=False) in ("above", "below")]
+    freedom = sorted(c.degrees_of_freedom for c in blocks)
+    text = (f"The block checks' half-widths run from {min(halves):.3f} to {max(halves):.3f} candidates per position "
+            f"reached (t intervals on {freedom[0]} to {freedom[-1]} degrees of freedom)")
+    if compared:
+        text += (f"; {len(told)} of {len(compared)} also {'excludes' if len(told) == 1 else 'exclude'} token-wise's "
+                 "expected count on the same drafts, telling the two rules apart")
+    if same:
+        text += (f", and on {len(same)} the two expectations are equal (prompt lookup's drafts are point masses, "
+                 "under which the block rule keeps each prefix with token-wise's probability), so no check could")
+    return text + "."
+
+
+def sampling_text(summary: Summary) -> str:
+    """The section's findings, each worded by its verdict; empty where the stage did not run."""
+    s = summary.sampling
+    if not s:
+        return ("The sampling stage did not run for this results folder (its profile has no \\texttt{sampling} "
+                "section), so every result of this paper is for greedy decoding on code and prose.\n")
+    text = acceptance_sentences(s)
+    if s.temperatures:
+        text.append("Table~\\ref{tab:sampling} gives speculation by temperature.")
+    for t in s.temperatures:
+        text.append(f"At {temperature_label(t.temperature)}, {tex_escape(t.configuration)}'s spec-k4 is "
+                    f"{ratio_words(t.spec_k4_vs_ar, 'AR')}, and RAKV-ASD is {ratio_words(t.vs_ar, 'AR')} and "
+                    f"{ratio_words(t.vs_best_fixed, 'the best fixed strategy (' + tex_escape(t.best_fixed) + ')')}; "
+                    f"its controller started from $\\alpha={t.controller_alpha0:.3f}$ measured at this temperature"
+                    + (f" against a break-even acceptance of {t.break_even_alpha:.3f} for $k=4$"
+                       if t.break_even_alpha is not None else "") + ".")
+    controls = [d for d in s.distribution if d.control]
+    others = [d for d in s.distribution if not d.control]
+    if s.distribution:
+        rejected = [d for d in others if d.rejected]
+        text.append(f"Of the {len(others)} distribution-preserving arms tested against plain sampling, "
+                    f"{len(rejected)} {'was' if len(rejected) == 1 else 'were'} rejected at the Holm-corrected 5\\,\\% "
+                    "level; the positive control (a rule that accepts the target's argmax at any temperature) was "
+                    + ", ".join(f"{'rejected' if d.rejected else 'not rejected'} for {tex_escape(d.configuration)} "
+                                f"(power {pct(d.half_sample_rejection_rate, 0)} at half this size, a lower bound "
+                                "of its power at this size)" for d in controls)
+                    + " (Table~\\ref{tab:sampling-tests}).")
+    for b in s.block_vs_token:
+        words = {"more": "accepts more candidates per round than", "fewer": "accepts fewer candidates per round than",
+                 "inconclusive": "is not distinguishable in candidates accepted per round from"}[b.verdict]
+        where = {FIRST_ROUNDS: f"over {b.requests} paired first rounds of the distribution samples",
+                 EXPECTED_GIVEN_DRAFT: (f"in expectation given the draft, on every round of {b.requests} distribution "
+                                        "samples (both rules judged on the same drafts, without their coin flips)")
+                 }.get(b.source, f"over {b.requests} requests")
+        text.append(f"At $T={b.temperature:g}$, $k={b.k}$, block verification on {tex_escape(b.configuration)} "
+                    f"{words} token-wise verification {where} ({b.block_per_round:.3f} vs {b.token_per_round:.3f}; "
+                    f"difference {ci_text(b.difference, fmt=lambda v: num(v, 3))}).")
+    text += long_context_sentences(s.long_context)
+    return " ".join(text) + "\n\n" + sampling_tables(summary)
