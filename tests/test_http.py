@@ -22,6 +22,7 @@ from rakv.runtime.errors import RakvError
 from rakv.serving import engine_loop, executor
 from rakv.serving.http_options import HttpOptions
 from rakv.serving.http_server import make_server, parse_address, serve_http
+from rakv.serving.metrics import RunSummary
 from rakv.serving.protocol import ChatCompletionRequest, CompletionRequest
 from rakv.serving.server import ServeOptions
 
@@ -53,7 +54,7 @@ class Served:
             return self.http.post(path, content=body, headers={"Content-Type": "application/json"})
         return self.http.post(path, json=body)
 
-    def stop(self) -> dict | None:
+    def stop(self) -> RunSummary | None:
         self.server.should_exit = True
         self.thread.join(60)
         return self.result.get("summary")
@@ -254,7 +255,7 @@ def test_sigterm_drains_running_requests_then_writes_the_records_and_summary(ser
         rest = [line for line in lines if line]
     assert rest[-1] == "data: [DONE]" and json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"
     summary = served.stop()
-    assert summary["completed"] == 1 and summary["failed"] == 0
+    assert summary.statistics.completed == 1 and summary.statistics.failed == 0
     lines = (served.loop.core.out / "requests.jsonl").read_text().splitlines()
     assert [json.loads(line)["status"] for line in lines] == ["ok"]
     assert (served.loop.core.out / "summary.json").exists() and (served.loop.core.out / "iterations.jsonl").exists()

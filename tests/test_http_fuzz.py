@@ -110,4 +110,4 @@ def test_a_real_sigterm_drains_writes_the_summary_and_is_not_raised_again(tiny_p
         signal.signal(signal.SIGTERM, previous)
     thread.join(10)
     assert answers == [200] and raised_again == []
-    assert summary is not None and summary["completed"] == 1 and (tmp_path / "summary.json").exists()
+    assert summary is not None and summary.statistics.completed == 1 and (tmp_path / "summary.json").exists()

@@ -27,7 +27,8 @@ from rakv.runtime.proposers import PROPOSERS, PromptLookupProposer
 from rakv.runtime.strategies import Choice, action_of
 from rakv.serving.acceptance import Acceptance
 from rakv.serving.executor import RequestOutput, StepOutput
-from rakv.serving.metrics import parse_goodput
+from rakv.serving.metrics import parse_goodput, read_run_summary
+from rakv.serving.records import read_iterations
 from rakv.serving.request import ServedRequest, Status
 from rakv.serving.scheduler import Scheduler
 from rakv.serving.server import ServeOptions, ServeParts, serve
@@ -261,7 +262,7 @@ def test_a_prompt_is_shared_as_soon_as_it_is_computed_not_only_when_its_request_
     lines = {r["id"]: r for r in map(json.loads, (tmp_path / "requests.jsonl").read_text().splitlines())}
     assert lines["second"]["hit_tokens"] == lines["first"]["prompt_tokens"] - 1  # all but the next-token position
     assert lines["second"]["e2el_s"] + lines["second"]["arrival_s"] < lines["first"]["e2el_s"]  # ended first
-    assert summary["outputs_equal_alone"] == 2
+    assert summary.outputs_equal_alone == 2
 
 
 # --- exactness on the tiny pair ---
@@ -311,7 +312,8 @@ def test_every_greedy_output_equals_the_request_served_alone(tiny_pair, tiny_tex
     ok = {i: r["token_ids"] for i, r in records.items() if r["status"] == "ok"}
     reference = alone(tiny_pair, proposer, [r for r in trace if r.id in ok], ok, strategy)
     assert ok == reference
-    assert summary["completed"] == len(ok) and summary["completed"] + summary["failed"] == len(trace)
+    counts = summary.statistics
+    assert counts.completed == len(ok) and counts.completed + counts.failed == len(trace)
     refused = [r for r in records.values() if r["status"] == "refused"]
     assert all("K/V" in r["error"] or "refused" in r["error"] for r in refused)
 
@@ -321,10 +323,10 @@ def test_a_conversation_turn_hits_the_store_and_reuse_changes_no_output(tiny_pai
                            turns=3, think_s=0.01, seed=2)
     summary, records = served(tiny_pair, "draft", trace, tmp_path, strategy="joint-k2", token_budget=24,
                               check_alone=True)
-    assert summary["outputs_equal_alone"] == summary["completed"] == 6  # rakv.serving.replay agrees
+    assert summary.outputs_equal_alone == summary.statistics.completed == 6  # rakv.serving.replay agrees
     later = [r for r in records.values() if r["turn"] > 0]
     assert later and all(r["hit_tokens"] >= r["prompt_tokens"] // 2 for r in later)
-    assert summary["prefix_hit_rate"] > 0.3
+    assert summary.statistics.prefix_hit_rate > 0.3
     ok = {i: r["token_ids"] for i, r in records.items()}
     assert ok == alone(tiny_pair, "draft", trace, ok, "joint-k2")
 
@@ -335,8 +337,18 @@ def test_summary_uses_vllm_names_and_counts_every_request(tiny_pair, tiny_texts,
     for name in ("completed", "failed", "duration_s", "request_throughput", "output_throughput",
                  "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
                  "median_itl_ms", "p99_e2el_ms", "goodput", "mean_batch_tokens", "max_concurrency", "prefix_hit_rate"):
-        assert name in summary, name
-    assert summary["goodput"] == pytest.approx(summary["request_throughput"])  # an SLO every request meets
+        assert name in summary.to_json(), name
+    assert summary.statistics.goodput == pytest.approx(summary.statistics.request_throughput)  # every request meets
+    # summary.json and iterations.jsonl are their records' JSON, read back to the same records
+    assert (tmp_path / "summary.json").read_text() == json.dumps(summary.to_json(), indent=1) + "\n"
+    assert read_run_summary(tmp_path / "summary.json") == summary
+    lines = (tmp_path / "iterations.jsonl").read_text().splitlines()
+    assert [json.dumps(i.to_json()) for i in read_iterations(tmp_path / "iterations.jsonl")] == lines
+    assert len(lines) == summary.statistics.iterations
+    bad = dict(summary.to_json(), completd=1)
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(RakvError, match="bad.json: not a served run's summary.json \\(unknown key 'completd'\\)"):
+        read_run_summary(tmp_path / "bad.json")
     record = next(iter(records.values()))
     assert set(record) >= {"id", "status", "error", "prompt_tokens", "hit_tokens", "new_tokens", "token_ids", "text",
                            "arrival_s", "ttft_s", "tpot_s", "itl_s", "e2el_s", "reuse", "k", "rounds", "accepted",
@@ -354,7 +366,7 @@ def test_bad_requests_are_refused_alone_and_the_others_served(tiny_pair, tmp_pat
     assert records["empty"]["error"] == "empty prompt"
     assert "exceeds the model context" in records["long"]["error"]
     assert "was refused" in records["c1"]["error"]
-    assert summary["completed"] == 2 and summary["failed"] == 4
+    assert summary.statistics.completed == 2 and summary.statistics.failed == 4
 
 
 # --- the command line ---
@@ -400,8 +412,9 @@ def test_rakv_trace_then_serve(tmp_path):
     done = rakv("serve", "--pair", "tiny", "--trace", str(trace), "--out", str(tmp_path / "o"), "--quiet",
                 "--strategy", "joint-k2", "--token-budget", "16", "--goodput", "ttft:100000")
     assert done.returncode == 0, done.stderr
-    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
-    assert summary["completed"] == 4 and summary["token_budget"] == 16 and json.loads(done.stdout)["completed"] == 4
+    summary = read_run_summary(tmp_path / "o" / "summary.json")
+    assert summary.statistics.completed == 4 and summary.settings.token_budget == 16
+    assert json.loads(done.stdout)["completed"] == 4
 
 
 # --- SmolLM2 ---
@@ -417,7 +430,7 @@ def test_smollm2_served_outputs_equal_alone(smollm2_pair, tmp_path, strategy, pr
     summary, records = served(smollm2_pair, proposer, trace, tmp_path, strategy=strategy, token_budget=budget,
                               max_batch=4)
     ok = {i: r["token_ids"] for i, r in records.items()}
-    assert summary["completed"] == 5 and summary["max_concurrency"] > 1
+    assert summary.statistics.completed == 5 and summary.statistics.max_concurrency > 1
     assert ok == alone(smollm2_pair, proposer, trace, ok, strategy)
 
 
@@ -509,7 +522,7 @@ def test_a_served_hit_reuses_the_drafts_state_and_keeps_the_output(tiny_pair, ti
         summary = serve(engine, trace, out, ServeOptions.default(strategy="joint-k2", ignore_eos=True,
                                                                  check_alone=True), progress=False)
         records = {r["id"]: r for r in map(json.loads, (out / "requests.jsonl").read_text().splitlines())}
-        assert summary["outputs_equal_alone"] == len(trace)
+        assert summary.outputs_equal_alone == len(trace)
         draft_hits[reuse_draft] = {i: (r["hit_tokens"], r["draft_hit_tokens"]) for i, r in records.items()}
     first_id, second_id = trace[0].id, trace[1].id
     hit, draft = draft_hits[True][first_id]

@@ -29,7 +29,9 @@ from rakv.serving.batchcost import (
     fitted_shapes,
     pass_features,
 )
+from rakv.serving.metrics import read_run_summary
 from rakv.serving.policies import Goodput, LoadAware, SloBudget, speculation_policy
+from rakv.serving.records import read_iterations
 from rakv.serving.replay import lookup_rounds
 from rakv.serving.request import ServedRequest
 from rakv.serving.scheduler import Scheduler, Work
@@ -184,7 +186,7 @@ def test_model_policies_change_no_output(tiny_pair, tmp_path, speculation, accep
     parts = ServeParts(tracker=AcceptanceTracker(0.6, 0.9), batch_cost=linear_cost(per_row=0.2, fixed=3.0),
                        k_set=(0, 1, 2, 4))
     summary = serve(engine, trace, tmp_path, options, parts, progress=False)
-    assert summary["completed"] == 8 and summary["outputs_equal_alone"] == 8
+    assert summary.statistics.completed == 8 and summary.outputs_equal_alone == 8
     records = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
     first = {r["conversation"]: r for r in records if r["turn"] == 0}
     later = [r for r in records if r["turn"] == 1]
@@ -195,8 +197,8 @@ def test_model_policies_change_no_output(tiny_pair, tmp_path, speculation, accep
                   lookup_rounds(PromptLookupProposer(), before["prompt_ids"], before["token_ids"], 4))
         observed = before["accepted"] + before["rounds"] if before["proposed"] else len(log or [])
         assert (r["prefix_acceptance"] is not None) == (r["hit_tokens"] > 0 and observed > 0), (r, before)
-    iterations = [json.loads(line) for line in (tmp_path / "iterations.jsonl").read_text().splitlines()]
-    assert all(i["predicted_s"] is None or i["predicted_s"] > 0 for i in iterations)
+    iterations = read_iterations(tmp_path / "iterations.jsonl")
+    assert all(i.predicted_s is None or i.predicted_s > 0 for i in iterations)
 
 
 SMALL = ["profile=smoke", "profile.serving.repeats=2", "profile.serving.requests=4",
@@ -220,6 +222,15 @@ def test_the_serving_stage_writes_its_tables_counts_exact_outputs_and_resumes_pe
     assert (cells.groupby(["family", "rate"]).trace.nunique() == 2).all()
     assert set(cells.configuration) == {"tiny", "tiny-lookup"} and (cells.concurrency > 0).all()
     assert (cells.slo_itl_ms > 0).all()
+    # a run's summary.json is read back through its record: the served run's keys, then the study's (its row of
+    # cells.parquet: all but the goodput SLOs' map)
+    from rakv.experiments.serving_runs import read_study_run
+
+    path = next(out.glob("cells/*/*/*/r0/summary.json"))
+    run = read_study_run(path)
+    assert run.to_json() == json.loads(path.read_text()) and list(run.to_json())[-1] == "slo_tpot_ms"
+    counts = run.run.statistics
+    assert set(run.row()) == set(cells.columns) and counts.completed + counts.failed == run.outputs_equal_ar
     plan = (out / "plan.txt").read_text()
     assert "SLOs on tiny-lookup (one-request decode step" in plan
     # every goal the design names is in the plan before the run, with its power (the smoke profile has no pilot)
@@ -277,9 +288,9 @@ def test_rakv_serve_takes_the_model_policies(tmp_path):
                              "--speculation", "load-aware", "--acceptance", "prefix", "--itl-slo-ms", "30",
                              "--ignore-eos", "--check-alone", "--quiet"], capture_output=True, text=True, env=env)
     assert served.returncode == 0, served.stderr[-2000:]
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["completed"] == summary["outputs_equal_alone"] == 6
-    assert summary["speculation"] == "load-aware" and summary["itl_slo_ms"] == 30
+    summary = read_run_summary(tmp_path / "out" / "summary.json")
+    assert summary.statistics.completed == summary.outputs_equal_alone == 6
+    assert summary.settings.speculation == "load-aware" and summary.settings.itl_slo_ms == 30
     assert list(calibration_dir().glob("tiny-prompt-lookup-batch-*.json"))
     bad = subprocess.run([*rakv, "serve", "--pair", "tiny", "--trace", str(tmp_path / "t.jsonl"), "--out",
                           str(tmp_path / "o2"), "--itl-slo-ms", "-5"], capture_output=True, text=True, env=env)

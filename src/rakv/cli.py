@@ -180,8 +180,8 @@ def cmd_serve(args) -> None:
         raise RakvError("rakv serve --trace needs --out DIR")
     trace = read_trace(args.trace)  # the whole trace is checked before the models load
     engine, parts = served_engine(args, options)
-    summary = serve(engine, trace, args.out, options, parts, progress=not args.quiet)
-    print(json.dumps({k: summary[k] for k in SHOWN_SUMMARY if k in summary}))
+    shown = serve(engine, trace, args.out, options, parts, progress=not args.quiet).to_json()
+    print(json.dumps({k: shown[k] for k in SHOWN_SUMMARY if k in shown}))
 
 
 def served_engine(args, options):
@@ -220,7 +220,8 @@ def serve_over_http(args, options) -> None:
     server = make_server(engine, options, address, name, Path(args.out) if args.out else None, parts, http, ready)
     summary = serve_http(server)
     if summary is not None:
-        print(json.dumps({k: summary[k] for k in SHOWN_SUMMARY if k in summary}))
+        shown = summary.to_json()
+        print(json.dumps({k: shown[k] for k in SHOWN_SUMMARY if k in shown}))
 
 
 def process_age_s() -> float | None:

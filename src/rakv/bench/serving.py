@@ -23,6 +23,7 @@ from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
 from rakv.runtime.proposers import PromptLookupProposer
 from rakv.runtime.strategies import action_of
+from rakv.serving.metrics import ServedStatistics
 from rakv.serving.records import read_records
 from rakv.serving.server import ServeOptions, serve
 from rakv.serving.trace import TraceRequest, generate_trace
@@ -34,14 +35,14 @@ def requests_of(texts, n: int, new_tokens: int, words: int, seed: int) -> list[T
 
 
 
-def ours(pair, proposer, trace, strategy, c, budget, kv_mib) -> tuple[float, dict, dict]:
+def ours(pair, proposer, trace, strategy, c, budget, kv_mib) -> tuple[float, ServedStatistics, dict]:
     engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30), proposer=proposer)
     with tempfile.TemporaryDirectory() as out:
         options = ServeOptions.default(strategy=strategy, token_budget=budget, max_batch=c, kv_budget_mib=kv_mib,
                                        ignore_eos=True)
-        summary = serve(engine, trace, out, options, progress=False)
+        summary = serve(engine, trace, out, options, progress=False).statistics
         outputs = {r.id: r.token_ids for r in read_records(Path(out) / "requests.jsonl")}
-    return summary["output_throughput"], summary, outputs
+    return summary.output_throughput, summary, outputs
 
 
 
@@ -137,12 +138,12 @@ def overload(pair, proposer, texts, args) -> dict:
         options = ServeOptions.default(strategy=args.strategy, token_budget=args.token_budget,
                                        max_batch=args.max_batch_overload, kv_budget_mib=args.overload_kv_mib,
                                        ignore_eos=True)
-        summary = serve(engine, trace, out, options, progress=sys.stderr.isatty())
-    return {"requests": len(trace), "completed": summary["completed"], "failed": summary["failed"],
-            "duration_s": summary["duration_s"], "arrival_span_s": trace[-1].arrival_s,
-            "peak_kv_mib": summary["peak_kv_bytes"] / 2**20, "kv_budget_mib": args.overload_kv_mib,
-            "preemptions": summary["preemptions"], "max_concurrency": summary["max_concurrency"],
-            "p99_ttft_ms": summary["p99_ttft_ms"],
+        summary = serve(engine, trace, out, options, progress=sys.stderr.isatty()).statistics
+    return {"requests": len(trace), "completed": summary.completed, "failed": summary.failed,
+            "duration_s": summary.duration_s, "arrival_span_s": trace[-1].arrival_s,
+            "peak_kv_mib": summary.peak_kv_bytes / 2**20, "kv_budget_mib": args.overload_kv_mib,
+            "preemptions": summary.preemptions, "max_concurrency": summary.max_concurrency,
+            "p99_ttft_ms": summary.p99_ttft_ms,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -157,8 +158,8 @@ def concurrency_row(pair, stock, trace, c: int, peer: dict, args) -> tuple[dict,
         rate, summary, served = ours(pair, args.proposer, trace, args.strategy, c, args.token_budget,
                                      args.kv_budget_mib)
         samples["ours"].append(rate)
-        shares.append(summary["scheduler_share"])
-        batch_rows.append(summary["mean_batch_tokens"])
+        shares.append(summary.scheduler_share)
+        batch_rows.append(summary.mean_batch_tokens)
         seq_rate, alone, prefill_share = sequential(pair, args.proposer, trace, args.strategy)
         samples["sequential"].append(seq_rate)
         prefill_shares.append(prefill_share)

@@ -44,6 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rakv.experiments.config import configuration, cost_table_for, engine_for, results_dir
 from rakv.experiments.records import exclusive, metadata, write_atomic, write_parquet
+from rakv.experiments.serving_runs import StudyRunSummary, read_study_run
 from rakv.runtime.actions import Action
 from rakv.runtime.calibration import calibration_key, load_table
 from rakv.runtime.costmodel import RequestFeatures, acceptance_estimate, estimate_latency
@@ -51,7 +52,7 @@ from rakv.runtime.errors import RakvError
 from rakv.runtime.proposers import Proposer
 from rakv.runtime.workloads import dataset_texts
 from rakv.serving.batchcost import load_or_calibrate_batch
-from rakv.serving.records import RequestRecord, read_records
+from rakv.serving.records import RequestRecord, read_iterations, read_records
 from rakv.serving.replay import lookup_rounds, outputs_alone
 from rakv.serving.server import CONF_FIELDS, ServeOptions, serve, serve_parts
 from rakv.serving.trace import generate_trace, read_trace, write_trace
@@ -255,24 +256,25 @@ def _run(cfg: DictConfig, out: Path) -> Path:
         parts = serve_parts(engine, options, lambda parts_of=parts_of: parts_of.table,
                             family_controller(cfg, cell["family"]), cfg.calibration.recalibrate, progress=False,
                             batch_cost=parts_of.batch_cost)
-        summary = serve(engine, trace, target, options, parts, progress=False)
+        served_run = serve(engine, trace, target, options, parts, progress=False)
         reference = references[key]
         records = read_records(target / "requests.jsonl")
         equal = sum(r.ok and r.token_ids == reference.get(r.id) for r in records)
-        summary.update(outputs_equal_ar=equal, family=cell["family"], rate=cell["rate"], policy=cell["policy"],
-                       repeat=repeat, configuration=cell["configuration"], trace=trace_path.name,
-                       wall_s=time.perf_counter() - started,
-                       concurrency=mean_concurrency(records, summary["duration_s"]),
-                       slo_itl_ms=slos["itl"], slo_ttft_ms=slos["ttft"], slo_tpot_ms=slos["tpot"])
-        write_atomic(target / "summary.json", json.dumps(summary, indent=1))
-        write_atomic(target / "complete.json", json.dumps({"wall_s": summary["wall_s"]}))
+        run = StudyRunSummary(served_run, outputs_equal_ar=equal, family=cell["family"], rate=cell["rate"],
+                              policy=cell["policy"], repeat=repeat, configuration=cell["configuration"],
+                              trace=trace_path.name, wall_s=time.perf_counter() - started,
+                              concurrency=mean_concurrency(records, served_run.statistics.duration_s),
+                              slo_itl_ms=slos["itl"], slo_ttft_ms=slos["ttft"], slo_tpot_ms=slos["tpot"])
+        write_atomic(target / "summary.json", json.dumps(run.to_json(), indent=1))
+        write_atomic(target / "complete.json", json.dumps({"wall_s": run.wall_s}))
         finished += 1
         left = (len(todo) - finished) * (time.perf_counter() - began) / finished
+        measured = served_run.statistics
         print(f"serving: r{repeat} {cell['family']:<17} rate {cell['rate']:<5g} {cell['policy']:<22} "
-              f"{summary['output_throughput']:6.1f} tok/s, p99 ITL {summary['p99_itl_ms'] or 0:7.1f} ms, "
-              f"goodput {summary['goodput'] or 0:5.2f}/s, concurrency {summary['concurrency']:4.1f}, "
+              f"{measured.output_throughput:6.1f} tok/s, p99 ITL {measured.p99_itl_ms or 0:7.1f} ms, "
+              f"goodput {measured.goodput or 0:5.2f}/s, concurrency {run.concurrency:4.1f}, "
               f"equal to AR {equal}/{len(records)} "
-              f"({summary['wall_s']:.0f} s; {finished}/{len(todo)}, about {left / 60:.0f} min left)", flush=True)
+              f"({run.wall_s:.0f} s; {finished}/{len(todo)}, about {left / 60:.0f} min left)", flush=True)
     return collect(cfg, out, {name: s.table for name, s in served.items()}, plan)
 
 
@@ -368,15 +370,14 @@ def expost_regret(table, record: RequestRecord, k_set: tuple[int, ...], replayin
 def collect(cfg: DictConfig, out: Path, tables: dict, plan: list[dict]) -> Path:
     """requests.parquet, cells.parquet, iterations.parquet from every finished run (`tables`: the cost table of
     each configuration, for the ex-post regret)."""
-    requests, summaries, iterations = [], [], []
+    requests, runs, iterations = [], [], []
     k_set = tuple(cfg.controller.k_set)
     for repeat in range(cfg.profile.serving.repeats):
         for cell in plan:
             target = cell_dir(out, cell, repeat)
             if not (target / "complete.json").exists():
                 continue
-            summary = json.loads((target / "summary.json").read_text())
-            summaries.append({k: v for k, v in summary.items() if not isinstance(v, dict)})
+            runs.append(read_study_run(target / "summary.json"))
             key = dict(family=cell["family"], rate=cell["rate"], policy=cell["policy"], repeat=repeat,
                        configuration=cell["configuration"])
             replaying = configuration(cell["configuration"]).proposer_type
@@ -388,18 +389,18 @@ def collect(cfg: DictConfig, out: Path, tables: dict, plan: list[dict]) -> Path:
                 if replaying.replays_rounds and record.ok and cell["family"] == "acceptance":
                     row["expost_regret"] = expost_regret(tables[cell["configuration"]], record, k_set, replaying)
                 requests.append(row)
-            for line in (target / "iterations.jsonl").read_text().splitlines():
-                iteration = json.loads(line)
-                iteration["k"] = json.dumps(iteration["k"])
-                iterations.append({**key, **iteration})
+            for iteration in read_iterations(target / "iterations.jsonl"):
+                line = iteration.to_json()
+                line["k"] = json.dumps(iteration.k)
+                iterations.append({**key, **line})
     write_parquet(requests, out / "requests.parquet")
-    write_parquet(summaries, out / "cells.parquet")
+    write_parquet([run.row() for run in runs], out / "cells.parquet")
     write_parquet(iterations, out / "iterations.parquet")
-    meta = metadata(cfg, {"cells": len(plan), "runs": len(summaries)})
+    meta = metadata(cfg, {"cells": len(plan), "runs": len(runs)})
     write_atomic(out / "metadata.json", json.dumps(meta, indent=1, default=str))
-    equal = sum(s["outputs_equal_ar"] for s in summaries)
-    total = sum(s["completed"] + s["failed"] for s in summaries)
-    print(f"serving: {len(summaries)} runs, {len(requests)} requests, outputs equal to batch-one AR: {equal}/{total}; "
+    equal = sum(run.outputs_equal_ar for run in runs)
+    total = sum(run.run.statistics.completed + run.run.statistics.failed for run in runs)
+    print(f"serving: {len(runs)} runs, {len(requests)} requests, outputs equal to batch-one AR: {equal}/{total}; "
           f"{out}/requests.parquet, cells.parquet, iterations.parquet", flush=True)
     frame = pd.DataFrame(iterations)
     if len(frame) and frame.predicted_s.notna().any():

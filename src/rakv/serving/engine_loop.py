@@ -32,6 +32,7 @@ from pathlib import Path
 from rakv.runtime.decoding import DecodeState, Sampling
 from rakv.runtime.engine import Engine
 from rakv.serving.executor import one_line
+from rakv.serving.metrics import RunSummary
 from rakv.serving.prometheus import ServerMetrics
 from rakv.serving.request import ServedRequest, Status
 from rakv.serving.server import EngineCore, Iteration, ServeOptions, ServeParts, StepFailed
@@ -234,7 +235,7 @@ class EngineLoop:
                 live.notify((END, None))
         self.live.clear()
 
-    def finish(self) -> dict | None:
+    def finish(self) -> RunSummary | None:
         """After the engine thread stopped: what is still in flight is aborted and recorded, then summary.json and
         iterations.jsonl (with --out)."""
         if self.dead is None:

@@ -24,6 +24,7 @@ from rakv.runtime.errors import RakvError
 from rakv.serving.engine_loop import EngineLoop
 from rakv.serving.http import Api, Tokenizing, build_app
 from rakv.serving.http_options import HttpOptions
+from rakv.serving.metrics import RunSummary
 from rakv.serving.prometheus import ServerMetrics
 from rakv.serving.server import ServeOptions, ServeParts
 
@@ -155,7 +156,7 @@ def signals_kept():
             signal.signal(sig, handler)
 
 
-def serve_http(server: HttpServer) -> dict | None:
+def serve_http(server: HttpServer) -> RunSummary | None:
     """Serve until SIGTERM / Ctrl-C (then drain: new requests 503, running ones finish within --drain-s); then the
     engine stops, what is left is aborted and recorded, and the summary is returned (with --out)."""
     heap_kept_flat()

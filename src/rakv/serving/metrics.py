@@ -1,17 +1,26 @@
-"""summary.json: the statistics of a served trace, under vLLM `benchmark_serving`'s names.
+"""summary.json: the statistics of a served trace, under vLLM `benchmark_serving`'s names, as typed records.
 
 Per request (requests.jsonl): `ttft_s` from arrival to the first token, `itl_s` the gaps between successive
 emissions (a speculative round's tokens arrive together: one gap), `tpot_s` = (e2el - ttft) / (new tokens - 1)
 for requests of more than one token, `e2el_s` from arrival to the last token. `goodput` counts the requests
 per second that meet every SLO given (`ttft:MS`, `tpot:MS`, `e2el:MS`), as vLLM's `--goodput`.
+
+`summarize` gives a run's `ServedStatistics`; rakv.serving.server.finish_summary adds the settings it was served
+with (`ServeSettings`) into a `RunSummary` and writes it: summary.json is one flat object, the statistics' keys, then
+`outputs_equal_alone` (with --check-alone), the settings' and `peak_rss_mib`, in that order (docs/serving.md).
+`RunSummary.from_json` / `read_run_summary` read it back, every key checked.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+
 import numpy as np
 
 from rakv.runtime.errors import RakvError
-from rakv.serving.records import RequestRecord
+from rakv.serving.records import IterationRecord, RequestRecord
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
 
@@ -32,6 +41,118 @@ def parse_goodput(items: list[str] | None) -> dict[str, float]:
     return slos
 
 
+@dataclass(frozen=True)
+class ServedStatistics:
+    """The statistics of one served trace (`summarize`): counts over its finished requests, latencies in ms over
+    them (None without one), and what its iterations ran."""
+
+    completed: int
+    failed: int  # requests that did not finish: refused, aborted or failed
+    duration_s: float
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float
+    output_throughput: float
+    total_token_throughput: float
+    mean_ttft_ms: float | None
+    median_ttft_ms: float | None
+    p99_ttft_ms: float | None
+    mean_tpot_ms: float | None
+    median_tpot_ms: float | None
+    p99_tpot_ms: float | None
+    mean_itl_ms: float | None
+    median_itl_ms: float | None
+    p99_itl_ms: float | None
+    mean_e2el_ms: float | None
+    median_e2el_ms: float | None
+    p99_e2el_ms: float | None
+    goodput: float | None  # requests per second meeting every SLO (None: no SLO given)
+    goodput_slos_ms: dict[str, float] | None
+    mean_batch_tokens: float
+    max_concurrency: int
+    prefix_hit_rate: float
+    iterations: int
+    preemptions: int
+    peak_kv_bytes: int
+    scheduler_share: float  # of the busy time, the scheduler's
+    accepted: int
+    proposed: int
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What a trace was served with: the options (rakv.serving.server.ServeOptions) and the engine's proposer and
+    pair; `token_budget` None without chunking."""
+
+    strategy: str
+    speculation: str
+    proposer: str
+    pair: str
+    token_budget: int | None
+    chunking: bool
+    max_batch: int
+    kv_budget_mib: float
+    itl_slo_ms: float | None
+    acceptance: str
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A served run's summary.json: its statistics, how many finished outputs equal the request's batch-one greedy
+    output (None: not checked, then left out of the file), its settings and the process's peak RSS."""
+
+    statistics: ServedStatistics
+    outputs_equal_alone: int | None
+    settings: ServeSettings
+    peak_rss_mib: float
+
+    def to_json(self) -> dict:
+        """summary.json's object: flat, in the order the module docstring gives."""
+        out = record_json(self.statistics)
+        if self.outputs_equal_alone is not None:
+            out["outputs_equal_alone"] = self.outputs_equal_alone
+        return {**out, **record_json(self.settings), "peak_rss_mib": self.peak_rss_mib}
+
+    @classmethod
+    def from_json(cls, data: dict) -> RunSummary:
+        """A summary.json's object; TypeError naming a missing or unknown key."""
+        known = {*field_names(ServedStatistics), *field_names(ServeSettings), "outputs_equal_alone", "peak_rss_mib"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise TypeError(f"unknown key '{unknown[0]}'")
+        return cls(statistics=record_of_json(ServedStatistics, data),
+                   outputs_equal_alone=data.get("outputs_equal_alone"),  # absent: not checked
+                   settings=record_of_json(ServeSettings, data), peak_rss_mib=required(data, "peak_rss_mib"))
+
+
+def field_names(cls) -> list[str]:
+    return [f.name for f in fields(cls)]
+
+
+def record_json(record) -> dict:
+    """A flat record's fields as an object, in declaration order."""
+    return {f.name: getattr(record, f.name) for f in fields(record)}
+
+
+def required(data: dict, name: str):
+    if name not in data:
+        raise TypeError(f"missing key '{name}'")
+    return data[name]
+
+
+def record_of_json(cls, data: dict):
+    """The record `cls` from the keys of `data` that are its fields (TypeError naming one it lacks)."""
+    return cls(**{name: required(data, name) for name in field_names(cls)})
+
+
+def read_run_summary(path: Path) -> RunSummary:
+    """A served run's summary.json; RakvError naming the file and the key where it is not one."""
+    try:
+        return RunSummary.from_json(json.loads(Path(path).read_text()))
+    except (ValueError, TypeError) as exc:
+        raise RakvError(f"{path}: not a served run's summary.json ({exc})") from None
+
+
 def _stats(name: str, values_s: list[float]) -> dict:
     ms = np.asarray(values_s, dtype=float) * 1e3
     if ms.size == 0:
@@ -48,31 +169,31 @@ def meets(record: RequestRecord, slos: dict[str, float]) -> bool:
     return True
 
 
-def summarize(records: list[RequestRecord], duration_s: float, slos: dict[str, float], iterations: list[dict]) -> dict:
-    """The summary of one served trace; `iterations`: per iteration its rows, running requests and times."""
+def summarize(records: list[RequestRecord], duration_s: float, slos: dict[str, float],
+              iterations: list[IterationRecord]) -> ServedStatistics:
+    """The statistics of one served trace; `iterations`: what each iteration ran, and its times."""
     ok = [r for r in records if r.ok]
     output = sum(r.new_tokens for r in ok)
     prompt = sum(r.prompt_tokens for r in ok)
     duration_s = max(duration_s, 1e-9)
-    busy = sum(i["iteration_s"] for i in iterations)
-    summary = {
-        "completed": len(ok), "failed": len(records) - len(ok), "duration_s": duration_s,
-        "total_input_tokens": prompt, "total_output_tokens": output,
-        "request_throughput": len(ok) / duration_s, "output_throughput": output / duration_s,
-        "total_token_throughput": (prompt + output) / duration_s,
+    busy = sum(i.iteration_s for i in iterations)
+    return ServedStatistics(
+        completed=len(ok), failed=len(records) - len(ok), duration_s=duration_s,
+        total_input_tokens=prompt, total_output_tokens=output,
+        request_throughput=len(ok) / duration_s, output_throughput=output / duration_s,
+        total_token_throughput=(prompt + output) / duration_s,
         **_stats("ttft", [r.ttft_s for r in ok]),
         **_stats("tpot", [r.tpot_s for r in ok if r.tpot_s is not None]),
         **_stats("itl", [gap for r in ok for gap in r.itl_s]),
         **_stats("e2el", [r.e2el_s for r in ok]),
-        "goodput": (sum(meets(r, slos) for r in ok) / duration_s) if slos else None,
-        "goodput_slos_ms": slos or None,
-        "mean_batch_tokens": float(np.mean([i["rows"] for i in iterations])) if iterations else 0.0,
-        "max_concurrency": max((i["running"] for i in iterations), default=0),
-        "prefix_hit_rate": (sum(r.hit_tokens for r in ok) / prompt) if prompt else 0.0,
-        "iterations": len(iterations),
-        "preemptions": sum(r.preempted for r in records),
-        "peak_kv_bytes": max((i["kv_bytes"] for i in iterations), default=0),
-        "scheduler_share": (sum(i["schedule_s"] for i in iterations) / busy) if busy else 0.0,
-        "accepted": sum(r.accepted for r in ok), "proposed": sum(r.proposed for r in ok),
-    }
-    return summary
+        goodput=(sum(meets(r, slos) for r in ok) / duration_s) if slos else None,
+        goodput_slos_ms=slos or None,
+        mean_batch_tokens=float(np.mean([i.rows for i in iterations])) if iterations else 0.0,
+        max_concurrency=max((i.running for i in iterations), default=0),
+        prefix_hit_rate=(sum(r.hit_tokens for r in ok) / prompt) if prompt else 0.0,
+        iterations=len(iterations),
+        preemptions=sum(r.preempted for r in records),
+        peak_kv_bytes=max((i.kv_bytes for i in iterations), default=0),
+        scheduler_share=(sum(i.schedule_s for i in iterations) / busy) if busy else 0.0,
+        accepted=sum(r.accepted for r in ok), proposed=sum(r.proposed for r in ok),
+    )

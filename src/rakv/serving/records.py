@@ -1,7 +1,9 @@
-"""requests.jsonl: a served request's record (`RequestRecord`, one line each) and the writer that appends it.
+"""A served run's line files: requests.jsonl (a served request's record, `RequestRecord`, one line each, and the
+writer that appends it) and iterations.jsonl (an engine iteration's record, `IterationRecord`).
 
-The record is typed as batch one's rakv.runtime.engine.RequestResult is; its fields, in this order, are the keys
-of a requests.jsonl line (docs/serving.md), and rakv.serving.metrics summarises a run's records into summary.json.
+The records are typed as batch one's rakv.runtime.engine.RequestResult is; their fields, in this order, are the
+keys of a line (docs/serving.md), written by `to_json` and read back by `from_json` (`read_records`,
+`read_iterations`); rakv.serving.metrics summarises a run's records into summary.json.
 """
 
 from __future__ import annotations
@@ -122,3 +124,57 @@ class RecordWriter:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    """One engine iteration that ran (rakv.serving.server.iteration_record): what ran, its batch-cost features
+    (rakv.serving.batchcost.PassFeatures) and prediction, and how long it took. Times are seconds on the serving
+    clock."""
+
+    at_s: float  # when it ended
+    rows: int  # new tokens of every request together
+    running: int  # requests that ran to its end (those it finished included)
+    segments: int
+    kv_positions: int
+    attended: int
+    predicted_s: float | None  # the batch cost model's, scaled by the iterations before it (None: not priced)
+    model_s: float | None  # ... the table's alone
+    mixed: bool  # a prefill chunk beside the decodes
+    prefill_context: int | None  # the deepest prefill chunk's starting position (None: decodes only)
+    decodes: int
+    prefill_rows: int
+    k: list[int]  # each decoding request's candidates
+    admitted: int
+    preempted: int
+    kv_bytes: int  # K/V the running requests held at its end
+    schedule_s: float
+    iteration_s: float
+
+    def to_json(self) -> dict:
+        """The iterations.jsonl line's object: every field, in declaration order."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, line: dict) -> IterationRecord:
+        return cls(**line)
+
+
+def read_iterations(path: Path) -> list[IterationRecord]:
+    """An iterations.jsonl as its records (missing: none); a line of another shape stops with one line naming it."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    iterations = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            iterations.append(IterationRecord.from_json(json.loads(line)))
+        except (ValueError, TypeError) as exc:
+            raise RakvError(f"{path}:{number}: not an iterations.jsonl record ({exc})") from None
+    return iterations
+
+
+def write_iterations(path: Path, iterations: list[IterationRecord]) -> None:
+    """iterations.jsonl: one line per iteration, in the order they ran."""
+    with Path(path).open("w") as fh:
+        fh.writelines(json.dumps(i.to_json()) + "\n" for i in iterations)

@@ -5,7 +5,7 @@
 `requests.jsonl` gets one line per request as soon as it is finished or refused (written with one system call,
 flushed and fsynced: a kill -9 leaves complete lines only); `iterations.jsonl` (per iteration: rows, running
 requests, decodes and their k, prefill rows, admissions, preemptions, K/V held, scheduler and iteration time)
-and `summary.json` (rakv.serving.metrics) at the end.
+and `summary.json` (rakv.serving.metrics.RunSummary) at the end, each written through its record.
 A bad request (an empty prompt, longer than the context or than the K/V budget alone) is refused alone.
 """
 
@@ -34,9 +34,9 @@ from rakv.serving.admission import Admission
 from rakv.serving.batchcost import BatchCost, ScaledCost, load_or_calibrate_batch
 from rakv.serving.executor import Executor, StepOutput, one_line
 from rakv.serving.kv import KVManager
-from rakv.serving.metrics import parse_goodput, summarize
+from rakv.serving.metrics import RunSummary, ServeSettings, parse_goodput, summarize
 from rakv.serving.policies import MODEL_POLICIES, SloBudget, speculation_policy
-from rakv.serving.records import RecordWriter, RequestRecord, record_of
+from rakv.serving.records import IterationRecord, RecordWriter, RequestRecord, record_of, write_iterations
 from rakv.serving.replay import outputs_alone
 from rakv.serving.request import ServedRequest, Status
 from rakv.serving.scheduler import Scheduler, Step
@@ -215,7 +215,7 @@ def prefill_context(step: Step) -> int | None:
 
 
 def iteration_record(at: float, step: Step, output: StepOutput, running: list[ServedRequest], held_bytes, batch_cost,
-                     began: float, scheduled: float, ended: float) -> dict:
+                     began: float, scheduled: float, ended: float) -> IterationRecord:
     """One line of iterations.jsonl: what ran, its batch-cost features and prediction (`predicted_s`: scaled by the
     iterations before it, rakv.serving.batchcost.ScaledCost; `model_s`: the table's alone), and how long it took;
     `running`: the requests that ran to the end of the iteration (those it finished included) and the K/V they
@@ -224,13 +224,13 @@ def iteration_record(at: float, step: Step, output: StepOutput, running: list[Se
     priced = batch_cost is not None and output.rows
     predicted = batch_cost.iteration_s(features, output.ks, context) if priced else None
     model = batch_cost.table.iteration_s(features, output.ks) if priced else None
-    return {"at_s": at, "rows": output.rows, "running": len(running), "segments": features.segments,
-            "kv_positions": features.kv_positions, "attended": features.attended, "predicted_s": predicted,
-            "model_s": model, "mixed": context is not None, "prefill_context": context,
-            "decodes": len(step.decodes), "prefill_rows": sum(w.rows for w in step.prefills), "k": output.ks,
-            "admitted": len(step.admitted), "preempted": len(step.preempted),
-            "kv_bytes": sum(held_bytes(r) for r in running),
-            "schedule_s": scheduled - began, "iteration_s": ended - began}
+    return IterationRecord(
+        at_s=at, rows=output.rows, running=len(running), segments=features.segments,
+        kv_positions=features.kv_positions, attended=features.attended, predicted_s=predicted, model_s=model,
+        mixed=context is not None, prefill_context=context, decodes=len(step.decodes),
+        prefill_rows=sum(w.rows for w in step.prefills), k=output.ks, admitted=len(step.admitted),
+        preempted=len(step.preempted), kv_bytes=sum(held_bytes(r) for r in running), schedule_s=scheduled - began,
+        iteration_s=ended - began)
 
 
 def build_scheduler(engine: Engine, options: ServeOptions, controller: Controller | None,
@@ -263,7 +263,7 @@ class Iteration:
     step: Step
     output: StepOutput | None = None
     finished: list[ServedRequest] = field(default_factory=list)
-    record: dict | None = None
+    record: IterationRecord | None = None
 
 
 class StepFailed(RuntimeError):
@@ -314,7 +314,7 @@ class EngineCore:
     writer: RecordWriter | None
     start: float = field(default_factory=time.perf_counter)
     records: list[RequestRecord] = field(default_factory=list)
-    iterations: list[dict] = field(default_factory=list)
+    iterations: list[IterationRecord] = field(default_factory=list)
 
     @classmethod
     def build(cls, engine: Engine, options: ServeOptions, parts: ServeParts | None, out: Path | None) -> EngineCore:
@@ -365,7 +365,7 @@ class EngineCore:
             self.writer.close()
             self.writer = None
 
-    def finish(self, trace: list[TraceRequest]) -> dict | None:
+    def finish(self, trace: list[TraceRequest]) -> RunSummary | None:
         """After the last step: requests.jsonl closed, then summary.json and iterations.jsonl (with `out`)."""
         self.stop_writing()
         if self.out is None:
@@ -374,7 +374,7 @@ class EngineCore:
 
 
 def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, options: ServeOptions,
-          parts: ServeParts | None = None, progress: bool = True) -> dict:
+          parts: ServeParts | None = None, progress: bool = True) -> RunSummary:
     """Serve a (validated) trace; writes out_dir/requests.jsonl, iterations.jsonl and summary.json; returns the summary.
     `parts`: the controller, acceptance EWMA and batch cost model `options` need (`serve_parts`); none: a fixed
     strategy without the batch cost model."""
@@ -410,19 +410,21 @@ def serve(engine: Engine, trace: list[TraceRequest], out_dir: str | Path, option
 
 
 def finish_summary(engine: Engine, trace: list[TraceRequest], out: Path, options: ServeOptions,
-                   records: list[RequestRecord], iterations: list[dict], duration: float) -> dict:
-    """summary.json (rakv.serving.metrics, the options served with, the equality check) and iterations.jsonl."""
-    summary = summarize(records, duration, options.slos_ms, iterations)
+                   records: list[RequestRecord], iterations: list[IterationRecord], duration: float) -> RunSummary:
+    """summary.json (rakv.serving.metrics.RunSummary: the statistics, the equality check, the settings served with)
+    and iterations.jsonl."""
+    statistics = summarize(records, duration, options.slos_ms, iterations)
+    equal = None
     if options.check_alone:
         served = {r.id: r.token_ids for r in records if r.ok}
         reference = outputs_alone(engine, trace, served, ignore_eos=options.ignore_eos)
-        summary["outputs_equal_alone"] = sum(reference[i] == tokens for i, tokens in served.items())
-    summary.update(strategy=options.strategy, speculation=options.speculation, proposer=engine.proposer,
-                   pair=engine.pair.name, token_budget=options.token_budget if options.chunking else None,
-                   chunking=options.chunking, max_batch=options.max_batch, kv_budget_mib=options.kv_budget_mib,
-                   itl_slo_ms=options.itl_slo_ms, acceptance=options.acceptance,
-                   peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    with (out / "iterations.jsonl").open("w") as fh:  # one line per iteration: what ran and how long it took
-        fh.writelines(json.dumps(i) + "\n" for i in iterations)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        equal = sum(reference[i] == tokens for i, tokens in served.items())
+    settings = ServeSettings(strategy=options.strategy, speculation=options.speculation, proposer=engine.proposer,
+                             pair=engine.pair.name, token_budget=options.token_budget if options.chunking else None,
+                             chunking=options.chunking, max_batch=options.max_batch,
+                             kv_budget_mib=options.kv_budget_mib, itl_slo_ms=options.itl_slo_ms,
+                             acceptance=options.acceptance)
+    summary = RunSummary(statistics, equal, settings, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    write_iterations(out / "iterations.jsonl", iterations)  # one line per iteration: what ran and how long it took
+    (out / "summary.json").write_text(json.dumps(summary.to_json(), indent=1) + "\n")
     return summary
