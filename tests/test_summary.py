@@ -11,6 +11,7 @@ import pytest
 
 from rakv.experiments import summary as schema
 from rakv.experiments.summary import ABSENT, Feasibility, Summary, load_record, read_summary, write_summary
+from rakv.experiments.verdicts import Verdict
 from rakv.runtime.errors import RakvError
 from rakv.runtime.paths import REFERENCE_DIR, ROOT
 
@@ -55,6 +56,16 @@ def test_an_old_or_edited_summary_fails_with_one_line_naming_the_field(shipped):
     assert failure(unknown) == "summary.json: unknown field 'grid.promtps'"
     missing_part = {k: v for k, v in shipped.items() if k != "claims"}
     assert failure(missing_part) == "summary.json: missing field 'claims'"
+    unknown_word = json.loads(json.dumps(shipped))
+    unknown_word["serving"]["goals"][0]["verdict"] = "passed"
+    assert failure(unknown_word).startswith("summary.json: field 'serving.goals[0].verdict' is not one of met, missed")
+
+
+def test_a_goals_verdict_reads_back_as_the_one_vocabulary(shipped):
+    """Goal and pair verdicts read back as rakv.experiments.verdicts.Verdict members, equal to the words written."""
+    serving = read_summary(REFERENCE).serving
+    assert all(isinstance(g.verdict, Verdict) for g in serving.goals + serving.pairs)
+    assert [g.verdict for g in serving.goals] == [g["verdict"] for g in shipped["serving"]["goals"]]
 
 
 def test_a_part_that_was_not_computed_is_left_out_not_written_as_null(shipped):
