@@ -208,3 +208,47 @@ def test_the_process_age_a_server_reports_when_ready_counts_from_the_process_sta
     assert age is not None and age > 0  # this process has run the test session's imports and collection by now
     time.sleep(0.3)
     assert process_age_s() - age == pytest.approx(0.3, abs=0.1)  # /proc's clock ticks at 100 Hz
+
+
+def test_trace_settings_are_declared_once_with_conf_as_their_defaults(tmp_path):
+    """`rakv trace`'s flags are TraceOptions' fields; their defaults, generate_trace's for a keyword left out and the
+    serving study's base are all conf/serving/default.yaml's `trace:` (groups 4, the CLI's default before too)."""
+    from dataclasses import asdict
+
+    from rakv.cli import build_parser
+    from rakv.runtime.paths import conf_file
+    from rakv.serving.trace import TRACE_FLAGS, TraceOptions, generate_trace
+
+    conf = dict(conf_file("serving/default.yaml").trace)
+    assert TRACE_FLAGS == tuple(conf) and asdict(TraceOptions.default()) == conf
+    args = build_parser().parse_args(["trace", "--out", str(tmp_path / "t.jsonl")])
+    assert {name: getattr(args, name) for name in TRACE_FLAGS} == conf
+    texts = [(str(i), f"word{i} " * 40) for i in range(12)]
+    assert generate_trace(texts, requests=8, rate=4.0, kind="shared-prefix") == generate_trace(
+        texts, requests=8, rate=4.0, kind="shared-prefix", groups=conf["groups"])
+    with pytest.raises(RakvError, match="unknown trace setting"):
+        generate_trace(texts, requests=8, rate=4.0, group=2)
+
+
+def test_proposer_names_and_open_engine_defaults_are_declared_once():
+    """The proposers' names: rakv.runtime.proposers.PROPOSERS only (the engine's flag offers the registry itself);
+    open_engine's defaults: conf/'s, read through the one mapping EngineOptions uses too."""
+    import inspect
+    from dataclasses import fields
+
+    from rakv.runtime import engine
+    from rakv.runtime.engine_options import EngineOptions
+    from rakv.runtime.paths import conf_file
+    from rakv.runtime.proposers import PROPOSERS
+
+    assert not hasattr(engine, "PROPOSERS")
+    assert next(f for f in fields(EngineOptions) if f.name == "proposer").metadata["choices"] is PROPOSERS
+    pipeline, store = conf_file("config.yaml"), conf_file("cache/default.yaml")
+    assert engine.conf_engine_options() == EngineOptions.conf_defaults() == {
+        "device": pipeline.device, "dtype": pipeline.dtype, "kernels": pipeline.kernels, "threads": pipeline.threads,
+        "salt": store.salt, "cache_budget_mib": store.budget_mib, "reuse_draft": store.reuse_draft}
+    defaults = [p for p in inspect.signature(engine.open_engine).parameters.values()
+                if p.default is not inspect.Parameter.empty]
+    assert not defaults  # none of its own: conf's
+    opened = engine.open_engine("tiny", "prompt-lookup", cache_budget_mib=1)
+    assert opened.store.budget_bytes == 1 << 20 and opened.reuse_draft is store.reuse_draft

@@ -245,18 +245,15 @@ SHOWN_SUMMARY = ("completed", "failed", "outputs_equal_alone", "duration_s", "re
 
 
 def cmd_trace(args) -> None:
+    from rakv.runtime.flags import flag_values
     from rakv.runtime.workloads import dataset_texts
-    from rakv.serving.trace import generate_trace, write_trace
+    from rakv.serving.trace import TRACE_FLAGS, TraceOptions, generate_trace, write_trace
 
-    settings = {name: getattr(args, name) for name in TRACE_SETTINGS}
-    trace = generate_trace(dataset_texts(args.dataset), **{k: v for k, v in settings.items() if k != "dataset"})
+    settings = flag_values(args, TraceOptions, TRACE_FLAGS)
+    trace = generate_trace(dataset_texts(args.dataset), **settings)
     write_trace(args.out, trace, {"generator": "rakv trace", **settings})
     print(f"{args.out}: {len(trace)} requests ({args.kind}, {args.arrivals} at {args.rate:g}/s, seed {args.seed}); "
           f"settings in {args.out}.meta.json")
-
-
-TRACE_SETTINGS = ("dataset", "kind", "arrivals", "burstiness", "rate", "requests", "max_new_tokens", "prompt_words",
-                  "groups", "system_words", "turns", "think_s", "long_every", "long_words", "seed")
 
 
 def _text_streamer(tokenizer, request_id):
@@ -279,7 +276,8 @@ SERVE_FLAGS = ("strategy", "speculation", "acceptance", "itl_slo_ms", "token_bud
 
 def build_parser() -> argparse.ArgumentParser:
     """`rakv` and its commands: each command's own flags here, the options' flags generated from their dataclasses
-    (rakv.runtime.flags: ServeOptions, Sampling, ControllerConfig, EngineOptions), with conf/ as their defaults."""
+    (rakv.runtime.flags: ServeOptions, Sampling, ControllerConfig, EngineOptions, TraceOptions), with conf/ as their
+    defaults."""
     parser = argparse.ArgumentParser(prog="rakv",
                                      description="RAKV-ASD: prefix KV reuse + adaptive speculative decoding")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -391,15 +389,11 @@ def add_serve(srv) -> None:
 
 
 def add_trace(tr) -> None:
-    from rakv.runtime.paths import conf_file
-    from rakv.serving.trace import KINDS
+    from rakv.runtime.flags import add_flags
+    from rakv.serving.trace import TRACE_FLAGS, TraceOptions
 
     tr.add_argument("--out", required=True, metavar="FILE.jsonl")
-    settings = conf_file("serving/default.yaml").trace  # conf/: the one source of defaults
-    choices = {"dataset": ("humaneval", "wikitext2", "structured"), "kind": KINDS, "arrivals": ("poisson", "gamma")}
-    for name in TRACE_SETTINGS:
-        tr.add_argument(f"--{name.replace('_', '-')}", type=type(settings[name]), default=settings[name],
-                        choices=choices.get(name), help="(default %(default)s)")
+    add_flags(tr, TraceOptions, TRACE_FLAGS, TraceOptions.conf_defaults())  # conf/: the one source of defaults
     tr.set_defaults(func=cmd_trace)
 
 

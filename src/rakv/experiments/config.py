@@ -19,7 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rakv.experiments.records import write_atomic
-from rakv.experiments.schema import ConfigurationEntry, one_line
+from rakv.experiments.schema import ConfigurationEntry, StudySection, one_line, section
 from rakv.runtime.actions import ADAPTIVE
 from rakv.runtime.calibration import calibration_for
 from rakv.runtime.controller import ControllerConfig
@@ -112,7 +112,7 @@ def prompts_for(cfg: DictConfig, encode, dataset: str) -> list[Prompt]:
     if dataset not in cfg.data:
         raise RakvError(f"dataset '{dataset}' has no entry under data (configured: {', '.join(cfg.data)})")
     entry = cfg.data[dataset]
-    grid = cfg.profile.study
+    grid: StudySection = section(cfg.profile.study)
     texts = dataset_texts(entry.name, entry.source, entry.split)
     return select_prompts(dataset, texts, encode, [tuple(b) for b in grid.length_bins], grid.prompts_per_bin,
                           seed=cfg.seed)
@@ -149,12 +149,12 @@ def validate(cfg: DictConfig) -> None:
     for strategy in cfg.experiment.get("strategies", []):
         if strategy != ADAPTIVE:
             action_of(strategy)
-    grid = cfg.profile.study
+    grid: StudySection = section(cfg.profile.study)
     if grid.prompts_per_bin < 1 or grid.new_tokens < 1 or grid.repeats < 0 or grid.sweep_repeats < 1:
         raise RakvError("profile.study: prompts_per_bin and new_tokens must be >= 1, repeats >= 0 and sweep_repeats "
                         ">= 1 (the AR reference is a measurement)")
     if any(low >= high for low, high in grid.length_bins):
-        raise RakvError(f"profile.study.length_bins must be [low, high) with low < high, got {list(grid.length_bins)}")
+        raise RakvError(f"profile.study.length_bins must be [low, high) with low < high, got {grid.length_bins}")
     if cfg.experiment.name == "sampling":
         validate_sampling(cfg)
     if not 0 <= cfg.study.shard_index < cfg.study.num_shards:

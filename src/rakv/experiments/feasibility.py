@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from rakv.experiments.config import Configuration, configuration, engine_for, keep_calibration, prompts_for, results_dir
 from rakv.experiments.oracle import measurements
 from rakv.experiments.records import write_parquet
+from rakv.experiments.schema import FeasibilitySection, section
 from rakv.experiments.sensitivity import controlled_rows
 from rakv.experiments.study import run_main_study
 from rakv.experiments.summary import BreakEven, ControlledRun, Feasibility, write_feasibility
@@ -32,11 +33,11 @@ def run_feasibility(cfg: DictConfig) -> None:
     """The main-study machinery on the feasibility pair (action sweep only); skipped when weights are missing."""
     out_dir = results_dir(cfg) / "feasibility"
     out_dir.mkdir(parents=True, exist_ok=True)
-    feas = cfg.profile.feasibility
+    feas: FeasibilitySection = section(cfg.profile.feasibility)
     try:
         path = run_main_study(cfg, out_dir / "study")
     except WeightsUnavailable as exc:
-        run_cost_side(cfg, out_dir, str(exc))
+        run_cost_side(cfg, feas, out_dir, str(exc))
         return
     runs = pd.read_parquet(path)
     per_scenario = []  # over the measurements: an r = 0 action measured once per prompt stands in every scenario
@@ -65,9 +66,9 @@ def run_feasibility(cfg: DictConfig) -> None:
 COST_SIDE = "cost side only: weights unavailable"
 
 
-def run_cost_side(cfg: DictConfig, out_dir, reason: str) -> None:
+def run_cost_side(cfg: DictConfig, feas: FeasibilitySection, out_dir, reason: str) -> None:
     """Calibrate the twins of the configured reference pairs; break-even alpha per k; controlled validation."""
-    feas, side = cfg.profile.feasibility, cfg.profile.feasibility.cost_side
+    side = feas.cost_side
     main_pair = configuration(feas.configuration).pair
     if main_pair not in side.pairs:
         raise RakvError(f"profile.feasibility.cost_side.pairs must include the feasibility pair {main_pair}")

@@ -347,9 +347,6 @@ def acceptance_vs_break_even(acceptance: pd.DataFrame, out_dir: Path):
 # ---------------------------------------------------------------------------------------------
 # The serving study (rakv.experiments.serving_stats)
 
-SERVING_FIGURES = ("serving_chunking", "serving_itl_distribution", "serving_goodput", "serving_chosen_k",
-                   "serving_break_even", "serving_mape")
-
 
 def _errorbars(ax, rows: pd.DataFrame, x: str, metric: str, label: str, **style) -> None:
     rows = rows.sort_values(x)

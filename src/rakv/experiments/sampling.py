@@ -50,6 +50,7 @@ from rakv.experiments.config import (
     results_dir,
 )
 from rakv.experiments.records import git_commit, write_atomic, write_parquet
+from rakv.experiments.schema import SamplingSection, section
 from rakv.experiments.sensitivity import mixed_prompts
 from rakv.runtime.actions import ADAPTIVE, Action
 from rakv.runtime.calibration import hardware_fingerprint
@@ -101,7 +102,7 @@ def acceptance_at(cfg: DictConfig, engine, temperature: float) -> float:
 
 
 def run_rows(cfg: DictConfig, name: str, engine, prompts, tick) -> tuple[list[dict], dict]:
-    sizes = cfg.profile.sampling
+    sizes: SamplingSection = section(cfg.profile.sampling)
     table = cost_table_for(cfg, engine)
     rows, alphas = [], {}
     controller = Controller(table, controller_config(cfg))  # one, learning per temperature (Controller.start)
@@ -150,7 +151,7 @@ def distribution_rows(cfg: DictConfig, name: str, engine, prompts, tick) -> list
     decodes only. Arms alternate within each seed, so a slow drift of the machine touches all alike. The speculative
     arms of one seed index share their seed (plain sampling has its own): their first round verifies the same draft
     candidates, so block and token-wise verification are compared on that round paired (`first_accepted`)."""
-    sizes, design = cfg.profile.sampling.distribution, cfg.experiment.distribution
+    sizes, design = section(cfg.profile.sampling.distribution), cfg.experiment.distribution
     temperature = float(design.temperature)
     arms = [(PLAIN, 0, "token")] + [(rule, int(design.k), rule) for rule in design.arms]
     rows = []
@@ -185,7 +186,7 @@ def distribution_rows(cfg: DictConfig, name: str, engine, prompts, tick) -> list
 
 def structured_rows(cfg: DictConfig, name: str, engine, controller, tick) -> list[dict]:
     """Greedy JSON generation per strategy on seeded records of each schema, validity judged by the schema."""
-    sizes = cfg.profile.sampling.structured
+    sizes = section(cfg.profile.sampling.structured)
     texts = dataset_texts("structured")
     by_schema: dict[str, list] = {}
     for text_id, text in texts:
@@ -222,7 +223,7 @@ def long_context_rows(cfg: DictConfig, name: str, engine, controller, tick) -> l
     strategy on the same store state (restored per strategy), in an order rotated per request (`rotated`). AR never
     reads the store, so it runs under the first budget only and its rows stand for the other budgets too
     (`measured_under_mib` says where a row was measured)."""
-    sizes, design = cfg.profile.sampling.long_context, cfg.experiment.long_context
+    sizes, design = section(cfg.profile.sampling.long_context), cfg.experiment.long_context
     entry = cfg.data.wikitext2
     documents = select_documents(wikitext2_articles(entry.source, entry.split), engine.encode,
                                  [tuple(b) for b in sizes.bins], sizes.per_bin, sizes.questions, cfg.seed)
@@ -276,12 +277,12 @@ def long_context_rows(cfg: DictConfig, name: str, engine, controller, tick) -> l
 
 def distribution_configurations(cfg: DictConfig) -> list[str]:
     """The configurations the distribution tests run on (the profile's choice; all of them by default)."""
-    chosen = cfg.profile.sampling.distribution.get("configurations")
-    return list(chosen) if chosen is not None else list(cfg.configurations)
+    chosen = section(cfg.profile.sampling.distribution).configurations
+    return chosen if chosen is not None else list(cfg.configurations)
 
 
 def planned_requests(cfg: DictConfig) -> dict[str, int]:
-    sizes, design = cfg.profile.sampling, cfg.experiment
+    sizes, design = section(cfg.profile.sampling), cfg.experiment
     prompts = sizes.prompts_per_dataset * len(cfg.datasets)
     runs = sum(len(strategies_at(cfg, t)) for t in design.temperatures) * prompts * sizes.seeds
     return {"runs": runs,
@@ -295,7 +296,7 @@ def planned_requests(cfg: DictConfig) -> dict[str, int]:
 
 
 def run_sampling(cfg: DictConfig) -> None:
-    if cfg.profile.get("sampling") is None:
+    if cfg.profile.sampling is None:  # the schema's default: a profile without the section
         print(f"sampling: profile {cfg.profile.name} has no sampling section; skipped", flush=True)
         return
     out_dir = results_dir(cfg) / "sampling"
@@ -319,7 +320,7 @@ def run_sampling(cfg: DictConfig) -> None:
     for configuration in configurations(cfg):  # every engine and its controller once, for all parts
         engine = engine_for(cfg, configuration)
         prompts = mixed_prompts([p for d in cfg.datasets for p in prompts_for(cfg, engine.encode, d)],
-                                cfg.profile.sampling.prompts_per_dataset * len(cfg.datasets))
+                                section(cfg.profile.sampling).prompts_per_dataset * len(cfg.datasets))
         opened[configuration.name] = engine, prompts
     for part in todo:  # each part's table written when it is complete, so an interrupted stage resumes by part
         rows, alphas = [], {}

@@ -34,6 +34,7 @@ from rakv.experiments.config import (
 )
 from rakv.experiments.oracle import measurements
 from rakv.experiments.records import write_atomic, write_parquet
+from rakv.experiments.schema import SensitivitySection, section
 from rakv.experiments.study import format_duration, reset_store
 from rakv.runtime.actions import Action
 from rakv.runtime.cache import Hit
@@ -47,7 +48,7 @@ from rakv.runtime.workloads import build_scenario, scenario_features, scenario_f
 
 def alpha_model_tables(cfg, name, table) -> tuple[list[dict], list[dict]]:
     exp, lam = cfg.experiment, cfg.controller.memory_penalty_s_per_byte
-    new_tokens = cfg.profile.sensitivity.new_tokens
+    new_tokens = section(cfg.profile.sensitivity).new_tokens
     curve, crossover = [], []
     draft = bool(cfg.cache.reuse_draft) and table.proposer_kv_bytes_per_token > 0  # a draft model's state is stored
     for scenario in exp.scenario_classes:
@@ -117,9 +118,10 @@ def trace(prompts, families: int, requests: int, seed: int) -> list[list[int]]:
     return out
 
 
-def budget_rows(cfg, name, engine, prompts, tick=lambda n=1: None) -> list[dict]:
-    sens, rows = cfg.profile.sensitivity, []
-    requests = trace(prompts, sens.trace_families, sens.trace_requests, cfg.seed)
+def budget_rows(sens: SensitivitySection, seed: int, name, engine, prompts, tick=lambda n=1: None) -> list[dict]:
+    """The shared-prefix trace under each store budget; the engine's own budget (conf's cache.budget_mib) after."""
+    rows, configured = [], engine.store.budget_bytes
+    requests = trace(prompts, sens.trace_families, sens.trace_requests, seed)
     for budget in sens.budgets_mib:
         engine.store.budget_bytes = int(budget * (1 << 20))
         engine.store.clear()
@@ -134,7 +136,7 @@ def budget_rows(cfg, name, engine, prompts, tick=lambda n=1: None) -> list[dict]
                      "hit_rate": stats.hits / max(stats.lookups, 1), "hit_tokens": stats.hit_tokens,
                      "evictions": stats.evictions, "rejected_oversize": stats.rejected_oversize,
                      "mean_latency_s": float(np.mean(latencies)), "mean_ttft_s": float(np.mean(ttfts))})
-    engine.store.budget_bytes = int(cfg.cache.budget_mib * (1 << 20))
+    engine.store.budget_bytes = configured
     engine.store.clear()
     return rows
 
@@ -144,9 +146,9 @@ def _timed(engine, controller, ids, strategy, n, warmups=()):
     return run_strategy(engine, strategy, ids, n, controller=controller, ignore_eos=True)
 
 
-def factor_rows(cfg, name, engine, controller, prompts, tick=lambda n=1: None) -> dict[str, list[dict]]:
+def factor_rows(sens: SensitivitySection, name, engine, controller, prompts,
+                tick=lambda n=1: None) -> dict[str, list[dict]]:
     """Output length, prompt length and reuse rate, each varied alone on the same prompts."""
-    sens = cfg.profile.sensitivity
     out = {"output_length": [], "prompt_length": [], "reuse_rate": []}
     longest = max(prompts[: max(sens.prompts, 1)], key=lambda p: len(p.token_ids))
     donor = prompts[0].token_ids if prompts[0] is not longest else prompts[-1].token_ids
@@ -197,10 +199,9 @@ def mixed_prompts(prompts, count: int) -> list:
     return mixed[:count]
 
 
-def reuse_length_rows(cfg, name, engine, prompts, tick=lambda n=1: None) -> list[dict]:
+def reuse_length_rows(sens: SensitivitySection, name, engine, prompts, tick=lambda n=1: None) -> list[dict]:
     """r = 1 with k = 4 against r = 1 with k = 0 on the same store state, per output length (see the module's
     docstring); the two strategies alternate within each (prompt, scenario, length, repeat)."""
-    sens = cfg.profile.sensitivity
     chosen = mixed_prompts(prompts, sens.reuse_prompts)
     configured = engine.reuse_draft
     variants = [(s, configured) for s in JOINT_STRATEGIES]
@@ -292,7 +293,7 @@ def planned_requests(cfg, configuration, table, prompts) -> dict[str, tuple[int,
 
     Requests are priced as cold ones of the prompts' mean length (k = 4 where the part speculates), so the
     estimate is an upper-side guide, not a promise."""
-    sens, exp = cfg.profile.sensitivity, cfg.experiment
+    sens, exp = section(cfg.profile.sensitivity), cfg.experiment
     chosen = prompts[: sens.prompts]
     length = int(np.mean([len(p.token_ids) for p in chosen])) if chosen else 64
 
@@ -322,6 +323,7 @@ def planned_requests(cfg, configuration, table, prompts) -> dict[str, tuple[int,
 def run_sensitivity(cfg: DictConfig) -> None:
     out_dir = results_dir(cfg) / "sensitivity"
     out_dir.mkdir(parents=True, exist_ok=True)
+    sens: SensitivitySection = section(cfg.profile.sensitivity)
     marker = out_dir / "complete.json"
     if marker.exists():
         print(f"sensitivity: already complete ({marker}); delete that file to measure again", flush=True)
@@ -344,17 +346,16 @@ def run_sensitivity(cfg: DictConfig) -> None:
         bar = tqdm(total=sum(c for c, _ in planned.values()), desc=f"sensitivity {configuration.name}",
                    unit="request", dynamic_ncols=True, mininterval=2)
         if configuration.proposer_type.has_draft_model:  # the controlled proposer pays a draft model's cost
-            sens = cfg.profile.sensitivity
             parts.setdefault("controlled", []).extend(controlled_rows(
                 configuration.name, engine, table, prompts[: sens.prompts], new_tokens=sens.new_tokens,
                 repeats=sens.repeats, alphas=sens.controlled_alphas, ks=cfg.experiment.controlled_k,
                 tick=bar.update))
-        parts.setdefault("cache_budget", []).extend(budget_rows(cfg, configuration.name, engine, prompts,
+        parts.setdefault("cache_budget", []).extend(budget_rows(sens, cfg.seed, configuration.name, engine, prompts,
                                                                 bar.update))
-        for key, rows in factor_rows(cfg, configuration.name, engine, controller, prompts, bar.update).items():
+        for key, rows in factor_rows(sens, configuration.name, engine, controller, prompts, bar.update).items():
             parts.setdefault(key, []).extend(rows)
         parts.setdefault("reuse_output_length", []).extend(
-            reuse_length_rows(cfg, configuration.name, engine, prompts, bar.update))
+            reuse_length_rows(sens, configuration.name, engine, prompts, bar.update))
         bar.close()
     parts["beta_lambda"] = replay_rows(cfg, tables)
     for part, rows in parts.items():

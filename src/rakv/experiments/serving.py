@@ -44,6 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rakv.experiments.config import configuration, cost_table_for, engine_for, results_dir
 from rakv.experiments.records import exclusive, metadata, write_atomic, write_parquet
+from rakv.experiments.schema import ServingSection, section
 from rakv.experiments.serving_runs import StudyRunSummary, read_study_run
 from rakv.runtime.actions import Action
 from rakv.runtime.calibration import calibration_key, load_table
@@ -55,7 +56,7 @@ from rakv.serving.batchcost import load_or_calibrate_batch
 from rakv.serving.records import RequestRecord, read_iterations, read_records
 from rakv.serving.replay import lookup_rounds, outputs_alone
 from rakv.serving.server import CONF_FIELDS, ServeOptions, serve, serve_parts
-from rakv.serving.trace import generate_trace, read_trace, write_trace
+from rakv.serving.trace import TRACE_FLAGS, generate_trace, read_trace, write_trace
 
 OPTION_FIELDS = CONF_FIELDS  # the serve options a policy may set: conf/serving's
 SLO = "slo"  # a policy's `itl_slo_ms: slo`: the study's ITL SLO on this machine (slo_steps.itl decode steps)
@@ -64,13 +65,13 @@ SLO_CONTEXT = 256  # positions of the one-request decode step the SLOs are multi
 
 def family_configuration(cfg: DictConfig, family: str) -> str:
     """The configuration a family is served on: the profile's `family_configuration` entry, else its `configuration`."""
-    grid = cfg.profile.serving
-    return (grid.get("family_configuration") or {}).get(family) or grid.configuration
+    grid: ServingSection = section(cfg.profile.serving)
+    return grid.family_configuration.get(family) or grid.configuration
 
 
 def cells(cfg: DictConfig) -> list[dict]:
     """Every (family, rate, policy) of the design with its serve options, in the design's order."""
-    plan, grid = cfg.experiment, cfg.profile.serving
+    plan, grid = cfg.experiment, section(cfg.profile.serving)
     out = []
     for family, spec in plan.families.items():
         if family not in grid.rates:
@@ -106,9 +107,14 @@ def family_controller(cfg: DictConfig, family: str):
 
 def validate_serving(cfg: DictConfig) -> None:
     """The design's options through ServeOptions' own checks, before any model work."""
-    grid = cfg.profile.get("serving")
-    if grid is None:
+    if cfg.profile.serving is None:  # the schema's default: a profile without the section
         raise RakvError(f"profile {cfg.profile.name} has no serving section")
+    grid: ServingSection = section(cfg.profile.serving)
+    for where, settings in [("trace", grid.trace), *((f"family_trace.{f}", s) for f, s in grid.family_trace.items())]:
+        unknown = sorted(set(settings) - set(TRACE_FLAGS))  # generate_trace's keywords (rakv.serving.trace)
+        if unknown:
+            raise RakvError(f"profile.serving.{where}: unknown trace setting(s) {', '.join(unknown)}; the "
+                            f"settings: {', '.join(TRACE_FLAGS)}")
     if grid.repeats < 1 or grid.requests < 1:
         raise RakvError("profile.serving: repeats and requests must be >= 1")
     unknown = sorted(set(grid.rates) - set(cfg.experiment.families))
@@ -162,11 +168,11 @@ def trace_for(cfg: DictConfig, out: Path, family: str, rate: float, repeat: int)
     path = out / "traces" / f"{family}-{rate:g}-r{repeat}.jsonl"
     if path.exists():
         return path
-    grid, spec = cfg.profile.serving, cfg.experiment.families[family]
+    grid: ServingSection = section(cfg.profile.serving)
+    spec = cfg.experiment.families[family]
     settings = {**_plain(cfg.serving.trace), **_plain(spec.trace),
                 "requests": grid.requests, "max_new_tokens": grid.max_new_tokens, "prompt_words": grid.prompt_words,
-                **_plain(grid.get("trace")), **_plain((grid.get("family_trace") or {}).get(family)),
-                "rate": rate, "seed": trace_seed(cfg.seed, repeat)}
+                **grid.trace, **grid.family_trace.get(family, {}), "rate": rate, "seed": trace_seed(cfg.seed, repeat)}
     texts = dataset_texts(settings.pop("dataset"))
     trace = generate_trace(texts, **settings)
     write_trace(path, trace, {"generator": "rakv.experiments.serving", "family": family, **settings})
@@ -223,7 +229,7 @@ def run_order(plan: list[dict], repeats: int, seed: int) -> list[tuple[int, dict
 
 
 def _run(cfg: DictConfig, out: Path) -> Path:
-    grid = cfg.profile.serving
+    grid: ServingSection = section(cfg.profile.serving)
     plan = cells(cfg)
     served = {name: _setup(cfg, out, name) for name in dict.fromkeys(c["configuration"] for c in plan)}
     runs = run_order(plan, grid.repeats, cfg.seed)

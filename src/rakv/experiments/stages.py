@@ -77,7 +77,7 @@ def analysis(cfg: DictConfig) -> None:
     paths = run_all(cfg.profile.name, OutputPaths.of(results))
     print(f"analysis: summary {paths.results / 'summary.json'}, figures {paths.figures}, LaTeX {paths.generated}",
           flush=True)
-    befores = [ROOT / b for b in cfg.profile.get("before_engines") or () if (ROOT / b / "summary.json").exists()]
+    befores = [ROOT / b for b in cfg.profile.before_engines if (ROOT / b / "summary.json").exists()]
     if befores:  # the same profile run with earlier engines
         from rakv.experiments.enginecompare import write_engine_comparison
 

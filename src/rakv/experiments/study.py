@@ -47,6 +47,7 @@ from rakv.experiments.config import (
     results_dir,
 )
 from rakv.experiments.records import Journal, exclusive, metadata, write_atomic, write_parquet
+from rakv.experiments.schema import ShardOptions, StudySection, section
 from rakv.runtime.actions import ADAPTIVE, Action
 from rakv.runtime.cache import DraftPart, PrefixKVStore
 from rakv.runtime.calibration import calibration_key
@@ -93,19 +94,20 @@ def donor_of(chosen: list[Prompt], index: int) -> tuple[int, ...]:
     return chosen[(index + 1) % len(chosen)].token_ids
 
 
-def plan_runs(cfg, configuration: Configuration, prompts: dict[str, list[Prompt]], controller: Controller,
-              engine: Engine, measure_k0: bool = True) -> list[PlannedRun]:
+def plan_runs(grid: StudySection, design, configuration: Configuration, prompts: dict[str, list[Prompt]],
+              controller: Controller, engine: Engine, measure_k0: bool = True) -> list[PlannedRun]:
     """Every run of one configuration. The sweep's actions: the controller's feasible ones (its own rule),
-    the fixed strategies' actions, and r0k0 (the AR reference). `measure_k0=False` when an earlier
-    configuration with the same pair measures the k = 0 actions."""
-    grid, runs = cfg.profile.study, []
-    strategies = list(cfg.experiment.strategies)
+    the fixed strategies' actions, and r0k0 (the AR reference). `design`: the experiment's strategies and scenarios
+    (conf/experiment/main_study.yaml). `measure_k0=False` when an earlier configuration with the same pair
+    measures the k = 0 actions."""
+    runs = []
+    strategies = list(design.strategies)
     fixed = [action_of(s) for s in strategies if s != ADAPTIVE]
     for dataset, chosen in prompts.items():
         for index, prompt in enumerate(chosen):
             donor = donor_of(chosen, index)
             measured = {(COLD, Action(False, 0))}
-            for scenario_name in cfg.experiment.scenarios:
+            for scenario_name in design.scenarios:
                 scenario = build_scenario(scenario_name, prompt.token_ids, donor)
                 hit = hit_after_warmups(engine, scenario, prompt)
                 for repeat in range(grid.repeats):
@@ -234,10 +236,12 @@ def prepare(cfg: DictConfig, configuration: Configuration, measure_k0: bool = Tr
     engine = engine_for(cfg, configuration)
     controller = Controller(cost_table_for(cfg, engine), controller_config(cfg))
     prompts = {d: prompts_for(cfg, engine.encode, d) for d in cfg.datasets}
-    runs = plan_runs(cfg, configuration, prompts, controller, engine, measure_k0)
+    runs = plan_runs(section(cfg.profile.study), cfg.experiment, configuration, prompts, controller, engine,
+                     measure_k0)
     order = list(range(len(runs)))
     random.Random(cfg.seed).shuffle(order)  # recorded: the seed is in every row and in metadata
-    mine = [runs[i] for i in order if i % cfg.study.num_shards == cfg.study.shard_index]
+    shards: ShardOptions = section(cfg.study)
+    mine = [runs[i] for i in order if i % shards.num_shards == shards.shard_index]
     return PreparedConfiguration(configuration, engine, controller, prompts, runs, mine)
 
 
@@ -247,14 +251,16 @@ def run_main_study(cfg: DictConfig, out_dir: Path | None = None) -> Path:
     out_dir: where the journal, plan and tables go (default results/<name>/study)."""
     out_dir = out_dir or results_dir(cfg) / "study"
     out_dir.mkdir(parents=True, exist_ok=True)
-    shard, shards = cfg.study.shard_index, cfg.study.num_shards
-    with exclusive(out_dir / f".lock.shard{shard}"):
-        return _run_locked(cfg, out_dir, shard, shards)
+    shards: ShardOptions = section(cfg.study)
+    with exclusive(out_dir / f".lock.shard{shards.shard_index}"):
+        return _run_locked(cfg, out_dir, shards)
 
 
-def _run_locked(cfg: DictConfig, out_dir: Path, shard: int, shards: int) -> Path:
+def _run_locked(cfg: DictConfig, out_dir: Path, shards: ShardOptions) -> Path:
     load_before = os.getloadavg()
-    journal = Journal(out_dir / (f"runs.shard{shard}of{shards}.jsonl" if shards > 1 else "runs.jsonl"))
+    shard, count = shards.shard_index, shards.num_shards
+    grid: StudySection = section(cfg.profile.study)
+    journal = Journal(out_dir / (f"runs.shard{shard}of{count}.jsonl" if count > 1 else "runs.jsonl"))
     chosen = configurations(cfg)
     first_of_pair = {c.pair: c.name for c in reversed(chosen)}  # k = 0 actions: measured by the first per pair
     prepared = [prepare(cfg, c, measure_k0=first_of_pair[c.pair] == c.name) for c in chosen]
@@ -267,18 +273,18 @@ def _run_locked(cfg: DictConfig, out_dir: Path, shard: int, shards: int) -> Path
         raise RakvError(f"{journal.path} holds {len(stray)} runs of a different plan; "
                         "use another results_dir or remove the old results")
     todo = {p.configuration.name: [s for s in p.mine if s.run_id not in journal.done] for p in prepared}
-    if not cfg.study.merge_only:
-        expected = sum(predicted_wall_seconds(p, todo[p.configuration.name], cfg.profile.study.new_tokens)
+    if not shards.merge_only:
+        expected = sum(predicted_wall_seconds(p, todo[p.configuration.name], grid.new_tokens)
                        for p in prepared)
         plan += (f"\n  this shard: {sum(map(len, todo.values()))} runs to do; expected wall time "
                  f"{format_duration(expected)} (predicted from the cost tables)")
     print(plan, flush=True)
     write_atomic(out_dir / "plan.txt", plan + "\n")
-    for p in ([] if cfg.study.merge_only else prepared):
+    for p in ([] if shards.merge_only else prepared):
         name = p.configuration.name
         print(f"{name}: {len(p.mine)} runs planned here, {len(p.mine) - len(todo[name])} already done", flush=True)
         if todo[name]:
-            _execute(cfg, p, todo[name], journal)
+            _execute(grid, max(cfg.controller.k_set), cfg.seed, p, todo[name], journal)
     load = {"load_average_1_5_15min_at_start": load_before, "load_average_1_5_15min_at_end": os.getloadavg(),
             "cpus": os.cpu_count()}
     return finalize(cfg, out_dir, all_runs, calibrations, load)
@@ -299,11 +305,14 @@ def predicted_wall_seconds(p: PreparedConfiguration, runs: list[PlannedRun], new
     return total + predicted_setup_seconds(p.controller, scenarios.values())
 
 
-def _execute(cfg, p: PreparedConfiguration, todo: list[PlannedRun], journal: Journal) -> None:
-    grid, engine, controller = cfg.profile.study, p.engine, p.controller
+def _execute(grid: StudySection, k_max: int, seed: int, p: PreparedConfiguration, todo: list[PlannedRun],
+             journal: Journal) -> None:
+    """The runs of one configuration still to do, after `grid.model_warmup_requests` untimed requests at r = 1 and
+    the controller's largest k (`k_max`); `seed`: the run's, recorded in every row."""
+    engine, controller = p.engine, p.controller
     first = next(iter(p.prompts.values()))[0]
     for _ in range(grid.model_warmup_requests):  # warm kernels and allocator before timing
-        engine.run(list(first.token_ids), Action(True, max(cfg.controller.k_set)), grid.new_tokens, ignore_eos=True)
+        engine.run(list(first.token_ids), Action(True, k_max), grid.new_tokens, ignore_eos=True)
     states = [r for r in sorted(journal.rows, key=lambda r: r["order"])
               if r["configuration"] == p.configuration.name and r.get("ewma_accepted") is not None]
     if states:  # resume the controller exactly where the interrupted run left it
@@ -316,7 +325,7 @@ def _execute(cfg, p: PreparedConfiguration, todo: list[PlannedRun], journal: Jou
         prompt, scenario = scenario_of(p, planned)
         result = timed_run(engine, controller, planned, prompt, p.snapshot(planned, scenario), grid.new_tokens)
         journal.append(result_row(planned, p.configuration, prompt, scenario, result, position[planned.run_id],
-                                  cfg.seed))
+                                  seed))
 
 
 def mark_equal_to_ar(rows: list[dict]) -> None:

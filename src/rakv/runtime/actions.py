@@ -15,7 +15,6 @@ from rakv.runtime.errors import RakvError
 SPEC_K = (1, 2, 4, 6, 8)  # speculation depths calibrated and offered to the controller (k = 0 besides)
 ADAPTIVE = "rakv-asd"
 FIXED_STRATEGIES = ("ar", "kv-only", *(f"spec-k{k}" for k in SPEC_K), *(f"joint-k{k}" for k in SPEC_K))
-STRATEGIES = (*FIXED_STRATEGIES, ADAPTIVE)
 
 _LABEL = re.compile(r"r([01])k(\d+)")
 _STRATEGY = re.compile(r"(spec|joint)-k(\d+)")

@@ -30,7 +30,7 @@ from rakv.runtime.decoding import (
 from rakv.runtime.errors import RakvError
 from rakv.runtime.kernels import new_kv_cache
 from rakv.runtime.models import ModelPair, load_pair
-from rakv.runtime.proposers import PROPOSERS as PROPOSER_TYPES
+from rakv.runtime.paths import conf_file
 from rakv.runtime.proposers import Proposer, proposer_type
 from rakv.runtime.verification import closed_form_moments
 
@@ -38,13 +38,31 @@ if TYPE_CHECKING:
     from rakv.runtime.controller import Decision
     from rakv.runtime.depth import RoundDepth
 
-PROPOSERS = tuple(PROPOSER_TYPES)  # the configurable proposers' names (rakv.runtime.proposers: the registry)
+
+def engine_conf(pipeline, store) -> dict:
+    """open_engine's options in a pipeline config node (device, dtype, kernels, threads: conf/config.yaml's keys) and
+    its `cache` group's node (conf/cache/default.yaml): the one mapping from conf/'s keys to the options' names, for
+    open_engine's defaults, the CLI's (rakv.runtime.engine_options.EngineOptions) and a stage's engine."""
+    return {"device": pipeline.device, "dtype": pipeline.dtype, "kernels": pipeline.kernels,
+            "threads": pipeline.threads, "salt": store.salt, "cache_budget_mib": store.budget_mib,
+            "reuse_draft": store.reuse_draft}
 
 
-def open_engine(pair: str, proposer: str, *, cache_budget_mib: float, salt: str | None = None, device: str = "cpu",
-                dtype: str = "float32", threads: int | None = None, kernels: str = "compact",
-                reuse_draft: bool = True) -> Engine:
-    """Load a pair and give it an empty prefix store of the given budget (conf/cache/default.yaml)."""
+def conf_engine_options() -> dict:
+    """conf/'s defaults of open_engine's options (conf/config.yaml and conf/cache/default.yaml, as files)."""
+    return engine_conf(conf_file("config.yaml"), conf_file("cache/default.yaml"))
+
+
+def open_engine(pair: str, proposer: str, **options) -> Engine:
+    """Load a pair and give it an empty prefix store. `options` are `loaded_engine`'s keywords (cache_budget_mib,
+    salt, device, dtype, threads, kernels, reuse_draft); each one not given takes conf/'s default
+    (conf_engine_options), never a default of its own here."""
+    return loaded_engine(pair, proposer, **{**conf_engine_options(), **options})
+
+
+def loaded_engine(pair: str, proposer: str, *, cache_budget_mib: float, salt: str | None, device: str, dtype: str,
+                  threads: int | None, kernels: str, reuse_draft: bool) -> Engine:
+    """An engine with every option given (open_engine fills them from conf/)."""
     if cache_budget_mib <= 0:
         raise RakvError(f"the cache budget must be positive, got {cache_budget_mib} MiB")
     return Engine(load_pair(pair, device=device, dtype=dtype, threads=threads, kernels=kernels),

@@ -1,15 +1,16 @@
 """What `rakv generate`, `calibrate` and `serve` open an engine with: the pair, its proposer, where and how it runs,
 and its prefix KV store. Declared once here; the CLI's flags are generated from these fields (rakv.runtime.flags), with
-conf/config.yaml (device, dtype, kernels) and conf/cache/default.yaml (the store) as their defaults."""
+conf/config.yaml (device, dtype, kernels, threads) and conf/cache/default.yaml (the store) as their defaults, read
+through rakv.runtime.engine.engine_conf, as open_engine's are."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rakv.runtime.engine import PROPOSERS, Engine, open_engine
+from rakv.runtime.engine import Engine, conf_engine_options, engine_conf, loaded_engine
 from rakv.runtime.kernels import KERNEL_MODES
 from rakv.runtime.models import PAIR_NAMES
-from rakv.runtime.paths import conf_file
+from rakv.runtime.proposers import PROPOSERS
 
 
 @dataclass(frozen=True)
@@ -28,27 +29,22 @@ class EngineOptions:
     kernels: str = field(metadata={"choices": KERNEL_MODES, "help": (
         "compact: rakv.runtime.compact's forward (few ops per layer, C++ kernels for few rows, batched rows); "
         "stock: transformers as shipped")})
+    threads: int | None = field(metadata={"help": "CPU threads (default: all cores)"})
+    # choices: the registry itself, so its names are read when a flag is parsed (rakv.runtime.proposers)
     proposer: str = field(default="draft", metadata={"choices": PROPOSERS, "help": "who drafts for k > 0"})
-    threads: int | None = field(default=None, metadata={"help": "CPU threads (default: all cores)"})
-
-    @staticmethod
-    def conf_fields(pipeline, store) -> dict:
-        """These fields' values in a pipeline config node (device, dtype, kernels) and its `cache` group's node."""
-        return {"device": pipeline.device, "dtype": pipeline.dtype, "kernels": pipeline.kernels,
-                "salt": store.salt, "cache_budget_mib": store.budget_mib, "reuse_draft": store.reuse_draft}
 
     @classmethod
     def conf_defaults(cls) -> dict:
-        """The defaults conf/ holds for these fields (the pipeline's and the store's), so the CLI and the stages
-        agree."""
-        return cls.conf_fields(conf_file("config.yaml"), conf_file("cache/default.yaml"))
+        """The defaults conf/ holds for these fields (the pipeline's and the store's), so the CLI, open_engine and the
+        stages agree."""
+        return conf_engine_options()
 
     @classmethod
     def from_config(cls, cfg, pair: str, proposer: str) -> EngineOptions:
         """A stage's engine for one configuration, from the composed config (its overrides included)."""
-        return cls(pair=pair, proposer=proposer, threads=cfg.threads, **cls.conf_fields(cfg, cfg.cache))
+        return cls(pair=pair, proposer=proposer, **engine_conf(cfg, cfg.cache))
 
     def open(self) -> Engine:
-        return open_engine(self.pair, self.proposer, cache_budget_mib=self.cache_budget_mib, salt=self.salt,
-                           device=self.device, dtype=self.dtype, threads=self.threads, kernels=self.kernels,
-                           reuse_draft=self.reuse_draft)
+        return loaded_engine(self.pair, self.proposer, cache_budget_mib=self.cache_budget_mib, salt=self.salt,
+                             device=self.device, dtype=self.dtype, threads=self.threads, kernels=self.kernels,
+                             reuse_draft=self.reuse_draft)

@@ -4,7 +4,8 @@ A field that is a flag carries `field(metadata={"help": ...})`, and where it nee
 is not --field-name, e.g. --goodput, --memory-penalty, --no-draft-reuse), `metavar`, `choices`, `nargs`, and
 `parse` (from the flag's text to the field's value, raising a one-line RakvError; e.g. "0,1,2" -> (0, 1, 2)).
 Its default comes from `defaults` (conf/, the one source of default values: ServeOptions' conf/serving,
-ControllerConfig's conf/controller, EngineOptions' conf/config.yaml and conf/cache), else from the field itself;
+ControllerConfig's conf/controller, EngineOptions' conf/config.yaml and conf/cache, TraceOptions' conf/serving
+`trace:`), else from the field itself;
 a field with neither is a required flag. The help ends with the default unless it is None or the help already
 names it. A bool is a switch: --name (sets it) when its default is false, --no-name when it
 is true; a switch named --no-... always clears it. The dataclass's own checks (its __post_init__) stay the one

@@ -9,7 +9,9 @@ turn's prompt is an exact prefix hit of the previous turn's stored prompt and ou
 `generate_trace` writes traces from real text (HumanEval prompts, WikiText-2 paragraphs): Poisson or gamma
 (bursty) arrivals at a rate; shared-prefix groups (G groups of P requests sharing a long system prompt, as
 SGLang's `generated-shared-prefix`); multi-turn conversations. Seeded; the settings are written beside the
-trace (`<trace>.meta.json`).
+trace (`<trace>.meta.json`). Its settings are declared once, as `TraceOptions`' fields: `rakv trace`'s flags are
+generated from them (rakv.runtime.flags) and their defaults are conf/serving/default.yaml's `trace:`, for the CLI,
+the serving study's base and every keyword a caller of generate_trace leaves out.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
 
 from rakv.runtime.errors import RakvError
+from rakv.runtime.paths import conf_file
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,45 @@ def write_trace(path: str | Path, requests: list[TraceRequest], meta: dict) -> N
 
 ARRIVALS = ("poisson", "gamma")
 KINDS = ("plain", "shared-prefix", "multi-turn", "interference", "structured")
+DATASETS = ("humaneval", "wikitext2", "structured")  # rakv.runtime.workloads.dataset_texts
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """A trace's settings: `rakv trace`'s flags, the serving study's trace settings (conf/serving/default.yaml's
+    `trace:` under each family's and the profile's overrides) and generate_trace's keywords. No field has a default
+    here: conf/'s are the one source (`TraceOptions.default(**overrides)`)."""
+
+    dataset: str = field(metadata={"choices": DATASETS, "help": "where the text comes from (the repository's copy)"})
+    kind: str = field(metadata={"choices": KINDS, "help": "what the requests are"})
+    arrivals: str = field(metadata={"choices": ARRIVALS, "help": "the arrival process"})
+    burstiness: float = field(metadata={"help": "gamma arrivals' shape: 1 = Poisson, below 1 burstier"})
+    rate: float = field(metadata={"help": "requests (multi-turn: conversations) per second"})
+    requests: int = field(metadata={"help": "requests in the trace"})
+    max_new_tokens: int = field(metadata={"help": "each request's output length"})
+    prompt_words: int = field(metadata={"help": "words of each prompt's text"})
+    groups: int = field(metadata={"help": "shared-prefix: system prompts"})
+    system_words: int = field(metadata={"help": "shared-prefix: words of each system prompt"})
+    turns: int = field(metadata={"help": "multi-turn: turns per conversation"})
+    think_s: float = field(metadata={"help": "multi-turn: mean think time between turns, in seconds"})
+    long_every: int = field(metadata={"help": "interference: every Nth request a long prompt"})
+    long_words: int = field(metadata={"help": "interference: words of a long prompt (750: about 1,000 tokens)"})
+    seed: int = field(metadata={"help": "the generator's seed"})
+
+    @staticmethod
+    def conf_defaults() -> dict:
+        return dict(conf_file("serving/default.yaml").trace)
+
+    @classmethod
+    def default(cls, **overrides) -> TraceOptions:
+        """conf/'s settings with `overrides`; an unknown name fails with the known ones."""
+        unknown = sorted(set(overrides) - set(TRACE_FLAGS))
+        if unknown:
+            raise RakvError(f"unknown trace setting(s) {', '.join(unknown)}; the settings: {', '.join(TRACE_FLAGS)}")
+        return replace(cls(**cls.conf_defaults()), **overrides)
+
+
+TRACE_FLAGS = tuple(f.name for f in fields(TraceOptions))  # every setting is one of `rakv trace`'s flags
 # structured: output that repeats the prompt's own keys, where prompt lookup's candidates should be accepted
 STRUCTURED = ('Read the text below and answer with one JSON object with the keys "title", "topic", "people", '
               '"places", "dates" and "summary".\n\nText: {text}\n\nJSON: {{"title": "')
@@ -182,12 +224,9 @@ def _conversations(rng, starts, turns: int, think_s: float, text, max_new_tokens
     return out
 
 
-def generate_trace(texts: list[tuple[str, str]], *, requests: int, rate: float, kind: str = "plain",
-                   arrivals: str = "poisson", burstiness: float = 1.0, max_new_tokens: int = 32,
-                   prompt_words: int = 64, groups: int = 2, system_words: int = 200, turns: int = 3,
-                   think_s: float = 1.0, long_every: int = 8, long_words: int = 750,
-                   seed: int = 0) -> list[TraceRequest]:
-    """A seeded trace from real text; `texts` are (id, text) pairs (rakv.runtime.workloads.dataset_texts).
+def generate_trace(texts: list[tuple[str, str]], **settings) -> list[TraceRequest]:
+    """A seeded trace from real text; `texts` are (id, text) pairs (rakv.runtime.workloads.dataset_texts), the
+    `settings` TraceOptions' fields (conf/'s for those left out; `dataset` names where `texts` came from).
 
     plain: each request one text, its first `prompt_words` words. shared-prefix: `groups` system prompts of
     `system_words` words (each a run of texts), requests assigned round-robin, each its system prompt then a
@@ -195,6 +234,14 @@ def generate_trace(texts: list[tuple[str, str]], *, requests: int, rate: float, 
     new text; later turns arrive `think_s` (exponential mean) after the previous one finished. interference: plain
     requests, every `long_every`-th one a long prompt of `long_words` words (750 words: about 1,000 tokens), the
     prefill that blocks the others' next token. structured: each request asks for a JSON object about its text."""
+    return _generated(texts, TraceOptions.default(**settings))
+
+
+def _generated(texts: list[tuple[str, str]], options: TraceOptions) -> list[TraceRequest]:
+    kind, requests, rate, seed = options.kind, options.requests, options.rate, options.seed
+    arrivals, burstiness, max_new_tokens = options.arrivals, options.burstiness, options.max_new_tokens
+    prompt_words, groups, system_words = options.prompt_words, options.groups, options.system_words
+    turns, think_s, long_every, long_words = options.turns, options.think_s, options.long_every, options.long_words
     if kind not in KINDS:
         raise RakvError(f"unknown trace kind '{kind}'; choose one of: {', '.join(KINDS)}")
     if requests <= 0 or max_new_tokens <= 0 or prompt_words <= 0:
