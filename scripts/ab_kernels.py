@@ -21,6 +21,7 @@ import torch
 
 from rakv.bench.kernel_ab import (
     AttentionCase,
+    KernelAbReport,
     attention_case,
     build,
     compare,
@@ -29,9 +30,12 @@ from rakv.bench.kernel_ab import (
     read_new_source,
     source_at,
 )
+from rakv.bench.records import to_json
 from rakv.runtime.errors import RakvError
 from rakv.runtime.kernels import compact_of
 from rakv.runtime.models import load_pair
+
+BASE, NEW = "base", "new"  # the two builds, as the report's maps name them
 
 
 def parse_args(argv=None):
@@ -63,7 +67,7 @@ def main(argv=None) -> int:
         return 2
     target, draft = compact_of(pair.target.module), compact_of(pair.draft.module)
     try:
-        builds = {"base": build(base_source, "rakv_ab_base"), "new": build(new_source, "rakv_ab_new")}
+        builds = {BASE: build(base_source, "rakv_ab_base"), NEW: build(new_source, "rakv_ab_new")}
     except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
         lines = str(exc).strip().splitlines() or [type(exc).__name__]
         print(f"ab_kernels: error: a build failed to compile: {lines[-1].strip()}", file=sys.stderr)
@@ -79,14 +83,14 @@ def main(argv=None) -> int:
     with torch.inference_mode():
         rows = compare(builds, cases, args.repeats)
     if args.json:
-        print(json.dumps({"base": args.base, "new": new_label, "rows": rows}))
+        print(json.dumps(to_json(KernelAbReport(args.base, new_label, rows))))
     else:
         print(describe_builds(args.base, new_label) + f"; {args.repeats} interleaved repeats, medians")
         print(f"{'case':<46} {'base ms':>9} {'new ms':>9} {'new/base':>9} {'bitwise equal':>14}")
         for row in rows:
-            print(f"{row['case']:<46} {row['ms']['base']:9.2f} {row['ms']['new']:9.2f} "
-                  f"{row['over_first']['new']:9.3f} {str(row['bitwise_equal']):>14}")
-    return 0 if all(row["bitwise_equal"] for row in rows) else 1
+            print(f"{row.case:<46} {row.ms[BASE]:9.2f} {row.ms[NEW]:9.2f} "
+                  f"{row.over_first[NEW]:9.3f} {str(row.bitwise_equal):>14}")
+    return 0 if all(row.bitwise_equal for row in rows) else 1
 
 
 if __name__ == "__main__":

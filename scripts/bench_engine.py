@@ -45,60 +45,69 @@ import argparse
 import json
 import sys
 
-from rakv.bench.engine import (
-    bench,
-    draft_reuse_rows,
-    fresh_rss,
-    gemm_table,
-    load_sides,
-    make_sides,
-    peak_increase_mib,
-    reuse_prompts,
-    rss_probe,
-    startup,
+from rakv.bench.engine import SIDES, bench, draft_reuse_rows, gemm_table, load_sides, make_sides, reuse_prompts
+from rakv.bench.engine_load import load_report, peak_increase_mib, rss_probe
+from rakv.bench.engine_report import DraftReuse, EngineReport, GemmTable, LoadReport, MemoryRow, StartupRow
+from rakv.bench.goals import (
+    AR_OVER_FLOOR,
+    BATCH_GOALS,
+    CHUNK_BESIDE_DECODES,
+    DRAFT_OVER_FLOOR,
+    DRAFT_OVER_TARGET,
+    DRAFT_REUSE_EXACT,
+    GENERATION_GOALS,
+    LLAMA_CPP_DECODE,
+    LLAMA_CPP_PREFILL,
+    MEMORY,
+    PREFILL_FASTER,
+    SERVE_STARTUP_WARM,
+    STARTUP_WARM,
+    TTFT_EXACT,
+    TTFT_PARTIAL,
+    VERIFY_JUDGED_UP_TO_K,
+    VERIFY_OVER_STEP,
+    Goal,
+    judge,
 )
+from rakv.bench.options import EngineBenchOptions, add_flags, options_from
+from rakv.bench.records import to_json
 from rakv.bench.roofline import format_row_costs
 from rakv.runtime.actions import SPEC_K, Action
 from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
-from rakv.runtime.kernels import KERNEL_MODES
 from rakv.runtime.models import load_pair
 from rakv.runtime.workloads import load_humaneval
 
 
-def print_draft_reuse(rows: dict, tokens: int) -> None:
-    for case, row in rows.items():
+def judged(goal: Goal, value: float | None, baseline: float = 1.0, limit: float | None = None) -> str:
+    """The goal's text and its verdict on `value`, as printed beside a measured value."""
+    return f"{goal.text()}: {judge(goal, value, baseline, limit)}"
+
+
+def print_draft_reuse(rows: DraftReuse, tokens: int) -> None:
+    for case, row in rows.cases():
+        goal = f", {judged(DRAFT_REUSE_EXACT, row.ratio)}" if row is rows.exact_repeat else ""
         print(f"joint-k4 draft prefill before the first round, {case} ({tokens} tokens): with the draft's "
-              f"state in the store {row['with_ms']:.2f} ms, without {row['without_ms']:.1f} ms (ratio "
-              f"{row['ratio']:.3f}{', goal <=0.05' if case == 'exact repeat' else ''}); draft positions reused "
-              f"{row['draft_hit_tokens']}")
+              f"state in the store {row.with_ms:.2f} ms, without {row.without_ms:.1f} ms (ratio "
+              f"{row.ratio:.3f}{goal}); draft positions reused {row.draft_hit_tokens}")
 
 
-
-def print_gemm_table(table: dict) -> None:
-    print(f"GEMM by row count (kernels.cpp, {table['threads']} threads; fp32 FMA peak measured "
-          f"{table['fma_peak_gflops']:.0f} GFLOPS): rows: ms (/ one row, GFLOPS or int8 GOPS, GB/s of weights)")
-    for name, side in table["sides"].items():
-        print(f"  {name} ({side['weight_bytes'] / 1e6:.0f} MB): " + "; ".join(
-            f"{r['rows']}: {r['ms']:.1f} ({r['over_one']:.2f}x, {r['gflops']:.0f}"
-            + (f" = {r['gflops'] / table['fma_peak_gflops']:.0%} of peak" if name == "fp32" else "")
-            + f", {r['gb_s']:.0f})" for r in side["rows"]))
-
+def print_gemm_table(table: GemmTable) -> None:
+    print(f"GEMM by row count (kernels.cpp, {table.threads} threads; fp32 FMA peak measured "
+          f"{table.fma_peak_gflops:.0f} GFLOPS): rows: ms (/ one row, GFLOPS or int8 GOPS, GB/s of weights)")
+    for name, side in table.sides.items():
+        print(f"  {name} ({side.weight_bytes / 1e6:.0f} MB): " + "; ".join(
+            f"{r.rows}: {r.ms:.1f} ({r.over_one:.2f}x, {r.gflops:.0f}"
+            + (f" = {r.gflops / table.fma_peak_gflops:.0%} of peak" if name == "fp32" else "")
+            + f", {r.gb_s:.0f})" for r in side.rows))
 
 
-
-def parse_args() -> argparse.Namespace:
+def parse_args(argv=None) -> tuple[EngineBenchOptions, argparse.Namespace]:
+    """The measurement's options, and the script's own flags (what to run and print)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pair", default="smollm2")
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--long-prompt-tokens", type=int, default=512)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--kernels", default="compact", choices=KERNEL_MODES, help="our side's kernels")
+    add_flags(parser, EngineBenchOptions)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.add_argument("--no-peer", action="store_true", help="skip llama.cpp even when it is installed")
     parser.add_argument("--gemm", action="store_true", help="only the GEMM table by row count (kernels.cpp)")
     parser.add_argument("--draft-reuse", action="store_true",
                         help="only the draft's prefill before a joint-k4 request's first round, with and without "
@@ -106,153 +115,161 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--load", action="store_true",
                         help="only memory and start-up (fresh processes: peak RSS; `rakv generate` to its first "
                              "token with the packed weights' cache cold and warm)")
-    parser.add_argument("--probe", choices=("ours-ar", "hf-ar", "ours-spec-k4", "hf-spec-k4", "rss"),
+    parser.add_argument("--probe", choices=(*SIDES, "rss"),
                         help=argparse.SUPPRESS)  # internal: one memory measurement in a fresh process
-    return parser.parse_args()
+    args = parser.parse_args(argv)
+    return options_from(EngineBenchOptions, args), args
 
 
-def gemm_only(args) -> int:
-    pair = load_pair(args.pair, device=args.device, threads=args.threads, kernels="compact")
-    table = gemm_table(pair, args.repeats * 2)
-    print(json.dumps(table)) if args.json else print_gemm_table(table)
+def show(args, record, printer) -> int:
+    """`record` as one JSON object (--json) or through `printer`."""
+    print(json.dumps(to_json(record))) if args.json else printer(record)
     return 0
 
 
-def draft_reuse_only(args) -> int:
-    engine = Engine(load_pair(args.pair, device=args.device, threads=args.threads, kernels=args.kernels),
+def gemm_only(options: EngineBenchOptions, args) -> int:
+    pair = load_pair(options.pair, device=options.device, threads=options.threads, kernels="compact")
+    return show(args, gemm_table(pair, options.repeats * 2), print_gemm_table)
+
+
+def draft_reuse_only(options: EngineBenchOptions, args) -> int:
+    engine = Engine(load_pair(options.pair, device=options.device, threads=options.threads, kernels=options.kernels),
                     PrefixKVStore(budget_bytes=1 << 30))
-    long_ids, other = reuse_prompts(engine, load_humaneval(), args.long_prompt_tokens)
+    long_ids, other = reuse_prompts(engine, load_humaneval(), options.long_prompt_tokens)
     engine.run(long_ids, Action.of_strategy("joint-k4"), 2)  # warm-up of every path
-    rows = draft_reuse_rows(engine, long_ids, other, args.repeats)
-    print(json.dumps(rows)) if args.json else print_draft_reuse(rows, len(long_ids))
-    return 0
+    rows = draft_reuse_rows(engine, long_ids, other, options.repeats)
+    return show(args, rows, lambda r: print_draft_reuse(r, len(long_ids)))
 
 
-def print_generation(report: dict) -> None:
-    print(f"pair={report['pair']} device={report['device']} threads={report['threads']} kernels={report['kernels']} "
-          f"(ours) vs stock (transformers) new_tokens={report['new_tokens']} prompt={report['prompt_tokens']} tokens "
-          f"(HumanEval/2), repeats={report['repeats']}")
+def print_generation(report: EngineReport) -> None:
+    print(f"pair={report.pair} device={report.device} threads={report.threads} kernels={report.kernels} "
+          f"(ours) vs stock (transformers) new_tokens={report.new_tokens} prompt={report.prompt_tokens} tokens "
+          f"(HumanEval/2), repeats={report.repeats}")
     print(f"{'measure':<10} {'ours ms/tok':>12} {'hf ms/tok':>10} {'ratio':>7} {'goal':>6} "
-          f"{'ours peak MiB':>14} {'hf peak MiB':>12} {'same output':>12}")
-    for key, label in (("ar", "ar"), ("spec_k4", "spec-k4")):
-        row = report[key]
-        print(f"{label:<10} {row['ours_ms_per_token']:>12.2f} {row['hf_ms_per_token']:>10.2f} {row['ratio']:>7.3f} "
-              f"{'<=' + str(row['goal']):>6} {row['ours_peak_mib']:>14.1f} {row['hf_peak_mib']:>12.1f} "
-              f"{str(row['same_output']):>12}")
-    f, ratios = report["floor"], report["verify"]["verify_over_step"]
-    print(f"floor: {f['weight_bytes'] / 1e6:.0f} MB of target weights / {f['bandwidth_gb_s']:.1f} GB/s streaming (sum "
-          f"over 512 MiB) = {f['floor_ms']:.1f} ms/token; our AR / floor = {f['ar_over_floor']:.2f} (goal <=1.6)")
-    print(f"verify(k+1) / one step at 256 tokens of context (step {report['verify']['step_ms']:.1f} ms): "
-          + ", ".join(f"k={k} {ratios[str(k)]:.2f}" for k in SPEC_K)
-          + f" (goal <=1.10 for k <= 4); monotone in k: {report['verify']['monotone']}")
-    t = report["ttft"]
-    print(f"TTFT on a {t['prompt_tokens']}-token prompt: cold {t['cold_ms']:.1f} ms, exact repeat {t['exact_ms']:.2f} "
-          f"ms (ratio {t['exact_over_cold']:.3f}, goal <=0.05), 50 % partial hit {t['partial_ms']:.1f} ms "
-          f"(ratio {t['partial_over_cold']:.3f}, goal <=0.6)")
-    if report["draft_reuse"] is not None:
-        print_draft_reuse(report["draft_reuse"], t["prompt_tokens"])
-    a = report["spec_k4_acceptance"]
-    print(f"spec-k4 on this prompt: accepted/proposed {a['accepted_over_proposed']:.3f}, per-token acceptance alpha "
-          f"{a['alpha']:.3f} (accepted / (accepted + rejecting rounds)) over {a['rounds']} rounds")
-    d = report["draft"]
-    print(f"draft step at 256 tokens of context {d['draft_step_ms']:.2f} ms vs target step "
-          f"{d['target_step_ms']:.2f} ms: ratio {d['draft_over_target']:.3f} (goal <=0.30); its floor "
-          f"{d['weight_bytes'] / 1e6:.0f} MB / "
-          f"{f['bandwidth_gb_s']:.1f} GB/s = {d['floor_ms']:.2f} ms, step / floor {d['over_floor']:.2f} (goal <=1.5); "
-          f"draft / target: {d['verdict_over_target']} (its floor over the measured target step "
-          f"{d['floor_over_measured_target']:.2f}; the floors' own ratio, weight bytes alone, "
-          f"{d['floors_over_target']:.2f}, context only)")
+          f"{'ours peak MiB':>14} {'hf peak MiB':>12} {'same output':>12} verdict")
+    for key, label, row in (("ar", "ar", report.ar), ("spec_k4", "spec-k4", report.spec_k4)):
+        goal = GENERATION_GOALS[key]
+        print(f"{label:<10} {row.ours_ms_per_token:>12.2f} {row.hf_ms_per_token:>10.2f} {row.ratio:>7.3f} "
+              f"{goal.bound_text().replace(' ', ''):>6} {row.ours_peak_mib:>14.1f} {row.hf_peak_mib:>12.1f} "
+              f"{str(row.same_output):>12} {judge(goal, row.ratio)}")
+    f, verify = report.floor, report.verify
+    judged_k = [k for k in SPEC_K if k <= VERIFY_JUDGED_UP_TO_K]
+    print(f"floor: {f.weight_bytes / 1e6:.0f} MB of target weights / {f.bandwidth_gb_s:.1f} GB/s streaming (sum "
+          f"over 512 MiB) = {f.floor_ms:.1f} ms/token; our AR / floor = {f.ar_over_floor:.2f} "
+          f"({judged(AR_OVER_FLOOR, f.ar_over_floor)})")
+    print(f"verify(k+1) / one step at 256 tokens of context (step {verify.step_ms:.1f} ms): "
+          + ", ".join(f"k={k} {verify.verify_over_step[k]:.2f}" for k in SPEC_K)
+          + f" ({VERIFY_OVER_STEP.text()} for k <= {VERIFY_JUDGED_UP_TO_K}: "
+          + ", ".join(f"k={k} {judge(VERIFY_OVER_STEP, verify.verify_over_step[k])}" for k in judged_k)
+          + f"); monotone in k: {verify.monotone}")
+    t = report.ttft
+    print(f"TTFT on a {t.prompt_tokens}-token prompt: cold {t.cold_ms:.1f} ms, exact repeat {t.exact_ms:.2f} "
+          f"ms (ratio {t.exact_over_cold:.3f}, {judged(TTFT_EXACT, t.exact_over_cold)}), 50 % partial hit "
+          f"{t.partial_ms:.1f} ms (ratio {t.partial_over_cold:.3f}, {judged(TTFT_PARTIAL, t.partial_over_cold)})")
+    if report.draft_reuse is not None:
+        print_draft_reuse(report.draft_reuse, t.prompt_tokens)
+    a = report.spec_k4_acceptance
+    print(f"spec-k4 on this prompt: accepted/proposed {a.accepted_over_proposed:.3f}, per-token acceptance alpha "
+          f"{a.alpha:.3f} (accepted / (accepted + rejecting rounds)) over {a.rounds} rounds")
+    d = report.draft
+    print(f"draft step at 256 tokens of context {d.draft_step_ms:.2f} ms vs target step "
+          f"{d.target_step_ms:.2f} ms: ratio {d.draft_over_target:.3f} ({DRAFT_OVER_TARGET.text()}); its floor "
+          f"{d.weight_bytes / 1e6:.0f} MB / {f.bandwidth_gb_s:.1f} GB/s = {d.floor_ms:.2f} ms, step / floor "
+          f"{d.over_floor:.2f} ({judged(DRAFT_OVER_FLOOR, d.over_floor)}); draft / target: {d.verdict_over_target} "
+          f"(its floor over the measured target step {d.floor_over_measured_target:.2f}; the floors' own ratio, "
+          f"weight bytes alone, {d.floors_over_target:.2f}, context only)")
 
 
-def print_kernels(report: dict) -> None:
-    batch = {int(b): t for b, t in report["batch"]["step_ms"].items()}
+def print_kernels(report: EngineReport) -> None:
+    batch = report.batch
     print("batched step, b requests each with its own 256-token context (ms; / one request): "
-          + ", ".join(f"b={b} {t:.1f} ({t / batch[1]:.2f})" for b, t in batch.items())
-          + f" (goals b=8 <={report['batch']['goal_8']}, b=16 <={report['batch']['goal_16']})")
-    verdicts, allowed, floors = (report["batch"][k] for k in ("verdicts", "floor_over_measured_one", "floors_over_one"))
-    print("  verdicts: " + "; ".join(f"b={b} {verdict}" for b, verdict in verdicts.items())
-          + ("" if floors is None else " (the b-row floor over the measured one-row step: " + ", ".join(
-              f"b={b} {allowed[b]:.2f}" for b in verdicts) + "; the floors' own ratio, context only: " + ", ".join(
-              f"b={b} {floors[b]:.2f}" for b in verdicts) + ")"))
-    if report["batch"]["by_kernel"] is not None:
+          + ", ".join(f"b={b} {t:.1f} ({t / batch.step_ms[1]:.2f})" for b, t in batch.step_ms.items())
+          + " (goals " + ", ".join(f"b={b} {goal.bound_text()}" for b, goal in BATCH_GOALS.items()) + ")")
+    allowed, floors = batch.floor_over_measured_one, batch.floors_over_one
+    print("  verdicts: " + "; ".join(f"b={b} {verdict}" for b, verdict in batch.verdicts.items())
+          + ("" if floors is None else " (the b-row floor over the measured one-row step: "
+             + ", ".join(f"b={b} {allowed[b]:.2f}" for b in batch.verdicts) + "; the floors' own ratio, context only: "
+             + ", ".join(f"b={b} {floors[b]:.2f}" for b in batch.verdicts) + ")"))
+    if batch.by_kernel is not None:
         print("the same steps by kernel (ms; rakv.bench.roofline.row_costs), beside the floor (weights + the rows' K/V "
               "at the streaming bandwidth, or FLOPs at the FMA peak):")
-        print("\n".join("  " + line for line in format_row_costs({int(b): r for b, r in
-                                                                  report["batch"]["by_kernel"].items()})))
-    c = report["chunk_beside_decodes"]
-    print(f"a 32-token prefill chunk beside 4 decoding requests: {c['with_chunk']:.1f} ms vs the 4 decodes alone "
-          f"{c['decodes']:.1f} ms: {c['ratio']:.2f}x (goal <=2)")
-    pre = report["prefill"]
-    seconds, before = pre["seconds"], pre["previous_engine_seconds"]
+        print("\n".join("  " + line for line in format_row_costs(batch.by_kernel)))
+    c = report.chunk_beside_decodes
+    print(f"a {c.chunk_tokens}-token prefill chunk beside 4 decoding requests: {c.with_chunk:.1f} ms vs the 4 decodes "
+          f"alone {c.decodes:.1f} ms: {c.ratio:.2f}x ({judged(CHUNK_BESIDE_DECODES, c.ratio)})")
+    pre = report.prefill
+    seconds, before = pre.seconds, pre.previous_engine_seconds
     print("prefill (s), target / draft: " + ", ".join(
-        f"{n} tokens {seconds['target'][n]:.3f} / {seconds['draft'][n]:.3f}" for n in seconds["target"]))
+        f"{n} tokens {seconds.target[n]:.3f} / {seconds.draft[n]:.3f}" for n in seconds.target))
     if before is not None:
         print("  previous engine (data/reference/offline-fast-kernels, its own machine), target / draft: " + ", ".join(
-            f"{n} {before['target'][n]:.3f} / {before['draft'][n]:.3f}" for n in before["target"])
-              + f"; faster at every point: {pre['faster_than_previous_everywhere']}")
-    if report["gemm"] is not None:
-        print_gemm_table(report["gemm"])
-    print_load(report["memory"], report["startup"])
-    peer_row = report["llama_cpp"]
+            f"{n} {before.target[n]:.3f} / {before.draft[n]:.3f}" for n in before.target)
+              + f"; faster at every point: {pre.faster_than_previous_everywhere} "
+              f"({judged(PREFILL_FASTER, pre.share_faster())})")
+    if report.gemm is not None:
+        print_gemm_table(report.gemm)
+    print_load(LoadReport(report.memory, report.startup))
+    print_llama_cpp(report)
+
+
+def print_llama_cpp(report: EngineReport) -> None:
+    peer_row = report.llama_cpp
     if peer_row is None:
         print("llama.cpp: not installed (pip install -e '.[peers]', builds from source in 10-15 min) or --no-peer")
         return
-    for label in ("f32", "q4_1"):
-        row = peer_row[label]
-        if "error" in row:
-            print(f"llama.cpp {label}: not measured: {row['error']}")
+    for label, row in peer_row.models():
+        if row.error:
+            print(f"llama.cpp {label}: not measured: {row.error}")
             continue
-        print(f"llama.cpp {row['version']} {label}: decode {row['ms_per_token']:.2f} ms/token, prefill "
-              f"{row['prefill_tokens_per_s']:.0f} tokens/s ({row['prefill_tokens']} tokens); first 16 tokens "
-              f"equal ours: {row['same_first_tokens_as_ours']}")
-    if peer_row["ar_over_f32"] is not None:
-        print(f"ours / llama.cpp F32: AR decode after the first token {peer_row['ours_decode_ms_per_token']:.2f} "
-              f"ms/token = {peer_row['ar_over_f32']:.3f}x (goal <=1.0), prefill of {pre['prompt_tokens']} tokens "
-              f"{pre['ours_tokens_per_s']:.0f} tokens/s = {peer_row['prefill_over_f32']:.2f}x (goal >=1.5)")
+        print(f"llama.cpp {row.version} {label}: decode {row.ms_per_token:.2f} ms/token, prefill "
+              f"{row.prefill_tokens_per_s:.0f} tokens/s ({row.prefill_tokens} tokens); first 16 tokens "
+              f"equal ours: {row.same_first_tokens_as_ours}")
+    if peer_row.ar_over_f32 is not None:
+        print(f"ours / llama.cpp F32: AR decode after the first token {peer_row.ours_decode_ms_per_token:.2f} "
+              f"ms/token = {peer_row.ar_over_f32:.3f}x ({judged(LLAMA_CPP_DECODE, peer_row.ar_over_f32)}), prefill "
+              f"of {report.prefill.prompt_tokens} tokens {report.prefill.ours_tokens_per_s:.0f} tokens/s = "
+              f"{peer_row.prefill_over_f32:.2f}x ({judged(LLAMA_CPP_PREFILL, peer_row.prefill_over_f32)})")
 
 
-def print_load(m: dict, start: dict) -> None:
-    print(f"memory (fresh process, our pair only): peak RSS {m['peak_rss_bytes'] / 1e6:.0f} MB vs weights "
-          f"{m['weight_bytes'] / 1e6:.0f} MB + K/V {m['kv_bytes'] / 1e6:.1f} MB: ratio {m['over_weights_and_kv']:.2f} "
-          f"(goal <={m['goal']}): {m['verdict']}; information, not judged: above an interpreter with torch imported "
-          f"({m['torch_baseline_bytes'] / 1e6:.0f} MB) {m['above_torch_over_weights_and_kv']:.2f}; before loading "
-          f"{m['rss_before_load_bytes'] / 1e6:.0f} MB (interpreter and libraries), peak once loaded "
-          f"{m['peak_rss_after_load_bytes'] / 1e6:.0f} MB")
+def print_load(load: LoadReport) -> None:
+    m: MemoryRow = load.memory
+    start: StartupRow = load.startup
+    print(f"memory (fresh process, our pair only): peak RSS {m.peak_rss_bytes / 1e6:.0f} MB vs weights "
+          f"{m.weight_bytes / 1e6:.0f} MB + K/V {m.kv_bytes / 1e6:.1f} MB: ratio {m.over_weights_and_kv:.2f} "
+          f"({MEMORY.text()}): {m.verdict}; information, not judged: above an interpreter with torch imported "
+          f"({m.torch_baseline_bytes / 1e6:.0f} MB) {m.above_torch_over_weights_and_kv:.2f}; before loading "
+          f"{m.rss_before_load_bytes / 1e6:.0f} MB (interpreter and libraries), peak once loaded "
+          f"{m.peak_rss_after_load_bytes / 1e6:.0f} MB")
     print(f"start-up, fresh `rakv generate` to its first token: packed weights' cache cold "
-          f"{start['cold_first_token_s']:.1f} s (reads and packs the GGUF, writes the cache), warm "
-          f"{start['warm_first_token_s']:.1f} s (median of {start['warm_runs']}; goal <={start['goal_warm_s']:.0f} s); "
-          f"fresh `rakv serve --http` to the first token of a completion asked when it is ready, cache warm "
-          f"{start['serve_warm_first_token_s']:.1f} s (goal <={start['goal_warm_s']:.0f} s)")
-
-
-def load_only(args) -> int:
-    report = {"memory": fresh_rss(args), "startup": startup(args)}
-    print(json.dumps(report)) if args.json else print_load(report["memory"], report["startup"])
-    return 0
+          f"{start.cold_first_token_s:.1f} s (reads and packs the GGUF, writes the cache), warm "
+          f"{start.warm_first_token_s:.1f} s (median of {start.warm_runs}; "
+          f"{judged(STARTUP_WARM, start.warm_first_token_s)}); fresh `rakv serve --http` to the first token of a "
+          f"completion asked when it is ready, cache warm {start.serve_warm_first_token_s:.1f} s "
+          f"({judged(SERVE_STARTUP_WARM, start.serve_warm_first_token_s)})")
 
 
 def main() -> int:
-    args = parse_args()
+    options, args = parse_args()
     try:
         if args.probe == "rss":
-            print(json.dumps(rss_probe(args)))
+            print(json.dumps(to_json(rss_probe(options))))
             return 0
         if args.gemm:
-            return gemm_only(args)
+            return gemm_only(options, args)
         if args.draft_reuse:
-            return draft_reuse_only(args)
+            return draft_reuse_only(options, args)
         if args.load:
-            return load_only(args)
-        pair, stock, engine, ids = load_sides(args)
+            return show(args, load_report(options), print_load)
+        pair, stock, engine, ids = load_sides(options)
     except RakvError as exc:
         print(f"bench_engine: error: {exc}", file=sys.stderr)
         return 2
     if args.probe:
-        print(peak_increase_mib(make_sides(pair, stock, engine, ids, args.new_tokens)[args.probe], pair.device))
+        print(peak_increase_mib(make_sides(pair, stock, engine, ids, options.new_tokens)[args.probe], pair.device))
         return 0
-    report = bench(args, pair, stock, engine, ids)
+    report = bench(options, pair, stock, engine, ids)
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps(to_json(report)))
         return 0
     print_generation(report)
     print_kernels(report)

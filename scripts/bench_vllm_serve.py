@@ -21,86 +21,72 @@ the client's JSON results.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from rakv.bench.options import VllmServeOptions, add_flags, options_from
+from rakv.bench.peer_reports import Agreement, ClientOutput, EngineSetting, RepeatRecord, VllmServeSummary
 from rakv.bench.peers import agreement
-from rakv.bench.vllm_serve import machine, repeat_seed, run_engine, settings, vllm_version, workloads
+from rakv.bench.records import write_record
+from rakv.bench.vllm_serve import machine, run_engine, settings, vllm_version, workloads
 from rakv.experiments.peer_tables import paired_markdown, serve_aggregates, serve_markdown, serve_paired
 from rakv.runtime.errors import RakvError
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv=None) -> VllmServeOptions:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.0])
-    parser.add_argument("--requests", type=int, default=32)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--prompt-words", type=int, default=48)
-    parser.add_argument("--groups", type=int, default=2)
-    parser.add_argument("--strategy", default="ar", help="rakv serve's --strategy")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--vllm-venv", default=".venv-vllm")
-    parser.add_argument("--vllm-weights", default="results/peer/smollm2-fp32")
-    parser.add_argument("--vllm-eager", action="store_true")
-    parser.add_argument("--vllm-threads", type=int, nargs="+", default=[0, 2], metavar="N",
-                        help="vLLM's server at each OMP_NUM_THREADS N in turn (0: its own choice, which on 2 cores "
-                             "gives its model 1 thread; rakv uses 2)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="each repeat its own prompts and Poisson arrivals (seed + 1000 r), the same for every "
-                             "engine; the table gives the mean with its t interval over repeats")
-    parser.add_argument("--out", default="results/peer/bench_vllm_serve")
-    return parser.parse_args()
+    add_flags(parser, VllmServeOptions)
+    return options_from(VllmServeOptions, parser.parse_args(argv))
 
 
-def text_agreement(ours: dict, theirs: dict, tokenizer) -> dict:
+def text_agreement(ours: ClientOutput, theirs: ClientOutput, tokenizer) -> Agreement:
     """Of the requests both engines completed, how many generated texts are equal, and where the others first differ
     (by token, re-tokenised); `failed`: the requests either engine failed (no text to compare)."""
-    count = len(ours["generated_texts"])
-    failed = [i for i, (a, b) in enumerate(zip(ours.get("errors") or [""] * count,
-                                               theirs.get("errors") or [""] * count)) if a or b]
+    count = len(ours.generated_texts)
+    failed = [i for i, (a, b) in enumerate(zip(ours.errors or [""] * count, theirs.errors or [""] * count)) if a or b]
     done = [i for i in range(count) if i not in failed]
-    same, divergences = agreement({f"request {i}": ours["generated_texts"][i] for i in done},
-                                  {f"request {i}": theirs["generated_texts"][i] for i in done}, tokenizer.encode)
-    return {"equal": same, "requests": len(done), "failed": len(failed), "divergences": divergences}
+    same, divergences = agreement({f"request {i}": ours.generated_texts[i] for i in done},
+                                  {f"request {i}": theirs.generated_texts[i] for i in done}, tokenizer.encode)
+    return Agreement(same, len(done), len(failed), divergences)
 
 
-def repeat_records(results: dict[str, list[dict]], settings: dict, tokenizer) -> list[dict]:
+def repeat_records(results: dict[str, list[dict[str, ClientOutput]]], settings: dict[str, EngineSetting],
+                   tokenizer) -> list[RepeatRecord]:
     """Per repeat: each setting's client metrics per workload (lists dropped) and rakv's agreement with each vLLM
     setting."""
     repeats = []
     for r in range(len(results["rakv"])):
-        engines = {key: {label: {m: v for m, v in run.items() if not isinstance(v, list)}
-                         for label, run in results[key][r].items()} for key in settings}
+        engines = {key: {label: output.run for label, output in results[key][r].items()} for key in settings}
         agreed = {key: {label: text_agreement(results["rakv"][r][label], results[key][r][label], tokenizer)
                         for label in results[key][r]} for key in settings if key != "rakv"}
-        repeats.append({"engines": engines, "agreement": agreed})
+        repeats.append(RepeatRecord(engines, agreed))
     return repeats
 
 
 def main() -> int:
-    args = parse_args()
-    out = Path(args.out)
+    options = parse_args()
+    out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings_ = settings(args)
+    settings_ = settings(options)
     try:
-        if not Path(args.vllm_venv, "bin", "python").exists() or not Path(args.vllm_weights, "config.json").exists():
+        if not Path(options.vllm_venv, "bin", "python").exists() or \
+                not Path(options.vllm_weights, "config.json").exists():
             raise RakvError("the vLLM peer is not set up: run scripts/setup_vllm_peer.sh")
-        loads = [workloads(args, repeat_seed(args, r)) for r in range(args.repeats)]
-        results = {key: run_engine(key, setting, 8311 + i, loads, args, out)
+        loads = [workloads(options, options.repeat_seed(r)) for r in range(options.repeats)]
+        results = {key: run_engine(key, setting, 8311 + i, loads, options, out)
                    for i, (key, setting) in enumerate(settings_.items())}
     except RakvError as exc:
         print(f"bench_vllm_serve: error: {exc}", file=sys.stderr)
         return 2
     from transformers import AutoTokenizer
 
-    repeats = repeat_records(results, settings_, AutoTokenizer.from_pretrained(args.vllm_weights))
-    summary = {"settings": settings_, "workloads": {label: rate for label, (_, rate) in loads[0].items()},
-               "repeats": repeats, "aggregate": serve_aggregates(repeats), "paired": serve_paired(repeats),
-               "requests": args.requests, "new_tokens": args.new_tokens, "strategy": args.strategy,
-               "seeds": [repeat_seed(args, r) for r in range(args.repeats)], "vllm": vllm_version(args),
-               "machine": machine()}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    repeats = repeat_records(results, settings_, AutoTokenizer.from_pretrained(options.vllm_weights))
+    summary = VllmServeSummary(
+        settings=settings_, workloads={label: load.rate for label, load in loads[0].items()}, repeats=repeats,
+        aggregate=serve_aggregates(repeats), paired=serve_paired(repeats), requests=options.requests,
+        new_tokens=options.new_tokens, strategy=options.strategy,
+        seeds=[options.repeat_seed(r) for r in range(options.repeats)], vllm=vllm_version(options), machine=machine())
+    write_record(summary, out / "summary.json")
     print(serve_markdown(summary))
     print(paired_markdown(summary))
     print(f"bench_vllm_serve: {out / 'summary.json'}")

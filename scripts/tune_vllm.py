@@ -32,7 +32,9 @@ import json
 import sys
 from pathlib import Path
 
-from rakv.bench.peers import config, fit, k_of, rate, run_peer_job, schedule, step_s
+from rakv.bench.peer_reports import ConfigsJob, PeerConfigs, PeerSteps, StepsJob, TuneReport
+from rakv.bench.peers import config, fit, k_of, rate, run_peer_job, schedule, step_model, step_s
+from rakv.bench.records import to_json, write_record
 from rakv.runtime.errors import RakvError
 from rakv.runtime.models import smollm2_tokenizer
 from rakv.runtime.proposers import PromptLookupProposer
@@ -42,11 +44,12 @@ from rakv.serving.trace import generate_trace
 HAND = [[1, 4, 4], [5, 8, 2], [9, 1024, 0]]  # a plausible hand-set table: deeper when the batch is small
 
 
-def run_peer(job: dict, args) -> dict:
+def run_peer(job, result_type: type, args):
+    """scripts/vllm_peer.py on `job` (a StepsJob or ConfigsJob): its answer as a `result_type` record."""
     python = Path(args.vllm_venv) / "bin" / "python"
     if not python.exists() or not Path(args.vllm_weights, "config.json").exists():
         raise RakvError("the vLLM peer is not set up: run scripts/setup_vllm_peer.sh")
-    result, stderr = run_peer_job(job, python)
+    result, stderr = run_peer_job(job, result_type, python)
     if result is None:
         lines = stderr.strip().splitlines() or ["no output"]
         reason = next((line for line in reversed(lines) if "Error" in line), lines[-1])
@@ -98,38 +101,37 @@ def acceptance_and_match(args) -> tuple[float, float]:
     return alpha, match
 
 
-def tune(args, hand: list, alpha: float, match: float) -> tuple[dict, object, list, list, dict]:
+def tune(args, hand: list, alpha: float, match: float) -> tuple[PeerSteps, object, list, list, PeerConfigs]:
     """Measure vLLM's steps, fit the step model, choose the schedule and serve every config to check it."""
     tokenizer = smollm2_tokenizer()
     trace = generate_trace(dataset_texts("humaneval"), requests=args.requests, rate=1.0,
                            max_new_tokens=args.new_tokens, prompt_words=args.prompt_words, seed=0)
     prompts = [tokenizer(r.prompt, add_special_tokens=False)["input_ids"] for r in trace]
-    base = {"model": args.vllm_weights, "prompts": prompts, "eager": args.vllm_eager,
-            "max_ngram": PromptLookupProposer.max_ngram}
-    measured = run_peer(base | {"mode": "steps", "ks": args.ks, "batches": args.batches, "short": 8,
-                                "long": 40, "repeats": args.repeats}, args)
-    model = fit(measured["steps"])
+    max_ngram = PromptLookupProposer.max_ngram
+    measured = run_peer(StepsJob(args.vllm_weights, prompts, args.vllm_eager, max_ngram, args.ks, args.batches,
+                                 short=8, long=40, repeats=args.repeats), PeerSteps, args)
+    model = fit(measured.steps)
     tuned = schedule(model, args.ks, alpha, match, max(args.batches))
-    configs = [[f"k={k}", config(k, PromptLookupProposer.max_ngram)] for k in args.ks]
-    configs += [["hand-set", config(hand, PromptLookupProposer.max_ngram)],
-                ["tuned", config(tuned, PromptLookupProposer.max_ngram)]]
-    checked = run_peer(base | {"mode": "configs", "configs": configs, "concurrency": args.check_concurrency,
-                               "max_tokens": args.new_tokens, "repeats": args.repeats}, args)
+    configs = [[f"k={k}", config(k, max_ngram)] for k in args.ks]
+    configs += [["hand-set", config(hand, max_ngram)], ["tuned", config(tuned, max_ngram)]]
+    checked = run_peer(ConfigsJob(args.vllm_weights, prompts, args.vllm_eager, max_ngram, configs,
+                                  args.check_concurrency, args.new_tokens, args.repeats), PeerConfigs, args)
     return measured, model, tuned, configs, checked
 
 
-def print_result(args, measured, model, tuned, configs, checked, hand, alpha, match) -> None:
-    print(f"vLLM {measured['vllm']}: step = {model[0] * 1e3:.2f} ms + {model[1] * 1e3:.2f} ms x requests + "
-          f"{model[2] * 1e3:.2f} ms x rows (NNLS over {len(measured['steps'])} measured (b, k) points)")
+def print_result(args, measured: PeerSteps, model, tuned, configs, checked: PeerConfigs, hand, alpha,
+                 match) -> None:
+    print(f"vLLM {measured.vllm}: step = {model[0] * 1e3:.2f} ms + {model[1] * 1e3:.2f} ms x requests + "
+          f"{model[2] * 1e3:.2f} ms x rows (NNLS over {len(measured.steps)} measured (b, k) points)")
     print(f"{'b':>3} {'k':>2} {'measured ms':>11} {'model ms':>8}")
-    for s in measured["steps"]:
-        rows = s["draft_rows_per_step"] / s["b"] / s["k"] if s["k"] else 0.0
-        print(f"{s['b']:>3} {s['k']:>2} {s['step_s'] * 1e3:11.1f} {step_s(model, s['b'], s['k'], rows) * 1e3:8.1f}")
+    for s in measured.steps:
+        rows = s.draft_rows_per_step / s.b / s.k if s.k else 0.0
+        print(f"{s.b:>3} {s.k:>2} {s.step_s * 1e3:11.1f} {step_s(model, s.b, s.k, rows) * 1e3:8.1f}")
     print(f"acceptance {alpha:.3f}, n-gram match rate {match:.3f}: the schedule (batch_start, batch_end, k): {tuned}")
-    print("speculative_config = " + json.dumps(config(tuned, PromptLookupProposer.max_ngram)))
+    print("speculative_config = " + json.dumps(to_json(config(tuned, PromptLookupProposer.max_ngram))))
     labels = [label for label, _ in configs]
     print(f"{'c':>3} " + " ".join(f"{label:>9}" for label in labels) + "   tok/s measured (predicted)")
-    table = {(r["config"], r["c"]): r["tok_s"] for r in checked["configs"]}
+    table = {(r.config, r.c): r.tok_s for r in checked.configs}
     tables = {f"k={k}": [[1, 1024, k]] for k in args.ks} | {"hand-set": hand, "tuned": tuned}
     for c in args.check_concurrency:
         cells = [f"{table[(label, c)]:5.1f}({rate(model, c, k_of(tables[label], c), alpha, match):.0f})"
@@ -150,10 +152,9 @@ def main() -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = {"vllm": measured["vllm"], "alpha": alpha, "match_rate": match, "steps": measured["steps"],
-              "model": dict(zip(("fixed_s", "per_request_s", "per_row_s"), map(float, model))), "schedule": tuned,
-              "hand": hand, "check": checked["configs"]}
-    (out / "tune.json").write_text(json.dumps(result, indent=1))
+    result = TuneReport(vllm=measured.vllm, alpha=alpha, match_rate=match, steps=measured.steps,
+                        model=step_model(model), schedule=tuned, hand=hand, check=checked.configs)
+    write_record(result, out / "tune.json")
     print_result(args, measured, model, tuned, configs, checked, hand, alpha, match)
     return 0
 

@@ -4,9 +4,12 @@ and meet in JSON files.
 
     .venv-vllm/bin/python scripts/vllm_peer.py JOB.json RESULT.json
 
-JOB: {"model": folder, "prompts": [[token ids], ...], "max_tokens": n, "concurrency": [1, 8], "repeats": 3,
-      "eager": false, "prefix_caching": false, "speculative": null or vLLM's speculative_config (e.g. ngram, k)},
-and "mode": "steps" / "configs" for scripts/tune_vllm.py (the functions of those names say what they measure).
+JOB: rakv.bench.peer_reports' ThroughputJob ({"model": folder, "prompts": [[token ids], ...], "max_tokens": n,
+      "concurrency": [1, 8], "repeats": 3, "eager": false, "speculative": null or vLLM's speculative_config (e.g.
+      ngram, k), "prefix_caching": false, "mode": "throughput"}), or its StepsJob / ConfigsJob (mode "steps" /
+      "configs") for scripts/tune_vllm.py (the functions of those names say what they measure). Read as attributes
+      (every field is written); the answers are read back through rakv.bench.peer_reports' PeerThroughput,
+      PeerSteps and PeerConfigs.
 Every prompt arrives at once (the offline `LLM.generate`), greedy, exactly `max_tokens` new tokens each; for each
 concurrency c one engine with max_num_seqs = c, a warm-up on two prompts, then `repeats` timed runs. RESULT: per c
 the engine's start time, each run's seconds, and the token ids of the last run.
@@ -16,15 +19,16 @@ import json
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 
-def engine(job: dict, max_num_seqs: int, speculative: dict | None, stats: bool = False):
+def engine(job: SimpleNamespace, max_num_seqs: int, speculative: dict | None, stats: bool = False):
     """One vLLM engine; `stats`: keep its metrics (LLM.get_metrics), which the offline API turns off by default."""
     from vllm import LLM
 
-    return LLM(model=job["model"], dtype="float32", max_model_len=2048, max_num_seqs=max_num_seqs, seed=0,
-               max_num_batched_tokens=2048, enable_prefix_caching=job.get("prefix_caching", False),
-               enforce_eager=job.get("eager", False), speculative_config=speculative, disable_log_stats=not stats)
+    return LLM(model=job.model, dtype="float32", max_model_len=2048, max_num_seqs=max_num_seqs, seed=0,
+               max_num_batched_tokens=2048, enable_prefix_caching=job.prefix_caching,
+               enforce_eager=job.eager, speculative_config=speculative, disable_log_stats=not stats)
 
 
 def counters(llm) -> dict[str, float]:
@@ -36,7 +40,7 @@ def counters(llm) -> dict[str, float]:
     return out
 
 
-def steps(job: dict) -> dict:
+def steps(job: SimpleNamespace) -> dict:
     """Step cost per (batch b, k), apart from acceptance: b requests at once, n-gram drafts of k tokens, a short and
     a long run; the engine's steps are counted from its own counters (each step confirms the accepted drafts + 1
     per request, so steps = (new tokens - accepted) / b), and the step time is the difference of the two runs' times
@@ -45,20 +49,20 @@ def steps(job: dict) -> dict:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
-    short, long = job["short"], job["long"]
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job.prompts]
+    short, long = job.short, job.long
     rows = []
-    for k in job["ks"]:
+    for k in job.ks:
         speculative = None if k == 0 else {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1,
-                                           "prompt_lookup_max": job["max_ngram"]}
-        llm = engine(job, max(job["batches"]), speculative, stats=True)
+                                           "prompt_lookup_max": job.max_ngram}
+        llm = engine(job, max(job.batches), speculative, stats=True)
         llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=short, ignore_eos=True), use_tqdm=False)
-        for b in job["batches"]:
+        for b in job.batches:
             timed = {}
             for length in (short, long):
                 params = SamplingParams(temperature=0.0, max_tokens=length, ignore_eos=True)
                 runs = []
-                for _ in range(job["repeats"]):
+                for _ in range(job.repeats):
                     before = counters(llm)
                     t0 = time.perf_counter()
                     llm.generate(prompts[:b], params, use_tqdm=False)
@@ -79,32 +83,32 @@ def steps(job: dict) -> dict:
     return {"steps": rows}
 
 
-def serve_configs(job: dict) -> dict:
+def serve_configs(job: SimpleNamespace) -> dict:
     """Each speculation config (None, or a speculative_config with real acceptance) on one engine with
     max_num_seqs = the largest concurrency: for each concurrency c the prompts in groups of c, each group all at
     once (a batch of c throughout); tokens/s and mean TPOT over the groups, the best of `repeats`."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
-    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True)
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job.prompts]
+    params = SamplingParams(temperature=0.0, max_tokens=job.max_tokens, ignore_eos=True)
     out = []
-    for label, speculative in job["configs"]:
-        llm = engine(job, max(job["concurrency"]), speculative)
+    for label, speculative in job.configs:
+        llm = engine(job, max(job.concurrency), speculative)
         llm.generate(prompts[:2], params, use_tqdm=False)
-        for c in job["concurrency"]:
+        for c in job.concurrency:
             best = None
-            for _ in range(job["repeats"]):
+            for _ in range(job.repeats):
                 t0, tpots = time.perf_counter(), []
                 for i in range(0, len(prompts), c):
                     for o in llm.generate(prompts[i:i + c], params, use_tqdm=False):
                         m = o.metrics
                         if m is not None and getattr(m, "first_token_latency", None) is not None \
                                 and getattr(m, "last_token_ts", None) and getattr(m, "first_token_ts", None):
-                            tpots.append((m.last_token_ts - m.first_token_ts) / max(1, job["max_tokens"] - 1))
+                            tpots.append((m.last_token_ts - m.first_token_ts) / max(1, job.max_tokens - 1))
                 seconds = time.perf_counter() - t0
                 best = seconds if best is None else min(best, seconds)
-            tokens = len(prompts) * job["max_tokens"]
+            tokens = len(prompts) * job.max_tokens
             out.append({"config": label, "c": c, "tok_s": tokens / best,
                         "tpot_s": sum(tpots) / len(tpots) if tpots else None})
             print(f"vllm_peer: {label} c={c} {tokens / best:.1f} tok/s", flush=True)
@@ -113,26 +117,25 @@ def serve_configs(job: dict) -> dict:
 
 
 def main(job_path: str, result_path: str) -> None:
-    job = json.load(open(job_path))
+    job = SimpleNamespace(**json.load(open(job_path)))  # its fields as attributes (vLLM's configs stay dicts)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of K/V: SmolLM2 at 2,048 positions x 16 fits
-    mode = job.get("mode", "throughput")
-    if mode != "throughput":
-        result = steps(job) if mode == "steps" else serve_configs(job)
+    if job.mode != "throughput":
+        result = steps(job) if job.mode == "steps" else serve_configs(job)
         json.dump({"vllm": __import__("vllm").__version__, **result}, open(result_path, "w"))
         return
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
-    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True)
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job.prompts]
+    params = SamplingParams(temperature=0.0, max_tokens=job.max_tokens, ignore_eos=True)
     results = []
-    for c in job["concurrency"]:
+    for c in job.concurrency:
         began = time.perf_counter()
-        llm = engine(job, c, job.get("speculative"))
+        llm = engine(job, c, job.speculative)
         llm.generate(prompts[:2], params, use_tqdm=False)
         started = time.perf_counter() - began
         seconds, outputs = [], None
-        for _ in range(job.get("repeats", 3)):
+        for _ in range(job.repeats):
             t0 = time.perf_counter()
             outputs = llm.generate(prompts, params, use_tqdm=False)
             seconds.append(time.perf_counter() - t0)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from rakv.bench.load_client import ClientLog, Mix, read_logs
+from rakv.bench.load_client import ClientLog, Mix, Outcome, read_logs
 from rakv.bench.load_http import account, drawn_until, load_prompts, run_users, wait_idle
 from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.engine import Engine
@@ -49,7 +49,7 @@ def test_under_load_with_cut_streams_every_admitted_request_is_recorded_once_and
     outcomes, records = read_logs([tmp_path / "clients.jsonl"]), read_records(tmp_path / "requests.jsonl")
     accounting = account(outcomes, records)
     assert accounting.holds, accounting.problems[:5]
-    assert idle["rakv:kv_bytes"] == 0 and idle["vllm:num_requests_running"] == 0
+    assert idle.kv_bytes == 0 and idle.running == 0
     assert accounting.admitted == len(outcomes) == len(records) > USERS
     assert accounting.outcomes["finished"] > 0 and accounting.outcomes["cut"] > 0
     assert 0 < accounting.statuses["aborted"] <= accounting.outcomes["cut"]
@@ -60,8 +60,8 @@ def record(request_id: str, status: str, tokens: int = 4) -> RequestRecord:
     return RequestRecord(**{**fields, "id": request_id, "status": status, "new_tokens": tokens})
 
 
-def seen(request_id: str | None, outcome: str, tokens: int | None = 4) -> dict:
-    return {"id": request_id, "outcome": outcome, "completion_tokens": tokens, "error": None}
+def seen(request_id: str | None, outcome: str, tokens: int | None = 4) -> Outcome:
+    return Outcome("/v1/completions", None, id=request_id, outcome=outcome, completion_tokens=tokens)
 
 
 def test_the_accounting_catches_lost_duplicated_and_misrecorded_requests():

@@ -49,7 +49,7 @@ def test_compare_times_each_build_and_says_whether_their_outputs_are_the_same_bi
     with torch.inference_mode():
         same = compare({"base": native(), "new": native()}, cases, repeats=2)
         different = compare({"base": native(), "new": _Perturbed()}, {case.label(): attend}, repeats=2)
-    assert [row["case"] for row in same] == ["gemm", case.label()]
-    assert all(row["bitwise_equal"] for row in same)
-    assert all(row["over_first"]["base"] == 1.0 and row["ms"]["new"] > 0 for row in same)
-    assert not different[0]["bitwise_equal"]
+    assert [row.case for row in same] == ["gemm", case.label()]
+    assert all(row.bitwise_equal for row in same)
+    assert all(row.over_first["base"] == 1.0 and row.ms["new"] > 0 for row in same)  # keyed by the builds' names
+    assert not different[0].bitwise_equal

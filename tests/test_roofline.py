@@ -30,14 +30,14 @@ def test_a_prefill_computes_every_row_and_one_row_of_logits():
 def test_the_trace_bound_reads_the_weights_once_per_step_for_every_running_request():
     prompts = [50, 60, 70, 80]
     alone, together = (trace_bound(GEOMETRY, LIMITS, prompts, 9, c) for c in (1, 4))
-    assert alone["prefill_s"] == together["prefill_s"]
+    assert alone.prefill_s == together.prefill_s
     # one request at a time: 4 x 8 steps, each the weights and its K/V; four together: 8 steps
-    assert alone["decode_s"] == pytest.approx(sum(GEOMETRY.decode_step_s([n + t], LIMITS)
+    assert alone.decode_s == pytest.approx(sum(GEOMETRY.decode_step_s([n + t], LIMITS)
                                                   for n in prompts for t in range(1, 9)))
-    assert together["decode_s"] == pytest.approx(sum(GEOMETRY.decode_step_s([n + t for n in prompts], LIMITS)
+    assert together.decode_s == pytest.approx(sum(GEOMETRY.decode_step_s([n + t for n in prompts], LIMITS)
                                                      for t in range(1, 9)))
-    assert together["decode_s"] < alone["decode_s"] / 3.5  # four requests share each read of the weights
-    assert together["tok_s"] == pytest.approx(4 * 9 / together["seconds"])
+    assert together.decode_s < alone.decode_s / 3.5  # four requests share each read of the weights
+    assert together.tok_s == pytest.approx(4 * 9 / together.seconds)
 
 
 def test_the_per_row_table_splits_a_real_step_into_its_kernels():
@@ -47,10 +47,10 @@ def test_the_per_row_table_splits_a_real_step_into_its_kernels():
     rows = row_costs(model, pair.device, contexts, (1, 2, 4), 2, Limits(100.0, 10.0))
     assert list(rows) == [1, 2, 4]
     for b, row in rows.items():
-        assert row["step_ms"] > 0 and row["gemm_ms"] > 0 and row["attention_ms"] > 0
-        assert row["other_ms"] == pytest.approx(row["step_ms"] - row["gemm_ms"] - row["attention_ms"])
-        assert row["kv_mb"] == pytest.approx(b * 34 * Geometry.of(model).kv_bytes_per_position / 1e6)
-    assert rows[1]["over_one"] == 1.0
+        assert row.step_ms > 0 and row.gemm_ms > 0 and row.attention_ms > 0
+        assert row.other_ms == pytest.approx(row.step_ms - row.gemm_ms - row.attention_ms)
+        assert row.kv_mb == pytest.approx(b * 34 * Geometry.of(model).kv_bytes_per_position / 1e6)
+    assert rows[1].over_one == 1.0
     assert len(format_row_costs(rows)) == 4
 
 

@@ -124,7 +124,27 @@ def attention_case(case: AttentionCase, layers: int, heads: int, kv_heads: int, 
     return run
 
 
-def compare(builds: dict, cases: dict, repeats: int) -> list[dict]:
+@dataclass(frozen=True)
+class CaseTiming:
+    """One case on every build: each build's median ms, its ratio to the first build's, and whether every output
+    of every build is bitwise equal to the first's."""
+
+    case: str
+    ms: dict[str, float]
+    over_first: dict[str, float]
+    bitwise_equal: bool
+
+
+@dataclass(frozen=True)
+class KernelAbReport:
+    """scripts/ab_kernels.py --json: the base revision, the new source's label, a row per case."""
+
+    base: str
+    new: str
+    rows: list[CaseTiming]
+
+
+def compare(builds: dict, cases: dict, repeats: int) -> list[CaseTiming]:
     """Each case timed on each build in turn, `repeats` rounds (after one untimed round whose outputs are compared
     bit for bit); medians, and each build's ratio to the first."""
     rows = []
@@ -141,8 +161,7 @@ def compare(builds: dict, cases: dict, repeats: int) -> list[dict]:
                 times[name].append(time.perf_counter() - start)
         medians = {name: statistics.median(t) * 1e3 for name, t in times.items()}
         base = next(iter(medians.values()))
-        rows.append({"case": label, "ms": medians, "over_first": {n: m / base for n, m in medians.items()},
-                     "bitwise_equal": equal})
+        rows.append(CaseTiming(label, medians, {n: m / base for n, m in medians.items()}, equal))
     return rows
 
 

@@ -51,6 +51,11 @@ class Outcome:
     error: str | None = None
     ended_s: float | None = None
 
+    @classmethod
+    def from_json(cls, line: dict) -> Outcome:
+        """A line of a user's log (as `ClientLog.write` wrote it)."""
+        return cls(**line)
+
     def end(self, outcome: str, error: str | None = None) -> Outcome:
         self.outcome, self.ended_s = outcome, time.time()
         if error is not None:
@@ -142,6 +147,15 @@ class ClientLog:
         os.close(self.fd)
 
 
-def read_logs(paths: Iterable[Path]) -> list[dict]:
-    """Every line of the users' logs."""
-    return [json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line.strip()]
+def read_logs(paths: Iterable[Path]) -> list[Outcome]:
+    """Every line of the users' logs; a line of another shape stops with one line naming it."""
+    outcomes = []
+    for path in paths:
+        for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                outcomes.append(Outcome.from_json(json.loads(line)))
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{path}:{number}: not a client log line ({exc})") from None
+    return outcomes

@@ -127,23 +127,41 @@ def look(pid: int, url: str | None, at_s: float) -> ProcessSample:
             links.append(os.readlink(fd))
         except OSError:  # closed between listing and reading
             pass
-    metrics = scrape(url) if url is not None else {}
+    metrics = scrape(url) if url is not None else ServerMetrics()
     return ProcessSample(at_s, rss_kib / 1024, len(list((proc / "task").iterdir())), len(links),
-                         sum(link.startswith("socket:") for link in links), metrics.get("vllm:num_requests_running"),
-                         metrics.get("vllm:num_requests_waiting"), metrics.get("rakv:kv_bytes"))
+                         sum(link.startswith("socket:") for link in links), metrics.running, metrics.waiting,
+                         metrics.kv_bytes)
 
 
-def scrape(url: str) -> dict[str, float]:
-    """/metrics as {sample name: value summed over its labels}; empty if the server does not answer."""
+@dataclass(frozen=True)
+class ServerMetrics:
+    """What the load test reads of the server's /metrics (rakv.serving.prometheus, under vLLM's names): requests
+    running and waiting, K/V bytes held; None where the server did not answer or export it."""
+
+    running: float | None = None
+    waiting: float | None = None
+    kv_bytes: float | None = None
+
+    @property
+    def idle(self) -> bool:
+        return self.running == 0 and self.waiting == 0
+
+
+METRIC_NAMES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
+                "kv_bytes": "rakv:kv_bytes"}  # ServerMetrics' fields by their sample names
+
+
+def scrape(url: str) -> ServerMetrics:
+    """/metrics, each sample summed over its labels; empty if the server does not answer."""
     try:
         text = httpx.get(url + "/metrics", timeout=10).text
     except httpx.HTTPError:
-        return {}
+        return ServerMetrics()
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             values[sample.name] = values.get(sample.name, 0.0) + sample.value
-    return values
+    return ServerMetrics(**{name: values.get(sample) for name, sample in METRIC_NAMES.items()})
 
 
 class Sampler:
@@ -177,12 +195,11 @@ class Sampler:
                 self.stopping.wait(self.every_s)
 
 
-def wait_idle(url: str, timeout_s: float = 300) -> dict[str, float]:
+def wait_idle(url: str, timeout_s: float = 300) -> ServerMetrics:
     """/metrics once nothing runs or waits (K/V bytes read then); raises if that takes longer than `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        metrics = scrape(url)
-        if metrics.get("vllm:num_requests_running") == 0 and metrics.get("vllm:num_requests_waiting") == 0:
+        if scrape(url).idle:
             time.sleep(0.5)  # one more idle iteration of the engine loop: its gauges settled
             return scrape(url)
         time.sleep(1)
@@ -268,41 +285,41 @@ class Accounting:
         return not self.problems
 
 
-def account(seen: list[dict], records: list[RequestRecord]) -> Accounting:
+def account(seen: list[Outcome], records: list[RequestRecord]) -> Accounting:
     """Every request a client saw admitted has exactly one record; one that finished for its client is `ok` with as
     many tokens as its usage said; one its client left is `aborted` (or `ok`: it had finished first). A record no
     client saw admitted is one whose client left before its first event: aborted, and no more of them than such
     clients. Nothing else ends `failed` or `refused` under a load of good requests."""
-    result = Accounting(Counter(s["outcome"] for s in seen), Counter(r.status for r in records))
+    result = Accounting(Counter(s.outcome for s in seen), Counter(r.status for r in records))
     by_id: dict[str, list[RequestRecord]] = {}
     for record in records:
         by_id.setdefault(record.id, []).append(record)
     problems = result.problems
     problems += [f"{i}: {len(rs)} records" for i, rs in by_id.items() if len(rs) > 1]
-    ids = Counter(s["id"] for s in seen if s["id"])
+    ids = Counter(s.id for s in seen if s.id)
     problems += [f"{i}: seen by {n} clients" for i, n in ids.items() if n > 1]
     result.admitted = len(ids)
-    for s in (s for s in seen if s["id"]):
-        mine = by_id.get(s["id"], [])
+    for s in (s for s in seen if s.id):
+        mine = by_id.get(s.id, [])
         if not mine:
-            problems.append(f"{s['id']} ({s['outcome']}): no record (lost)")
+            problems.append(f"{s.id} ({s.outcome}): no record (lost)")
             continue
         status = mine[0].status
-        if s["outcome"] == "finished" and (status != "ok" or mine[0].new_tokens != s["completion_tokens"]):
-            problems.append(f"{s['id']}: finished for its client ({s['completion_tokens']} tokens), record "
+        if s.outcome == "finished" and (status != "ok" or mine[0].new_tokens != s.completion_tokens):
+            problems.append(f"{s.id}: finished for its client ({s.completion_tokens} tokens), record "
                             f"{status} ({mine[0].new_tokens} tokens)")
-        elif s["outcome"] in LEFT_EARLY and status not in ENDED:
-            problems.append(f"{s['id']}: its client left ({s['outcome']}), record {status}: {mine[0].error}")
-        elif s["outcome"] not in ("finished", *LEFT_EARLY):
-            problems.append(f"{s['id']}: the client saw {s['outcome']} ({s['error']}), record {status}")
+        elif s.outcome in LEFT_EARLY and status not in ENDED:
+            problems.append(f"{s.id}: its client left ({s.outcome}), record {status}: {mine[0].error}")
+        elif s.outcome not in ("finished", *LEFT_EARLY):
+            problems.append(f"{s.id}: the client saw {s.outcome} ({s.error}), record {status}")
     unseen = [r for r in records if r.id not in ids]
-    left_before_id = sum(1 for s in seen if not s["id"] and s["outcome"] in LEFT_EARLY)
+    left_before_id = sum(1 for s in seen if not s.id and s.outcome in LEFT_EARLY)
     problems += [f"{r.id}: recorded {r.status} but no client saw it admitted" for r in unseen if r.status != "aborted"]
     if len(unseen) > left_before_id:
         problems.append(f"{len(unseen)} records no client saw admitted, only {left_before_id} clients left before "
                         "their first event")
-    problems += [f"a request without an id: {s['outcome']} ({s['error']})" for s in seen
-                 if not s["id"] and s["outcome"] not in ("refused", *LEFT_EARLY)]
+    problems += [f"a request without an id: {s.outcome} ({s.error})" for s in seen
+                 if not s.id and s.outcome not in ("refused", *LEFT_EARLY)]
     return result
 
 
@@ -315,11 +332,6 @@ class Resources:
     before: ProcessSample
     after: ProcessSample
     peak: ProcessSample  # the most threads and sockets seen under load
-
-    def leaks(self, thread_slack: int, socket_slack: int) -> dict[str, bool]:
-        return {"threads": self.after.threads > self.before.threads + thread_slack,
-                "sockets": self.after.sockets > self.before.sockets + socket_slack,
-                "fds": self.after.fds > self.before.fds + socket_slack}
 
 
 def resources(samples: list[ProcessSample], warmup_s: float, before: ProcessSample,
@@ -396,7 +408,7 @@ class LoadRun:
 
     accounting: Accounting
     resources: Resources
-    idle: dict[str, float]
+    idle: ServerMetrics
     samples: list[ProcessSample]
     load_s: float
     server_rc: int

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import nnls
 
+from rakv.bench.peer_reports import SpeculativeConfig, StepModel, StepPoint
+from rakv.bench.records import load_record, to_json
 from rakv.runtime.costmodel import tokens_per_round
 from rakv.runtime.paths import ROOT
 from rakv.serving.policies import most_goodput
@@ -36,22 +38,29 @@ def agreement(ours: Mapping, theirs: Mapping, tokens: Callable = list) -> tuple[
     return equal, divergences
 
 
-def run_peer_job(job: dict, python: Path, env: dict | None = None) -> tuple[dict | None, str]:
-    """scripts/vllm_peer.py on `job` by the peer venv's `python`: its result, or None and its stderr."""
+def run_peer_job(job, result_type: type, python: Path, env: dict | None = None) -> tuple[object | None, str]:
+    """scripts/vllm_peer.py on `job` (a record of rakv.bench.peer_reports) by the peer venv's `python`: its answer as
+    a `result_type` record, or None; and its stderr."""
     with tempfile.TemporaryDirectory() as folder:
-        Path(folder, "job.json").write_text(json.dumps(job))
+        Path(folder, "job.json").write_text(json.dumps(to_json(job)))
         done = subprocess.run([str(python), str(PEER_SCRIPT), f"{folder}/job.json", f"{folder}/result.json"],
                               capture_output=True, text=True, env=env)
         if done.returncode != 0:
             return None, done.stderr
-        return json.loads(Path(folder, "result.json").read_text()), done.stderr
+        answer = json.loads(Path(folder, "result.json").read_text())
+        return load_record(result_type, answer, "scripts/vllm_peer.py's result"), done.stderr
 
 
-def fit(steps: list[dict]) -> np.ndarray:
+def fit(steps: list[StepPoint]) -> np.ndarray:
     """(fixed, per request, per row) seconds of one vLLM step, NNLS over the measured (b, k) points."""
-    design = np.array([[1.0, s["b"], s["b"] + s["draft_rows_per_step"]] for s in steps])
-    coefficients, _ = nnls(design, np.array([s["step_s"] for s in steps]))
+    design = np.array([[1.0, s.b, s.b + s.draft_rows_per_step] for s in steps])
+    coefficients, _ = nnls(design, np.array([s.step_s for s in steps]))
     return coefficients
+
+
+def step_model(coefficients: np.ndarray) -> StepModel:
+    """The fitted coefficients as tune.json's record."""
+    return StepModel(*map(float, coefficients))
 
 
 
@@ -86,14 +95,13 @@ def k_of(table: list[list[int]], b: int) -> int:
 
 
 
-def config(k_or_table, max_ngram: int) -> dict | None:
+def config(k_or_table, max_ngram: int) -> SpeculativeConfig | None:
+    """vLLM's speculative_config for a fixed k (an int) or a schedule (ranges); None: no speculation."""
     if isinstance(k_or_table, int):
         if k_or_table == 0:
             return None
-        return {"method": "ngram", "num_speculative_tokens": k_or_table, "prompt_lookup_min": 1,
-                "prompt_lookup_max": max_ngram}
+        return SpeculativeConfig("ngram", k_or_table, 1, max_ngram)
     deepest = max(k for _, _, k in k_or_table)
     if deepest == 0:
         return None
-    return {"method": "ngram", "num_speculative_tokens": deepest, "prompt_lookup_min": 1,
-            "prompt_lookup_max": max_ngram, "num_speculative_tokens_per_batch_size": k_or_table}
+    return SpeculativeConfig("ngram", deepest, 1, max_ngram, k_or_table)

@@ -41,6 +41,19 @@ def distinct_bytes(tensors) -> int:
     return sum(seen.values())
 
 
+def model_tensors(module) -> list:
+    """Every tensor a model holds: its state and its compact copy's packed tensors (a compact-only model: those)."""
+    compact = compact_of(module)
+    if compact is not None and compact is module:  # a compact-only model (the int8 draft)
+        return compact.tensors()
+    return list(module.state_dict().values()) + (compact.tensors() if compact is not None else [])
+
+
+def weight_bytes(module) -> int:
+    """Bytes of the distinct parameter storages (a tied embedding counted once): what one token streams."""
+    return distinct_bytes(model_tensors(module))
+
+
 def streaming_bandwidth(device, repeats: int = 7) -> float:
     """Bytes per second of a reduction over 512 MiB (a sum reads each byte once)."""
     x = torch.ones(2**27, device=device)
@@ -94,7 +107,17 @@ class Geometry:
         return max((self.weight_bytes + kv) / (limits.stream_gb_s * 1e9), flops / (limits.fma_peak_gflops * 1e9))
 
 
-def trace_bound(geometry: Geometry, limits: Limits, prompt_tokens: list[int], new_tokens: int, c: int) -> dict:
+@dataclass(frozen=True)
+class TraceBound:
+    """The fastest this machine could serve a trace (`trace_bound`): seconds, its two parts, output tokens/s."""
+
+    seconds: float
+    prefill_s: float
+    decode_s: float
+    tok_s: float
+
+
+def trace_bound(geometry: Geometry, limits: Limits, prompt_tokens: list[int], new_tokens: int, c: int) -> TraceBound:
     """The fastest this machine could serve `prompt_tokens` requests arriving at once, `new_tokens` each, at most
     `c` at a time: every prefill at the FMA peak (its first token included), then the decode steps of waves of `c`
     requests in arrival order, each step at its floor (`Geometry.decode_step_s`). Returns the seconds, its two
@@ -105,11 +128,25 @@ def trace_bound(geometry: Geometry, limits: Limits, prompt_tokens: list[int], ne
         wave = prompt_tokens[first:first + c]
         decode_s += sum(geometry.decode_step_s([n + t for n in wave], limits) for t in range(1, new_tokens))
     seconds = prefill_s + decode_s
-    return {"seconds": seconds, "prefill_s": prefill_s, "decode_s": decode_s,
-            "tok_s": len(prompt_tokens) * new_tokens / seconds if seconds > 0 else math.inf}
+    return TraceBound(seconds, prefill_s, decode_s,
+                      len(prompt_tokens) * new_tokens / seconds if seconds > 0 else math.inf)
 
 
-def row_costs(model, device, contexts: list[list[int]], sizes, repeats: int, limits: Limits) -> dict[int, dict]:
+@dataclass(frozen=True)
+class RowCost:
+    """A batched decode step of b requests and its parts (`row_costs`; ms, K/V in MB), a line of the per-row table
+    (the benchmarks' reports keep it under the key b as written)."""
+
+    step_ms: float
+    over_one: float
+    gemm_ms: float
+    attention_ms: float
+    other_ms: float
+    kv_mb: float
+    floor_ms: float
+
+
+def row_costs(model, device, contexts: list[list[int]], sizes, repeats: int, limits: Limits) -> dict[int, RowCost]:
     """A batched decode step of b requests (each one new token after its own context) for each b in `sizes`, and
     its parts timed alone on the same rows: the projections (GEMM, every layer's and the head's), attention (every
     layer's call over the b requests' K/V) and the rest (norms, activation, embedding, the Python between kernels:
@@ -152,20 +189,20 @@ def row_costs(model, device, contexts: list[list[int]], sizes, repeats: int, lim
         measure_interleaved(points, device, CalibrationPlan(repeats=repeats))
     ms = {key: point.median * 1e3 for key, point in points.items()}
     one = ms["step", sizes[0]]
-    return {b: {"step_ms": ms["step", b], "over_one": ms["step", b] / one, "gemm_ms": ms["gemm", b],
-                "attention_ms": ms["attention", b], "other_ms": ms["step", b] - ms["gemm", b] - ms["attention", b],
-                "kv_mb": sum(lengths[:b]) * geometry.kv_bytes_per_position / 1e6,
-                "floor_ms": geometry.decode_step_s(lengths[:b], limits) * 1e3} for b in sizes}
+    return {b: RowCost(step_ms=ms["step", b], over_one=ms["step", b] / one, gemm_ms=ms["gemm", b],
+                       attention_ms=ms["attention", b],
+                       other_ms=ms["step", b] - ms["gemm", b] - ms["attention", b],
+                       kv_mb=sum(lengths[:b]) * geometry.kv_bytes_per_position / 1e6,
+                       floor_ms=geometry.decode_step_s(lengths[:b], limits) * 1e3) for b in sizes}
 
 
-def format_row_costs(rows: dict[int, dict]) -> list[str]:
+def format_row_costs(rows: dict[int, RowCost]) -> list[str]:
     """The per-row cost table, one line per batch size."""
     lines = [f"{'rows':>4} {'step ms':>8} {'/ one':>6} {'GEMM':>7} {'attention':>9} {'other':>6} {'K/V MB':>7} "
              f"{'floor ms':>8} {'step/floor':>10}"]
     for b, r in rows.items():
-        over_floor = r["step_ms"] / r["floor_ms"]
-        lines.append(f"{b:>4} {r['step_ms']:8.1f} {r['over_one']:6.2f} {r['gemm_ms']:7.1f} {r['attention_ms']:9.1f} "
-                     f"{r['other_ms']:6.1f} {r['kv_mb']:7.1f} {r['floor_ms']:8.1f} {over_floor:10.2f}")
+        lines.append(f"{b:>4} {r.step_ms:8.1f} {r.over_one:6.2f} {r.gemm_ms:7.1f} {r.attention_ms:9.1f} "
+                     f"{r.other_ms:6.1f} {r.kv_mb:7.1f} {r.floor_ms:8.1f} {r.step_ms / r.floor_ms:10.2f}")
     return lines
 
 

@@ -12,13 +12,24 @@ import re
 import subprocess
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
+from rakv.bench.options import VllmServeOptions
+from rakv.bench.peer_reports import ClientOutput, EngineSetting, Machine
 from rakv.runtime.errors import RakvError
 from rakv.runtime.workloads import dataset_texts
 from rakv.serving.trace import generate_trace
 
 NAME = "SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The prompts of one workload and their Poisson rate (requests/s)."""
+
+    prompts: list[str]
+    rate: float
 
 
 def wait_ready(port: int, server: subprocess.Popen, timeout_s: float) -> None:
@@ -35,17 +46,18 @@ def wait_ready(port: int, server: subprocess.Popen, timeout_s: float) -> None:
     raise RakvError(f"the server on port {port} was not ready within {timeout_s:.0f} s")
 
 
-def start(engine: str, port: int, args, out: Path, threads: int = 0, key: str | None = None) -> subprocess.Popen:
+def start(engine: str, port: int, options: VllmServeOptions, out: Path, threads: int = 0,
+          key: str | None = None) -> subprocess.Popen:
     """rakv serve --http or vllm serve on `port`; vLLM with OMP_NUM_THREADS = `threads` (0: its own choice, which
     on 2 cores gives its model one thread)."""
     if engine == "rakv":
         command = [".venv/bin/rakv", "serve", "--pair", "smollm2", "--http", f"127.0.0.1:{port}", "--strategy",
-                   args.strategy, "--max-batch", "16", "--out", str(out / "rakv-server"), "--quiet"]
+                   options.strategy, "--max-batch", "16", "--out", str(out / "rakv-server"), "--quiet"]
     else:
-        command = [f"{args.vllm_venv}/bin/vllm", "serve", args.vllm_weights, "--served-model-name", NAME,
+        command = [f"{options.vllm_venv}/bin/vllm", "serve", options.vllm_weights, "--served-model-name", NAME,
                    "--dtype", "float32", "--port", str(port),
                    "--host", "127.0.0.1", "--max-num-seqs", "16", "--max-model-len", "2048", "--seed", "0",
-                   ] + (["--enforce-eager"] if args.vllm_eager else [])
+                   ] + (["--enforce-eager"] if options.vllm_eager else [])
     log = open(out / f"{key or engine}-server.log", "w")
     env = {"VLLM_CPU_KVCACHE_SPACE": "2", **os.environ}
     if engine == "vllm" and threads:
@@ -55,11 +67,14 @@ def start(engine: str, port: int, args, out: Path, threads: int = 0, key: str | 
     return server
 
 
-def client(port: int, dataset: Path, rate: float, args, out: Path, label: str, seed: int) -> dict:
-    command = [f"{args.vllm_venv}/bin/vllm", "bench", "serve", "--backend", "openai", "--base-url",
+def _client(port: int, dataset: Path, rate: float, options: VllmServeOptions, out: Path, label: str,
+           seed: int) -> dict:
+    """vLLM's benchmark client on one workload: its result file, in vLLM's own format (ClientOutput.of_client reads
+    it)."""
+    command = [f"{options.vllm_venv}/bin/vllm", "bench", "serve", "--backend", "openai", "--base-url",
                f"http://127.0.0.1:{port}", "--endpoint", "/v1/completions", "--model", NAME, "--tokenizer",
-               args.vllm_weights, "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
-               "--custom-output-len", str(args.new_tokens), "--num-prompts", str(args.requests), "--request-rate",
+               options.vllm_weights, "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
+               "--custom-output-len", str(options.new_tokens), "--num-prompts", str(options.requests), "--request-rate",
                str(rate), "--seed", str(seed), "--ignore-eos", "--temperature", "0", "--disable-shuffle",
                "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--save-result",
                "--save-detailed", "--result-dir", str(out), "--result-filename", f"{label}.json"]
@@ -81,68 +96,66 @@ def prefix_cache_counts(port: int) -> tuple[float, float]:
     return counter("prefix_cache_hits"), counter("prefix_cache_queries")
 
 
-def repeat_seed(args, repeat: int) -> int:
-    """Repeat r's seed, for its prompts and its Poisson arrivals: each repeat its own prompts, so that no cache
-    holds an earlier repeat's."""
-    return args.seed + 1000 * repeat
-
-
-def workloads(args, seed: int) -> dict[str, tuple[list[str], float]]:
+def workloads(options: VllmServeOptions, seed: int) -> dict[str, Workload]:
     """Each workload its own prompts: a later workload must not find an earlier one's in the caches."""
     texts = dataset_texts("humaneval")
     out = {}
-    plain = [r.prompt for r in generate_trace(texts, requests=args.requests * len(args.rates), rate=1.0,
-                                             prompt_words=args.prompt_words, seed=seed)]
-    for i, rate in enumerate(args.rates):
-        out[f"plain-{rate:g}"] = (plain[i * args.requests:(i + 1) * args.requests], rate)
-    trace = generate_trace(texts, requests=args.requests, rate=1.0, kind="shared-prefix", groups=args.groups,
-                           prompt_words=args.prompt_words, seed=seed + len(args.rates))
-    out[f"shared-prefix-{args.rates[0]:g}"] = ([r.prompt for r in trace], args.rates[0])
+    n = options.requests
+    plain = [r.prompt for r in generate_trace(texts, requests=n * len(options.rates), rate=1.0,
+                                             prompt_words=options.prompt_words, seed=seed)]
+    for i, rate in enumerate(options.rates):
+        out[f"plain-{rate:g}"] = Workload(plain[i * n:(i + 1) * n], rate)
+    trace = generate_trace(texts, requests=n, rate=1.0, kind="shared-prefix", groups=options.groups,
+                           prompt_words=options.prompt_words, seed=seed + len(options.rates))
+    out[f"shared-prefix-{options.rates[0]:g}"] = Workload([r.prompt for r in trace], options.rates[0])
     return out
 
 
-def settings(args) -> dict[str, dict]:
+def settings(options: VllmServeOptions) -> dict[str, EngineSetting]:
     """The engine settings served, by key: rakv, and vLLM at each --vllm-threads (0: its default, key "vllm"; N:
     OMP_NUM_THREADS = N, key "vllm-Nthreads")."""
-    out = {"rakv": {"engine": "rakv", "threads": None}}
-    for threads in args.vllm_threads:
-        out["vllm" if threads == 0 else f"vllm-{threads}threads"] = {"engine": "vllm", "threads": threads}
+    out = {"rakv": EngineSetting("rakv", None)}
+    for threads in options.vllm_threads:
+        out["vllm" if threads == 0 else f"vllm-{threads}threads"] = EngineSetting("vllm", threads)
     return out
 
 
-def run_engine(key: str, setting: dict, port: int, loads: list[dict], args, out: Path) -> list[dict[str, dict]]:
+def run_engine(key: str, setting: EngineSetting, port: int, loads: list[dict[str, Workload]],
+               options: VllmServeOptions, out: Path) -> list[dict[str, ClientOutput]]:
     """One server started once, then every repeat's workloads (`loads[r]`) in turn, each with repeat r's seed:
-    per repeat, the client's result per workload with the server's prefix hit rate over it."""
-    server = start(setting["engine"], port, args, out, setting["threads"] or 0, key)
-    results: list[dict[str, dict]] = []
+    per repeat, the client's output per workload with the server's prefix hit rate over it."""
+    server = start(setting.engine, port, options, out, setting.threads or 0, key)
+    results: list[dict[str, ClientOutput]] = []
     try:
         for repeat, repeat_loads in enumerate(loads):
             results.append({})
-            for label, (prompts, rate) in repeat_loads.items():
+            for label, load in repeat_loads.items():
                 dataset = out / f"r{repeat}-{label}.jsonl"
-                dataset.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+                dataset.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in load.prompts))
                 before = prefix_cache_counts(port)
-                result = client(port, dataset, rate, args, out, f"{key}-r{repeat}-{label}", repeat_seed(args, repeat))
+                name = f"{key}-r{repeat}-{label}"
+                result = _client(port, dataset, load.rate, options, out, name, options.repeat_seed(repeat))
                 after = prefix_cache_counts(port)
                 queried = after[1] - before[1]
-                result["prefix_hit_rate"] = (after[0] - before[0]) / queried if queried else None
-                results[-1][label] = result
-                print(f"bench_vllm_serve: {key} repeat {repeat} {label}: {result['output_throughput']:.1f} tok/s, "
-                      f"p99 TTFT {result['p99_ttft_ms']:.0f} ms", flush=True)
+                output = ClientOutput.of_client(result, (after[0] - before[0]) / queried if queried else None,
+                                                str(out / f"{name}.json"))
+                results[-1][label] = output
+                print(f"bench_vllm_serve: {key} repeat {repeat} {label}: {output.run.output_throughput:.1f} tok/s, "
+                      f"p99 TTFT {output.run.p99_ttft_ms:.0f} ms", flush=True)
     finally:
         server.terminate()
         server.wait(timeout=120)
     return results
 
 
-def vllm_version(args) -> str:
-    return subprocess.run([f"{args.vllm_venv}/bin/python", "-c", "import importlib.metadata as m; "
+def vllm_version(options: VllmServeOptions) -> str:
+    return subprocess.run([f"{options.vllm_venv}/bin/python", "-c", "import importlib.metadata as m; "
                            "print(m.version('vllm-cpu'))"], capture_output=True, text=True).stdout.strip()
 
 
-def machine() -> dict:
+def machine() -> Machine:
     """Where this was measured: the CPU's model name and core count (Linux), and the date."""
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else \
         platform.processor()
-    return {"cpu": cpu, "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d")}
+    return Machine(cpu, os.cpu_count(), time.strftime("%Y-%m-%d"))
