@@ -39,7 +39,7 @@ from rakv.experiments.serving_power import (
     power_needed,
 )
 from rakv.experiments.summary import AcceptanceErrors, Goal, GoalPair, GoalPower, LatencyMape
-from rakv.experiments.verdicts import DECIDED, Verdict, all_of, any_of, below, higher, non_inferior
+from rakv.experiments.verdicts import DECIDED, Side, Verdict, all_of, any_of, below, higher, non_inferior
 
 
 @dataclass(frozen=True)
@@ -336,7 +336,7 @@ def chunking_goals(data: dict, table: pd.DataFrame, design: dict, margins: dict,
         f"chunking: {ours} median TTFT no worse than {baseline} (margin {margin:.0%}) at {rate:g} req/s, the highest "
         f"load {baseline} meets the SLO", relative_interval(both),
         f"met if the CI of the relative difference lies below +{margin:.0%}, missed if above it (Holm within the "
-        "family)", over_loads([both] if both is not None else [], lambda ci: non_inferior(ci, margin, worse="above"),
+        "family)", over_loads([both] if both is not None else [], lambda ci: non_inferior(ci, margin, worse=Side.ABOVE),
                               True),
         None if both is not None else f"no interval at {rate:g} req/s", rival=baseline, rate=rate, unit="relative"))
     return goals

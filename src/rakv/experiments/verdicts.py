@@ -105,10 +105,10 @@ def below(ci, threshold: float) -> Verdict:
     return _read(ci_side(ci, threshold, point_if_no_interval=False), Side.BELOW)
 
 
-def non_inferior(ci, margin: float, worse: str = "below") -> Verdict:
+def non_inferior(ci, margin: float, worse: Side = Side.BELOW) -> Verdict:
     """"No worse than the baseline" with an equivalence margin, on a difference (ours - baseline, relative): met
     when the CI excludes a loss as large as the margin, missed when it lies wholly beyond it, else inconclusive.
-    `worse`: the direction of a loss ("below" for goodput, "above" for a latency)."""
+    `worse`: the direction of a loss (below for goodput, above for a latency)."""
     bound = -margin if worse == Side.BELOW else margin
     better = Side.ABOVE if worse == Side.BELOW else Side.BELOW
     return _read(ci_side(ci, bound, point_if_no_interval=False), better)
