@@ -13,30 +13,31 @@ Our engine runs the pair with `--kernels` (rakv.runtime.kernels; default compact
 assisted generation run a second copy of the pair loaded with stock kernels, i.e. transformers as shipped. With
 `llama-cpp-python` installed, llama.cpp decodes the same prompt greedily on the shipped Q4_1 GGUF and on that file
 converted to F32 (the same dequantised fp32 weights as our target), and prefills the same ~512-token prompt.
-Printed, each a median of interleaved repeats, with the goal beside it:
+Printed, each a median of interleaved repeats, with its goal and verdict beside it (the goals are listed below,
+from rakv.bench.goals, which judges them):
 - AR and spec-k4 ms/token (prefill included), ours / transformers (identical outputs required); ours / llama.cpp F32:
-  decode ms/token after the first token (goal <= 1.0) and prefill tokens/s of the same ~512 tokens (goal >= 1.5);
+  decode ms/token after the first token and prefill tokens/s of the same ~512 tokens;
 - the GEMM by row count (1-512 rows through the pair's own packed projections, fp32 target and int8 draft): ms,
   / one row, GFLOPS against the machine's FMA peak measured by the kernels themselves, GB/s of weights;
 - the floor (target weight bytes / streaming bandwidth); the int8 draft's step against its floor and against the
-  target step (goal <= 0.30), beside the ratio of their weight bytes;
-- verify(k + 1) / one step for k in 1, 2, 4, 6, 8 (goal <= 1.10 for k <= 4);
-- a batched step of 1, 2, 4, 8, 16, 32 requests (each its own 256-token context) / one request (goals: 8 <= 1.3,
-  16 <= 1.6), and the same steps by kernel (GEMM, attention, the rest) beside their floor (weights and the rows'
+  target step, beside the ratio of their weight bytes;
+- verify(k + 1) / one step for k in 1, 2, 4, 6, 8;
+- a batched step of 1, 2, 4, 8, 16, 32 requests (each its own 256-token context) / one request, and the same steps
+  by kernel (GEMM, attention, the rest) beside their floor (weights and the rows'
   K/V at the streaming bandwidth, or FLOPs at the FMA peak); each of these ratio goals and the draft's judged met,
   missed, or out of reach at this baseline where even the step's floor over the measured baseline step (one
   request; the target) misses it (rakv.bench.roofline.goal_verdict), the floors' own ratio beside as context; a
-  32-token prefill chunk beside 4 decoding requests / the 4 decodes alone (goal <= 2);
+  32-token prefill chunk beside 4 decoding requests / the 4 decodes alone;
 - prefill of 64, 128, 256 and 512 tokens, target and draft, against the previous engine's calibration
-  (data/reference/offline-fast-kernels: goal faster at every point; measured on the reference machine);
-- TTFT with the prefix store (exact repeat / cold <= 0.05, 50 % partial hit / cold <= 0.6, ~512 tokens);
+  (data/reference/offline-fast-kernels, measured on the reference machine);
+- TTFT with the prefix store (an exact repeat / cold, a 50 % partial hit / cold, ~512 tokens);
 - the draft's prefill before a joint-k4 request's first round, with the draft's state in the store and without
-  (exact repeat: goal <= 0.05 of it without; 50 % partial hit);
+  (an exact repeat, a 50 % partial hit);
 - memory: the peak increase while each generation runs (fresh processes), and a fresh process's whole peak
-  resident set against the bytes of the weights it holds plus its K/V (goal <= 1.3, met or missed), the same peak
-  less an interpreter with torch imported beside it (information, not judged);
-- start-up: a fresh `rakv generate` to its first token with the packed weights' cache cold and warm (goal warm
-  <= 10 s; rakv.runtime.gguf_weights).
+  resident set against the bytes of the weights it holds plus its K/V (met or missed), the same peak less an
+  interpreter with torch imported beside it (information, not judged);
+- start-up: a fresh `rakv generate` and a fresh `rakv serve --http` to their first token, the packed weights' cache
+  cold and warm (rakv.runtime.gguf_weights).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from rakv.bench.goals import (
     DRAFT_OVER_FLOOR,
     DRAFT_OVER_TARGET,
     DRAFT_REUSE_EXACT,
+    ENGINE_GOALS,
     GENERATION_GOALS,
     LLAMA_CPP_DECODE,
     LLAMA_CPP_PREFILL,
@@ -67,6 +69,7 @@ from rakv.bench.goals import (
     VERIFY_JUDGED_UP_TO_K,
     VERIFY_OVER_STEP,
     Goal,
+    goals_text,
     judge,
 )
 from rakv.bench.options import EngineBenchOptions, add_flags, options_from
@@ -105,7 +108,8 @@ def print_gemm_table(table: GemmTable) -> None:
 
 def parse_args(argv=None) -> tuple[EngineBenchOptions, argparse.Namespace]:
     """The measurement's options, and the script's own flags (what to run and print)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, epilog=goals_text(ENGINE_GOALS),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(parser, EngineBenchOptions)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--gemm", action="store_true", help="only the GEMM table by row count (kernels.cpp)")

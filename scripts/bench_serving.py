@@ -9,21 +9,21 @@ finished request's place at once). Printed per c, each a median of `--repeats` r
 - sequential: the same requests one after another through the batch-one engine (`Engine.run`), same strategy;
 - transformers: `generate` on batches of c left-padded prompts (greedy, exactly --new-tokens each), on a second
   copy of the pair loaded with stock kernels (transformers as shipped);
-- the ratios ours / sequential (goals: >= 5 at 8, >= 8 at 16) beside Amdahl's estimate (decode rows free beside
-  the first, prefill unbatched, from the sequential run's share of time before first tokens), ours / transformers
-  (goal at 8: >= 1.5), and whether every served output equals the request's output alone;
+- the ratios ours / sequential beside Amdahl's estimate (decode rows free beside the first, prefill unbatched, from
+  the sequential run's share of time before first tokens), ours / transformers, and whether every served output
+  equals the request's output alone;
 - the machine's bound for the trace at each c (rakv.bench.roofline.trace_bound: prefill FLOPs at the FMA peak
   measured here, then each decode step's weights and K/V at the measured streaming bandwidth) and ours as a
-  fraction of it (goal >= 60 % at 8 and 16); c = 16 / c = 8 (goal >= 1.2) judged met, missed, or out of reach at
-  this baseline (the bound at c = 16 over ours at c = 8 itself below the goal: rakv.bench.roofline.goal_verdict),
-  the bound's own ratio beside as context;
+  fraction of it; c = 16 / c = 8 judged met, missed, or out of reach at this baseline (the bound at c = 16 over
+  ours at c = 8 itself below the goal: rakv.bench.roofline.goal_verdict), the bound's own ratio beside as context;
   a decode step of 1-32 requests by kernel beside its floor (CPU).
 `--peer vllm`: the same requests (their token ids) through vLLM's CPU build on the same fp32 weights, offline
 `LLM.generate` with max_num_seqs = c (scripts/vllm_peer.py in the peer's venv; scripts/setup_vllm_peer.sh builds it):
-its tok/s (median of --repeats after a warm-up), ours / vLLM (goals: >= 2 at c = 1, >= 1.5 at 8 and 16), and how
-many of its greedy outputs equal ours token for token, with the first divergence of any that do not.
+its tok/s (median of --repeats after a warm-up), ours / vLLM, and how many of its greedy outputs equal ours token for
+token, with the first divergence of any that do not.
 `--overload N`: N requests arriving faster than the engine serves them (Poisson at --overload-rate) under a
 small K/V budget: all complete, the peak K/V held stays under the budget, preemptions and peak RSS printed.
+Each goal (listed below, from rakv.bench.goals) is printed with its verdict beside the value it judges.
 """
 
 from __future__ import annotations
@@ -33,7 +33,17 @@ import json
 import sys
 from dataclasses import replace
 
-from rakv.bench.goals import OF_BOUND, OVER_SEQUENTIAL, OVER_TRANSFORMERS, OVER_VLLM, SCALING, SCHEDULER_SHARE, judge
+from rakv.bench.goals import (
+    OF_BOUND,
+    OVER_SEQUENTIAL,
+    OVER_TRANSFORMERS,
+    OVER_VLLM,
+    SCALING,
+    SCHEDULER_SHARE,
+    SERVING_GOALS,
+    goals_text,
+    judge,
+)
 from rakv.bench.options import ServingBenchOptions, add_flags, options_from
 from rakv.bench.peer_reports import ServingBenchArgs, ServingBenchReport
 from rakv.bench.records import to_json, write_record
@@ -44,7 +54,8 @@ from rakv.runtime.errors import RakvError
 
 def parse_args(argv=None) -> tuple[ServingBenchOptions, argparse.Namespace]:
     """The measurement's options, and the script's own flags (--json, --out)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, epilog=goals_text(SERVING_GOALS),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(parser, ServingBenchOptions)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out", default=None, metavar="FILE.json",

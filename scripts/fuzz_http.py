@@ -12,7 +12,8 @@ Starts `rakv serve --pair tiny --strategy joint-k2 --http 127.0.0.1:0 --out DIR/
    Content-Length, 10^6-token prompts) raw: a 4xx (malformed framing: or closed), then a good request served;
 3. /health 200, a greedy request served, SIGTERM: the server exits 0 after draining, requests.jsonl has one line
    per request that reached the engine (as /metrics counted them), none twice, summary.json written.
-Prints the figures; exits 1 if a goal is missed (>= 1,000 requests, 0 engine deaths, 0 hung, 0 5xx other than 503).
+Prints the figures and each goal's verdict (rakv.bench.goals.fuzz_goals: the generated requests, engine deaths, hung
+requests, 5xx other than 503, and what this script checks besides); exits 1 if a goal is missed.
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ from rakv.bench.fuzz_http import (
     health,
     load_schema,
 )
-from rakv.bench.goals import fuzz_goals, judge
+from rakv.bench.goals import fuzz_goals, goals_text, judge
 from rakv.runtime.errors import RakvError
 
+EXAMPLES = 1000  # --examples' default: the generated requests the goal asks for
 READY = re.compile(r"on http://([^/\s]+):(\d+)/v1")
 
 
@@ -67,8 +69,9 @@ class Ending:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--examples", type=int, default=1000, help="generated requests at least")
+    parser = argparse.ArgumentParser(description=__doc__, epilog=goals_text(list(fuzz_goals(EXAMPLES).values())),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--examples", type=int, default=EXAMPLES, help="generated requests at least")
     parser.add_argument("--concurrency", type=int, default=4, help="clients sending the generated requests")
     parser.add_argument("--seed", type=int, default=0, help="hypothesis's seed")
     parser.add_argument("--pair", default="tiny")

@@ -5,6 +5,7 @@ the engine report a typed record that reads back what it writes."""
 
 import ast
 import json
+import re
 from dataclasses import fields, is_dataclass
 
 import pytest
@@ -112,12 +113,12 @@ def test_every_goal_is_declared_once():
 
 
 def test_no_script_spells_a_goal_s_threshold_in_its_printed_text():
-    """The scripts print each goal through its record (Goal.text, Goal.line): the old spellings are gone."""
+    """The scripts print each goal through its record (Goal.text, Goal.line), and their --help lists them from the
+    records (goals_text): no threshold is spelled again, in the code or in the docstring."""
+    spellings = re.compile(r"goals?:? *[<>]=?|[<>]= *\d|within \d+ %|< 1 ?ms|< 1e-3")
     for name in ("bench_engine", "bench_serving", "load_http", "fuzz_http", "bench_controller"):
-        text = (ROOT / "scripts" / f"{name}.py").read_text()
-        code = text[text.index('"""', 3) + 3:]  # the docstring documents the goals; the code prints them
-        for spelled in ("goal <=", "goal >=", "(goal <", "(goal >", ">= 0.95", "<= 0.10", "< 1e-3"):
-            assert spelled not in code, f"scripts/{name}.py prints '{spelled}' itself"
+        found = spellings.findall((ROOT / "scripts" / f"{name}.py").read_text())
+        assert not found, f"scripts/{name}.py spells a goal's threshold itself: {found}"
 
 
 def test_docs_state_the_batched_step_goals_the_code_judges():

@@ -69,6 +69,11 @@ def met(goal: Goal, value: float | None) -> bool:
     return judge(goal, value) == "met"
 
 
+def goals_text(goals: list[Goal]) -> str:
+    """The goals in words with their thresholds, one line each: a script's --help lists its goals from here."""
+    return "goals (rakv.bench.goals):\n" + "\n".join(f"- {goal.line()}" for goal in goals)
+
+
 # ---------------------------------------------------------------------------------------------
 # the engine benchmark (scripts/bench_engine.py; docs/engine.md)
 
@@ -78,7 +83,7 @@ SPEC_VS_TRANSFORMERS = Goal("our spec-k4 / transformers' assisted generation, ms
 GENERATION_GOALS = {"ar": AR_VS_TRANSFORMERS, "spec_k4": SPEC_VS_TRANSFORMERS}  # by the report's field
 AR_OVER_FLOOR = Goal("our AR / the floor (target weights at the streaming bandwidth)", "floor.ar_over_floor", 1.6,
                      AT_MOST)
-VERIFY_OVER_STEP = Goal("verify(k + 1) / one step, for k <= 4", "verify.verify_over_step", 1.10, AT_MOST)
+VERIFY_OVER_STEP = Goal("verify(k + 1) / one step (each k up to 4)", "verify.verify_over_step", 1.10, AT_MOST)
 VERIFY_JUDGED_UP_TO_K = 4
 DRAFT_OVER_TARGET = Goal("the draft's step / the target's", "draft.draft_over_target", 0.30, AT_MOST)
 DRAFT_OVER_FLOOR = Goal("the draft's step / its floor", "draft.over_floor", 1.5, AT_MOST)
@@ -102,6 +107,11 @@ LLAMA_CPP_DECODE = Goal("our AR decode after the first token / llama.cpp F32's",
                         AT_MOST)
 LLAMA_CPP_PREFILL = Goal("our prefill tokens/s / llama.cpp F32's", "llama_cpp.prefill_over_f32", 1.5, AT_LEAST)
 
+ENGINE_GOALS = [AR_VS_TRANSFORMERS, SPEC_VS_TRANSFORMERS, LLAMA_CPP_DECODE, LLAMA_CPP_PREFILL, AR_OVER_FLOOR,
+                DRAFT_OVER_TARGET, DRAFT_OVER_FLOOR, VERIFY_OVER_STEP, *BATCH_GOALS.values(), CHUNK_BESIDE_DECODES,
+                PREFILL_FASTER, TTFT_EXACT, TTFT_PARTIAL, DRAFT_REUSE_EXACT, MEMORY, STARTUP_WARM,
+                SERVE_STARTUP_WARM]
+
 # ---------------------------------------------------------------------------------------------
 # the serving benchmark (scripts/bench_serving.py; docs/engine.md)
 
@@ -115,6 +125,9 @@ SCALING = Goal("tok/s at c = 16 / at c = 8", "rows[c=16].ours_tok_s / rows[c=8].
 OVER_VLLM = {1: Goal("ours / vLLM at c = 1", "rows[c=1].ours_over_vllm", 2.0, AT_LEAST),
              8: Goal("ours / vLLM at c = 8", "rows[c=8].ours_over_vllm", 1.5, AT_LEAST),
              16: Goal("ours / vLLM at c = 16", "rows[c=16].ours_over_vllm", 1.5, AT_LEAST)}
+
+SERVING_GOALS = [*OVER_SEQUENTIAL.values(), *OVER_TRANSFORMERS.values(), SCHEDULER_SHARE, *OF_BOUND.values(),
+                 SCALING, *OVER_VLLM.values()]
 
 # ---------------------------------------------------------------------------------------------
 # rakv serve --http under load and fuzzed (scripts/load_http.py, scripts/fuzz_http.py; docs/serving.md)
@@ -130,6 +143,7 @@ SOCKET_GROWTH = Goal("sockets and fds at rest after the load over before it (the
 UNCLEAN_EXIT = Goal("servers not drained to exit status 0 on SIGTERM", "server_rc", 0, AT_MOST)
 HTTP_OVER_REPLAY = Goal("output tokens/s over HTTP / by trace replay (median of the repeats)", "throughput.median",
                         0.95, AT_LEAST)
+LOAD_GOALS = [LOAD_PROBLEMS, IDLE_KV_BYTES, RSS_SPREAD, THREAD_GROWTH, SOCKET_GROWTH, UNCLEAN_EXIT, HTTP_OVER_REPLAY]
 
 
 def fuzz_goals(examples: int) -> dict[str, Goal]:
