@@ -30,8 +30,8 @@ from rakv.bench.kernel_ab import (
     read_new_source,
     source_at,
 )
-from rakv.bench.records import to_json
 from rakv.runtime.errors import RakvError
+from rakv.runtime.json_records import to_json
 from rakv.runtime.kernels import compact_of
 from rakv.runtime.models import load_pair
 

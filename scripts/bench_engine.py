@@ -73,12 +73,12 @@ from rakv.bench.goals import (
     judge,
 )
 from rakv.bench.options import EngineBenchOptions, add_flags, options_from
-from rakv.bench.records import to_json
 from rakv.bench.roofline import format_row_costs
-from rakv.runtime.actions import SPEC_K, Action
+from rakv.runtime.actions import AR, JOINT_K4, SPEC_K, SPEC_K4, Action
 from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
+from rakv.runtime.json_records import to_json
 from rakv.runtime.models import load_pair
 from rakv.runtime.workloads import load_humaneval
 
@@ -140,7 +140,7 @@ def draft_reuse_only(options: EngineBenchOptions, args) -> int:
     engine = Engine(load_pair(options.pair, device=options.device, threads=options.threads, kernels=options.kernels),
                     PrefixKVStore(budget_bytes=1 << 30))
     long_ids, other = reuse_prompts(engine, load_humaneval(), options.long_prompt_tokens)
-    engine.run(long_ids, Action.of_strategy("joint-k4"), 2)  # warm-up of every path
+    engine.run(long_ids, Action.of_strategy(JOINT_K4), 2)  # warm-up of every path
     rows = draft_reuse_rows(engine, long_ids, other, options.repeats)
     return show(args, rows, lambda r: print_draft_reuse(r, len(long_ids)))
 
@@ -151,8 +151,8 @@ def print_generation(report: EngineReport) -> None:
           f"(HumanEval/2), repeats={report.repeats}")
     print(f"{'measure':<10} {'ours ms/tok':>12} {'hf ms/tok':>10} {'ratio':>7} {'goal':>6} "
           f"{'ours peak MiB':>14} {'hf peak MiB':>12} {'same output':>12} verdict")
-    for key, label, row in (("ar", "ar", report.ar), ("spec_k4", "spec-k4", report.spec_k4)):
-        goal = GENERATION_GOALS[key]
+    for label, row in ((AR, report.ar), (SPEC_K4, report.spec_k4)):
+        goal = GENERATION_GOALS[label]
         print(f"{label:<10} {row.ours_ms_per_token:>12.2f} {row.hf_ms_per_token:>10.2f} {row.ratio:>7.3f} "
               f"{goal.bound_text().replace(' ', ''):>6} {row.ours_peak_mib:>14.1f} {row.hf_peak_mib:>12.1f} "
               f"{str(row.same_output):>12} {judge(goal, row.ratio)}")

@@ -46,10 +46,11 @@ from rakv.bench.goals import (
 )
 from rakv.bench.options import ServingBenchOptions, add_flags, options_from
 from rakv.bench.peer_reports import ServingBenchArgs, ServingBenchReport
-from rakv.bench.records import to_json, write_record
 from rakv.bench.roofline import format_row_costs
 from rakv.bench.serving import measure
+from rakv.runtime.actions import AR
 from rakv.runtime.errors import RakvError
+from rakv.runtime.json_records import to_json, write_record
 
 
 def parse_args(argv=None) -> tuple[ServingBenchOptions, argparse.Namespace]:
@@ -122,7 +123,7 @@ def print_scaling(result: ServingBenchReport) -> None:
         return
     ours, bound = by_c[16].ours_tok_s / by_c[8].ours_tok_s, by_c[16].bound_tok_s / by_c[8].bound_tok_s
     # the bound is one for plain decoding only: drafts (several tokens a step) or reuse (prefill skipped) beat it
-    bound_16 = by_c[16].bound_tok_s if result.strategy == "ar" else None
+    bound_16 = by_c[16].bound_tok_s if result.strategy == AR else None
     verdict = judge(SCALING, by_c[16].ours_tok_s, by_c[8].ours_tok_s, bound_16)
     print(f"  c = 16 / c = 8: ours {ours:.2f} ({SCALING.text()}): {verdict} (the bound at c = 16 over ours at "
           f"c = 8 {by_c[16].bound_tok_s / by_c[8].ours_tok_s:.2f}; the bound's own ratio, context only, "

@@ -25,12 +25,13 @@ import sys
 from pathlib import Path
 
 from rakv.bench.options import VllmServeOptions, add_flags, options_from
-from rakv.bench.peer_reports import Agreement, ClientOutput, EngineSetting, RepeatRecord, VllmServeSummary
+from rakv.bench.peer_reports import RAKV, Agreement, ClientOutput, EngineSetting, RepeatRecord, VllmServeSummary
 from rakv.bench.peers import agreement
-from rakv.bench.records import write_record
 from rakv.bench.vllm_serve import machine, run_engine, settings, vllm_version, workloads
 from rakv.experiments.peer_tables import paired_markdown, serve_aggregates, serve_markdown, serve_paired
 from rakv.runtime.errors import RakvError
+from rakv.runtime.json_records import write_record
+from rakv.runtime.run_layout import PeerLayout
 
 
 def parse_args(argv=None) -> VllmServeOptions:
@@ -55,10 +56,10 @@ def repeat_records(results: dict[str, list[dict[str, ClientOutput]]], settings: 
     """Per repeat: each setting's client metrics per workload (lists dropped) and rakv's agreement with each vLLM
     setting."""
     repeats = []
-    for r in range(len(results["rakv"])):
+    for r in range(len(results[RAKV])):
         engines = {key: {label: output.run for label, output in results[key][r].items()} for key in settings}
-        agreed = {key: {label: text_agreement(results["rakv"][r][label], results[key][r][label], tokenizer)
-                        for label in results[key][r]} for key in settings if key != "rakv"}
+        agreed = {key: {label: text_agreement(results[RAKV][r][label], results[key][r][label], tokenizer)
+                        for label in results[key][r]} for key in settings if key != RAKV}
         repeats.append(RepeatRecord(engines, agreed))
     return repeats
 
@@ -86,10 +87,10 @@ def main() -> int:
         aggregate=serve_aggregates(repeats), paired=serve_paired(repeats), requests=options.requests,
         new_tokens=options.new_tokens, strategy=options.strategy,
         seeds=[options.repeat_seed(r) for r in range(options.repeats)], vllm=vllm_version(options), machine=machine())
-    write_record(summary, out / "summary.json")
+    written = write_record(summary, PeerLayout.vllm_serve_summary_in(out))
     print(serve_markdown(summary))
     print(paired_markdown(summary))
-    print(f"bench_vllm_serve: {out / 'summary.json'}")
+    print(f"bench_vllm_serve: {written}")
     return 0
 
 

@@ -9,11 +9,10 @@ differs by more than --tolerance (default 10 %), 2 on unreadable input.
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from rakv.runtime.costmodel import CostTable
+from rakv.runtime.costmodel import CostTable, read_cost_table
 
 
 def curves(table: CostTable) -> dict:
@@ -31,7 +30,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tolerance", type=float, default=0.10)
     args = parser.parse_args(argv)
     try:
-        a, b = (CostTable.from_json(json.loads(path.read_text())) for path in (args.a, args.b))
+        a, b = (read_cost_table(path) for path in (args.a, args.b))
     except (OSError, ValueError, TypeError, KeyError) as exc:
         print(f"compare_calibrations: error: cannot read a calibration ({exc})", file=sys.stderr)
         return 2

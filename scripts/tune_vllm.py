@@ -34,10 +34,11 @@ from pathlib import Path
 
 from rakv.bench.peer_reports import ConfigsJob, PeerConfigs, PeerSteps, StepsJob, TuneReport
 from rakv.bench.peers import config, fit, k_of, rate, run_peer_job, schedule, step_model, step_s
-from rakv.bench.records import to_json, write_record
 from rakv.runtime.errors import RakvError
+from rakv.runtime.json_records import to_json, write_record
 from rakv.runtime.models import smollm2_tokenizer
 from rakv.runtime.proposers import PromptLookupProposer
+from rakv.runtime.run_layout import PeerLayout
 from rakv.runtime.workloads import dataset_texts
 from rakv.serving.trace import generate_trace
 
@@ -154,7 +155,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     result = TuneReport(vllm=measured.vllm, alpha=alpha, match_rate=match, steps=measured.steps,
                         model=step_model(model), schedule=tuned, hand=hand, check=checked.configs)
-    write_record(result, out / "tune.json")
+    write_record(result, PeerLayout.tune_in(out))
     print_result(args, measured, model, tuned, configs, checked, hand, alpha, match)
     return 0
 

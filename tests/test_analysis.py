@@ -10,8 +10,10 @@ import pandas as pd
 import pytest
 
 from rakv.experiments import analysis, claims, intervals, oracle, prose, study_stats
-from rakv.experiments.notebooks import OutputPaths, run_all, setup
-from rakv.experiments.summary import Crossover, Feasibility, load_record, read_summary, record_items
+from rakv.experiments.notebooks import run_all, setup
+from rakv.experiments.summary import Crossover, Feasibility, read_summary
+from rakv.runtime.json_records import load_record, record_items
+from rakv.runtime.run_layout import RunLayout
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -144,8 +146,8 @@ def test_a_twins_crossover_is_placed_against_the_references_range():
     inside = claims.twin_crossover_rows(rows("gpt2-distilgpt2-twin-draft", [None, 0.86, 0.93]))[0]
     below = claims.twin_crossover_rows(rows("gpt2medium-gpt2-twin", [0.47, 0.6, 0.7]))[0]
     never = claims.twin_crossover_rows(rows("gpt2-distilgpt2-twin", [None, None, None]))[0]
-    assert (inside.magnitude, inside.reproduced, inside.band_low) == ("yes", 0.86, pytest.approx(0.844))
-    assert below.magnitude == "no" and never.magnitude == "not tested" and never.reproduced is None
+    assert (inside.magnitude, inside.reproduced.value, inside.band_low) == ("yes", 0.86, pytest.approx(0.844))
+    assert below.magnitude == "no" and never.magnitude == "not tested" and never.reproduced.value is None
     assert claims.twin_crossover_rows(rows("gpt2large-gpt2medium-twin", [0.7, 0.8, 0.9])) == []  # not the study's
 
 
@@ -181,14 +183,14 @@ def test_crossovers():
 
 
 def test_summary_claims_and_exactness(runs, tmp_path):
-    study = tmp_path / "study"
-    study.mkdir()
-    runs.to_parquet(study / "runs.parquet")
+    study = RunLayout.of(tmp_path).study
+    study.root.mkdir()
+    runs.to_parquet(study.runs)
     summary = analysis.summarize(tmp_path)
     assert summary.exact.equal == len(runs) - 3 and summary.exact.total == len(runs)
     rows = {r.key: r for r in summary.claims}
     assert rows["latency_reduction_vs_joint_k4"].direction == "yes"
-    assert rows["latency_reduction_vs_kv_only"].reproduced < 0  # the tie r1k4 is slower than r1k0 on average
+    assert rows["latency_reduction_vs_kv_only"].reproduced.value < 0  # the tie r1k4 is slower than r1k0 on average
     assert summary.feasibility == Feasibility("missing") and summary.feasibility_verdict == "missing"
     assert summary.per_configuration["c"].accuracy_within_noise[0] == 1.0
     assert summary.per_configuration["c"].accuracy_action[0] == 0.5
@@ -209,9 +211,9 @@ def smoke_outputs(tmp_path_factory):
         done = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_stage.py"), stage, *overrides, *extra],
                               capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, f"{stage}: {done.stderr[-2000:]}"
-    paths = OutputPaths.of(results, root / "figures", root / "generated")
-    run_all("smoke", paths)
-    return paths
+    layout = RunLayout.of(results, root / "figures", root / "generated")
+    run_all("smoke", layout)
+    return layout
 
 
 def test_every_figure_and_summary_key_listed_in_the_docs_is_produced(smoke_outputs):
@@ -224,14 +226,14 @@ def test_every_figure_and_summary_key_listed_in_the_docs_is_produced(smoke_outpu
     for name in figures:
         assert (smoke_outputs.figures / f"{name}.png").exists(), name
         assert (smoke_outputs.figures / f"{name}.pdf").exists(), name
-    produced = dict(record_items(read_summary(smoke_outputs.results)))
+    produced = dict(record_items(read_summary(smoke_outputs.root)))
     for key in keys:
         assert key in produced, key
     for name in ("macros.tex", "claims_table.tex", "strategy_table.tex", "abstract.tex", "limitations.tex",
                  "statistics_table.tex", "acceptance_table.tex", "memory_table.tex", "serving.tex",
                  "serving_goals_table.tex", "sampling.tex"):
         assert (smoke_outputs.generated / name).exists()
-    assert not (ROOT / "figures" / smoke_outputs.results.name).exists()  # nothing written into the repository
+    assert not RunLayout.of(smoke_outputs.root).figures.exists()  # nothing written into the repository
 
 
 def test_notebook_setup_names_the_command_when_results_are_missing(tmp_path):
@@ -256,11 +258,11 @@ def test_cost_side_feasibility_is_labelled_and_never_claims_a_verdict(runs, tmp_
     nothing_pays = {**feas, "break_even": [{**r, "break_even_alpha": None} for r in rows]}
     never = prose.cost_side_sentence(load_record(Feasibility, nothing_pays, "feasibility"))
     assert "never pays, for any k, even at alpha = 1" in never
-    study = tmp_path / "study"
-    study.mkdir()
-    runs.to_parquet(study / "runs.parquet")
-    (tmp_path / "feasibility").mkdir()
-    (tmp_path / "feasibility" / "summary.json").write_text(json.dumps(feas))
+    layout = RunLayout.of(tmp_path)
+    layout.study.root.mkdir()
+    runs.to_parquet(layout.study.runs)
+    layout.feasibility_dir.mkdir()
+    layout.feasibility_summary.write_text(json.dumps(feas))
     summary = analysis.summarize(tmp_path)
     assert summary.feasibility_verdict == sentence
     assert not any("feasibility" in r.claim for r in summary.claims)  # no verdict without the weights
@@ -348,7 +350,7 @@ def test_claims_are_judged_by_their_kind():
     equivalence = claims.claim_row("latency_reduction_vs_kv_only", "c", [0.15, 0.12, 0.18])
     assert equivalence.direction == "n/a" and equivalence.magnitude == "no"  # +15 % is not "within 0.45 %"
     extreme = claims.claim_row("spec_slowdown_min", "c", -0.5)
-    assert extreme.ci_low is None or np.isnan(extreme.ci_low)
+    assert extreme.reproduced.low is None or np.isnan(extreme.reproduced.low)
     assert extreme.direction == extreme.magnitude == "n/a"
     never = claims.claim_row("crossover_alpha_min", "c", None, "never (not even alpha = 1)")
     assert never.text.startswith("never") and never.magnitude == "n/a"
@@ -366,7 +368,7 @@ def test_claims_are_judged_by_their_kind():
 def test_the_long_context_workload_counts_evictions_per_request(smoke_outputs):
     """Each request's evictions are counted from the store state it started from (the store's counters carry on
     across a restore): never negative; AR measured under the first budget only."""
-    rows = pd.read_parquet(smoke_outputs.results / "sampling" / "long_context.parquet")
+    rows = pd.read_parquet(smoke_outputs.sampling_table("long_context"))
     assert (rows.evictions >= 0).all()
     ar = rows[rows.strategy == "ar"]
     assert set(ar.measured_under_mib) == {rows.budget_mib.iloc[0]}  # AR: measured under the first budget only

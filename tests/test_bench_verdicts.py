@@ -33,9 +33,9 @@ from rakv.bench.engine_report import (
     VerifyRow,
 )
 from rakv.bench.goals import AT_LEAST, AT_MOST, BATCH_GOALS, MEMORY, TTFT_EXACT, TTFT_PARTIAL, Goal, judge
-from rakv.bench.records import load_record, to_json
 from rakv.bench.roofline import RowCost
 from rakv.runtime.errors import RakvError
+from rakv.runtime.json_records import load_record, to_json
 from rakv.runtime.paths import ROOT
 
 MB = 10**6
@@ -171,7 +171,7 @@ def test_the_engine_report_reads_back_what_it_writes_with_the_keys_it_always_had
 def report_keys() -> set[str]:
     """Every key of every report record the benchmarks write (rakv.bench's records, their JSON names)."""
     from rakv.bench import engine_report, kernel_ab, peer_reports, roofline
-    from rakv.bench.records import name_of
+    from rakv.runtime.json_records import name_of
 
     return {name_of(f) for module in (engine_report, kernel_ab, peer_reports, roofline)
             for record in vars(module).values()

@@ -17,9 +17,9 @@ from rakv.bench.peer_reports import (
     TuneReport,
     VllmServeSummary,
 )
-from rakv.bench.records import load_record, read_record, to_json
 from rakv.experiments import peer_tables as pt
 from rakv.runtime.errors import RakvError
+from rakv.runtime.json_records import CI, load_record, read_record, to_json
 from rakv.runtime.paths import ROOT
 
 SHIPPED = ROOT / "data" / "reference" / "peer"
@@ -38,9 +38,9 @@ def test_the_serve_statistics_are_t_intervals_over_repeats_and_paired_log_ratios
                for a, b in zip(ours, theirs)]
     aggregate = pt.serve_aggregates(repeats)["rakv"]["plain-1"]
     half = stats.t.ppf(0.975, 2) * stats.tstd([30.0, 33.0, 36.0]) / math.sqrt(3)
-    assert aggregate.output_throughput == pytest.approx([33.0, 33.0 - half, 33.0 + half])
+    assert aggregate.output_throughput == pytest.approx((33.0, 33.0 - half, 33.0 + half))
     assert aggregate.completed == 12 and aggregate.repeats == 3
-    assert aggregate.prefix_hit_rate == [None, None, None]  # no value, no made-up interval
+    assert aggregate.prefix_hit_rate == CI(None, None, None)  # no value, no made-up interval
     ratio = pt.serve_paired(repeats)["vllm"]["plain-1"].output_throughput
     logs = [math.log(a / b) for (a, _), (b, _) in zip(ours, theirs)]
     assert ratio[0] == pytest.approx(math.exp(sum(logs) / 3))
@@ -110,18 +110,3 @@ def test_a_shipped_report_of_another_shape_stops_with_one_line_naming_the_field(
     data = json.loads((SHIPPED / "tune_vllm" / "tune.json").read_text()) | {"tuned_by": "hand"}
     with pytest.raises(RakvError, match="unknown field 'tuned_by'"):
         load_record(TuneReport, data, "tune.json")
-
-
-def test_the_paper_s_dict_reads_give_what_the_records_give():
-    """The paper (rakv.experiments.prose_serving) still passes the files' JSON to the table functions: the same
-    sentences and statistics as from the records."""
-    serve = pt.read_serve_summary(SHIPPED / "bench_vllm_serve" / "summary.json")
-    as_json = pt.read_json(SHIPPED / "bench_vllm_serve" / "summary.json")
-    assert pt.serve_sentences(as_json) == pt.serve_sentences(serve)
-    assert pt.serve_setting_name(as_json, "vllm") == pt.setting_name(serve, "vllm")
-    assert pt.agreements(as_json["repeats"][0]) == to_json(pt.repeat_agreements(serve.repeats[0]))
-    files, reports = pt.batch_files(SHIPPED), pt.batch_reports(SHIPPED)
-    assert [f["file"] for f in files] == [f.file for f in reports]
-    assert pt.speculation_sentence(files) == pt.speculation_sentence(reports)
-    row = reports[0].report.rows[0]
-    assert pt.batch_statistics(files[0]["rows"][0])["ours_over_vllm_ci"] == pt.row_statistics(row).ours_over_vllm_ci

@@ -10,8 +10,8 @@ import pytest
 
 from rakv.bench import peers
 from rakv.bench.peer_reports import Agreement, ClientOutput, ClientRun, RepeatRecord, StepPoint
-from rakv.bench.records import to_json
 from rakv.runtime.errors import RakvError
+from rakv.runtime.json_records import to_json
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -125,10 +125,12 @@ def test_the_paper_s_peer_rows_are_the_shipped_measurements(tmp_path):
         ServingBenchReport,
         VllmServeSummary,
     )
-    from rakv.bench.records import write_record
     from rakv.experiments import peer_tables as pt
     from rakv.experiments.prose_serving import peer_section
+    from rakv.runtime.json_records import write_record
+    from rakv.runtime.run_layout import PeerLayout
 
+    peer = PeerLayout(tmp_path)
     assert peer_section(None).startswith("%")
     ours = [client_run(t, 200.0 + d) for t, d in [(30.0, 0), (31.0, 10), (32.0, 20)]]
     theirs = [client_run(t, 400.0 + d, 600.0 + d, hits=0.3) for t, d in [(30.0, 0), (30.5, 40), (33.0, 10)]]
@@ -139,7 +141,7 @@ def test_the_paper_s_peer_rows_are_the_shipped_measurements(tmp_path):
         repeats=repeats, aggregate=pt.serve_aggregates(repeats), paired=pt.serve_paired(repeats), requests=32,
         new_tokens=32, strategy="kv-only", seeds=[0, 1000, 2000], vllm="0.32.0",
         machine=Machine("AMD EPYC", 2, "2026-12-02"))
-    write_record(summary, tmp_path / "bench_vllm_serve" / "summary.json")
+    write_record(summary, peer.vllm_serve_summary)
     text = peer_section(tmp_path)
     assert ("plain & 1 & rakv serve & 96 & 0 & 31.0$\\pm$2.5 & 210$\\pm$25 & 600$\\pm$0 & 48$\\pm$0 & "
             "1500$\\pm$0 & 2500$\\pm$0 & 42") in text
@@ -156,13 +158,13 @@ def test_the_paper_s_peer_rows_are_the_shipped_measurements(tmp_path):
     report = ServingBenchReport(pair="smollm2", strategy="ar", proposer="draft", requests=16, new_tokens=32,
                                 token_budget=256, rows=[row], outputs_equal_alone=True, limits=None, row_costs=None,
                                 vllm="0.32.0", vllm_ngram=0, args=ServingBenchArgs.of(options, False, "ar.json"))
-    write_record(report, tmp_path / "bench_serving" / "ar.json")
+    write_record(report, peer.bench_serving_dir / "ar.json")
     tune = {"vllm": "0.32.0", "model": {"fixed_s": 0.03, "per_request_s": 0.001, "per_row_s": 0.0005}, "alpha": 0.42,
             "match_rate": 0.58, "steps": [], "hand": [[1, 1024, 0]], "schedule": [[1, 3, 2], [4, 1024, 0]],
             "check": [{"config": c, "c": n, "tok_s": t, "tpot_s": None}
                       for c, n, t in [("tuned", 1, 20.0), ("k=0", 1, 15.0), ("k=2", 1, 19.0)]]}
-    (tmp_path / "tune_vllm").mkdir()
-    (tmp_path / "tune_vllm" / "tune.json").write_text(json.dumps(tune))
+    peer.tune_dir.mkdir()
+    peer.tune.write_text(json.dumps(tune))
     text = peer_section(tmp_path)
     ratio = pt.row_statistics(row).ours_over_vllm_ci
     assert f"{ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}] at $c=8$" in text and "default threads" in text

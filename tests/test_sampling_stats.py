@@ -11,7 +11,9 @@ import torch
 from scipy.stats import binomtest
 
 from rakv.experiments import sampling_stats as ss
-from rakv.experiments.summary import ABSENT, DISTRIBUTION_SAMPLES
+from rakv.experiments.summary import DISTRIBUTION_SAMPLES
+from rakv.experiments.verdicts import CheckVerdict
+from rakv.runtime.json_records import ABSENT
 from rakv.runtime.verification import accept_biased, closed_form_moments
 
 
@@ -97,20 +99,20 @@ def test_a_check_that_cannot_fail_is_refused_as_agreement():
     rng = np.random.default_rng(7)
     (greedy,) = ss.closed_form_checks(greedy_runs(rng))
     (token,) = ss.closed_form_checks(synthetic_runs(rng, requests=8))
-    assert greedy.verdict == ss.IDENTITY and token.verdict in (ss.AGREES, ss.DIFFERS)
+    assert greedy.verdict == CheckVerdict.IDENTITY and token.verdict in (CheckVerdict.AGREES, CheckVerdict.DIFFERS)
     # the rule reads the interval, not the rule's name: a token-wise cell whose alphas are all 0 or 1 is one too
     (certain,) = ss.closed_form_checks(greedy_runs(rng, verify="token").assign(temperature=1.0))
-    assert certain.verdict == ss.IDENTITY
+    assert certain.verdict == CheckVerdict.IDENTITY
     tally = ss.agreement_tally([greedy, certain, token])
-    assert (tally.judged, tally.identities) == (1, 2) and tally.agree == (token.verdict == ss.AGREES)
+    assert (tally.judged, tally.identities) == (1, 2) and tally.agree == (token.verdict == CheckVerdict.AGREES)
     # planted: a check that cannot fail, labelled "agrees", is refused whatever its label says
-    planted = dataclasses.replace(greedy, verdict=ss.AGREES)
+    planted = dataclasses.replace(greedy, verdict=CheckVerdict.AGREES)
     assert ss.agreement_tally([planted]) == ss.CheckTally(0, 0, 1, 0, 0, 0)
     # a greedy cell whose bookkeeping is off differs: it can fail that way, and then counts as a failure
     broken = greedy_runs(rng)
     broken.loc[0, "closed_form_accepted"] += 1.0
     (off,) = ss.closed_form_checks(broken)
-    assert off.verdict == ss.DIFFERS and ss.agreement_tally([off]) == ss.CheckTally(0, 1, 0, 0, 0, 0)
+    assert off.verdict == CheckVerdict.DIFFERS and ss.agreement_tally([off]) == ss.CheckTally(0, 1, 0, 0, 0, 0)
     # a block cell of a summary from before its expectation given the drafts ("bound") is not judged
     old = dataclasses.replace(token, verify="block", verdict="bound", expectation=ABSENT)
     assert ss.agreement_tally([old]).not_judged == 1 and ss.agreement_tally([old]).judged == 0
@@ -134,15 +136,16 @@ def block_runs(rng, shift: float = 0.0, requests: int = 8, rounds: int = 8) -> p
 def test_block_cells_are_judged_against_their_expectation_given_the_drafts():
     rng = np.random.default_rng(9)
     verdicts = [ss.closed_form_checks(block_runs(rng))[0].verdict for _ in range(400)]
-    assert 0.92 <= verdicts.count(ss.AGREES) / len(verdicts) <= 0.985  # a 95 % t interval over 8 requests
+    assert 0.92 <= verdicts.count(CheckVerdict.AGREES) / len(verdicts) <= 0.985  # a 95 % t interval over 8 requests
     (cell,) = ss.closed_form_checks(block_runs(rng, requests=60))
-    assert cell.expectation == ss.GIVEN_THE_DRAFTS and cell.degrees_of_freedom == 59 and cell.verdict == ss.AGREES
+    assert cell.expectation == ss.GIVEN_THE_DRAFTS and cell.degrees_of_freedom == 59
+    assert cell.verdict == CheckVerdict.AGREES
     # the same cell against token-wise's expectation: above it, the check tells the two rules apart
     assert cell.versus_token[1] > 0
     (shifted,) = ss.closed_form_checks(block_runs(rng, shift=-0.4, requests=60))
-    assert shifted.verdict == ss.DIFFERS and shifted.difference[2] < 0
+    assert shifted.verdict == CheckVerdict.DIFFERS and shifted.difference[2] < 0
     (alone,) = ss.closed_form_checks(block_runs(rng, requests=1))
-    assert alone.verdict == ss.NOT_JUDGED and alone.degrees_of_freedom is None
+    assert alone.verdict == CheckVerdict.NOT_JUDGED and alone.degrees_of_freedom is None
     assert ss.closed_form_checks(block_runs(rng).drop(columns="expected_accepted_block")) == []
 
 
@@ -157,7 +160,7 @@ def test_the_distribution_samples_are_checked_with_the_biased_control_apart():
     checks = ss.distribution_checks(pd.concat(arms + [arms[0].assign(arm="plain", k=0)]))
     by = {c.verify: c for c in checks}
     assert set(by) == {"token", "block", "biased"} and all(c.source == DISTRIBUTION_SAMPLES for c in checks)
-    assert by["biased"].control and by["biased"].verdict == ss.DIFFERS and not by["token"].control
+    assert by["biased"].control and by["biased"].verdict == CheckVerdict.DIFFERS and not by["token"].control
     tally = ss.agreement_tally(checks)
     assert (tally.controls, tally.controls_rejected, tally.judged) == (1, 1, 2)
     assert ss.distribution_checks(pd.concat(arms).drop(columns="expected_block")) == []
@@ -207,12 +210,12 @@ def test_the_paper_counts_only_checks_that_can_fail_and_prints_the_degrees_of_fr
 
     rng = np.random.default_rng(4)
     token = ss.closed_form_checks(synthetic_runs(rng, requests=8))[0]
-    planted = dataclasses.replace(ss.closed_form_checks(greedy_runs(rng))[0], verdict=ss.AGREES)
+    planted = dataclasses.replace(ss.closed_form_checks(greedy_runs(rng))[0], verdict=CheckVerdict.AGREES)
     block = ss.closed_form_checks(block_runs(rng, requests=6))[0]
     sampling = SimpleNamespace(closed_form=[token, planted, block], distribution_checks=ABSENT)
     text = " ".join(acceptance_sentences(sampling))
-    judged = [c for c in (token, block) if c.verdict in (ss.AGREES, ss.DIFFERS)]
-    agree = sum(c.verdict == ss.AGREES for c in judged)
+    judged = [c for c in (token, block) if c.verdict in (CheckVerdict.AGREES, CheckVerdict.DIFFERS)]
+    agree = sum(c.verdict == CheckVerdict.AGREES for c in judged)
     assert f"in {agree} of the {len(judged)} checks that can fail" in text
     assert "The 1 greedy cells are not counted" in text and "on 5 to 5 degrees of freedom" in text
     # the identity never enters the simultaneous count either

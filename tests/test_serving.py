@@ -347,7 +347,7 @@ def test_summary_uses_vllm_names_and_counts_every_request(tiny_pair, tiny_texts,
     assert len(lines) == summary.statistics.iterations
     bad = dict(summary.to_json(), completd=1)
     (tmp_path / "bad.json").write_text(json.dumps(bad))
-    with pytest.raises(RakvError, match="bad.json: not a served run's summary.json \\(unknown key 'completd'\\)"):
+    with pytest.raises(RakvError, match="bad.json: not a served run's summary.json \\(unknown field 'completd'\\)"):
         read_run_summary(tmp_path / "bad.json")
     record = next(iter(records.values()))
     assert set(record) >= {"id", "status", "error", "prompt_tokens", "hit_tokens", "new_tokens", "token_ids", "text",

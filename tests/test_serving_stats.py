@@ -13,9 +13,10 @@ from rakv.experiments import serving_goals as sg
 from rakv.experiments import serving_power as sp
 from rakv.experiments.intervals import t_interval
 from rakv.experiments.serving_power import GoalId, GoalKind
-from rakv.experiments.summary import ABSENT
 from rakv.experiments.verdicts import Verdict, all_of, any_of, below, ci_side, higher, non_inferior, tally
+from rakv.runtime.json_records import ABSENT, CI
 from rakv.runtime.paths import conf_file
+from rakv.runtime.run_layout import ServingStudyLayout
 
 REPEATS = int(conf_file("profile/offline.yaml").profile.serving.repeats)  # the study's repeat count
 
@@ -233,7 +234,7 @@ def test_the_plans_power_is_computed_at_the_loads_the_run_serves(tmp_path):
         base = 3.0 + spread * rng.standard_normal(5)
         values[(rate, "base")] = [(g, 4.0) for g in base]
         values[(rate, "ours")] = [(g * (1 + spread * z), 4.0) for g, z in zip(base, rng.standard_normal(5))]
-    speculation_cells(values).to_parquet(tmp_path / "cells.parquet")
+    speculation_cells(values).to_parquet(ServingStudyLayout(tmp_path).cells)
     design = {"speculation": {"goals": {"ours": "ours", "no_worse_than": ["base"]}, "margins": {"goodput": 0.05}}}
     every = sp.power(tmp_path, 5, {"goodput": 0.1, "ttft": 0.3}, design)[0]
     served = sp.power(tmp_path, 5, {"goodput": 0.1, "ttft": 0.3}, design, rates={"speculation": [4]})[0]
@@ -248,7 +249,7 @@ def test_a_no_worse_goal_met_below_zero_is_named_as_measurably_lower():
     from rakv.experiments.summary import Goal
 
     def goal(key, value, low, high, verdict="met"):
-        return Goal(goal=key, key=key, value=value, ci_low=low, ci_high=high, verdict=verdict, rule="r",
+        return Goal(goal=key, key=key, ci=CI(value, low, high), verdict=verdict, rule="r",
                     family="speculation-draft", rival="k0", rate=32.0, unit="relative")
 
     lower = goal("speculation-draft/no_worse/k0", -0.099, -0.138, -0.058)
@@ -340,7 +341,7 @@ def test_a_goal_the_plan_cannot_power_is_underpowered_whatever_the_run_shows(tmp
     base = 4.0 + 0.1 * rng.standard_normal(5)
     ours = base * (1 + 0.2 * rng.standard_normal(5))  # ~20 % paired noise
     cells = speculation_cells({(8.0, "base"): [(g, 5.0) for g in base], (8.0, "ours"): [(g, 5.0) for g in ours]})
-    cells.to_parquet(tmp_path / "cells.parquet")
+    cells.to_parquet(ServingStudyLayout(tmp_path).cells)
     design = {"speculation": {"goals": {"ours": "ours", "no_worse_than": ["base"]}}}
     plan = sp.planned_goals(design, {"speculation": [8]}, {"goodput": 0.1, "ttft": 0.2})
     assert [g.key for g in plan] == ["speculation/no_worse/base", "speculation/throughput/base",
@@ -412,7 +413,7 @@ def test_the_designs_margins_are_what_a_user_calls_no_worse_and_no_pilot_load_is
     assert float(design.margins.goodput) <= 0.10
     assert all(float((spec.get("margins") or {}).get("goodput", 0.0)) <= 0.10 for spec in design.families.values())
     grid = conf_file("profile/offline.yaml").profile.serving
-    pilot = pd.read_parquet(sp.pilot_path(dict(grid)) / "cells.parquet")
+    pilot = pd.read_parquet(sp.pilot_path(dict(grid)).cells)
     for family, part in pilot.groupby("family"):
         assert {float(r) for r in part.rate} <= {float(r) for r in grid.rates[family]}, family
 
@@ -426,7 +427,7 @@ def test_the_papers_tally_names_every_verdict_and_why_goals_went_unanswered():
 
     def goal(verdict, reason=None):
         extra = {"reason": reason} if reason else {}
-        return Goal(goal="g", key="k", value=0.0, ci_low=None, ci_high=None, verdict=verdict, rule="r", **extra)
+        return Goal(goal="g", key="k", ci=CI(0.0, None, None), verdict=verdict, rule="r", **extra)
 
     goals = [goal("met"), goal("underpowered", "the plan's MDD 30% at 5 repeats exceeds the margin 10%: 12 repeats "
                                               "would power it"),

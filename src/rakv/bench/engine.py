@@ -9,10 +9,11 @@ interleaved shuffled passes, medians, noisy points measured again. The report is
 from __future__ import annotations
 
 import copy
-import json
 import statistics
 import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -55,27 +56,36 @@ from rakv.bench.roofline import (
     streaming_bandwidth,
     weight_bytes,
 )
-from rakv.runtime.actions import SPEC_K, Action
+from rakv.runtime.actions import AR, JOINT_K4, KV_ONLY, SPEC_K, SPEC_K4, Action
 from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.calibration import CalibrationPlan, Point, forward_points, measure_interleaved
 from rakv.runtime.compact import Segment
-from rakv.runtime.costmodel import CostTable, acceptance_estimate
+from rakv.runtime.costmodel import CostTable, acceptance_estimate, read_cost_table
 from rakv.runtime.decoding import crop_cache, forward, forward_rows, synchronize
 from rakv.runtime.engine import Engine
 from rakv.runtime.kernels import compact_of, new_kv_cache
 from rakv.runtime.models import load_pair
+from rakv.runtime.run_layout import RunLayout
 from rakv.runtime.workloads import load_humaneval
 
-SIDES = ("ours-ar", "hf-ar", "ours-spec-k4", "hf-spec-k4")  # the four generation calls, as --probe names them
+K = TypeVar("K", bound=Hashable)  # a measured point's name: a forward's width, or a case's name
 
 
-def medians_ms(points: dict, device, repeats: int) -> dict:
+def side(who: str, strategy: str) -> str:
+    """A generation call's name, as --probe takes it: `who` ("ours" or "hf") and the strategy (`ours-ar`)."""
+    return f"{who}-{strategy}"
+
+
+SIDES = tuple(side(who, s) for s in (AR, SPEC_K4) for who in ("ours", "hf"))  # the four generation calls
+
+
+def medians_ms(points: dict[K, Point], device, repeats: int) -> dict[K, float]:
     """Each point's median in ms, measured as calibration measures (rakv.runtime.calibration.measure_interleaved)."""
     measure_interleaved(points, device, CalibrationPlan(repeats=repeats))
     return {key: point.median * 1e3 for key, point in points.items()}
 
 
-def make_sides(pair, stock, engine, ids, n):
+def make_sides(pair, stock, engine, ids, n) -> dict[str, Callable[[], object]]:
     """The four generation calls compared: ours (on `pair`) and transformers' (on `stock`), plain and speculative."""
     target, draft = stock.target.module, stock.draft.module
     hf_input = torch.tensor([ids], device=pair.device)
@@ -95,8 +105,8 @@ def make_sides(pair, stock, engine, ids, n):
                                   assistant_model=assistant)
         return out[0, len(ids):].tolist()
 
-    return {"ours-ar": lambda: ours("ar"), "hf-ar": lambda: theirs(None),
-            "ours-spec-k4": lambda: ours("spec-k4"), "hf-spec-k4": lambda: theirs(draft)}
+    return {side("ours", AR): lambda: ours(AR), side("hf", AR): lambda: theirs(None),
+            side("ours", SPEC_K4): lambda: ours(SPEC_K4), side("hf", SPEC_K4): lambda: theirs(draft)}
 
 
 def verify_ratios(engine, context: list[int], repeats: int) -> dict[int, float]:
@@ -153,7 +163,7 @@ def draft_reuse_rows(engine, prompt: list[int], partial: list[int], repeats: int
                 engine.reuse_draft = reuse_draft
                 engine.store.clear()
                 engine.run(prompt, Action(False, 1), 1)  # the earlier request: the draft prefills, nothing verified
-                result = engine.run(ids, Action.of_strategy("joint-k4"), 2, ignore_eos=True)
+                result = engine.run(ids, Action.of_strategy(JOINT_K4), 2, ignore_eos=True)
                 seconds[reuse_draft].append(result.draft_prefill_s)
                 hits[reuse_draft] = result.draft_hit_tokens
         engine.reuse_draft = True
@@ -226,12 +236,10 @@ def prefill_seconds(target, draft, device, ids: list[int], lengths, repeats: int
 def previous_prefill(pair_name: str) -> CostTable | None:
     """The previous engine's calibration (data/reference/offline-fast-kernels): its prefill curves, target and
     draft."""
-    from rakv.runtime.paths import REFERENCE_DIR
-
-    path = REFERENCE_DIR / "offline-fast-kernels" / "calibration" / f"{pair_name}-draft.json"
+    path = RunLayout.reference("offline-fast-kernels").calibration(pair_name, "draft")
     if not path.exists():
         return None
-    return CostTable.from_json(json.loads(path.read_text()))
+    return read_cost_table(path)
 
 
 def load_sides(options: EngineBenchOptions):
@@ -253,10 +261,10 @@ class Generations:
     decode_ms: float
 
     def row(self, kind: str) -> GenerationRow:
-        """Ours beside transformers for `kind` ("ar" or "spec-k4")."""
-        ours, hf = f"ours-{kind}", f"hf-{kind}"
+        """Ours beside transformers for the strategy `kind` (AR or SPEC_K4 of rakv.runtime.actions)."""
+        ours, hf = side("ours", kind), side("hf", kind)
         return GenerationRow(ours_ms_per_token=self.ms[ours], hf_ms_per_token=self.ms[hf],
-                             ratio=self.ms[ours] / self.ms[hf], goal=GENERATION_GOALS[kind.replace("-", "_")].threshold,
+                             ratio=self.ms[ours] / self.ms[hf], goal=GENERATION_GOALS[kind].threshold,
                              same_output=self.outputs[ours].token_ids == self.outputs[hf],
                              ours_peak_mib=self.memory[ours], hf_peak_mib=self.memory[hf])
 
@@ -274,7 +282,7 @@ def generations(options: EngineBenchOptions, sides: dict, device) -> Generations
             result = fn()
             synchronize(device)
             times[label].append(time.perf_counter() - start)
-            if label == "ours-ar":
+            if label == side("ours", AR):
                 decode_ms.append((result.latency_s - result.ttft_s) / (n - 1) * 1e3)
     outputs = {label: fn() for label, fn in sides.items()}
     memory = {label: probe_memory(options, label) for label in sides}
@@ -288,8 +296,8 @@ def store_ttft(engine, long_ids: list[int], other: list[int], repeats: int) -> T
     def ttft(prompt, warm=None):
         engine.store.clear()
         if warm is not None:
-            engine.run(warm, Action.of_strategy("ar"), 1)
-        return engine.run(prompt, Action.of_strategy("kv-only"), 1).ttft_s
+            engine.run(warm, Action.of_strategy(AR), 1)
+        return engine.run(prompt, Action.of_strategy(KV_ONLY), 1).ttft_s
 
     cold = statistics.median(ttft(long_ids) for _ in range(repeats))
     exact = statistics.median(ttft(long_ids, warm=long_ids) for _ in range(repeats))
@@ -393,7 +401,7 @@ def bench(options: EngineBenchOptions, pair, stock, engine, ids) -> EngineReport
     """Every measurement of the full benchmark (docs/engine.md), as one report."""
     device, n = pair.device, options.new_tokens
     measured = generations(options, make_sides(pair, stock, engine, ids, n), device)
-    spec = measured.outputs["ours-spec-k4"]
+    spec = measured.outputs[side("ours", SPEC_K4)]
     long_ids, other = reuse_prompts(engine, load_humaneval(), options.long_prompt_tokens)
     ttft = store_ttft(engine, long_ids, other, options.repeats)
     draft_reuse = (draft_reuse_rows(engine, long_ids, other, options.repeats)
@@ -408,9 +416,9 @@ def bench(options: EngineBenchOptions, pair, stock, engine, ids) -> EngineReport
                    else len(long_ids) / (ttft.cold_ms / 1e3))
     return EngineReport(
         pair=pair.name, device=str(device), threads=torch.get_num_threads(), kernels=options.kernels, new_tokens=n,
-        prompt_tokens=len(ids), repeats=options.repeats, ar=measured.row("ar"), spec_k4=measured.row("spec-k4"),
+        prompt_tokens=len(ids), repeats=options.repeats, ar=measured.row(AR), spec_k4=measured.row(SPEC_K4),
         floor=FloorRow(weight_bytes=target_bytes, bandwidth_gb_s=kernels.bandwidth / 1e9, floor_ms=floor_ms,
-                       ar_over_floor=measured.ms["ours-ar"] / floor_ms, goal=AR_OVER_FLOOR.threshold),
+                       ar_over_floor=measured.ms[side("ours", AR)] / floor_ms, goal=AR_OVER_FLOOR.threshold),
         ttft=ttft, draft_reuse=draft_reuse,
         spec_k4_acceptance=Acceptance(spec.accepted / max(spec.proposed, 1), acceptance_estimate(spec.round_log),
                                       spec.rounds),
@@ -418,4 +426,4 @@ def bench(options: EngineBenchOptions, pair, stock, engine, ids) -> EngineReport
         chunk_beside_decodes=kernels.chunk_beside_decodes, gemm=kernels.gemm,
         prefill=prefill_row(kernels.prefill, previous_prefill(options.pair), long_ids, prefill_tps, kernels.lengths),
         memory=fresh_rss(options), startup=startup(options),
-        llama_cpp=llama_cpp_row(peer, measured.outputs["ours-ar"].token_ids, measured.decode_ms, prefill_tps))
+        llama_cpp=llama_cpp_row(peer, measured.outputs[side("ours", AR)].token_ids, measured.decode_ms, prefill_tps))

@@ -24,11 +24,11 @@ import torch
 from rakv.bench.engine_report import LoadReport, MemoryRow, RssProbe, StartupRow
 from rakv.bench.goals import MEMORY, STARTUP_WARM, judge
 from rakv.bench.options import EngineBenchOptions
-from rakv.bench.records import load_record
 from rakv.bench.roofline import distinct_bytes, model_tensors
-from rakv.runtime.actions import Action
+from rakv.runtime.actions import AR, SPEC_K4, Action
 from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.engine import Engine
+from rakv.runtime.json_records import load_record
 from rakv.runtime.models import derived_files_dir, load_pair
 from rakv.runtime.paths import ROOT
 from rakv.runtime.workloads import humaneval_prompts
@@ -83,7 +83,7 @@ def rss_probe(options: EngineBenchOptions) -> RssProbe:
     loaded_peak = rss_kib("VmHWM") * 1024
     engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30))
     ids = engine.encode(humaneval_prompts()["HumanEval/2"])
-    runs = [engine.run(ids, Action.of_strategy(s), options.new_tokens, ignore_eos=True) for s in ("ar", "spec-k4")]
+    runs = [engine.run(ids, Action.of_strategy(s), options.new_tokens, ignore_eos=True) for s in (AR, SPEC_K4)]
     held = distinct_bytes(model_tensors(pair.target.module) + model_tensors(pair.draft.module))
     return RssProbe(peak_rss_bytes=rss_kib("VmHWM") * 1024, weight_bytes=held,
                     kv_bytes=max(r.peak_kv_bytes for r in runs), store_bytes=engine.store.stats.bytes,
@@ -121,7 +121,7 @@ def first_token_seconds(options: EngineBenchOptions, env: dict) -> tuple[float, 
     """A fresh `rakv generate` process (AR, one new token) from its start: (seconds to its first token on stdout,
     seconds to its exit). The first token is the first byte after the request's "[0] " header."""
     command = [sys.executable, "-m", "rakv.cli", "generate", "--pair", options.pair, "--prompt", STARTUP_PROMPT,
-               "--strategy", "ar", "--max-new-tokens", "1", "--ignore-eos", *options.process_flags()[2:]]
+               "--strategy", AR, "--max-new-tokens", "1", "--ignore-eos", *options.process_flags()[2:]]
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     seen, first = b"", None
@@ -139,7 +139,7 @@ def serve_first_token_seconds(options: EngineBenchOptions, env: dict) -> float:
     """A fresh `rakv serve --http` process (AR, a free port) from its start to the first token of one completion
     (one new token) asked as soon as it says it is ready; the server is then drained with SIGTERM."""
     command = [sys.executable, "-m", "rakv.cli", "serve", "--http", "127.0.0.1:0", "--pair", options.pair,
-               "--strategy", "ar", "--no-calibrate", *options.process_flags()[2:], "--quiet"]
+               "--strategy", AR, "--no-calibrate", *options.process_flags()[2:], "--quiet"]
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
     try:

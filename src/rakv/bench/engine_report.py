@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rakv.bench.records import json_name, optional
 from rakv.bench.roofline import RowCost
+from rakv.runtime.json_records import ABSENT, json_name, optional
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ class DraftReuseRow:
 
 @dataclass(frozen=True)
 class DraftReuse:
-    exact_repeat: DraftReuseRow = json_name("exact repeat")
-    partial_hit: DraftReuseRow = json_name("50 % partial hit")
+    exact_repeat: DraftReuseRow = json_name("exact repeat", ABSENT)
+    partial_hit: DraftReuseRow = json_name("50 % partial hit", ABSENT)
 
     def cases(self) -> list[tuple[str, DraftReuseRow]]:
         """(the case in words, its row), in the report's order."""

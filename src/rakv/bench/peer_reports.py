@@ -2,7 +2,7 @@
 scripts/bench_vllm_serve.py (summary.json) and scripts/tune_vllm.py (tune.json) write, what scripts/vllm_peer.py
 answers a job with, and the jobs themselves. The shipped copies (data/reference/peer/) are read back through these
 records (rakv.experiments.peer_tables renders docs/peers.md's tables from them), so their fields keep the keys and
-the order the files have (rakv.bench.records: `load_record` names a missing or unknown field).
+the order the files have (rakv.runtime.json_records: `load_record` names a missing or unknown field).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from rakv.bench.options import ServingBenchOptions
-from rakv.bench.records import ABSENT, Interval, load_record, optional, read_record
 from rakv.bench.roofline import Limits, RowCost
+from rakv.runtime.json_records import ABSENT, CI, load_record, optional, read_record
 
 # ---------------------------------------------------------------------------------------------
 # scripts/bench_serving.py's report (its --out file: the report and the options it ran with)
@@ -233,21 +233,21 @@ class RepeatRecord:
 class WorkloadAggregate:
     """One setting on one workload over the repeats: each metric's mean with its t interval, requests summed."""
 
-    output_throughput: Interval
-    p50_ttft_ms: Interval
-    p99_ttft_ms: Interval
-    p50_tpot_ms: Interval
-    p99_tpot_ms: Interval
-    p50_itl_ms: Interval
-    p99_itl_ms: Interval
-    mean_e2el_ms: Interval
-    p99_e2el_ms: Interval
-    prefix_hit_rate: Interval
+    output_throughput: CI
+    p50_ttft_ms: CI
+    p99_ttft_ms: CI
+    p50_tpot_ms: CI
+    p99_tpot_ms: CI
+    p50_itl_ms: CI
+    p99_itl_ms: CI
+    mean_e2el_ms: CI
+    p99_e2el_ms: CI
+    prefix_hit_rate: CI
     completed: int
     failed: int
     repeats: int
 
-    def metric(self, metric: Metric) -> Interval:
+    def metric(self, metric: Metric) -> CI:
         return getattr(self, metric.field)
 
 
@@ -255,18 +255,21 @@ class WorkloadAggregate:
 class PairedRatios:
     """rakv / one vLLM setting on one workload, per metric: the geometric mean of the repeats' ratios and its CI."""
 
-    p50_ttft_ms: Interval
-    p99_ttft_ms: Interval
-    p50_tpot_ms: Interval
-    p99_tpot_ms: Interval
-    p50_itl_ms: Interval
-    p99_itl_ms: Interval
-    mean_e2el_ms: Interval
-    p99_e2el_ms: Interval
-    output_throughput: Interval
+    p50_ttft_ms: CI
+    p99_ttft_ms: CI
+    p50_tpot_ms: CI
+    p99_tpot_ms: CI
+    p50_itl_ms: CI
+    p99_itl_ms: CI
+    mean_e2el_ms: CI
+    p99_e2el_ms: CI
+    output_throughput: CI
 
-    def metric(self, metric: Metric) -> Interval:
+    def metric(self, metric: Metric) -> CI:
         return getattr(self, metric.field)
+
+
+RAKV = "rakv"  # rakv serve's engine setting: its key in bench_vllm_serve.py's settings and its `engine`
 
 
 @dataclass(frozen=True)
@@ -278,7 +281,7 @@ class EngineSetting:
 
     @property
     def is_rakv(self) -> bool:
-        return self.engine == "rakv"
+        return self.engine == RAKV
 
 
 @dataclass(frozen=True)

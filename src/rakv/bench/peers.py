@@ -15,8 +15,8 @@ import numpy as np
 from scipy.optimize import nnls
 
 from rakv.bench.peer_reports import SpeculativeConfig, StepModel, StepPoint
-from rakv.bench.records import load_record, to_json
 from rakv.runtime.costmodel import tokens_per_round
+from rakv.runtime.json_records import load_record, to_json
 from rakv.runtime.paths import ROOT
 from rakv.serving.policies import most_goodput
 

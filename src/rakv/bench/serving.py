@@ -26,6 +26,7 @@ from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
 from rakv.runtime.models import load_pair
 from rakv.runtime.proposers import PromptLookupProposer
+from rakv.runtime.run_layout import ServedRunLayout
 from rakv.runtime.strategies import action_of
 from rakv.runtime.workloads import dataset_texts
 from rakv.serving.metrics import ServedStatistics
@@ -40,18 +41,18 @@ def requests_of(texts, n: int, new_tokens: int, words: int, seed: int) -> list[T
 
 
 
-def ours(pair, proposer, trace, strategy, c, budget, kv_mib) -> tuple[float, ServedStatistics, dict]:
+def ours(pair, proposer, trace, strategy, c, budget, kv_mib) -> tuple[float, ServedStatistics, dict[str, list[int]]]:
     engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30), proposer=proposer)
     with tempfile.TemporaryDirectory() as out:
         options = ServeOptions.default(strategy=strategy, token_budget=budget, max_batch=c, kv_budget_mib=kv_mib,
                                        ignore_eos=True)
         summary = serve(engine, trace, out, options, progress=False).statistics
-        outputs = {r.id: r.token_ids for r in read_records(Path(out) / "requests.jsonl")}
+        outputs = {r.id: r.token_ids for r in read_records(ServedRunLayout(Path(out)).requests)}
     return summary.output_throughput, summary, outputs
 
 
 
-def sequential(pair, proposer, trace, strategy) -> tuple[float, dict, float]:
+def sequential(pair, proposer, trace, strategy) -> tuple[float, dict[str, list[int]], float]:
     """Tokens/s of the requests one after another through the batch-one engine, their outputs, and the share of
     that time spent before each request's first token (prefill)."""
     engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30), proposer=proposer)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rakv.bench.options import VllmServeOptions
-from rakv.bench.peer_reports import ClientOutput, EngineSetting, Machine
+from rakv.bench.peer_reports import RAKV, ClientOutput, EngineSetting, Machine
 from rakv.runtime.errors import RakvError
 from rakv.runtime.workloads import dataset_texts
 from rakv.serving.trace import generate_trace
@@ -50,7 +50,7 @@ def start(engine: str, port: int, options: VllmServeOptions, out: Path, threads:
           key: str | None = None) -> subprocess.Popen:
     """rakv serve --http or vllm serve on `port`; vLLM with OMP_NUM_THREADS = `threads` (0: its own choice, which
     on 2 cores gives its model one thread)."""
-    if engine == "rakv":
+    if engine == RAKV:
         command = [".venv/bin/rakv", "serve", "--pair", "smollm2", "--http", f"127.0.0.1:{port}", "--strategy",
                    options.strategy, "--max-batch", "16", "--out", str(out / "rakv-server"), "--quiet"]
     else:
@@ -114,7 +114,7 @@ def workloads(options: VllmServeOptions, seed: int) -> dict[str, Workload]:
 def settings(options: VllmServeOptions) -> dict[str, EngineSetting]:
     """The engine settings served, by key: rakv, and vLLM at each --vllm-threads (0: its default, key "vllm"; N:
     OMP_NUM_THREADS = N, key "vllm-Nthreads")."""
-    out = {"rakv": EngineSetting("rakv", None)}
+    out = {RAKV: EngineSetting(RAKV, None)}
     for threads in options.vllm_threads:
         out["vllm" if threads == 0 else f"vllm-{threads}threads"] = EngineSetting("vllm", threads)
     return out

@@ -22,19 +22,20 @@ configuration is the study's own live rakv-asd runs, judged by the same statisti
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 
 from rakv.experiments import analysis
+from rakv.experiments.metadata import read_run_metadata
 from rakv.experiments.oracle import adaptive_mask, measured_strategies, measurements, strategy_latencies
 from rakv.experiments.study_stats import MeasuredStatistics, configuration_statistics
 from rakv.experiments.summary import ConfigurationStatistics
 from rakv.runtime.cache import Hit
 from rakv.runtime.controller import Controller, ControllerConfig
 from rakv.runtime.errors import RakvError
+from rakv.runtime.run_layout import RunLayout
 
 # The ideas of the controller, each on and off against the configured default (conf/controller/default.yaml)
 VARIANTS = {
@@ -49,7 +50,7 @@ VARIANTS = {
 }
 
 
-def parse_overrides(items: list[str]) -> dict:
+def parse_overrides(items: list[str]) -> dict[str, float | bool | tuple[int, ...]]:
     """`name=value` pairs of ControllerConfig fields (k_set as 0,2,4)."""
     out = {}
     for item in items:
@@ -173,11 +174,13 @@ def ablation_table(runs: pd.DataFrame, tables: dict, variants: dict[str, Control
                 replayed = replay(runs, meas, table, config, configuration)
             s = variant_statistics(runs, replayed, configuration, measured)
             changed = {k: v for k, v in asdict(config).items() if v != getattr(default, k)}
+            # each CI as the list [value, low, high]: the form ablation.csv has always had
             rows.append({"configuration": configuration, "variant": name,
                          "options": ", ".join(f"{k}={v}" for k, v in changed.items()) or "-",
-                         "mean_regret": s.mean_regret, "worst_regret": s.worst_regret,
-                         "accuracy_action": s.accuracy_action, "accuracy_within_noise": s.accuracy_within_noise,
-                         "spearman": s.spearman, "mape": s.mape, "vs_best_fixed": s.latency_reduction.best_fixed,
+                         "mean_regret": list(s.mean_regret), "worst_regret": s.worst_regret,
+                         "accuracy_action": list(s.accuracy_action),
+                         "accuracy_within_noise": list(s.accuracy_within_noise), "spearman": list(s.spearman),
+                         "mape": list(s.mape), "vs_best_fixed": list(s.latency_reduction.best_fixed),
                          "best_fixed_action": s.best_fixed_action,
                          "speculative_share": float((replayed.k > 0).mean())})
     return pd.DataFrame(rows)
@@ -185,9 +188,9 @@ def ablation_table(runs: pd.DataFrame, tables: dict, variants: dict[str, Control
 
 def study_ablations(results: Path, changes: dict | None = None) -> pd.DataFrame:
     """The ablation table of a finished study folder: its live runs, then the standard variants (or `changes`)."""
-    runs = pd.read_parquet(Path(results) / "study" / "runs.parquet")
-    meta = json.loads((Path(results) / "study" / "metadata.json").read_text())
-    study = ControllerConfig.from_conf(meta["config"]["controller"])
+    layout = RunLayout.of(results)
+    runs = pd.read_parquet(layout.study.runs)
+    study = ControllerConfig.from_conf(read_run_metadata(layout).controller)
     return ablation_table(runs, analysis.tables_by_configuration(runs, results), standard_variants(study, changes),
                           study)
 
@@ -195,7 +198,7 @@ def study_ablations(results: Path, changes: dict | None = None) -> pd.DataFrame:
 def format_table(frame: pd.DataFrame) -> str:
     """Markdown: each [value, low, high] as `value [low, high]` in per cent (Spearman as a number)."""
     def cell(value, percent=True):
-        if isinstance(value, list):
+        if isinstance(value, (list, tuple)):  # a CI (rakv.experiments.intervals)
             value, low, high = value
             f = (lambda v: f"{100 * v:.1f}") if percent else (lambda v: f"{v:.2f}")
             return f"{f(value)} [{f(low)}, {f(high)}]" if low == low else f(value)

@@ -7,7 +7,6 @@ claims and their verdicts), sentences (the feasibility verdict's wording), servi
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pandas as pd
 
 from rakv.experiments.calibrations import calibration_tables, tables_by_configuration, with_tie_sets
 from rakv.experiments.claims import claims
+from rakv.experiments.metadata import read_about, read_run_metadata
 from rakv.experiments.oracle import measurements, strategy_latencies
 from rakv.experiments.prose import feasibility_verdict
 from rakv.experiments.study_stats import (
@@ -29,7 +29,6 @@ from rakv.experiments.study_stats import (
     throughput_gain,
 )
 from rakv.experiments.summary import (
-    ABSENT,
     AcceptanceRow,
     BreakEven,
     ByBaseline,
@@ -42,15 +41,17 @@ from rakv.experiments.summary import (
     read_feasibility,
 )
 from rakv.runtime.actions import ADAPTIVE
-from rakv.runtime.paths import ROOT, shown
+from rakv.runtime.json_records import ABSENT
+from rakv.runtime.paths import shown
+from rakv.runtime.run_layout import OTHER_MACHINES_DIR, RunLayout
 
 
 def cost_request(results: Path) -> tuple[int, int]:
     """The request every price of a results folder is quoted at (break-even alphas, the draft's and the verify's cost
     ratios): a cold one of the feasibility cost side's prompt length and the study's new tokens; its prices are
     read at its mean context, prompt + new / 2 positions (rakv.runtime.costmodel.break_even_rows)."""
-    profile = json.loads((Path(results) / "study" / "metadata.json").read_text())["config"]["profile"]
-    return profile["feasibility"]["cost_side"]["prompt_tokens"], profile["study"]["new_tokens"]
+    meta = read_run_metadata(RunLayout.of(results))
+    return meta.cost_side_prompt_tokens, meta.new_tokens
 
 
 def price_context(results: Path) -> float:
@@ -73,7 +74,7 @@ def break_even_table(results: Path) -> pd.DataFrame:
 
 def twin_break_even(results: Path) -> list[BreakEven]:
     """The break-even rows of the architecture twins calibrated in `results` (none without a calibration)."""
-    if not (Path(results) / "calibration").is_dir():
+    if not RunLayout.of(results).calibration_dir.is_dir():
         return []
     table = break_even_table(results)
     if table.empty:
@@ -82,19 +83,19 @@ def twin_break_even(results: Path) -> list[BreakEven]:
     return [BreakEven(**r) for r in twins.where(twins.notna(), None).to_dict("records")]  # never pays: None
 
 
-OTHER_MACHINES = ROOT / "data" / "reference" / "other-machines"  # shipped runs of other machines (about.json each)
+OTHER_MACHINES = OTHER_MACHINES_DIR  # shipped runs of other machines (about.json each)
 
 
 def regime_folders(results: Path, others: Path = OTHER_MACHINES) -> dict[str, Path]:
     """The regime map's runs: `results` (labelled by its instruction set) and each shipped run of another machine
     (labelled by its about.json: label and commit)."""
-    meta = json.loads((Path(results) / "study" / "metadata.json").read_text())
-    isa = (meta.get("hardware") or {}).get("isa")
+    layout = RunLayout.of(results)
+    isa = read_run_metadata(layout).hardware.isa
     folders = {f"this run ({isa})" if isa else "this run": Path(results)}
-    for folder in sorted(Path(others).glob("*")):
-        if (folder / "about.json").exists() and folder.resolve() != Path(results).resolve():
-            about = json.loads((folder / "about.json").read_text())
-            folders[f"{about['label']} ({about['commit']})"] = folder
+    for run in RunLayout.other_machines(others):
+        if run.root != layout.root:
+            about = read_about(run)
+            folders[f"{about.label} ({about.commit})"] = run.root
     return folders
 
 
@@ -143,20 +144,21 @@ def grid_of(runs: pd.DataFrame) -> Grid:
                 new_tokens=int(runs.new_tokens.max()), actions=sorted(sweep.action.unique().tolist()))
 
 
-def sensitivity_statistics(sens: Path) -> dict:
+def sensitivity_statistics(layout: RunLayout) -> dict:
     """The summary's fields from the sensitivity stage (results/<name>/sensitivity/), as Summary's keyword
     arguments: the cost model's crossovers, the controlled runs' measured ones, speculation on top of reuse."""
     out: dict = {"crossover_model": Crossover(None, None), "crossover_model_per_configuration": ABSENT}
-    if (sens / "crossover.parquet").exists():
-        crossover = pd.read_parquet(sens / "crossover.parquet")
+    if layout.sensitivity_table("crossover").exists():
+        crossover = pd.read_parquet(layout.sensitivity_table("crossover"))
         out["crossover_model"] = model_crossover(crossover)
         out["crossover_model_per_configuration"] = {name: model_crossover(part)
                                                     for name, part in crossover.groupby("configuration")}
-    controlled = pd.read_parquet(sens / "controlled.parquet") if (sens / "controlled.parquet").exists() else None
+    controlled_path = layout.sensitivity_table("controlled")
+    controlled = pd.read_parquet(controlled_path) if controlled_path.exists() else None
     out["crossover_measured"] = measured_crossover(controlled) if controlled is not None else {}
     out["crossover_predicted_controlled"] = (measured_crossover(controlled, "predicted_speedup")
                                              if controlled is not None else {})
-    joint = sens / "reuse_output_length.parquet"
+    joint = layout.sensitivity_table("reuse_output_length")
     out["joint_reuse"] = (joint_reuse_by_length(pd.read_parquet(joint))
                           if joint.exists() else [])
     return out
@@ -166,7 +168,8 @@ def summarize(results: Path, seed: int = 0) -> Summary:
     """Every statistic of the study, sensitivity, feasibility and serving results under `results` (its tables read
     here; summary.json written by rakv.experiments.summary.write_summary)."""
     results = Path(results)
-    runs = pd.read_parquet(results / "study" / "runs.parquet")
+    layout = RunLayout.of(results)
+    runs = pd.read_parquet(layout.study.runs)
     tables = tables_by_configuration(runs, results)
     runs = with_tie_sets(runs, tables)
     meas = measurements(runs)
@@ -176,7 +179,7 @@ def summarize(results: Path, seed: int = 0) -> Summary:
         name: configuration_statistics(runs[runs.configuration == name], meas[meas.configuration == name],
                                        lat[lat.configuration == name])
         for name in names}
-    sensitivity = sensitivity_statistics(results / "sensitivity")
+    sensitivity = sensitivity_statistics(layout)
     feasibility = read_feasibility(results)
     verdict = feasibility_verdict(feasibility)
     from rakv.experiments import serving_stats

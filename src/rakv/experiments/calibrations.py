@@ -11,17 +11,18 @@ from pathlib import Path
 import pandas as pd
 
 from rakv.experiments.oracle import adaptive_mask
+from rakv.runtime.costmodel import CostTable
+from rakv.runtime.run_layout import RunLayout
 
 
-def calibration_tables(results: Path) -> dict:
+def calibration_tables(results: Path) -> dict[str, CostTable]:
     """<pair>-<proposer> -> CostTable for every calibration kept in results/<name>/calibration/."""
-    from rakv.runtime.costmodel import CostTable
+    from rakv.runtime.costmodel import read_cost_table
 
-    return {path.stem: CostTable.from_json(json.loads(path.read_text()))
-            for path in sorted((Path(results) / "calibration").glob("*.json"))}
+    return {path.stem: read_cost_table(path) for path in RunLayout.of(results).calibrations()}
 
 
-def tables_by_configuration(runs: pd.DataFrame, results: Path) -> dict:
+def tables_by_configuration(runs: pd.DataFrame, results: Path) -> dict[str, CostTable | None]:
     kept = calibration_tables(results)
     pairs = runs[["configuration", "pair", "proposer"]].drop_duplicates()
     return {r.configuration: kept.get(f"{r.pair}-{r.proposer}") for r in pairs.itertuples(index=False)}

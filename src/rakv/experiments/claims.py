@@ -21,6 +21,7 @@ import pandas as pd
 
 from rakv.experiments.summary import BreakEven, ClaimRow, ConfigurationStatistics, Crossover, Feasibility
 from rakv.experiments.verdicts import ClaimVerdict, Side, ci_side
+from rakv.runtime.json_records import CI
 
 # Reference figures of the reproduced study (paper/main.tex, "Claims").
 REFERENCE = {
@@ -138,7 +139,7 @@ def claim_row(key: str, configuration: str, ci, text: str | None = None) -> Clai
     claim = CLAIMS[key]
     if claim.kind == "finding":
         return ClaimRow(claim=claim.label, key=key, configuration=configuration, unit=claim.unit, kind=claim.kind,
-                        reference=None, reproduced=None, ci_low=None, ci_high=None, band_low=None, band_high=None,
+                        reference=None, reproduced=CI(None, None, None), band_low=None, band_high=None,
                         null=None, text=text, direction=ci, magnitude=ClaimVerdict.NOT_APPLICABLE)
     if claim.kind == "extreme" or not isinstance(ci, (list, tuple)):
         ci = [ci, None, None]  # one value: no interval is invented for it
@@ -149,7 +150,7 @@ def claim_row(key: str, configuration: str, ci, text: str | None = None) -> Clai
         direction, band = verdict_direction(claim, ci), verdict_band(claim, ci)
     lo, hi = TOLERANCE[claim.band](claim.reference) if claim.band else (None, None)
     return ClaimRow(claim=claim.label, key=key, configuration=configuration, unit=claim.unit, kind=claim.kind,
-                    reference=claim.reference, reproduced=ci[0], ci_low=ci[1], ci_high=ci[2], band_low=lo,
+                    reference=claim.reference, reproduced=CI(*ci), band_low=lo,
                     band_high=hi, null=claim.null, text=text, direction=direction, magnitude=band)
 
 
@@ -180,7 +181,7 @@ def twin_crossover_rows(break_even: list[BreakEven]) -> list[ClaimRow]:
             band = ClaimVerdict.YES if lo <= least.break_even_alpha <= hi else ClaimVerdict.NO
         value = None if not paying else least.break_even_alpha
         rows.append(ClaimRow(claim=claim.label, key="twin_crossover", configuration=pair, unit=claim.unit,
-                             kind=claim.kind, reference=claim.reference, reproduced=value, ci_low=None, ci_high=None,
+                             kind=claim.kind, reference=claim.reference, reproduced=CI(value, None, None),
                              band_low=lo, band_high=hi, null=None, text=text, direction=ClaimVerdict.NOT_APPLICABLE,
                              magnitude=band))
     return rows

@@ -11,29 +11,32 @@ and the sentences under it follow the signs of the differences between the last 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
-from rakv.experiments.summary import ABSENT, read_engine_facts, read_feasibility
-from rakv.runtime.costmodel import Curve
+from rakv.experiments.metadata import read_run_metadata
+from rakv.experiments.summary import read_engine_facts, read_feasibility
+from rakv.runtime.actions import ADAPTIVE
+from rakv.runtime.costmodel import Curve, read_cost_table
 from rakv.runtime.errors import RakvError
+from rakv.runtime.json_records import ABSENT
 from rakv.runtime.proposers import proposer_type
+from rakv.runtime.run_layout import RunLayout
 
 CONTEXT = 256  # tokens of context at which steps are read off the calibration tables
 PREFILL_TOKENS = (64, 128, 256, 512)  # prompt lengths at which prefills are read off the calibration tables
 
 
-def _at(curve: dict, x: float = CONTEXT) -> float:
-    return Curve(**curve)(x)
+def _at(curve: Curve, x: float = CONTEXT) -> float:
+    return curve(x)
 
 
-def _prefill(table: dict | None, name: str) -> dict[int, float]:
-    """Seconds of a calibrated prefill at PREFILL_TOKENS (empty without that curve)."""
-    if not table or name not in table:
+def _prefill(curve: Curve | None) -> dict[int, float]:
+    """Seconds of a calibrated prefill at PREFILL_TOKENS (empty without a calibration)."""
+    if curve is None:
         return {}
-    return {n: _at(table[name], n) for n in PREFILL_TOKENS}
+    return {n: _at(curve, n) for n in PREFILL_TOKENS}
 
 
 def _known(record, name: str):
@@ -46,32 +49,32 @@ def engine_rows(results: Path, label: str | None = None) -> list[dict]:
     """One row per study configuration (and per twin pair of the feasibility stage) of a finished run; `label`
     names its engine in the table (default: its kernels mode)."""
     results = Path(results)
-    meta = json.loads((results / "study" / "metadata.json").read_text())
+    layout = RunLayout.of(results)
+    meta = read_run_metadata(layout)
     facts = read_engine_facts(results)
-    runs = pd.read_parquet(results / "study" / "runs.parquet")
-    kernels = label or meta["config"].get("kernels", "stock")
+    runs = pd.read_parquet(layout.study.runs)
+    kernels = label or meta.kernels
     acceptance = pd.DataFrame([vars(row) for row in facts.acceptance])
     rows = []
     for configuration, best_fixed_action in facts.best_fixed_action.items():
         crossover = facts.crossover.get(configuration)
-        key = meta.get("calibration_keys", {}).get(configuration)  # the run's own: its pair and proposer's name
+        key = meta.calibration_keys.get(configuration)  # the run's own: its pair and proposer's name
         if key is None:
-            raise RakvError(f"{results / 'study' / 'metadata.json'}: no calibration key for configuration "
+            raise RakvError(f"{layout.study.metadata}: no calibration key for configuration "
                             f"'{configuration}' (a study run by an older version)")
-        pair, proposer = key["pair"]["pair"], key["proposer"]
+        pair, proposer = key.pair_name, key.proposer
         drafts = proposer_type(proposer).has_draft_model
-        table = json.loads((results / "calibration" / f"{pair}-{proposer}.json").read_text())
-        step = _at(table["target_step"])
-        chosen = runs[(runs.configuration == configuration) & (runs.strategy == "rakv-asd")]
+        table = read_cost_table(layout.calibration(pair, proposer))
+        step = _at(table.target_step)
+        chosen = runs[(runs.configuration == configuration) & (runs.strategy == ADAPTIVE)]
         shares = chosen.action.value_counts(normalize=True)
         measured = acceptance[acceptance.configuration == configuration] if len(acceptance) else acceptance
         rows.append({
             "configuration": configuration, "kernels": kernels, "target_step_ms": step * 1e3,
-            "draft_step_ms": _at(table["propose"]["1"]) * 1e3 if drafts else None,
-            "verify_over_step": {int(k): _at(table["verify"][str(k)]) / step for k in (1, 2, 4)
-                                 if str(k) in table["verify"]},
-            "target_prefill_s": _prefill(table, "target_prefill"),
-            "draft_prefill_s": _prefill(table, "proposer_prefill") if drafts else {},
+            "draft_step_ms": _at(table.propose[1]) * 1e3 if drafts else None,
+            "verify_over_step": {k: _at(table.verify[k]) / step for k in (1, 2, 4) if k in table.verify},
+            "target_prefill_s": _prefill(table.target_prefill),
+            "draft_prefill_s": _prefill(table.proposer_prefill) if drafts else {},
             "break_even_alpha": _known(crossover, "median"),
             "break_even_never": _known(crossover, "never"),
             "break_even_settings": _known(crossover, "settings"),
@@ -86,16 +89,16 @@ def engine_rows(results: Path, label: str | None = None) -> list[dict]:
         for pair in feasibility.twins:
             paying = [r.break_even_alpha for r in feasibility.break_even if r.pair == pair
                       and r.break_even_alpha is not None]
-            path = results / "calibration" / f"{pair}-draft.json"
-            table = json.loads(path.read_text()) if path.exists() else None
-            step = _at(table["target_step"]) if table else None
+            path = layout.calibration(pair, "draft")
+            table = read_cost_table(path) if path.exists() else None
+            step = _at(table.target_step) if table else None
             rows.append({"configuration": pair, "kernels": kernels,
                          "target_step_ms": step * 1e3 if step else None,
-                         "draft_step_ms": _at(table["propose"]["1"]) * 1e3 if table else None,
-                         "verify_over_step": {int(k): _at(table["verify"][str(k)]) / step for k in (1, 2, 4)
-                                              if table and str(k) in table["verify"]},
-                         "target_prefill_s": _prefill(table, "target_prefill"),
-                         "draft_prefill_s": _prefill(table, "proposer_prefill"),
+                         "draft_step_ms": _at(table.propose[1]) * 1e3 if table else None,
+                         "verify_over_step": {k: _at(table.verify[k]) / step for k in (1, 2, 4)
+                                              if table and k in table.verify},
+                         "target_prefill_s": _prefill(table.target_prefill if table else None),
+                         "draft_prefill_s": _prefill(table.proposer_prefill if table else None),
                          "break_even_alpha": min(paying) if paying else None, "break_even_never": None,
                          "break_even_settings": None, "acceptance": None, "best_fixed_action": None,
                          "controller_action": None, "controller_share": None, "controller_speculates": None})
@@ -221,4 +224,4 @@ def write_engine_comparison(befores: list[Path], after: Path, out_dir: Path) -> 
 
 
 def engine_rows_label(results: Path) -> str:
-    return json.loads((Path(results) / "study" / "metadata.json").read_text())["config"].get("kernels", "stock")
+    return read_run_metadata(RunLayout.of(results)).kernels

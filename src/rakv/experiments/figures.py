@@ -20,17 +20,27 @@ from matplotlib import ticker  # noqa: E402
 
 from rakv.experiments import oracle, study_stats  # noqa: E402
 from rakv.experiments.summary import ALL_ITERATIONS, Feasibility, IterationMape, LatencyMape, Slos  # noqa: E402
-from rakv.runtime.actions import SPEC_K, Action  # noqa: E402
+from rakv.runtime.actions import (  # noqa: E402
+    ADAPTIVE,
+    AR,
+    BEST_FIXED,
+    JOINT_K4,
+    KV_ONLY,
+    ORACLE,
+    SPEC_K,
+    SPEC_K4,
+    Action,
+)
 
 FIGURES = ("strategy_latency_throughput", "chosen_actions", "predicted_vs_measured", "regret_distribution",
            "speedup_vs_alpha", "cache_budget", "feasibility_gap", "regime_map",
            "acceptance_vs_break_even")
 SAMPLING_FIGURES = ("acceptance_vs_temperature", "long_context_speedup")  # the sampling stage's, when it ran
-STRATEGY_ORDER = ["ar", "kv-only", "spec-k4", "joint-k4", "best-fixed", "rakv-asd", "oracle"]
+STRATEGY_ORDER = [AR, KV_ONLY, SPEC_K4, JOINT_K4, BEST_FIXED, ADAPTIVE, ORACLE]
 SCENARIO_ORDER = ["cold", "partial-50", "partial-90", "prefix", "exact"]
 
 
-def k_colors() -> dict:
+def k_colors() -> dict[int, tuple[float, float, float]]:
     """One colour per speculation depth k (k = 0 included), the same in every figure."""
     return dict(zip((0, *SPEC_K), sns.color_palette("colorblind", len(SPEC_K) + 1)))
 
@@ -402,7 +412,7 @@ def serving_goodput(cells: pd.DataFrame, slos_ms: dict[str, Slos], out_dir: Path
     for ax, family in zip(axes, families):
         part = cells[cells.family == family]
         for policy, rows in part.groupby("policy", sort=False):
-            _errorbars(ax, rows, "rate", "goodput", policy, linewidth=2.5 if policy == "rakv-asd" else 1.2)
+            _errorbars(ax, rows, "rate", "goodput", policy, linewidth=2.5 if policy == ADAPTIVE else 1.2)
         slo = slos_ms.get(part.configuration.iloc[0]) if "configuration" in part else None
         title = family + (f"\n(TTFT {slo.slo_ttft_ms:.0f} ms, TPOT {slo.slo_tpot_ms:.0f} ms)" if slo else "")
         ax.set(xlabel="arrival rate (requests/s)", ylabel="goodput (requests/s within SLOs)", xscale="log",
@@ -503,7 +513,7 @@ def long_context_speedup(rows: list, out_dir: Path):
     strategy (geometric means over the documents of a length bin with 95 % CIs; below 1: faster than AR)."""
     frame = pd.DataFrame([{"configuration": r.configuration, "arm": f"{r.strategy}, {r.budget_mib:g} MiB",
                            "length": r.length_bin or "all", "ratio": r.vs_ar[0], "low": r.vs_ar[1],
-                           "high": r.vs_ar[2]} for r in rows if r.strategy != "ar"])
+                           "high": r.vs_ar[2]} for r in rows if r.strategy != AR])
     names = in_order(frame.configuration.unique(), [])
     fig, axes = panels(len(names), sharey=True)
     for ax, name in zip(axes, names, strict=True):

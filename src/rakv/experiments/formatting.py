@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import re
 
-from rakv.experiments.summary import ClaimRow, Goal, Summary
+from rakv.experiments.summary import ClaimAcrossRuns, ClaimRow, Goal, Summary
+from rakv.experiments.verdicts import ClaimVerdict
 
 
 def tex_escape(text) -> str:
@@ -49,12 +50,12 @@ def ci_text(triple, fmt=pct) -> str:
 
 def shown(verdict: str) -> str:
     """A verdict as printed: '--' where the claim's kind has none."""
-    return "--" if verdict == "n/a" else verdict
+    return "--" if verdict == ClaimVerdict.NOT_APPLICABLE else verdict
 
 
 def shows_text(row: ClaimRow) -> bool:
     """Whether a claim row is printed by its text (a finding, or a value that could not be computed)."""
-    return bool(row.text) and (missing(row.reproduced) or row.kind == "finding")
+    return bool(row.text) and (missing(row.reproduced.value) or row.kind == "finding")
 
 
 def claim_cells(row: ClaimRow, fmt) -> tuple[str, str, str]:
@@ -63,10 +64,10 @@ def claim_cells(row: ClaimRow, fmt) -> tuple[str, str, str]:
     reference = "--" if row.reference is None else fmt(row.reference)
     if shows_text(row):
         reproduced = row.text
-    elif missing(row.ci_low):
-        reproduced = fmt(row.reproduced)
+    elif missing(row.reproduced.low):
+        reproduced = fmt(row.reproduced.value)
     else:
-        reproduced = f"{fmt(row.reproduced)} [{fmt(row.ci_low)}, {fmt(row.ci_high)}]"
+        reproduced = f"{fmt(row.reproduced.value)} [{fmt(row.reproduced.low)}, {fmt(row.reproduced.high)}]"
     band = "--" if row.band_low is None else f"[{fmt(row.band_low)}, {fmt(row.band_high)}]"
     return reference, reproduced, band
 
@@ -83,7 +84,7 @@ def verdict_cells(row: ClaimRow, across: dict) -> tuple[str, str]:
     return cells[0], cells[1]
 
 
-def headline_claims(summary: Summary) -> tuple[list[ClaimRow], dict]:
+def headline_claims(summary: Summary) -> tuple[list[ClaimRow], dict[tuple[str, str], ClaimAcrossRuns]]:
     """The claim rows the paper and README print (pooled over the shipped runs where there are several) and each
     row's verdicts run by run, keyed by (key, configuration)."""
     if not summary.replication:
@@ -97,9 +98,8 @@ def goal_value(g: Goal, fmt_pct=None) -> tuple[str, str]:
     fmt_pct = fmt_pct or pct
     unit = g.unit
     fmt = {"alpha": lambda v: f"{v:+.3f}", "req/s": lambda v: f"{v:g} req/s"}.get(unit, fmt_pct)
-    value = "--" if missing(g.value) else fmt(g.value)
-    interval = ("--" if g.ci_low is None or missing(g.ci_low)
-                else f"[{fmt(g.ci_low)}, {fmt(g.ci_high)}]")
+    value = "--" if missing(g.ci.value) else fmt(g.ci.value)
+    interval = "--" if missing(g.ci.low) else f"[{fmt(g.ci.low)}, {fmt(g.ci.high)}]"
     return value, interval
 
 

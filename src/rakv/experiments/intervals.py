@@ -24,37 +24,40 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from rakv.runtime.json_records import CI
+
 CONFIDENCE = 0.95
 NAN = float("nan")
+NO_INTERVAL = CI(NAN, NAN, NAN)  # no value to estimate (NaN: written as null in summary.json)
 
 
 def _quantile(count: int, confidence: float = CONFIDENCE) -> float:
     return float(stats.t.ppf(0.5 + confidence / 2, count - 1))
 
 
-def t_interval(values, confidence: float = CONFIDENCE) -> list[float]:
-    """[mean, low, high]: the mean of independent values and its Student-t interval (no bounds from one value)."""
+def t_interval(values, confidence: float = CONFIDENCE) -> CI:
+    """CI(mean, low, high): the mean of independent values and its Student-t interval (no bounds from one value)."""
     x = np.asarray([v for v in values if v is not None and np.isfinite(v)], float)
     if not len(x):
-        return [NAN] * 3
+        return NO_INTERVAL
     mean = float(x.mean())
     if len(x) < 2:
-        return [mean, NAN, NAN]
+        return CI(mean, NAN, NAN)
     half = _quantile(len(x), confidence) * float(x.std(ddof=1)) / math.sqrt(len(x))
-    return [mean, mean - half, mean + half]
+    return CI(mean, mean - half, mean + half)
 
 
-def geometric_mean_interval(log_ratios) -> list[float]:
+def geometric_mean_interval(log_ratios) -> CI:
     """The geometric mean of ratios with its CI, from their logs (a t interval, exponentiated)."""
-    return [math.exp(x) if np.isfinite(x) else NAN for x in t_interval(log_ratios)]
+    return CI(*(math.exp(x) if np.isfinite(x) else NAN for x in t_interval(log_ratios)))
 
 
 SCALES = ("log", "linear", "proportion", "lognormal")
 
 
 def ratio_interval(numerator, denominator=None, *, scale: str = "log", bounds=(-math.inf, math.inf),
-                   transform=None, confidence: float = CONFIDENCE) -> list[float]:
-    """[value, low, high] of R = sum(numerator) / sum(denominator) over independent units (`denominator` None: a
+                   transform=None, confidence: float = CONFIDENCE) -> CI:
+    """CI(value, low, high) of R = sum(numerator) / sum(denominator) over independent units (`denominator` None: a
     mean), with a CI on units - 1 degrees of freedom. `scale` says what R is, and so which interval holds its level
     at few units (tests/test_intervals.py):
 
@@ -79,7 +82,7 @@ def ratio_interval(numerator, denominator=None, *, scale: str = "log", bounds=(-
     keep = np.isfinite(num) & np.isfinite(den)
     num, den = num[keep], den[keep]
     if not len(num) or not den.sum() > 0:
-        return [NAN] * 3
+        return NO_INTERVAL
     n = len(num)
     ratio = float(num.sum() / den.sum())
     low = high = NAN
@@ -108,12 +111,12 @@ def ratio_interval(numerator, denominator=None, *, scale: str = "log", bounds=(-
     if np.isfinite(low):
         low, high = max(low, bounds[0]), min(high, bounds[1])
     if transform is None:
-        return [ratio, low, high]
+        return CI(ratio, low, high)
     value, a, b = (float(transform(x)) if np.isfinite(x) else NAN for x in (ratio, low, high))
-    return [value, *((a, b) if not (a > b) else (b, a))]
+    return CI(value, *((a, b) if not (a > b) else (b, a)))
 
 
-def cluster_interval(clusters, numerator, denominator=None, **options) -> list[float]:
+def cluster_interval(clusters, numerator, denominator=None, **options) -> CI:
     """`ratio_interval` with whole clusters (prompts) as the units: rows of one prompt share its text and length, so
     their numerators and denominators are summed per cluster first. No interval from one cluster."""
     num = np.asarray(numerator, float)
@@ -121,7 +124,7 @@ def cluster_interval(clusters, numerator, denominator=None, **options) -> list[f
     keep = np.isfinite(num) & np.isfinite(den)
     codes, _ = pd.factorize(pd.Series(list(clusters))[keep].astype(str))
     if not keep.any():
-        return [NAN] * 3
+        return NO_INTERVAL
     count = int(codes.max()) + 1
     return ratio_interval(np.bincount(codes, num[keep], count), np.bincount(codes, den[keep], count), **options)
 

@@ -5,7 +5,6 @@ word them; this module only writes them).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -22,6 +21,7 @@ from rakv.experiments.formatting import (
     tex_escape,
     verdict_cells,
 )
+from rakv.experiments.metadata import RunMetadata, read_run_metadata
 from rakv.experiments.oracle import NOISE_LEVEL
 from rakv.experiments.prose import (
     abstract,
@@ -39,23 +39,25 @@ from rakv.experiments.prose_serving import SCENARIO_TEXT, joint_reuse_text, peer
 from rakv.experiments.replication import pooled_summary
 from rakv.experiments.study_stats import BASELINES, strategy_means
 from rakv.experiments.summary import AcceptanceRow, PeakKv, Summary
-from rakv.runtime.paths import ROOT
+from rakv.runtime.actions import AR, BEST_FIXED, JOINT_K4, KV_ONLY, ORACLE, SPEC_K4
+from rakv.runtime.run_layout import INTERVAL_COVERAGE, RunLayout
 
-BASELINE_NAMES = {"joint-k4": "Joint", "kv-only": "KvOnly", "ar": "Ar", "spec-k4": "Spec",
-                  "best-fixed": "BestFixed", "oracle": "Oracle"}
+BASELINE_NAMES = {JOINT_K4: "Joint", KV_ONLY: "KvOnly", AR: "Ar", SPEC_K4: "Spec", BEST_FIXED: "BestFixed",
+                  ORACLE: "Oracle"}
 
 
-def macros(summary: Summary, meta: dict) -> dict[str, str]:
-    m = {"ProfileName": tex_escape(meta["config"]["profile"]["name"]), "RunsTotal": str(summary.runs),
+def macros(summary: Summary, meta: RunMetadata) -> dict[str, str]:
+    hardware = meta.hardware
+    m = {"ProfileName": tex_escape(meta.profile_name), "RunsTotal": str(summary.runs),
          "StrategyRuns": str(summary.strategy_runs), "SweepRuns": str(summary.sweep_runs),
          "Configurations": tex_escape(", ".join(summary.configurations)),
-         "Hardware": tex_escape(f"{meta['hardware']['processor']} ({meta['hardware']['device']}, "
-                                f"{meta['hardware']['threads'] or 'GPU'} threads, {meta['hardware']['dtype']})"),
-         "TorchVersion": tex_escape(meta["packages"]["torch"]),
-         "TransformersVersion": tex_escape(meta["packages"]["transformers"]),
-         "GitCommit": tex_escape((meta.get("git_commit") or "unknown")[:12]),
-         "NewTokens": str(meta["config"]["profile"]["study"]["new_tokens"]),
-         "KernelsMode": tex_escape(meta["config"].get("kernels", "stock")),
+         "Hardware": tex_escape(f"{hardware.processor} ({hardware.device}, "
+                                f"{hardware.threads or 'GPU'} threads, {hardware.dtype})"),
+         "TorchVersion": tex_escape(meta.packages.torch),
+         "TransformersVersion": tex_escape(meta.packages.transformers),
+         "GitCommit": tex_escape(meta.short_commit),
+         "NewTokens": str(meta.new_tokens),
+         "KernelsMode": tex_escape(meta.kernels),
          "MeasurementsPerAction": str(summary.grid.measurements_per_action_min),
          "ControllerRepeats": str(summary.grid.controller_repeats),
          "ExactEqual": str(summary.exact.equal), "ExactTotal": str(summary.exact.total),
@@ -67,9 +69,6 @@ def macros(summary: Summary, meta: dict) -> dict[str, str]:
     for baseline, name in BASELINE_NAMES.items():
         m[f"LatRedPooled{name}"] = ci_text(summary.pooled.latency_reduction.against(baseline))
     return m
-
-
-INTERVAL_COVERAGE = ROOT / "paper" / "interval_coverage.csv"
 
 
 def coverage_table(path: Path = INTERVAL_COVERAGE) -> str:
@@ -130,7 +129,7 @@ def claims_table(summary: Summary) -> str:
     for row in rows:
         fmt = (lambda v: pct(v)) if row.unit == "%" else (lambda v: num(v))
         reference, reproduced, band = claim_cells(row, fmt)
-        if row.key.startswith("crossover_alpha") and row.reproduced == 0:  # explained where it is printed
+        if row.key.startswith("crossover_alpha") and row.reproduced.value == 0:  # explained where it is printed
             reproduced += " (pays at any acceptance: Section~\\ref{sec:regime})"
         direction, magnitude = verdict_cells(row, across)
         lines.append(f"{tex_escape(row.claim)} & \\texttt{{{tex_escape(row.configuration)}}} & "
@@ -155,7 +154,7 @@ def acceptance_table(rows: list[AcceptanceRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
-STRATEGY_NAMES = {"oracle": "oracle (cross-fitted)", "best-fixed": "best fixed action (in hindsight)"}
+STRATEGY_NAMES = {ORACLE: "oracle (cross-fitted)", BEST_FIXED: "best fixed action (in hindsight)"}
 
 
 def strategy_table(runs: pd.DataFrame) -> str:
@@ -247,8 +246,9 @@ def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path
     """paper/generated/<name>/: macros, tables, and the generated abstract, claims discussion and limitations."""
     results, out_dir = Path(results), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    meta = json.loads((results / "study" / "metadata.json").read_text())
-    runs = pd.read_parquet(results / "study" / "runs.parquet")
+    layout = RunLayout.of(results)
+    meta = read_run_metadata(layout)
+    runs = pd.read_parquet(layout.study.runs)
     files = {
         # the header names the module as the shipped paper/generated/*/macros.tex do, until they are regenerated
         "macros.tex": "% generated by rakv.experiments.report from summary.json; do not edit\n" + "".join(

@@ -11,13 +11,14 @@ geometric mean of the repeats' ratios with the t interval of their logs, exponen
 
 from __future__ import annotations
 
-import json
+import enum
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rakv.bench.peer_reports import (
+    RAKV,
     RATIO_METRICS,
     SERVE_METRICS,
     Agreement,
@@ -33,20 +34,22 @@ from rakv.bench.peer_reports import (
     read_serving_report,
     read_tune,
 )
-from rakv.bench.records import Interval, load_record, to_json
 from rakv.experiments.intervals import geometric_mean_interval, t_interval
+from rakv.runtime.actions import AR
+from rakv.runtime.json_records import CI
+from rakv.runtime.run_layout import PeerLayout
 
 RATIO_DEFINITION = ("rakv / vLLM per repeat (same prompts and arrivals); the geometric mean over repeats with the t "
                     "interval of the logs")
 BLOCK = re.compile(r"(<!-- peer-table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /peer-table: (?P=name) -->)", re.S)
 
 
-def finite(triple) -> list[float | None]:
-    """A [value, low, high] with NaN as None (JSON has no NaN)."""
-    return [x if x is not None and math.isfinite(x) else None for x in triple]
+def finite(triple) -> CI:
+    """A CI with NaN as None (JSON has no NaN)."""
+    return CI(*(x if x is not None and math.isfinite(x) else None for x in triple))
 
 
-def log_ratio_interval(ours, theirs) -> list[float | None]:
+def log_ratio_interval(ours, theirs) -> CI:
     """The geometric mean of ours_i / theirs_i over repeats i and its CI (t interval of the logs)."""
     logs = [math.log(a / b) for a, b in zip(ours, theirs) if a and b and a > 0 and b > 0]
     return finite(geometric_mean_interval(logs))
@@ -67,7 +70,7 @@ def serve_aggregates(repeats: list[RepeatRecord]) -> dict[str, dict[str, Workloa
     return out
 
 
-def serve_paired(repeats: list[RepeatRecord], ours: str = "rakv") -> dict[str, dict[str, PairedRatios]]:
+def serve_paired(repeats: list[RepeatRecord], ours: str = RAKV) -> dict[str, dict[str, PairedRatios]]:
     """rakv / each vLLM setting per workload and metric (RATIO_DEFINITION)."""
     out: dict[str, dict[str, PairedRatios]] = {}
     for key, workloads in repeats[0].engines.items():
@@ -85,15 +88,15 @@ class RowStatistics:
     engine's mean and t interval (None where it did not run), and ours / vLLM's (repeat i of ours against repeat i
     of vLLM's)."""
 
-    ours_tok_s_ci: Interval | None
-    sequential_tok_s_ci: Interval | None
-    transformers_tok_s_ci: Interval | None
-    vllm_tok_s_ci: Interval | None
-    ours_over_vllm_ci: Interval | None
+    ours_tok_s_ci: CI | None
+    sequential_tok_s_ci: CI | None
+    transformers_tok_s_ci: CI | None
+    vllm_tok_s_ci: CI | None
+    ours_over_vllm_ci: CI | None
 
 
 def row_statistics(row: ConcurrencyRow) -> RowStatistics:
-    def ci(runs) -> Interval | None:
+    def ci(runs) -> CI | None:
         return finite(t_interval(runs)) if runs else None
 
     return RowStatistics(ci(row.ours_tok_s_runs), ci(row.sequential_tok_s_runs), ci(row.transformers_tok_s_runs),
@@ -101,15 +104,22 @@ def row_statistics(row: ConcurrencyRow) -> RowStatistics:
                          if row.vllm_tok_s_runs else None)
 
 
-def ratio_side(triple, lower_is_better: bool) -> str:
-    """Where a ratio's CI lies against 1, in rakv's favour ('better'), against it ('worse') or across 1 ('unresolved');
-    'missing' without an interval."""
+class RatioSide(enum.StrEnum):
+    """Where a paired ratio's CI lies against 1 for rakv (each member names its list in `Sides`)."""
+    BETTER = "better"
+    WORSE = "worse"
+    UNRESOLVED = "unresolved"  # across 1
+    MISSING = "missing"  # no interval
+
+
+def ratio_side(triple, lower_is_better: bool) -> RatioSide:
+    """Where a ratio's CI lies against 1, in rakv's favour, against it or across 1; missing without an interval."""
     value, low, high = triple
     if value is None or low is None:
-        return "missing"
+        return RatioSide.MISSING
     if high < 1 or low > 1:
-        return "better" if (high < 1) == lower_is_better else "worse"
-    return "unresolved"
+        return RatioSide.BETTER if (high < 1) == lower_is_better else RatioSide.WORSE
+    return RatioSide.UNRESOLVED
 
 
 @dataclass(frozen=True)
@@ -136,7 +146,6 @@ def serve_reading(serve: VllmServeSummary) -> dict[tuple[str, str], Sides]:
 
 def serve_sentences(serve: VllmServeSummary) -> list[str]:
     """The paired ratios in words, one sentence per workload and vLLM setting; no side presupposed."""
-    serve = as_serve_summary(serve)
     sentences = []
     for (label, key), sides in serve_reading(serve).items():
         parts = [f"rakv better on {', '.join(sides.better)}" if sides.better else "rakv better on none",
@@ -177,7 +186,6 @@ class SpeculationPair:
 def speculation_pairs(files: list[BatchFile]) -> list[SpeculationPair]:
     """Each n-gram file's rows beside the AR file's at the same c and vLLM threads: rakv's prompt lookup / rakv's AR and
     vLLM's n-gram / vLLM's AR (medians of separate runs, minutes apart)."""
-    files = as_batch_files(files)
     ar = {f.vllm_threads: f for f in files if not f.vllm_ngram}
     out = []
     for f in (f for f in files if f.vllm_ngram):
@@ -207,7 +215,8 @@ def speculation_sentence(files: list[BatchFile]) -> str:
 def batch_reports(folder: Path) -> list[BatchFile]:
     """bench_serving.py's --out files under folder/bench_serving/ that carry vLLM rows, in a fixed order (AR before
     n-gram speculation, vLLM's default threads before a set count)."""
-    files = [BatchFile(p.name, read_serving_report(p)) for p in sorted(Path(folder, "bench_serving").glob("*.json"))]
+    files = [BatchFile(p.name, read_serving_report(p))
+             for p in sorted(PeerLayout(Path(folder)).bench_serving_dir.glob("*.json"))]
     files = [f for f in files if any(r.has_vllm for r in f.report.rows)]
     return sorted(files, key=lambda f: (f.vllm_ngram, f.vllm_threads, f.file))
 
@@ -245,14 +254,22 @@ class SameConfiguration:
     gap: float
 
 
+class AgainstNoise(enum.StrEnum):
+    """Where a difference lies against the check's own run-to-run noise (`tune_reading`)."""
+    WITHIN = "within"
+    ABOVE = "above"
+    BELOW = "below"
+    MISSING = "missing"  # no noise measured
+
+
 @dataclass(frozen=True)
 class AgainstNone:
-    """At c, tuned / k=0 - 1, and where it lies against the noise ('within', 'above', 'below', or 'missing')."""
+    """At c, tuned / k=0 - 1, and where it lies against the noise."""
 
     c: int
     k: int
     diff: float
-    side: str
+    side: AgainstNoise
 
 
 @dataclass(frozen=True)
@@ -268,7 +285,6 @@ def tune_reading(tune: TuneReport) -> TuneReading:
     column, the two are one configuration served by two engines: their relative gaps are the run-to-run noise of the
     check (`noise`: the largest). Against k = 0 at each c: the relative difference tuned / k=0 - 1 and whether it is
     within that noise ('within'), above or below it."""
-    tune = tune if isinstance(tune, TuneReport) else load_record(TuneReport, tune, "tune.json")
     rate = tune.rates()
     cs = sorted({r.c for r in tune.check})
     same = [SameConfiguration(c, k_of(tune.schedule, c), rate[("tuned", c)] / rate[(f"k={k_of(tune.schedule, c)}", c)]
@@ -277,7 +293,8 @@ def tune_reading(tune: TuneReport) -> TuneReading:
     against = []
     for c in cs:
         diff = rate[("tuned", c)] / rate[("k=0", c)] - 1
-        side = "missing" if noise is None else "within" if abs(diff) <= noise else "above" if diff > 0 else "below"
+        side = (AgainstNoise.MISSING if noise is None else AgainstNoise.WITHIN if abs(diff) <= noise
+                else AgainstNoise.ABOVE if diff > 0 else AgainstNoise.BELOW)
         against.append(AgainstNone(c, k_of(tune.schedule, c), diff, side))
     return TuneReading(same, noise, against, cs)
 
@@ -357,7 +374,7 @@ def batch_markdown(files: list[BatchFile]) -> str:
             f", n-gram k = {a.vllm_ngram}" if a.vllm_ngram else "") + (", eager" if a.vllm_eager else "")
         for r in (r for r in report.rows if r.has_vllm):
             stats = row_statistics(r)
-            strategy = report.strategy + (f" ({report.proposer})" if report.strategy != "ar" and report.proposer
+            strategy = report.strategy + (f" ({report.proposer})" if report.strategy != AR and report.proposer
                                           else "")
             lines.append(f"| `{f.file}` | {strategy} | {vllm} | {r.concurrency} | "
                          f"{ci_cell(stats.ours_tok_s_ci, 1)} | {ci_cell(stats.vllm_tok_s_ci, 1)} | "
@@ -393,8 +410,8 @@ def tune_sentence(reading: TuneReading) -> str:
     if reading.noise is None:
         return "No column runs the tuned schedule's k alone, so the check has no measure of its own noise."
     same = ", ".join(f"{percent(s.gap)} at c = {s.c} (k = {s.k})" for s in reading.same)
-    words = {"within": "within that noise", "above": "above k = 0 by more than that noise",
-             "below": "below k = 0 by more than that noise"}
+    words = {AgainstNoise.WITHIN: "within that noise", AgainstNoise.ABOVE: "above k = 0 by more than that noise",
+             AgainstNoise.BELOW: "below k = 0 by more than that noise"}
     parts = [f"{percent(a.diff)} at c = {a.c} ({words[a.side]}"
              + ("; the schedule runs k = 0 there, the same configuration" if a.k == 0 else "") + ")"
              for a in reading.against_k0]
@@ -405,14 +422,14 @@ def tune_sentence(reading: TuneReading) -> str:
 
 def render_blocks(folder: Path) -> dict[str, str]:
     """docs/peers.md's generated blocks from the shipped files under `folder` (data/reference/peer/)."""
-    folder = Path(folder)
-    serve = read_serve_summary(folder / "bench_vllm_serve" / "summary.json")
+    peer = PeerLayout(Path(folder))
+    serve = read_serve_summary(peer.vllm_serve_summary)
     blocks = {"bench_vllm_serve": serve_markdown(serve), "bench_vllm_serve-ratios": paired_markdown(serve)}
-    files = batch_reports(folder)
+    files = batch_reports(peer.root)
     if files:
         blocks["bench_serving"] = batch_markdown(files)
-    if (folder / "tune_vllm" / "tune.json").exists():
-        blocks["tune_vllm"] = tune_markdown(read_tune(folder / "tune_vllm" / "tune.json"))
+    if peer.tune.exists():
+        blocks["tune_vllm"] = tune_markdown(read_tune(peer.tune))
     return blocks
 
 
@@ -427,41 +444,3 @@ def refresh(text: str, blocks: dict[str, str]) -> str:
     if missing:
         raise ValueError(f"no shipped data renders the block(s) {', '.join(sorted(missing))}")
     return BLOCK.sub(lambda m: m[1] + blocks[m["name"]] + m[4], text)
-
-
-# ---------------------------------------------------------------------------------------------
-# the paper's reads (rakv.experiments.prose_serving.peer_section), which still pass the files' parsed JSON: each
-# turns it into its record here. They go once the paper reads the records (read_serve_summary, batch_reports,
-# read_tune) as docs/peers.md does.
-
-
-def as_serve_summary(serve) -> VllmServeSummary:
-    return serve if isinstance(serve, VllmServeSummary) else load_record(VllmServeSummary, serve, "summary.json")
-
-
-def as_batch_files(files: list) -> list[BatchFile]:
-    return [f if isinstance(f, BatchFile) else BatchFile(
-        f["file"], load_record(ServingBenchReport, {k: v for k, v in f.items() if k != "file"}, f["file"]))
-            for f in files]
-
-
-def read_json(path: Path):
-    return json.loads(Path(path).read_text())
-
-
-def batch_files(folder: Path) -> list[dict]:
-    """`batch_reports` as the files' JSON, each with its name under "file"."""
-    return [to_json(f.report) | {"file": f.file} for f in batch_reports(folder)]
-
-
-def serve_setting_name(serve, key: str) -> str:
-    return setting_name(as_serve_summary(serve), key)
-
-
-def agreements(repeat: dict) -> list[dict]:
-    return [to_json(a) for a in repeat_agreements(load_record(RepeatRecord, repeat, "summary.json repeat"))]
-
-
-def batch_statistics(row: dict) -> dict:
-    stats = to_json(row_statistics(load_record(ConcurrencyRow, row, "bench_serving row")))
-    return {key: value for key, value in stats.items() if value is not None}

@@ -18,9 +18,12 @@ import pandas as pd
 from rakv.experiments import runcompare
 from rakv.experiments.claims import CLAIMS, REFERENCE, ClaimCounts, claim_counts
 from rakv.experiments.formatting import ci_text, missing, num, pct, shown, tex_escape
+from rakv.experiments.metadata import RunMetadata
 from rakv.experiments.replication import pooled_summary
-from rakv.experiments.summary import ClaimRow, ConfigurationStatistics, Feasibility, Summary
-from rakv.experiments.verdicts import GOAL_VERDICTS, ci_side, tally
+from rakv.experiments.summary import ClaimRow, ConfigurationStatistics, Feasibility, PooledStatistic, Summary
+from rakv.experiments.verdicts import GOAL_VERDICTS, ClaimVerdict, Side, ci_side, tally
+from rakv.runtime.actions import AR, BEST_FIXED, JOINT_K4, KV_ONLY, ORACLE, SPEC_K4
+from rakv.runtime.run_layout import RunLayout
 
 
 def cost_side_sentence(feas: Feasibility) -> str:
@@ -47,8 +50,8 @@ def feasibility_verdict(feas: Feasibility) -> str:
     return feas.status
 
 
-BASELINE_TEXT = {"joint-k4": "fixed Joint-k4", "kv-only": "KV-only", "ar": "AR", "spec-k4": "fixed spec-k4",
-                 "best-fixed": "the best single fixed action", "oracle": "the per-scenario oracle"}
+BASELINE_TEXT = {JOINT_K4: "fixed Joint-k4", KV_ONLY: "KV-only", AR: "AR", SPEC_K4: "fixed spec-k4",
+                 BEST_FIXED: "the best single fixed action", ORACLE: "the per-scenario oracle"}
 
 
 def comparison(triple, baseline: str, quantity: str = "latency", reference: float | None = None) -> str:
@@ -76,12 +79,12 @@ def configuration_sentence(name: str, s: ConfigurationStatistics, regime: ClaimR
     reference's figures), KV-only and the best fixed action, and the regime (`regime`: its claim row)."""
     best = s.best_fixed_action
     clause = regime_clause(regime)
-    latency = comparison(s.latency_reduction.joint_k4, "joint-k4", reference=REFERENCE["latency_reduction_vs_joint_k4"])
-    throughput = comparison(s.throughput_gain.joint_k4, "joint-k4", "throughput",
+    latency = comparison(s.latency_reduction.joint_k4, JOINT_K4, reference=REFERENCE["latency_reduction_vs_joint_k4"])
+    throughput = comparison(s.throughput_gain.joint_k4, JOINT_K4, "throughput",
                             REFERENCE["throughput_gain_vs_joint_k4"])
     return (f"On \\texttt{{{tex_escape(name)}}}, RAKV-ASD has {latency} and {throughput}, "
-            f"{comparison(s.latency_reduction.kv_only, 'kv-only')}, and "
-            f"{comparison(s.latency_reduction.best_fixed, 'best-fixed')} "
+            f"{comparison(s.latency_reduction.kv_only, KV_ONLY)}, and "
+            f"{comparison(s.latency_reduction.best_fixed, BEST_FIXED)} "
             f"(\\texttt{{{best}}} in hindsight)" + (f"; {clause}" if clause else "") + ".")
 
 
@@ -103,18 +106,18 @@ def regime_word(row: ClaimRow | None) -> str:
     the reference's (it does not), or undecided (the CI includes zero, or no scenario compared)."""
     if row is None:
         return "not measured"
-    return {"no": "reversed", "yes": "the reference's"}.get(row.direction, "undecided")
+    return {ClaimVerdict.NO: "reversed", ClaimVerdict.YES: "the reference's"}.get(row.direction, "undecided")
 
 
 def regime_clause(row: ClaimRow | None) -> str | None:
     """The regime with its number: the best k > 0 against the best k = 0 over all scenarios, worded by its CI."""
-    if row is None or missing(row.reproduced) or missing(row.ci_low):
+    if row is None or missing(row.reproduced.value) or missing(row.reproduced.low):
         return None
-    value, low, high = row.reproduced, row.ci_low, row.ci_high
-    if row.direction == "no":
+    value, low, high = row.reproduced
+    if row.direction == ClaimVerdict.NO:
         return (f"the regime is reversed: over all scenarios the best $k>0$ has {pct(-value)} lower latency than the "
                 f"best $k=0$ (95\\% CI [{pct(-high)}, {pct(-low)}])")
-    if row.direction == "yes":
+    if row.direction == ClaimVerdict.YES:
         return (f"the regime is the reference's: over all scenarios the best $k>0$ has {pct(value)} higher latency "
                 f"than the best $k=0$ (95\\% CI [{pct(low)}, {pct(high)}])")
     return (f"the regime is undecided: over all scenarios the best $k>0$'s latency differs from the best $k=0$'s by "
@@ -132,16 +135,17 @@ def twin_sentence(summary: Summary, form: str = "full") -> str | None:
     if not rows:
         return None
     band = f"[{num(rows[0].band_low)}, {num(rows[0].band_high)}]"
-    words = {"yes": "inside", "no": "outside"}
+    words = {ClaimVerdict.YES: "inside", ClaimVerdict.NO: "outside"}
     if form == "conclusion":
         placed = [f"{TWIN_NAMES.get(r.configuration, r.configuration)}'s twin "
-                  + (f"at {num(r.reproduced)}, {words.get(r.magnitude, 'not placed')} it" if r.reproduced is not None
+                  + (f"at {num(r.reproduced.value)}, {words.get(r.magnitude, 'not placed')} it"
+                     if r.reproduced.value is not None
                      else "nowhere (no $k$ pays)") for r in rows]
         return (f"On the cost side, the reference's crossover range ({num(REFERENCE['crossover_alpha_min'])} to "
                 f"{num(REFERENCE['crossover_alpha_max'])}, widened by 0.05) has " + " and ".join(placed) + ".")
     if form == "abstract":
-        inside = [TWIN_NAMES.get(r.configuration, r.configuration) for r in rows if r.magnitude == "yes"]
-        outside = [TWIN_NAMES.get(r.configuration, r.configuration) for r in rows if r.magnitude != "yes"]
+        inside = [TWIN_NAMES.get(r.configuration, r.configuration) for r in rows if r.magnitude == ClaimVerdict.YES]
+        outside = [TWIN_NAMES.get(r.configuration, r.configuration) for r in rows if r.magnitude != ClaimVerdict.YES]
         parts = []
         if inside:
             parts.append(f"the cost side of its break-even acceptance is reproduced for {', '.join(inside)}")
@@ -159,7 +163,7 @@ def twin_sentence(summary: Summary, form: str = "full") -> str | None:
             "break-even acceptance (0.05): " + "; ".join(parts) + ".")
 
 
-def abstract(summary: Summary, meta: dict) -> str:
+def abstract(summary: Summary, meta: RunMetadata) -> str:
     """The abstract, from the pooled view of the shipped runs of this commit and machine class where there are
     several (rakv.experiments.replication.pooled_summary), saying which claim verdicts held in every run."""
     summary = pooled_summary(summary)
@@ -169,8 +173,8 @@ def abstract(summary: Summary, meta: dict) -> str:
         "We reproduce a study of joint cross-request prefix KV reuse and speculative decoding in which a measured "
         "cost model chooses, per request, whether to reuse cached prefix state ($r$) and how many draft tokens to "
         "speculate ($k$, including $k=0$).",
-        f"We ran it on {tex_escape(meta['hardware']['processor'])} ({tex_escape(meta['hardware']['device'])}"
-        + (f", {tex_escape(meta['hardware']['isa'])}" if meta['hardware'].get('isa') else "")
+        f"We ran it on {tex_escape(meta.hardware.processor)} ({tex_escape(meta.hardware.device)}"
+        + (f", {tex_escape(meta.hardware.isa)}" if meta.hardware.isa else "")
         + f") with {prompts} prompts and {len(grid.scenarios)} reuse scenarios, measuring every feasible action at "
         f"least {grid.measurements_per_action_min} times: {summary.runs} timed runs in all.",
     ]
@@ -203,7 +207,7 @@ def conclusion(summary: Summary) -> str:
     text = []
     for name, s in summary.per_configuration.items():
         first, second, third = (f"{verdict(s.latency_reduction.against(b))} {BASELINE_TEXT[b]}"
-                                for b in ("joint-k4", "kv-only", "best-fixed"))
+                                for b in (JOINT_K4, KV_ONLY, BEST_FIXED))
         text.append(f"On \\texttt{{{tex_escape(name)}}}, a controller that chooses reuse and $k$ per request from a "
                     f"measured cost model is {first} (the reference: {pct(REFERENCE['latency_reduction_vs_joint_k4'])} "
                     f"lower latency), {second}, and {third}, and the regime of speculation against $k=0$ is "
@@ -250,7 +254,7 @@ def claims_named(rows, statistics: dict) -> str:
                      f"(direction/magnitude {verdicts(r)})" for r in rows)
 
 
-def pooled_statistics(summary: Summary) -> dict:
+def pooled_statistics(summary: Summary) -> dict[str, PooledStatistic]:
     """The summary's statistics pooled over the shipped runs, by name (empty with one run)."""
     return {p.name: p for p in summary.replication.statistics} if summary.replication else {}
 
@@ -268,25 +272,31 @@ def replication_clause(summary: Summary) -> str | None:
             f"{len(rep.claim_runs)} claim rows have the same verdicts in every run.")
 
 
+def yes_no_inconclusive(counts: dict) -> tuple[int, int, int]:
+    """A claim count's rows per verdict (rakv.experiments.claims.ClaimCounts): reproduced, reversed or outside,
+    inconclusive."""
+    return tuple(counts.get(v, 0) for v in (ClaimVerdict.YES, ClaimVerdict.NO, ClaimVerdict.INCONCLUSIVE))
+
+
 def counts_sentence(counts: ClaimCounts) -> str:
     """The one wording of the claim counts (rakv.experiments.claims.claim_counts), for the introduction and
     Section "Claims"."""
-    d, m = counts.direction, counts.magnitude
+    (d_yes, d_no, d_open), (m_yes, m_no, m_open) = map(yes_no_inconclusive, (counts.direction, counts.magnitude))
     return (f"Of {counts.rows} claim rows (each reference claim per configuration), {counts.signed} are signed "
-            f"effects, whose direction is reproduced for {d.get('yes', 0)}, reversed for {d.get('no', 0)} and "
-            f"inconclusive for {d.get('inconclusive', 0)}; {counts.banded} have a tolerance band: "
-            f"{m.get('yes', 0)} inside it, {m.get('no', 0)} outside and {m.get('inconclusive', 0)} "
+            f"effects, whose direction is reproduced for {d_yes}, reversed for {d_no} and "
+            f"inconclusive for {d_open}; {counts.banded} have a tolerance band: "
+            f"{m_yes} inside it, {m_no} outside and {m_open} "
             "straddling an edge; "
             f"{counts.unjudged} (extremes over scenarios without an interval, and findings) carry no such verdict")
 
 
 def counts_brief(counts: ClaimCounts) -> str:
     """The claim counts in one clause, for the abstract (Section "Claims" gives them in full, `counts_sentence`)."""
-    d, m = counts.direction, counts.magnitude
+    (d_yes, d_no, d_open), (m_yes, _, _) = map(yes_no_inconclusive, (counts.direction, counts.magnitude))
     return (f"Of the reference's {counts.signed} signed effects (per configuration) this run reproduces the "
-            f"direction of {d.get('yes', 0)}, reverses {d.get('no', 0)} and leaves {d.get('inconclusive', 0)} "
-            f"undecided; {m.get('yes', 0)} of {counts.banded} banded claims "
-            f"{'falls' if m.get('yes', 0) == 1 else 'fall'} inside their tolerance band")
+            f"direction of {d_yes}, reverses {d_no} and leaves {d_open} "
+            f"undecided; {m_yes} of {counts.banded} banded claims "
+            f"{'falls' if m_yes == 1 else 'fall'} inside their tolerance band")
 
 
 def claims_discussion(summary: Summary) -> str:
@@ -301,7 +311,7 @@ def claims_discussion(summary: Summary) -> str:
                  "(a least or a most, one value) is shown without an interval and without a verdict, and a finding "
                  "by what the stage that tests it found.")
     for name, part in rows.groupby("configuration", sort=False):
-        reversed_ = part[part.direction == "no"].claim.tolist()
+        reversed_ = part[part.direction == ClaimVerdict.NO].claim.tolist()
         if reversed_:
             parts.append(f"Reversed on \\texttt{{{tex_escape(name)}}}: " + "; ".join(tex_escape(c) for c in reversed_)
                          + ".")
@@ -313,7 +323,7 @@ def verdict(triple) -> str:
     side = ci_side(triple, 0.0, point_if_no_interval=False)
     if missing(triple[0]):
         return "not compared with"
-    return {"above": "faster than", "below": "slower than"}.get(side, "not distinguishable from")
+    return {Side.ABOVE: "faster than", Side.BELOW: "slower than"}.get(side, "not distinguishable from")
 
 
 def introduction_findings(summary: Summary) -> str:
@@ -327,7 +337,7 @@ def introduction_findings(summary: Summary) -> str:
             "Joint-k4 and speculation slower than $k=0$ in every scenario, it finds the following."]
     for name, s in summary.per_configuration.items():
         first, second, third = (f"{verdict(s.latency_reduction.against(b))} {BASELINE_TEXT[b]}"
-                                for b in ("joint-k4", "kv-only", "best-fixed"))
+                                for b in (JOINT_K4, KV_ONLY, BEST_FIXED))
         verdicts = f"{first}, {second}, and {third}"
         text.append(f"On \\texttt{{{tex_escape(name)}}}, RAKV-ASD is {verdicts} (95\\% CIs in the abstract and "
                     "Table~\\ref{tab:statistics}), and the regime of speculation against $k=0$ is "
@@ -345,7 +355,7 @@ def introduction_findings(summary: Summary) -> str:
 
 def stage_times(results: Path) -> dict[str, int]:
     """Seconds of each pipeline stage's last run on this results folder (reproduce.sh's stage_times.tsv)."""
-    path = Path(results) / "stage_times.tsv"
+    path = RunLayout.of(results).stage_times
     if not path.exists():
         return {}
     out = {}
@@ -356,13 +366,12 @@ def stage_times(results: Path) -> dict[str, int]:
     return out
 
 
-def reproducibility(summary: Summary, meta: dict, times: dict[str, int]) -> str:
+def reproducibility(summary: Summary, meta: RunMetadata, times: dict[str, int]) -> str:
     """The reproducibility appendix: machine, versions, commit, the commands, the stages' wall times."""
-    hardware, packages, config = meta["hardware"], meta["packages"], meta["config"]
-    profile = tex_escape(config["profile"]["name"])
-    versions = ", ".join(f"{tex_escape(name)} {tex_escape(version)}" for name, version in packages.items()
-                         if version is not None)
-    commit = tex_escape((meta.get("git_commit") or "unknown")[:12])
+    hardware = meta.hardware
+    profile = tex_escape(meta.profile_name)
+    versions = ", ".join(f"{tex_escape(name)} {tex_escape(version)}" for name, version in meta.packages.installed())
+    commit = tex_escape(meta.short_commit)
     shipped = summary.results.startswith("data/reference/")
     paragraphs = [
         ("\\paragraph{Raw data.} The run this paper reports ships with the artifact: " if shipped else
@@ -371,11 +380,11 @@ def reproducibility(summary: Summary, meta: dict, times: dict[str, int]) -> str:
         "\\texttt{metadata.json}, the calibrations, the sensitivity and feasibility tables and \\texttt{summary.json}. "
         "The analysis stage recomputes every statistic, table, figure and generated sentence here from them"
         + (", and a test fails when the shipped numbers and today's analysis disagree." if shipped else "."),
-        f"\\paragraph{{Machine and software.}} {tex_escape(hardware['processor'])} ({tex_escape(hardware['device'])}, "
-        f"{hardware['threads'] or 'GPU'} threads, {tex_escape(hardware['dtype'])}); {versions}. Model forwards use "
-        f"the \\texttt{{{tex_escape(config.get('kernels', 'stock'))}}} kernels.",
+        f"\\paragraph{{Machine and software.}} {tex_escape(hardware.processor)} ({tex_escape(hardware.device)}, "
+        f"{hardware.threads or 'GPU'} threads, {tex_escape(hardware.dtype)}); {versions}. Model forwards use "
+        f"the \\texttt{{{tex_escape(meta.kernels)}}} kernels.",
         "\\paragraph{Provenance.} The study was measured "
-        f"at commit \\texttt{{{commit}}} with profile \\texttt{{{profile}}} and seed {config.get('seed')}: "
+        f"at commit \\texttt{{{commit}}} with profile \\texttt{{{profile}}} and seed {meta.seed}: "
         f"{summary.runs} timed runs ({summary.strategy_runs} RAKV-ASD, {summary.sweep_runs} action "
         "measurements). Its \\texttt{study/metadata.json} holds the composed configuration, the package versions, "
         "the calibration keys and the machine's load before and after the runs.",
@@ -391,21 +400,21 @@ def reproducibility(summary: Summary, meta: dict, times: dict[str, int]) -> str:
     return "\n\n".join(paragraphs) + "\n"
 
 
-def limitations(summary: Summary, meta: dict) -> str:
-    grid, config = summary.grid, meta["config"]
-    hardware = meta["hardware"]
+def limitations(summary: Summary, meta: RunMetadata) -> str:
+    grid = summary.grid
+    hardware = meta.hardware
     text = [
-        f"Timings depend on the machine ({tex_escape(hardware['processor'])}, {tex_escape(hardware['device'])}): "
+        f"Timings depend on the machine ({tex_escape(hardware.processor)}, {tex_escape(hardware.device)}): "
         "a speculative round's cost relative to a target step differs between machines, so the break-even "
         "acceptance and the value of speculation differ from the reference's.",
-        f"The grid is the profile's (\\texttt{{{tex_escape(config['profile']['name'])}}}): "
+        f"The grid is the profile's (\\texttt{{{tex_escape(meta.profile_name)}}}): "
         + ", ".join(f"{n} {tex_escape(d)} prompts" for d, n in grid.prompts.items())
         + f" over {len(grid.length_bins)} length bin{'s' if len(grid.length_bins) != 1 else ''}, "
         f"{grid.new_tokens} new tokens, "
         f"{grid.measurements_per_action_min} measurements per action and {grid.controller_repeats} "
         "controller runs per scenario; confidence intervals resample prompts, so with few prompts they are wide.",
     ]
-    undecided = [r for r in pooled_summary(summary).claims if r.direction == "inconclusive"]
+    undecided = [r for r in pooled_summary(summary).claims if r.direction == ClaimVerdict.INCONCLUSIVE]
     if undecided:
         text.append(f"{len(undecided)} signed claims are inconclusive at this grid's power.")
     mapes = {n: s.mape[0] for n, s in summary.per_configuration.items() if not missing(s.mape[0])}
@@ -443,7 +452,7 @@ def mape_note(summary: Summary) -> str:
         if not diff or missing(diff[0]):
             continue
         side = ci_side(diff, 0.0, point_if_no_interval=False)
-        words = {"below": "lower than", "above": "higher than"}.get(side, "not distinguishable from")
+        words = {Side.BELOW: "lower than", Side.ABOVE: "higher than"}.get(side, "not distinguishable from")
         text.append(f"On \\texttt{{{tex_escape(name)}}} the cost model's MAPE, {pct(s.mape[0])}, is {words} the "
                     f"action-blind predictor's, {pct(s.mape_null)} (paired difference {100 * diff[0]:.1f} "
                     f"percentage points, 95\\% CI [{100 * diff[1]:.1f}, {100 * diff[2]:.1f}]); its mean per-scenario "

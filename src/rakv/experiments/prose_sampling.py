@@ -7,10 +7,16 @@ from __future__ import annotations
 import numpy as np
 
 from rakv.experiments.formatting import ci_text, missing, num, pct, tex_escape
-from rakv.experiments.sampling_stats import AGREES, DIFFERS, agreement_tally, counted_verdict
-from rakv.experiments.summary import ABSENT, DISTRIBUTION_SAMPLES, EXPECTED_GIVEN_DRAFT, FIRST_ROUNDS, Summary
-from rakv.experiments.verdicts import ci_side
-from rakv.runtime.actions import ADAPTIVE
+from rakv.experiments.sampling_stats import agreement_tally, counted_verdict
+from rakv.experiments.summary import DISTRIBUTION_SAMPLES, EXPECTED_GIVEN_DRAFT, FIRST_ROUNDS, Summary
+from rakv.experiments.verdicts import BlockAcceptance, CheckVerdict, Side, ci_side
+from rakv.runtime.actions import ADAPTIVE, KV_ONLY
+from rakv.runtime.json_records import ABSENT
+
+JUDGED = (CheckVerdict.AGREES, CheckVerdict.DIFFERS)  # the checks that can fail
+BLOCK_WORDS = {BlockAcceptance.MORE: "accepts more candidates per round than",
+               BlockAcceptance.FEWER: "accepts fewer candidates per round than",
+               BlockAcceptance.INCONCLUSIVE: "is not distinguishable in candidates accepted per round from"}
 
 
 def ratio_text(triple) -> str:
@@ -21,9 +27,9 @@ def ratio_text(triple) -> str:
 def ratio_words(triple, baseline: str) -> str:
     """A latency ratio worded by the side of 1 its CI lies on."""
     side = ci_side(triple, 1.0, point_if_no_interval=False)
-    if side == "below":
+    if side == Side.BELOW:
         return f"faster than {baseline} (latency ratio {ratio_text(triple)})"
-    if side == "above":
+    if side == Side.ABOVE:
         return f"slower than {baseline} (latency ratio {ratio_text(triple)})"
     return f"not distinguishable from {baseline} (latency ratio {ratio_text(triple)})"
 
@@ -180,12 +186,12 @@ def long_context_sentences(rows) -> list[str]:
     out = []
     for (name, budget, length_bin, strategy), r in by.items():
         asd = by.get((name, budget, length_bin, ADAPTIVE))
-        if strategy != "kv-only" or asd is None or not length_bin:
+        if strategy != KV_ONLY or asd is None or not length_bin:
             continue
         out.append(f"On documents of {length_bin} tokens ({r.documents}, t intervals on {long_context_freedom(r)} "
                    f"degrees of freedom) with a {budget:g} MiB store, "
                    f"{tex_escape(name)}'s reuse (kv-only, {r.hit_tokens:.0f} tokens reused per request) is "
-                   f"{ratio_words(r.vs_ar, 'AR')} and RAKV-ASD is {ratio_words(asd.vs_reuse, 'kv-only')} "
+                   f"{ratio_words(r.vs_ar, 'AR')} and RAKV-ASD is {ratio_words(asd.vs_reuse, KV_ONLY)} "
                    f"({r.evictions} evictions under kv-only).")
     return out
 
@@ -210,7 +216,7 @@ def family_agreement(checks) -> int:
     ones over those checks: each by its own quantile, the normal one or Student's t on its degrees of freedom."""
     from scipy.stats import norm, t
 
-    judged = [c for c in checks if c.control is not True and counted_verdict(c) in (AGREES, DIFFERS)]
+    judged = [c for c in checks if c.control is not True and counted_verdict(c) in JUDGED]
     tail = 0.025 / max(len(judged), 1)
     agree = 0
     for c in judged:
@@ -244,9 +250,9 @@ def acceptance_sentences(s) -> list[str]:
     for c in checks:
         if c.control is True:
             text.append(f"On the biased control ({tex_escape(c.configuration)}, {c.requests} samples) the same check "
-                        f"{'rejects' if counted_verdict(c) == DIFFERS else 'does not reject'} the "
+                        f"{'rejects' if counted_verdict(c) == CheckVerdict.DIFFERS else 'does not reject'} the "
                         f"token-wise closed form (difference {ci_text(c.difference, fmt=lambda v: num(v, 3))}).")
-    blocks = [c for c in checks if c.verify == "block" and counted_verdict(c) in (AGREES, DIFFERS)]
+    blocks = [c for c in checks if c.verify == "block" and counted_verdict(c) in JUDGED]
     if blocks:
         text.append(block_power_sentence(blocks))
     return text
@@ -259,7 +265,7 @@ def block_power_sentence(blocks) -> str:
     compared = [c for c in blocks if c.versus_token]
     # equal to float rounding (both summed in float32-rounded probabilities): a gap of 1e-4 per position is none
     same = [c for c in compared if np.allclose(c.versus_token, c.difference, rtol=0, atol=1e-4, equal_nan=True)]
-    told = [c for c in compared if ci_side(c.versus_token, 0.0, point_if_no_interval=False) in ("above", "below")]
+    told = [c for c in compared if ci_side(c.versus_token, 0.0, point_if_no_interval=False) in (Side.ABOVE, Side.BELOW)]
     freedom = sorted(c.degrees_of_freedom for c in blocks)
     text = (f"The block checks' half-widths run from {min(halves):.3f} to {max(halves):.3f} candidates per position "
             f"reached (t intervals on {freedom[0]} to {freedom[-1]} degrees of freedom)")
@@ -300,8 +306,7 @@ def sampling_text(summary: Summary) -> str:
                                 "of its power at this size)" for d in controls)
                     + " (Table~\\ref{tab:sampling-tests}).")
     for b in s.block_vs_token:
-        words = {"more": "accepts more candidates per round than", "fewer": "accepts fewer candidates per round than",
-                 "inconclusive": "is not distinguishable in candidates accepted per round from"}[b.verdict]
+        words = BLOCK_WORDS[b.verdict]
         where = {FIRST_ROUNDS: f"over {b.requests} paired first rounds of the distribution samples",
                  EXPECTED_GIVEN_DRAFT: (f"in expectation given the draft, on every round of {b.requests} distribution "
                                         "samples (both rules judged on the same drafts, without their coin flips)")

@@ -5,15 +5,18 @@ results, rakv.experiments.peer_tables, as docs/peers.md).
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
+from rakv.bench.peer_reports import SERVE_METRICS
+from rakv.experiments import peer_tables as pt
 from rakv.experiments.formatting import ci_text, missing, num, pct, tex_escape
+from rakv.experiments.peer_tables import BatchFile
 from rakv.experiments.prose import goal_tally
+from rakv.experiments.serving_goal_ids import GoalKind
 from rakv.experiments.summary import ALL_ITERATIONS, Comparison, Summary
 from rakv.experiments.verdicts import ci_side
-from rakv.runtime.paths import ROOT
+from rakv.runtime.run_layout import PeerLayout, RunLayout
 
 METRIC_NAMES = {"p99_itl_ms": "p99 inter-token latency", "median_ttft_ms": "median time to first token",
                 "goodput": "goodput"}
@@ -22,12 +25,12 @@ METRIC_NAMES = {"p99_itl_ms": "p99 inter-token latency", "median_ttft_ms": "medi
 def signed_change(row: Comparison) -> str:
     """'lowered X by 12.0 % [5.1, 20.3]', 'raised ...' or 'did not measurably change X (...)': from the CI's sign."""
     metric = METRIC_NAMES[row.metric]
-    triple = [row.value, row.ci_low, row.ci_high]
-    if row.ci_low is not None and row.ci_low > 0:
-        return f"raised {metric} by {ci_text(triple)}"
-    if row.ci_high is not None and row.ci_high < 0:
-        return f"lowered {metric} by {ci_text([-row.value, -row.ci_high, -row.ci_low])}"
-    return f"did not measurably change {metric} ({ci_text(triple)})"
+    value, low, high = row.ci
+    if low is not None and low > 0:
+        return f"raised {metric} by {ci_text(row.ci)}"
+    if high is not None and high < 0:
+        return f"lowered {metric} by {ci_text([-value, -high, -low])}"
+    return f"did not measurably change {metric} ({ci_text(row.ci)})"
 
 
 FAMILY_TEXT = {"chunking": "Under the interference trace", "speculation": "Under the structured-output trace with "
@@ -98,13 +101,13 @@ def serving_text(summary: Summary) -> str:
 def met_but_lower_sentence(serving) -> str:
     """The "no worse" goals met within their margin while their CI lies wholly below zero: measurably lower than
     the baseline, by less than the margin (a margin wider than the run's noise lets such a goal be met)."""
-    lower = [g for g in serving.goals if "/no_worse/" in g.key or "/throughput/" in g.key
-             if g.verdict == "met" and g.ci_high is not None and not missing(g.ci_high) and g.ci_high < 0]
+    lower = [g for g in serving.goals if g.goal_id.kind in (GoalKind.NO_WORSE, GoalKind.THROUGHPUT)
+             if g.verdict == "met" and not missing(g.ci.high) and g.ci.high < 0]
     if not lower:
         return ""
     shown = "; ".join(f"{tex_escape(g.family or '')} against {tex_escape(g.rival or '')} "
-                      f"({'goodput' if '/no_worse/' in g.key else 'throughput'} {pct(g.value)} "
-                      f"[{pct(g.ci_low)}, {pct(g.ci_high)}])" for g in lower)
+                      f"({'goodput' if g.goal_id.kind is GoalKind.NO_WORSE else 'throughput'} {pct(g.ci.value)} "
+                      f"[{pct(g.ci.low)}, {pct(g.ci.high)}])" for g in lower)
     return (f"{len(lower)} ``no worse'' {'goal is' if len(lower) == 1 else 'goals are'} met within the margin "
             f"while {'its' if len(lower) == 1 else 'their'} CI lies wholly below zero, so RAKV-ASD is measurably "
             f"lower there, by less than the margin: {shown}.")
@@ -203,18 +206,18 @@ def peer_folder(results: Path) -> Path | None:
     """The vLLM peer's results for the paper of `results`: the shipped ones (data/reference/peer/,
     scripts/ship_peer.sh) for a shipped run; for a run of one's own, this machine's (results/peer/, from
     scripts/bench_vllm_serve.py and tune_vllm.py) if any, else the shipped ones; None without either."""
-    from rakv.runtime.paths import REFERENCE_DIR
-
-    shipped = Path(REFERENCE_DIR) / "peer"
-    own_run = not Path(results).resolve().is_relative_to(Path(REFERENCE_DIR).resolve())
-    for folder in ((ROOT / "results" / "peer", shipped) if own_run else (shipped,)):
-        if (folder / "bench_vllm_serve" / "summary.json").exists():
-            return folder
+    shipped = PeerLayout.shipped()
+    own_run = not RunLayout.of(results).shipped
+    for peer in ((PeerLayout.own(), shipped) if own_run else (shipped,)):
+        if peer.vllm_serve_summary.exists():
+            return peer.root
     return None
 
 
-PEER_COLUMNS = [("output_throughput", "tok/s", 1), ("p50_ttft_ms", "TTFT p50", 0), ("p99_ttft_ms", "TTFT p99", 0),
-                ("p50_tpot_ms", "TPOT p50", 0), ("mean_e2el_ms", "E2E mean", 0), ("p99_e2el_ms", "E2E p99", 0)]
+# the client metrics of the paper's table: docs/peers.md's (rakv.bench.peer_reports.SERVE_METRICS) but the ITL and
+# hit-rate columns, which do not fit its width (the hit rate has its own column)
+PEER_COLUMNS = [m for m in SERVE_METRICS if m.field in ("output_throughput", "p50_ttft_ms", "p99_ttft_ms",
+                                                         "p50_tpot_ms", "mean_e2el_ms", "p99_e2el_ms")]
 
 
 def peer_cell(triple, digits: int) -> str:
@@ -231,91 +234,85 @@ def peer_section(folder: Path | None) -> str:
     throughput ratios of bench_serving.py, and (if measured) tune_vllm.py's schedule read against its own noise —
     all from the shipped files (rakv.experiments.peer_tables, as docs/peers.md). The sentences carry no sign of
     their own."""
-    from rakv.experiments import peer_tables as pt
-
     if folder is None:
         return "% no vLLM peer results: scripts/bench_peers.sh (docs/peers.md)\n"
-    serve = pt.read_json(folder / "bench_vllm_serve" / "summary.json")
-    machine, repeats = serve["machine"], len(serve["repeats"])
+    serve = pt.read_serve_summary(PeerLayout(folder).vllm_serve_summary)
+    machine, repeats = serve.machine, len(serve.repeats)
     rows = []
-    for label, rate in serve["workloads"].items():
-        for i, key in enumerate(serve["settings"]):
-            a = serve["aggregate"][key][label]
-            hit = a["prefix_hit_rate"][0]
+    for label, rate in serve.workloads.items():
+        for i, key in enumerate(serve.settings):
+            a = serve.aggregate[key][label]
+            hit = a.prefix_hit_rate.value
             rows.append(f"{tex_escape(label.rsplit('-', 1)[0]) if i == 0 else ''} & {rate:g} & "
-                        f"{tex_escape(pt.serve_setting_name(serve, key))} & {a['completed']} & {a['failed']} & "
-                        + " & ".join(peer_cell(a[m], d) for m, _, d in PEER_COLUMNS)
+                        f"{tex_escape(pt.setting_name(serve, key))} & {a.completed} & {a.failed} & "
+                        + " & ".join(peer_cell(a.metric(m), m.digits) for m in PEER_COLUMNS)
                         + f" & {'--' if hit is None else pct(hit, 0)} \\\\")
-    agreed = [a for r in serve["repeats"] for a in pt.agreements(r)]
+    agreed = [a for r in serve.repeats for a in pt.repeat_agreements(r)]
     text = (f"\\paragraph{{Against vLLM.}} The same prompts, at the same seeded Poisson arrivals, were sent by vLLM's "
             f"own benchmark client (\\texttt{{vllm bench serve}}) to \\texttt{{rakv serve --http}} (strategy "
-            f"\\texttt{{{tex_escape(serve['strategy'])}}}) and to vLLM {tex_escape(serve['vllm'])}'s CPU build "
-            f"serving the same fp32 weights, each with its defaults (prefix caching on in both), {serve['requests']} "
-            f"requests of {serve['new_tokens']} new tokens per workload, {repeats} repeats each with its own prompts "
+            f"\\texttt{{{tex_escape(serve.strategy)}}}) and to vLLM {tex_escape(serve.vllm)}'s CPU build "
+            f"serving the same fp32 weights, each with its defaults (prefix caching on in both), {serve.requests} "
+            f"requests of {serve.new_tokens} new tokens per workload, {repeats} repeats each with its own prompts "
             f"and arrivals (Table~\\ref{{tab:peer}}; \\texttt{{scripts/bench\\_peers.sh}}, "
-            f"{tex_escape(machine['cpu'])}, {machine['cores']} cores, {machine['date']}). On {machine['cores']} "
+            f"{tex_escape(machine.cpu)}, {machine.cores} cores, {machine.date}). On {machine.cores} "
             "cores vLLM gives its model one thread by default (its front end the other) where rakv computes on "
             "both, so vLLM was measured at its default and with \\texttt{OMP\\_NUM\\_THREADS=2}. Greedy outputs "
-            f"were equal token for token on {sum(a['equal'] for a in agreed)} of {sum(a['requests'] for a in agreed)} "
+            f"were equal token for token on {sum(a.equal for a in agreed)} of {sum(a.requests for a in agreed)} "
             "requests both engines completed"
-            + (f" ({sum(a.get('failed', 0) for a in agreed)} comparisons left out: a request one engine failed)"
-               if any(a.get("failed") for a in agreed) else "")
+            + (f" ({sum(a.failed for a in agreed)} comparisons left out: a request one engine failed)"
+               if any(a.failed for a in agreed) else "")
             + ". rakv / vLLM per repeat, read from the CIs of the geometric mean of the paired ratios "
             "(docs/peers.md gives every ratio): " + " ".join(tex_escape(x) for x in pt.serve_sentences(serve)) + "\n")
     table = ("\\begin{table}[!htbp]\\centering\\scriptsize\n\\fittable{\\begin{tabular}{lllrr" + "r" * len(PEER_COLUMNS)
              + "r}\\toprule\nworkload & req/s & engine & done & failed & "
-             + " & ".join(name for _, name, _ in PEER_COLUMNS) + " & hits \\\\\n\\midrule\n" + "\n".join(rows)
+             + " & ".join(m.label for m in PEER_COLUMNS) + " & hits \\\\\n\\midrule\n" + "\n".join(rows)
              + "\n\\bottomrule\\end{tabular}}\n"
              f"\\caption{{rakv serve and vLLM under vLLM's benchmark client: means over {repeats} repeats $\\pm$ the "
              "half-width of their 95\\,\\% t interval (times in ms; done / failed: requests over all repeats; hits: "
              "prompt tokens reused, vLLM in blocks of 16 tokens, rakv at token granularity).}\\label{tab:peer}\n"
              "\\end{table}\n")
-    return text + table + batch_peer_text(pt.batch_files(folder)) + tune_text(folder)
+    return text + table + batch_peer_text(pt.batch_reports(folder)) + tune_text(folder)
 
 
-def batch_peer_text(files: list[dict]) -> str:
+def batch_peer_text(files: list[BatchFile]) -> str:
     """bench_serving.py --peer vllm's ratios (all requests at once), with their CIs and vLLM's threads."""
-    from rakv.experiments import peer_tables as pt
-
     if not files:
         return ""
     parts = []
     for f in files:
-        a = f["args"]
-        what = (f"rakv prompt lookup $k={a['vllm_ngram']}$ against vLLM's n-gram drafts" if a.get("vllm_ngram")
-                else "greedy AR") + f", vLLM at {pt.threads_words(a.get('vllm_threads'))}"
-        cells = [f"{num(st[0], 2)} [{num(st[1], 2)}, {num(st[2], 2)}] at $c={r['concurrency']}$"
-                 for r in f["rows"] if "vllm_tok_s" in r
-                 for st in [pt.batch_statistics(r)["ours_over_vllm_ci"]]]
+        a = f.report.args
+        what = (f"rakv prompt lookup $k={a.vllm_ngram}$ against vLLM's n-gram drafts" if a.vllm_ngram
+                else "greedy AR") + f", vLLM at {pt.threads_words(a.vllm_threads)}"
+        cells = [f"{num(st.value, 2)} [{num(st.low, 2)}, {num(st.high, 2)}] at $c={r.concurrency}$"
+                 for r in f.report.rows if r.has_vllm
+                 for st in [pt.row_statistics(r).ours_over_vllm_ci]]
         parts.append(f"{what}: " + ", ".join(cells))
     return ("With every request arriving at once (\\texttt{scripts/bench\\_serving.py --peer vllm}: "
-            f"{files[0]['requests']} requests, vLLM's offline engine with \\texttt{{max\\_num\\_seqs}} $=c$ beside "
-            f"\\texttt{{rakv serve --max-batch}} $c$; {'/'.join(sorted({str(f['args']['repeats']) for f in files}))} "
+            f"{files[0].report.requests} requests, vLLM's offline engine with \\texttt{{max\\_num\\_seqs}} $=c$ beside "
+            f"\\texttt{{rakv serve --max-batch}} $c$; {'/'.join(sorted({str(f.report.args.repeats) for f in files}))} "
             "repeats), rakv's output tok/s over vLLM's, the geometric mean over repeats with its 95\\,\\% CI, is "
             + "; ".join(parts) + ". " + tex_escape(pt.speculation_sentence(files)) + "\n")
 
 
 def tune_text(folder: Path) -> str:
     """tune_vllm.py's schedule, its check (Table tab:tune) and the check read against its own run-to-run noise."""
-    from rakv.experiments import peer_tables as pt
-
-    path = folder / "tune_vllm" / "tune.json"
+    path = PeerLayout(folder).tune
     if not path.exists():
         return ""
-    tune = json.loads(path.read_text())
-    model = tune["model"]
-    configs = sorted({r["config"] for r in tune["check"]}, key=lambda c: (c != "tuned", c))
-    cs = sorted({r["c"] for r in tune["check"]})
-    rate = {(r["config"], r["c"]): r["tok_s"] for r in tune["check"]}
+    tune = pt.read_tune(path)
+    model = tune.model
+    configs = sorted({r.config for r in tune.check}, key=lambda c: (c != "tuned", c))
+    cs = sorted({r.c for r in tune.check})
+    rate = tune.rates()
     rows = [f"{tex_escape(config)} & " + " & ".join(f"{rate[(config, c)]:.1f}" for c in cs) + " \\\\"
             for config in configs]
     return (f"\\texttt{{scripts/tune\\_vllm.py}} measured vLLM's own step on this machine per batch size and $k$ apart "
             f"from acceptance, fitted the batch cost model's pass form to it (a step = "
-            f"{1e3 * model['fixed_s']:.1f} ms + "
-            f"{1e3 * model['per_request_s']:.2f} ms per request + {1e3 * model['per_row_s']:.2f} ms per row) and chose "
+            f"{1e3 * model.fixed_s:.1f} ms + "
+            f"{1e3 * model.per_request_s:.2f} ms per request + {1e3 * model.per_row_s:.2f} ms per row) and chose "
             f"vLLM's \\texttt{{num\\_speculative\\_tokens\\_per\\_batch\\_size}} for acceptance "
-            f"{tune['alpha']:.2f} and n-gram match rate {tune['match_rate']:.2f}: "
-            + ", ".join(f"$k={k}$ for batches {a}--{b if b < 1024 else 'up'}" for a, b, k in tune["schedule"])
+            f"{tune.alpha:.2f} and n-gram match rate {tune.match_rate:.2f}: "
+            + ", ".join(f"$k={k}$ for batches {a}--{b if b < 1024 else 'up'}" for a, b, k in tune.schedule)
             + ". Table~\\ref{tab:tune} serves the same requests through vLLM with it, with fixed $k$ and with a "
             "hand-set table.\n\\begin{table}[!htbp]\\centering\\scriptsize\n"
             "\\fittable{\\begin{tabular}{l" + "r" * len(cs)

@@ -222,14 +222,14 @@ def _pooled_record(record, prefix: str, pooled: dict[str, PooledStatistic]):
     by its pooled CI; nested records likewise."""
     from dataclasses import fields, is_dataclass, replace
 
-    from rakv.experiments.summary import name_of
+    from rakv.runtime.json_records import CI, name_of
 
     changes = {}
     for f in fields(record):
         value, name = getattr(record, f.name), f"{prefix}.{name_of(f)}"
         if is_dataclass(value):
             changes[f.name] = _pooled_record(value, name, pooled)
-        elif isinstance(value, list) and name in pooled:
+        elif isinstance(value, CI) and name in pooled:
             changes[f.name] = pooled[name].pooled
     return replace(record, **changes)
 

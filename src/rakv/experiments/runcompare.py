@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, is_dataclass
 from pathlib import Path
 
+from rakv.experiments.metadata import Hardware, run_metadata_if_any
 from rakv.experiments.replication import (
     degrees_of_freedom,
     differences,
@@ -21,9 +22,12 @@ from rakv.experiments.replication import (
     inside_rate_expected,
     pool_runs,
 )
-from rakv.experiments.summary import ClaimAcrossRuns, PooledStatistic, Replication, Summary, record_items
-from rakv.experiments.verdicts import ci_side
+from rakv.experiments.summary import ClaimAcrossRuns, PooledStatistic, Replication, Summary
+from rakv.experiments.verdicts import ClaimVerdict, ci_side
+from rakv.runtime.actions import ADAPTIVE, JOINT_K4, KV_ONLY
+from rakv.runtime.json_records import CI, record_items
 from rakv.runtime.paths import shown as shown_path
+from rakv.runtime.run_layout import RunLayout
 
 
 def sections(summary: Summary) -> list[tuple[str, object]]:
@@ -39,7 +43,7 @@ def walk(node, prefix=""):
     elif isinstance(node, dict):
         for key, child in node.items():
             yield from walk(child, f"{prefix}.{key}" if prefix else key)
-    elif isinstance(node, list) and len(node) == 3 and all(isinstance(v, (int, float)) or v is None for v in node):
+    elif isinstance(node, CI):
         yield prefix, node
     elif isinstance(node, (int, float)) and not isinstance(node, bool):
         yield prefix, node
@@ -48,13 +52,13 @@ def walk(node, prefix=""):
 def with_intervals(summary: Summary) -> dict[str, list[float]]:
     """name -> [value, low, high] for every statistic reported with a confidence interval."""
     return {name: value for section, node in sections(summary) for name, value in walk(node, section)
-            if isinstance(value, list) and None not in value}
+            if isinstance(value, CI) and None not in value}
 
 
 def scalars(summary: Summary) -> dict[str, float]:
     """name -> value for every statistic reported without an interval."""
     return {name: value for section, node in sections(summary) for name, value in walk(node, section)
-            if not isinstance(value, list)}
+            if not isinstance(value, CI)}
 
 
 def compare(a: Summary, b: Summary) -> tuple[list[str], Agreement]:
@@ -95,32 +99,26 @@ def _ci(triple) -> str:
     return f"{value:>9.4f} [{low:>7.4f}, {high:>7.4f}]"
 
 
-MACHINE = ("processor", "isa", "kernels_march", "cores", "caches", "device", "threads", "dtype")
-
-
-def hardware(folder: Path) -> dict | None:
+def hardware(folder: Path) -> Hardware | None:
     """What a results folder's study ran on (None without its metadata.json): processor, ISA, the kernels' compile
     target, cores, caches, device, threads, dtype (a record written before a field existed lacks it)."""
-    try:
-        found = json.loads((folder / "study" / "metadata.json").read_text()).get("hardware") or {}
-    except (OSError, ValueError):
-        return None
-    return {key: found.get(key) for key in MACHINE}
+    meta = run_metadata_if_any(RunLayout.of(folder))
+    return meta.hardware if meta else None
 
 
-def same_machine(a: dict, b: dict) -> bool:
+def same_machine(a: Hardware, b: Hardware) -> bool:
     """The same machine class: every field both records carry is equal (an older record lacks the newer fields)."""
-    return all(a[key] == b[key] for key in MACHINE if a.get(key) is not None and b.get(key) is not None)
+    return all(x == y for x, y in zip(a.machine_class(), b.machine_class()) if x is not None and y is not None)
 
 
-def described(machine: dict | None) -> str:
+def described(machine: Hardware | None) -> str:
     if machine is None:
         return "hardware not recorded"
-    extra = "".join(f", {machine[key]}" for key in ("isa", "kernels_march") if machine.get(key))
-    cores = f", {machine['cores']} cores" if machine.get("cores") else ""
-    caches = f", caches {machine['caches']}" if machine.get("caches") else ""
-    return (f"{machine['processor']} ({machine['device']}{extra}{cores}, {machine['threads'] or 'GPU'} threads"
-            f"{caches}, {machine['dtype']})")
+    extra = "".join(f", {value}" for value in (machine.isa, machine.kernels_march) if value)
+    cores = f", {machine.cores} cores" if machine.cores else ""
+    caches = f", caches {machine.caches}" if machine.caches else ""
+    return (f"{machine.processor} ({machine.device}{extra}{cores}, {machine.threads or 'GPU'} threads"
+            f"{caches}, {machine.dtype})")
 
 
 @dataclass(frozen=True)
@@ -161,12 +159,12 @@ def controller_decisions(folder: Path):
 
     from rakv.experiments.calibrations import tables_by_configuration, with_tie_sets
 
-    path = Path(folder) / "study" / "runs.parquet"
+    path = RunLayout.of(folder).study.runs
     if not path.exists():
         return None  # a summary shipped without its raw tables
     runs = pd.read_parquet(path)
     runs = with_tie_sets(runs, tables_by_configuration(runs, Path(folder)))
-    return runs[runs.strategy == "rakv-asd"].set_index(DECISION_KEY)[["action", "tie_set"]]
+    return runs[runs.strategy == ADAPTIVE].set_index(DECISION_KEY)[["action", "tie_set"]]
 
 
 def decision_agreement(a: Path, b: Path, tied: bool = False) -> dict[str, float]:
@@ -195,20 +193,18 @@ def decision_agreement(a: Path, b: Path, tied: bool = False) -> dict[str, float]
 
 # a claim with an interval -> its statistic under per_configuration.<configuration>. in summary.json
 CLAIM_STATISTICS = {
-    "latency_reduction_vs_joint_k4": "latency_reduction.joint-k4",
-    "throughput_gain_vs_joint_k4": "throughput_gain.joint-k4",
-    "latency_reduction_vs_kv_only": "latency_reduction.kv-only",
-    "throughput_gain_vs_kv_only": "throughput_gain.kv-only",
+    "latency_reduction_vs_joint_k4": f"latency_reduction.{JOINT_K4}",
+    "throughput_gain_vs_joint_k4": f"throughput_gain.{JOINT_K4}",
+    "latency_reduction_vs_kv_only": f"latency_reduction.{KV_ONLY}",
+    "throughput_gain_vs_kv_only": f"throughput_gain.{KV_ONLY}",
     "accuracy_k": "accuracy_k", "accuracy_action": "accuracy_action", "mape": "mape", "spearman": "spearman",
     "mean_regret": "mean_regret", "spec_regime": "spec_slowdown.pooled",
 }
 
 
 def commit_of(folder: Path) -> str | None:
-    try:
-        return json.loads((Path(folder) / "study" / "metadata.json").read_text()).get("git_commit")
-    except (OSError, ValueError):
-        return None
+    meta = run_metadata_if_any(RunLayout.of(folder))
+    return meta.git_commit if meta else None
 
 
 def sibling_runs(results: Path) -> list[Path]:
@@ -217,8 +213,9 @@ def sibling_runs(results: Path) -> list[Path]:
     results = Path(results)
     mine = hardware(results), commit_of(results)
     out = []
-    for folder in sorted(results.parent.glob(results.name + "-rerun*")):
-        if not (folder / "summary.json").exists() or commit_of(folder) != mine[1] or mine[1] is None:
+    for rerun in RunLayout.of(results).reruns():
+        folder = rerun.root
+        if not rerun.summary.exists() or commit_of(folder) != mine[1] or mine[1] is None:
             continue
         theirs = hardware(folder)
         if None not in (mine[0], theirs) and same_machine(mine[0], theirs):
@@ -238,8 +235,8 @@ def pooled_claims(summaries: list[Summary], pooled: dict[str, PooledStatistic]):
         rows.append(claim_row(row.key, row.configuration, stat.pooled) if stat else row)
         same = [next((r for r in s.claims if (r.key, r.configuration) == (row.key, row.configuration)), None)
                 for s in summaries]
-        direction = [r.direction if r else "missing" for r in same]
-        magnitude = [r.magnitude if r else "missing" for r in same]
+        direction = [r.direction if r else ClaimVerdict.MISSING for r in same]  # a run without the claim
+        magnitude = [r.magnitude if r else ClaimVerdict.MISSING for r in same]
         held = all(d == rows[-1].direction for d in direction) and all(m == rows[-1].magnitude for m in magnitude)
         across.append(ClaimAcrossRuns(row.key, row.configuration, direction, magnitude, rows[-1].direction,
                                       rows[-1].magnitude, held))

@@ -38,7 +38,6 @@ from scipy import stats
 
 from rakv.experiments.intervals import geometric_mean_interval, ratio_interval, t_interval
 from rakv.experiments.summary import (
-    ABSENT,
     CLOSED_FORM,
     DISTRIBUTION_SAMPLES,
     EXPECTED_GIVEN_DRAFT,
@@ -52,14 +51,16 @@ from rakv.experiments.summary import (
     StructuredRow,
     TemperatureResult,
 )
-from rakv.experiments.verdicts import ci_side
-from rakv.runtime.actions import ADAPTIVE, Action
+from rakv.experiments.verdicts import BlockAcceptance, CheckVerdict, Payoff, Side, ci_side
+from rakv.runtime.actions import ADAPTIVE, AR, KV_ONLY, SPEC_K4, Action, spec
+from rakv.runtime.json_records import ABSENT
 
 NAN = float("nan")
+# one prompt's distribution samples: first tokens [samples, positions], log-likelihoods, target-argmax counts or None
+PromptSamples = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 PLAIN = "plain"
 CONTROL = "biased"  # the positive control's rule (rakv.runtime.verification.CONTROL_RULES)
 RUNS = "runs"  # ClosedFormCheck.source of the runs table's cells
-AGREES, DIFFERS, IDENTITY, NOT_JUDGED = "agrees", "differs", "identity", "not judged"  # ClosedFormCheck.verdict
 CELL = ["configuration", "temperature", "verify", "k"]  # one acceptance check's rows
 NO_WIDTH = 1e-9  # an interval (and a difference) this narrow is rounding: the difference has no variance
 
@@ -69,16 +70,16 @@ def reached(frame: pd.DataFrame) -> pd.Series:
     return frame.accepted + frame.rejections
 
 
-def check_verdict(difference) -> str:
+def check_verdict(difference) -> CheckVerdict:
     """agrees | differs by the side of 0 the difference's CI lies on; identity where the CI has no width and the
     difference is 0 (the measurement equals its expectation whatever happened: a check that cannot fail); not
     judged where there is no interval (one request)."""
     value, low, high = difference
     if not (np.isfinite(low) and np.isfinite(high)):
-        return NOT_JUDGED
+        return CheckVerdict.NOT_JUDGED
     if high - low <= NO_WIDTH and abs(value) <= NO_WIDTH:
-        return IDENTITY
-    return AGREES if ci_side(difference, 0.0) == "straddles" else DIFFERS
+        return CheckVerdict.IDENTITY
+    return CheckVerdict.AGREES if ci_side(difference, 0.0) == Side.STRADDLES else CheckVerdict.DIFFERS
 
 
 def closed_form_difference(group: pd.DataFrame, positions: int) -> list[float]:
@@ -155,12 +156,12 @@ class CheckTally:
     controls_rejected: int
 
 
-def counted_verdict(check: ClosedFormCheck) -> str:
+def counted_verdict(check: ClosedFormCheck) -> CheckVerdict:
     """The verdict a check's interval gives now (`check_verdict`), not the one it carries, so a check that cannot
     fail is refused as agreement whatever it was labelled; a block cell of a summary from before its expectation
     given the drafts (then labelled "bound", against token-wise's closed form, no bound of it) is not judged."""
     if check.verify == "block" and check.expectation is ABSENT:
-        return NOT_JUDGED
+        return CheckVerdict.NOT_JUDGED
     return check_verdict(check.difference)
 
 
@@ -168,10 +169,10 @@ def agreement_tally(checks: list[ClosedFormCheck]) -> CheckTally:
     """Counts the checks by `counted_verdict`, the positive controls apart (they must differ)."""
     controls = [c for c in checks if c.control is True]
     verdicts = [counted_verdict(c) for c in checks if c.control is not True]
-    return CheckTally(agree=verdicts.count(AGREES), judged=verdicts.count(AGREES) + verdicts.count(DIFFERS),
-                      identities=verdicts.count(IDENTITY), not_judged=verdicts.count(NOT_JUDGED),
-                      controls=len(controls),
-                      controls_rejected=sum(counted_verdict(c) == DIFFERS for c in controls))
+    agree, differ = verdicts.count(CheckVerdict.AGREES), verdicts.count(CheckVerdict.DIFFERS)
+    return CheckTally(agree=agree, judged=agree + differ, identities=verdicts.count(CheckVerdict.IDENTITY),
+                      not_judged=verdicts.count(CheckVerdict.NOT_JUDGED), controls=len(controls),
+                      controls_rejected=sum(counted_verdict(c) == CheckVerdict.DIFFERS for c in controls))
 
 
 def per_prompt_log_ratio(runs: pd.DataFrame, ours: tuple[str, str], baseline: tuple[str, str]) -> pd.Series:
@@ -194,19 +195,18 @@ def temperature_results(runs: pd.DataFrame, tables: dict) -> list[TemperatureRes
         fixed = group[group.strategy != ADAPTIVE]
         means = fixed.groupby(["strategy", "verify"]).latency_s.mean()
         best = means.idxmin()
-        spec4 = group[(group.strategy == "spec-k4") & (group.verify.isin(["token", "greedy"]))]
+        spec4 = group[(group.strategy == SPEC_K4) & (group.verify.isin(["token", "greedy"]))]
         positions = reached(spec4).sum()
         rule = "greedy" if temperature == 0 else "token"
-        vs_ar = geometric_mean_interval(per_prompt_log_ratio(group, (ADAPTIVE, rule), ("ar", rule)))
+        vs_ar = geometric_mean_interval(per_prompt_log_ratio(group, (ADAPTIVE, rule), (AR, rule)))
         vs_best = geometric_mean_interval(per_prompt_log_ratio(group, (ADAPTIVE, rule), best))
-        spec_vs_ar = geometric_mean_interval(per_prompt_log_ratio(group, ("spec-k4", rule), ("ar", rule)))
+        spec_vs_ar = geometric_mean_interval(per_prompt_log_ratio(group, (SPEC_K4, rule), (AR, rule)))
         chosen = group[group.strategy == ADAPTIVE].k.value_counts().sort_index()
         table = tables.get(name)
         break_even = None
         if table is not None:
             features = RequestFeatures(int(round(group.prompt_tokens.mean())), 0, int(group.new_tokens.max()))
             break_even = break_even_alpha(table, features, False, 4)
-        side = ci_side(spec_vs_ar, 1.0, point_if_no_interval=False)
         out.append(TemperatureResult(
             configuration=name, temperature=float(temperature),
             acceptance=float(spec4.accepted.sum() / positions) if positions else None,
@@ -215,14 +215,22 @@ def temperature_results(runs: pd.DataFrame, tables: dict) -> list[TemperatureRes
             best_fixed=f"{best[0]}/{best[1]}", best_k=Action.of_strategy(best[0]).k,
             chosen_k={str(k): int(n) for k, n in chosen.items()},
             break_even_alpha=break_even,
-            speculation={"below": "pays", "above": "costs"}.get(side, "inconclusive")))
+            speculation=speculation_payoff(spec_vs_ar)))
     return out
 
 
-def more_or_fewer(difference: list[float]) -> str:
+def speculation_payoff(spec_vs_ar) -> Payoff:
+    """Whether spec-k4 pays against AR at a temperature: its latency ratio's CI wholly below 1 (pays) or above
+    (costs), else inconclusive. Without an interval too: the word the sampling summary has always written there,
+    where rakv.experiments.verdicts.payoff (a reduction's CI) says no interval."""
+    side = ci_side(spec_vs_ar, 1.0, point_if_no_interval=False)
+    return {Side.BELOW: Payoff.PAYS, Side.ABOVE: Payoff.COSTS}.get(side, Payoff.INCONCLUSIVE)
+
+
+def more_or_fewer(difference: list[float]) -> BlockAcceptance:
     """Block against token-wise verification from the CI of their difference in accepted candidates per round."""
     side = ci_side(difference, 0.0, point_if_no_interval=False)
-    return {"above": "more", "below": "fewer"}.get(side, "inconclusive")
+    return {Side.ABOVE: BlockAcceptance.MORE, Side.BELOW: BlockAcceptance.FEWER}.get(side, BlockAcceptance.INCONCLUSIVE)
 
 
 def block_vs_token(runs: pd.DataFrame) -> list[BlockVsToken]:
@@ -236,7 +244,7 @@ def block_vs_token(runs: pd.DataFrame) -> list[BlockVsToken]:
             continue  # a rule missing, or a prompt without rounds (a proposer that never matched)
         rate = per.accepted / per.rounds
         difference = t_interval((rate.loc["block"] - rate.loc["token"]).dropna())
-        strategy = f"spec-k{k}"
+        strategy = spec(k)
         latency = geometric_mean_interval(per_prompt_log_ratio(group, (strategy, "block"), (strategy, "token")))
         out.append(BlockVsToken(
             configuration=name, temperature=float(temperature), k=int(k), requests=int(len(group) // 2),
@@ -337,7 +345,7 @@ def mode_count_test(a, b) -> float:
     return float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
 
 
-def by_prompt(frame: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+def by_prompt(frame: pd.DataFrame) -> dict[str, PromptSamples]:
     """prompt -> (its samples' first tokens [samples, positions], their log-likelihoods, how many of their tokens
     were the target's most likely; None where the table predates that column)."""
     out = {}
@@ -366,7 +374,7 @@ def family_p_values(plain: dict, arm: dict) -> list[float]:
     return p_values
 
 
-def half_sample(samples: dict, rng: np.random.Generator) -> dict:
+def half_sample(samples: dict[str, PromptSamples], rng: np.random.Generator) -> dict[str, PromptSamples]:
     """Half of each prompt's samples, drawn without replacement: itself an independent sample of half the size from
     the arm's true distribution (a bootstrap resample would not be: it treats the observed difference between two
     arms, noise included, as the truth, and rejects too often). An extrapolation of the power to the full size
@@ -407,7 +415,7 @@ def structured_rows(rows: pd.DataFrame) -> list[StructuredRow]:
     """Per (configuration, strategy): how many outputs parse and follow the schema, latency, and whether every
     output equals AR's (greedy decoding: speculation must not change a token)."""
     out = []
-    ar = rows[rows.strategy == "ar"].set_index(["configuration", "prompt_id"]).text
+    ar = rows[rows.strategy == AR].set_index(["configuration", "prompt_id"]).text
     for (name, strategy), group in rows.groupby(["configuration", "strategy"], sort=False):
         same = all(ar.get((name, p)) == t for p, t in zip(group.prompt_id, group.text, strict=True))
         out.append(StructuredRow(name, str(strategy), len(group), float(group.parses.mean()),
@@ -438,8 +446,8 @@ def long_context_rows(rows: pd.DataFrame) -> list[LongContextRow]:
         # say nothing of this budget (None: not measured here)
         measured = (group[group.measured_under_mib == group.budget_mib] if "measured_under_mib" in group
                     else group)
-        vs_ar, vs_ar_df = ratio_to(group, "ar")
-        vs_reuse, vs_reuse_df = ratio_to(group, "kv-only") if strategy == ADAPTIVE else ([NAN, NAN, NAN], None)
+        vs_ar, vs_ar_df = ratio_to(group, AR)
+        vs_reuse, vs_reuse_df = ratio_to(group, KV_ONLY) if strategy == ADAPTIVE else ([NAN, NAN, NAN], None)
         out.append(LongContextRow(
             configuration=name, budget_mib=float(budget), strategy=str(strategy), requests=len(group),
             document_tokens=float(group.document_tokens.mean()), hit_tokens=float(group.hit_tokens.mean()),
@@ -453,13 +461,15 @@ def long_context_rows(rows: pd.DataFrame) -> list[LongContextRow]:
 def sampling_summary(results, tables: dict, seed: int = 0) -> SamplingSummary | None:
     """The sampling stage's statistics from results/<name>/sampling/ (None: the stage has not run); the tests' level
     and the power's resamples are the stage's design (conf/experiment/sampling.yaml, kept in design.json)."""
-    from rakv.experiments.sampling import read_design, read_part
+    from rakv.experiments.metadata import read_sampling_design
+    from rakv.experiments.sampling import read_part
+    from rakv.runtime.run_layout import RunLayout
 
     runs = read_part(results, "runs")
     if runs is None:
         return None
-    design = read_design(results).get("experiment", {}).get("distribution", {})
-    level, resamples = float(design.get("alpha", 0.05)), int(design.get("power_resamples", 200))
+    design = read_sampling_design(RunLayout.of(results))
+    level, resamples = (design.distribution_level, design.power_resamples) if design else (0.05, 200)
     distribution = read_part(results, "distribution")
     structured = read_part(results, "structured")
     long_context = read_part(results, "long_context")

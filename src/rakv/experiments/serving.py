@@ -42,15 +42,18 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from rakv.experiments.config import configuration, cost_table_for, engine_for, results_dir
-from rakv.experiments.records import exclusive, metadata, write_atomic, write_parquet
+from rakv.experiments.config import configuration, cost_table_for, engine_for, run_layout
+from rakv.experiments.metadata import serving_metadata, write_serving_metadata
+from rakv.experiments.records import exclusive, write_atomic, write_parquet
 from rakv.experiments.schema import ServingSection, section
 from rakv.experiments.serving_runs import StudyRunSummary, read_study_run
 from rakv.runtime.actions import Action
 from rakv.runtime.calibration import calibration_key, load_table
 from rakv.runtime.costmodel import RequestFeatures, acceptance_estimate, estimate_latency
 from rakv.runtime.errors import RakvError
+from rakv.runtime.json_records import read_record, to_json
 from rakv.runtime.proposers import Proposer
+from rakv.runtime.run_layout import ServedRunLayout, ServingStudyLayout
 from rakv.runtime.workloads import dataset_texts
 from rakv.serving.batchcost import load_or_calibrate_batch
 from rakv.serving.records import RequestRecord, read_iterations, read_records
@@ -86,7 +89,7 @@ def cells(cfg: DictConfig) -> list[dict]:
     return out
 
 
-def slos_of(cfg: DictConfig, step_s: float) -> dict:
+def slos_of(cfg: DictConfig, step_s: float) -> dict[str, float]:
     """The study's SLOs in ms on this machine: the design's multiples of the one-request decode step `step_s`."""
     steps = cfg.experiment.slo_steps
     return {name: float(steps[name]) * step_s * 1e3 for name in ("itl", "ttft", "tpot")}
@@ -152,8 +155,18 @@ def options_of(cfg: DictConfig, cell: dict, slo_ms: float, **extra) -> ServeOpti
     return ServeOptions.from_config(cfg.serving, **options, ignore_eos=True, **extra)
 
 
-def cell_dir(out: Path, cell: dict, repeat: int) -> Path:
-    return out / "cells" / cell["family"] / f"{cell['rate']:g}" / cell["policy"] / f"r{repeat}"
+def cell_dir(out: ServingStudyLayout, cell: dict, repeat: int) -> ServedRunLayout:
+    return out.served_run(cell["family"], cell["rate"], cell["policy"], repeat)
+
+
+@dataclass(frozen=True)
+class RunComplete:
+    """A served cell's complete.json, written last: its repeat is not served again on resume."""
+    wall_s: float
+
+
+def read_complete(run: ServedRunLayout) -> RunComplete:
+    return read_record(RunComplete, run.complete)
 
 
 def trace_seed(seed: int, repeat: int) -> int:
@@ -162,10 +175,10 @@ def trace_seed(seed: int, repeat: int) -> int:
     return seed + 1000 * repeat
 
 
-def trace_for(cfg: DictConfig, out: Path, family: str, rate: float, repeat: int) -> Path:
+def trace_for(cfg: DictConfig, out: ServingStudyLayout, family: str, rate: float, repeat: int) -> Path:
     """The family's trace at `rate` for `repeat` (generated once, seeded by trace_seed; the same for every policy
     of the repeat)."""
-    path = out / "traces" / f"{family}-{rate:g}-r{repeat}.jsonl"
+    path = out.trace(family, rate, repeat)
     if path.exists():
         return path
     grid: ServingSection = section(cfg.profile.serving)
@@ -186,9 +199,9 @@ def _plain(node) -> dict:
 
 def run_serving(cfg: DictConfig) -> Path:
     validate_serving(cfg)
-    out = results_dir(cfg) / "serving"
-    out.mkdir(parents=True, exist_ok=True)
-    with exclusive(out / ".lock"):
+    out = run_layout(cfg).serving
+    out.root.mkdir(parents=True, exist_ok=True)
+    with exclusive(out.lock):
         return _run(cfg, out)
 
 
@@ -202,11 +215,11 @@ class Served:
     slos_ms: dict
 
 
-def _setup(cfg: DictConfig, out: Path, name: str) -> Served:
+def _setup(cfg: DictConfig, out: ServingStudyLayout, name: str) -> Served:
     engine = engine_for(cfg, configuration(name))
     table = _study_table(cfg, engine)
     batch_cost = load_or_calibrate_batch(engine, recalibrate=cfg.calibration.recalibrate)
-    write_atomic(out / f"batch_cost-{name}.json", json.dumps(batch_cost.to_json(), indent=1))
+    write_atomic(out.batch_cost(name), json.dumps(batch_cost.to_json(), indent=1))
     return Served(engine, table, batch_cost, slos_of(cfg, decode_step_s(batch_cost)))
 
 
@@ -228,13 +241,13 @@ def run_order(plan: list[dict], repeats: int, seed: int) -> list[tuple[int, dict
     return order
 
 
-def _run(cfg: DictConfig, out: Path) -> Path:
+def _run(cfg: DictConfig, out: ServingStudyLayout) -> Path:
     grid: ServingSection = section(cfg.profile.serving)
     plan = cells(cfg)
     served = {name: _setup(cfg, out, name) for name in dict.fromkeys(c["configuration"] for c in plan)}
     runs = run_order(plan, grid.repeats, cfg.seed)
-    todo = [(r, c) for r, c in runs if not (cell_dir(out, c, r) / "complete.json").exists()]
-    write_atomic(out / "plan.txt", _plan_text(cfg, plan, served, len(runs), len(todo)))
+    todo = [(r, c) for r, c in runs if not cell_dir(out, c, r).complete.exists()]
+    write_atomic(out.plan, _plan_text(cfg, plan, served, len(runs), len(todo)))
     print(f"serving: {len(plan)} cells x {grid.repeats} repeats = {len(runs)} runs on {', '.join(served)}, "
           f"{len(todo)} to go" + _eta(out, len(todo)), flush=True)
     references: dict = {}
@@ -242,9 +255,9 @@ def _run(cfg: DictConfig, out: Path) -> Path:
     began, finished = time.perf_counter(), 0
     for repeat, cell in runs:
         target = cell_dir(out, cell, repeat)
-        if (target / "complete.json").exists():
+        if target.complete.exists():
             continue
-        shutil.rmtree(target, ignore_errors=True)  # an interrupted run starts over
+        shutil.rmtree(target.root, ignore_errors=True)  # an interrupted run starts over
         parts_of = served[cell["configuration"]]
         engine = parts_of.engine
         trace_path = trace_for(cfg, out, cell["family"], cell["rate"], repeat)
@@ -262,17 +275,17 @@ def _run(cfg: DictConfig, out: Path) -> Path:
         parts = serve_parts(engine, options, lambda parts_of=parts_of: parts_of.table,
                             family_controller(cfg, cell["family"]), cfg.calibration.recalibrate, progress=False,
                             batch_cost=parts_of.batch_cost)
-        served_run = serve(engine, trace, target, options, parts, progress=False)
+        served_run = serve(engine, trace, target.root, options, parts, progress=False)
         reference = references[key]
-        records = read_records(target / "requests.jsonl")
+        records = read_records(target.requests)
         equal = sum(r.ok and r.token_ids == reference.get(r.id) for r in records)
         run = StudyRunSummary(served_run, outputs_equal_ar=equal, family=cell["family"], rate=cell["rate"],
                               policy=cell["policy"], repeat=repeat, configuration=cell["configuration"],
                               trace=trace_path.name, wall_s=time.perf_counter() - started,
                               concurrency=mean_concurrency(records, served_run.statistics.duration_s),
                               slo_itl_ms=slos["itl"], slo_ttft_ms=slos["ttft"], slo_tpot_ms=slos["tpot"])
-        write_atomic(target / "summary.json", json.dumps(run.to_json(), indent=1))
-        write_atomic(target / "complete.json", json.dumps({"wall_s": run.wall_s}))
+        write_atomic(target.served_summary, json.dumps(run.to_json(), indent=1))
+        write_atomic(target.complete, json.dumps(to_json(RunComplete(run.wall_s))))
         finished += 1
         left = (len(todo) - finished) * (time.perf_counter() - began) / finished
         measured = served_run.statistics
@@ -295,7 +308,7 @@ def _study_table(cfg: DictConfig, engine):
     """The cost table the study of this results folder used (results/<name>/calibration/), when it was measured
     for this pair and machine: the serving stage's controller prices requests as the study's does; else the
     calibration of this machine (measured now if missing or stale)."""
-    kept = results_dir(cfg) / "calibration" / f"{engine.pair.name}-{engine.proposer}.json"
+    kept = run_layout(cfg).calibration(engine.pair.name, engine.proposer)
     if kept.exists():
         try:
             return load_table(kept, calibration_key(engine.pair, engine.proposer))
@@ -330,7 +343,7 @@ def _plan_text(cfg: DictConfig, plan: list[dict], served: dict, runs: int, todo:
     return "\n".join(lines) + "\n"
 
 
-def planned_power_lines(cfg: DictConfig, pilot: Path | None) -> list[str]:
+def planned_power_lines(cfg: DictConfig, pilot: ServingStudyLayout | None) -> list[str]:
     """plan.txt's goals, each with its minimum detectable difference from the pilot at the profile's repeats and
     whether that powers it (rakv.experiments.serving_power.goal_power), before any run; and the tally they start
     from: a goal the plan cannot power is reported underpowered whatever the run shows."""
@@ -344,8 +357,8 @@ def planned_power_lines(cfg: DictConfig, pilot: Path | None) -> list[str]:
             f"plan (reported so, whatever the run shows)", *goal_power_lines(rows)]
 
 
-def _eta(out: Path, todo: int) -> str:
-    done = [json.loads(p.read_text())["wall_s"] for p in out.glob("cells/*/*/*/*/complete.json")]
+def _eta(out: ServingStudyLayout, todo: int) -> str:
+    done = [read_complete(run).wall_s for run in out.completed_runs()]
     if not done or not todo:
         return ""
     return f"; about {todo * sum(done) / len(done) / 60:.0f} min left (the mean run so far)"
@@ -373,7 +386,7 @@ def expost_regret(table, record: RequestRecord, k_set: tuple[int, ...], replayin
     return estimates[chosen] / min(estimates.values()) - 1
 
 
-def collect(cfg: DictConfig, out: Path, tables: dict, plan: list[dict]) -> Path:
+def collect(cfg: DictConfig, out: ServingStudyLayout, tables: dict, plan: list[dict]) -> Path:
     """requests.parquet, cells.parquet, iterations.parquet from every finished run (`tables`: the cost table of
     each configuration, for the ex-post regret)."""
     requests, runs, iterations = [], [], []
@@ -381,13 +394,13 @@ def collect(cfg: DictConfig, out: Path, tables: dict, plan: list[dict]) -> Path:
     for repeat in range(cfg.profile.serving.repeats):
         for cell in plan:
             target = cell_dir(out, cell, repeat)
-            if not (target / "complete.json").exists():
+            if not target.complete.exists():
                 continue
-            runs.append(read_study_run(target / "summary.json"))
+            runs.append(read_study_run(target.served_summary))
             key = dict(family=cell["family"], rate=cell["rate"], policy=cell["policy"], repeat=repeat,
                        configuration=cell["configuration"])
             replaying = configuration(cell["configuration"]).proposer_type
-            for record in read_records(target / "requests.jsonl"):
+            for record in read_records(target.requests):
                 line = record.to_json()
                 row = {**key, **{k: v for k, v in line.items() if k not in ("token_ids", "prompt_ids", "text")}}
                 row["itl_s"] = json.dumps(record.itl_s)
@@ -395,19 +408,18 @@ def collect(cfg: DictConfig, out: Path, tables: dict, plan: list[dict]) -> Path:
                 if replaying.replays_rounds and record.ok and cell["family"] == "acceptance":
                     row["expost_regret"] = expost_regret(tables[cell["configuration"]], record, k_set, replaying)
                 requests.append(row)
-            for iteration in read_iterations(target / "iterations.jsonl"):
+            for iteration in read_iterations(target.iterations):
                 line = iteration.to_json()
                 line["k"] = json.dumps(iteration.k)
                 iterations.append({**key, **line})
-    write_parquet(requests, out / "requests.parquet")
-    write_parquet([run.row() for run in runs], out / "cells.parquet")
-    write_parquet(iterations, out / "iterations.parquet")
-    meta = metadata(cfg, {"cells": len(plan), "runs": len(runs)})
-    write_atomic(out / "metadata.json", json.dumps(meta, indent=1, default=str))
+    write_parquet(requests, out.requests)
+    write_parquet([run.row() for run in runs], out.cells)
+    write_parquet(iterations, out.iterations)
+    write_serving_metadata(serving_metadata(cfg, len(plan), len(runs)), out)
     equal = sum(run.outputs_equal_ar for run in runs)
     total = sum(run.run.statistics.completed + run.run.statistics.failed for run in runs)
     print(f"serving: {len(runs)} runs, {len(requests)} requests, outputs equal to batch-one AR: {equal}/{total}; "
-          f"{out}/requests.parquet, cells.parquet, iterations.parquet", flush=True)
+          f"{out.requests}, {out.cells.name}, {out.iterations.name}", flush=True)
     frame = pd.DataFrame(iterations)
     if len(frame) and frame.predicted_s.notna().any():
         known = frame[frame.predicted_s.notna() & (frame.iteration_s > 0)]
@@ -415,4 +427,4 @@ def collect(cfg: DictConfig, out: Path, tables: dict, plan: list[dict]) -> Path:
         table = float(((known.model_s - known.iteration_s).abs() / known.iteration_s).mean())
         print(f"serving: batch cost model, held-out check on {len(known)} served iterations: MAPE {mape:.1%} "
               f"with the online scale, {table:.1%} the table's alone", flush=True)
-    return out
+    return out.root

@@ -40,6 +40,7 @@ from rakv.experiments.serving_power import (
 )
 from rakv.experiments.summary import AcceptanceErrors, Goal, GoalPair, GoalPower, LatencyMape
 from rakv.experiments.verdicts import DECIDED, Side, Verdict, all_of, any_of, below, higher, non_inferior
+from rakv.runtime.json_records import CI
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ def speculation_goals(data: dict, design: dict, margins: dict,
                 one = _load_rule(kind, margin)(ci)
                 per_rate.append((rate, ci, one, both))
                 pairs.append(GoalPair(family=family, rate=rate, policy=a, against=rival, metric="goodput", kind=kind,
-                                      value=ci[0], ci_low=ci[1], ci_high=ci[2], verdict=one,
+                                      ci=CI(*ci), verdict=one,
                                       judged=judged.get(rate, False)))
             goals.append(_goodput_goal(GoalId(family, kind, rival), a, per_rate, judged, margin, unmeasured))
         goals += _throughput_goals(data, family, named, measured, margin, unmeasured)
@@ -424,15 +425,14 @@ def _final(goal_id: GoalId, goal: TestedGoal | None, weak: GoalPower | None, p_h
     """One goal's verdict (family_wise): missing where its data are incomplete (unless Holm decided it from what is
     there), underpowered where the plan said so, else Holm's."""
     if goal is None:
-        return Goal(goal=f"{goal_id.key}: named by the design, not in the data", key=goal_id.key, value=None,
-                    ci_low=None, ci_high=None, verdict=Verdict.MISSING, rule="--", family=goal_id.family,
+        return Goal(goal=f"{goal_id.key}: named by the design, not in the data", key=goal_id.key,
+                    ci=CI(None, None, None), verdict=Verdict.MISSING, rule="--", family=goal_id.family,
                     reason="not in the data: its family was not served, or none of its requests finished")
 
     def final(verdict: Verdict, **test) -> Goal:
         shown = {name: value for name in ("rival", "rate", "unit", "status")
                  if (value := getattr(goal, name)) is not None}
-        value, low, high = goal.ci
-        return Goal(goal=goal.goal, key=goal.key, value=value, ci_low=low, ci_high=high, verdict=verdict,
+        return Goal(goal=goal.goal, key=goal.key, ci=CI(*goal.ci), verdict=verdict,
                     rule=goal.rule, family=goal_id.family, **shown, **test)
 
     if weak and not goal.missing:

@@ -2,14 +2,13 @@
 names (`planned_goals`, each a `PlannedGoal` named by a `GoalId`), and from the pilot each one's minimum detectable
 difference at the profile's repeats (`goal_power`) and each family's paired noise (`power_rows`).
 
-A goal is named by its family, its kind and the baseline it is judged against (`GoalId`); `GoalId.key` spells it
-as summary.json's `serving.goals[].key` and `serving.goal_power[].key` ("speculation/no_worse/k0"). Nothing reads
-a goal's kind, family or baseline back out of that text: they are the record's fields.
+A goal is named by its family, its kind and the baseline it is judged against (`GoalId`,
+rakv.experiments.serving_goal_ids); `GoalId.key` spells it as summary.json's `serving.goals[].key` and
+`serving.goal_power[].key` ("speculation/no_worse/k0"), and `GoalId.from_key` alone reads one back.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,48 +19,13 @@ from scipy import stats
 
 from rakv.experiments.intervals import CONFIDENCE
 from rakv.experiments.serving_cells import judged_loads, paired_values, per_repeat_mean, request_values, residual_sd
+from rakv.experiments.serving_goal_ids import GoalId, GoalKind
 from rakv.experiments.summary import FamilyPower, GoalPower
 from rakv.runtime.paths import ROOT
+from rakv.runtime.run_layout import ServingStudyLayout
 
 POWER = 0.80
 ALPHA = 1.0 - CONFIDENCE  # the family-wise error rate of the goals' verdicts (Holm within each family)
-
-
-class GoalKind(enum.StrEnum):
-    """What a serving goal says (conf/experiment/serving.yaml names them per family). The first four are the
-    speculation families' goodput goals, written as summary.json's `serving.pairs[].kind`."""
-    NO_WORSE = "no worse"  # ours' goodput no worse than a baseline's within the margin, at every judged load
-    HIGHER = "higher"  # ours' goodput higher than a baseline's at some judged load
-    PART_ACCEPTANCE = "part: acceptance"  # the prefix-keyed acceptance's part: ours against the ablation arm
-    PART_LOAD_AWARE = "part: load-aware k"  # load-aware k's part: the ablation arm against the fixed k
-    THROUGHPUT = "throughput"  # ours' output throughput no worse than a baseline's at the highest load
-    SLO_REACH = "slo reach"  # chunking: ours meets the ITL SLO up to a load at least every fixed budget's
-    TTFT = "ttft"  # chunking: ours' median TTFT no worse than the baseline's
-    LATENCY_MAPE = "latency mape"  # admission's service-time prediction error under a threshold
-    ACCEPTANCE_ERROR = "acceptance error"  # the prefix-keyed acceptance's error lower than the EWMA's
-
-
-# How GoalId.key spells each kind after "<family>/": a kind a family has once per baseline names the baseline
-KEY_TAILS = {
-    GoalKind.NO_WORSE: "no_worse/{rival}", GoalKind.HIGHER: "higher/{rival}",
-    GoalKind.PART_ACCEPTANCE: "part/acceptance", GoalKind.PART_LOAD_AWARE: "part/load_aware",
-    GoalKind.THROUGHPUT: "throughput/{rival}", GoalKind.SLO_REACH: "slo_reach", GoalKind.TTFT: "ttft",
-    GoalKind.LATENCY_MAPE: "latency_mape", GoalKind.ACCEPTANCE_ERROR: "error",
-}
-
-
-@dataclass(frozen=True)
-class GoalId:
-    """A serving goal's name: its family, kind and the baseline the design judges it against (`rival`; None for the
-    SLO-reach goal, whose rival the data pick, and the latency goal, which has none)."""
-    family: str
-    kind: GoalKind
-    rival: str | None = None
-
-    @property
-    def key(self) -> str:
-        """The goal as summary.json spells it: "<family>/<KEY_TAILS[kind]>"."""
-        return f"{self.family}/" + KEY_TAILS[self.kind].format(rival=self.rival)
 
 
 @dataclass(frozen=True)
@@ -116,10 +80,11 @@ def family_margin(margins: dict, design: dict | None, family: str, metric: str) 
     return float(own.get(metric, margins[metric]))
 
 
-def pilot_path(grid: dict) -> Path | None:
-    """The pilot run the profile's serving section names (relative to the repository), None where it names none."""
+def pilot_path(grid: dict) -> ServingStudyLayout | None:
+    """The pilot run the profile's serving section names (a serving study's folder, relative to the repository),
+    None where it names none."""
     pilot = grid.get("pilot")
-    return ROOT / pilot if pilot else None
+    return ServingStudyLayout(ROOT / pilot) if pilot else None
 
 
 def planned_goals(design: dict, rates: dict, margins: dict) -> list[PlannedGoal]:
@@ -230,12 +195,12 @@ def _paired_sds(cells: pd.DataFrame, metric: str, pairs: dict | None) -> dict[st
 
 
 def power_rows(cells: pd.DataFrame, repeats: int, margins: dict | None = None, design: dict | None = None,
-               rates: dict | None = None) -> list[dict]:
+               rates: dict | None = None, source: str = "run") -> list[FamilyPower]:
     """Per family, from a run's cells (a pilot's, or the run's own): the paired noise of its goals' comparisons
     (goodput for the speculation families, median TTFT for chunking; `design`: the families' goals, else every
     pair in goodput) at the loads `rates` names (family -> rates; None: every load of `cells`), the minimum
     detectable relative difference at `repeats` repeats and the family's margin (`family_margin`; None without
-    `margins`): FamilyPower's fields but its source."""
+    `margins`), as FamilyPower records of `source` ("pilot" or "run")."""
     if rates:
         served = {family: {float(r) for r in family_rates} for family, family_rates in rates.items()}
         cells = cells[[float(r) in served.get(f, ()) for f, r in zip(cells.family, cells.rate)]]
@@ -248,23 +213,24 @@ def power_rows(cells: pd.DataFrame, repeats: int, margins: dict | None = None, d
         for family, sd in paired_sd(cells, metric, pairs).items():
             margin = (family_margin(margins, design, family, "goodput" if metric == "goodput" else "ttft")
                       if margins else None)
-            rows.append({"family": family, "metric": metric, "paired_sd": sd, "largest_sd": worst[family][0],
-                         "largest_at": worst[family][1], "repeats": repeats, "mdd": minimum_detectable(sd, repeats),
-                         "own_repeats": int(cells[cells.family == family].repeat.nunique()), "margin": margin})
+            rows.append(FamilyPower(source=source, family=family, metric=metric, paired_sd=sd,
+                                    largest_sd=worst[family][0], largest_at=worst[family][1], repeats=repeats,
+                                    mdd=minimum_detectable(sd, repeats),
+                                    own_repeats=int(cells[cells.family == family].repeat.nunique()), margin=margin))
     return rows
 
 
-def power(pilot: Path, repeats: int, margins: dict | None = None, design: dict | None = None,
+def power(pilot: Path | ServingStudyLayout, repeats: int, margins: dict | None = None, design: dict | None = None,
           rates: dict | None = None) -> list[str]:
     """The plan's power lines: `power_rows` of a pilot's cells.parquet at the run's loads and repeats."""
-    path = Path(pilot) / "cells.parquet"
+    path = ServingStudyLayout.of(pilot).cells
     if not path.exists():
         return [f"no pilot at {path}"]
     lines = []
-    for row in power_rows(pd.read_parquet(path), repeats, margins, design, rates):
-        sd, mdd, margin, own = row["paired_sd"], row["mdd"], row["margin"], row["own_repeats"]
-        line = (f"{row['family']} {row['metric']}: paired sd {sd:.1%} (median over its goal comparisons; the largest "
-                f"{row['largest_sd']:.1%}, {row['largest_at']}); minimum detectable difference (95 % CI, power "
+    for row in power_rows(pd.read_parquet(path), repeats, margins, design, rates, source="pilot"):
+        sd, mdd, margin, own = row.paired_sd, row.mdd, row.margin, row.own_repeats
+        line = (f"{row.family} {row.metric}: paired sd {sd:.1%} (median over its goal comparisons; the largest "
+                f"{row.largest_sd:.1%}, {row.largest_at}); minimum detectable difference (95 % CI, power "
                 f"{POWER:.0%}) {mdd:.1%} at {repeats} repeats ({minimum_detectable(sd, own):.1%} at the pilot's "
                 f"{own})")
         if margin is not None:
@@ -280,11 +246,10 @@ def family_power(cells: pd.DataFrame, grid: dict, design: dict, margins: dict) -
     repeats, rates = int(grid["repeats"]), grid.get("rates")
     sources = []
     pilot = pilot_path(grid)
-    if pilot and (pilot / "cells.parquet").exists():
-        sources.append(("pilot", pd.read_parquet(pilot / "cells.parquet")))
+    if pilot and pilot.cells.exists():
+        sources.append(("pilot", pd.read_parquet(pilot.cells)))
     sources.append(("run", cells))
-    return [FamilyPower(source=source, **row) for source, frame in sources
-            for row in power_rows(frame, repeats, margins, design, rates)]
+    return [row for source, frame in sources for row in power_rows(frame, repeats, margins, design, rates, source)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,7 +293,7 @@ def _pilot_sds(goal: PlannedGoal, cells: pd.DataFrame, requests: pd.DataFrame | 
     return {None: float(means.std(ddof=1))} if len(means) >= 2 else {}
 
 
-def goal_power(planned: list[PlannedGoal], pilot: Path | None, repeats: int,
+def goal_power(planned: list[PlannedGoal], pilot: Path | ServingStudyLayout | None, repeats: int,
                requests: int | None = None) -> list[GoalPower]:
     """Per planned goal, from the pilot's cells (and requests where it shipped them): the MDD at `repeats` (95 % CI
     family-wise, 80 % power: `minimum_detectable` at `goal_level`) of the load that binds (every load: the noisiest;
@@ -336,9 +301,10 @@ def goal_power(planned: list[PlannedGoal], pilot: Path | None, repeats: int,
     margin (`powered`), and if not the repeats that would power it (`repeats_to_power`: the least n with
     (t(1 - a/2, n - 1) + t(0.8, n - 1)) sd / sqrt(n) <= margin) and the requests per trace that would at these
     repeats if a run's requests were independent (the SD falling as 1/sqrt(requests): requests x (MDD / margin)^2)."""
-    cells_path = Path(pilot) / "cells.parquet" if pilot else None
+    pilot = ServingStudyLayout.of(pilot) if pilot else None
+    cells_path = pilot.cells if pilot else None
     cells = pd.read_parquet(cells_path) if cells_path and cells_path.exists() else None
-    requests_path = Path(pilot) / "requests.parquet" if pilot else None
+    requests_path = pilot.requests if pilot else None
     pilot_requests = pd.read_parquet(requests_path) if requests_path and requests_path.exists() else None
     rows = []
     for goal in planned:

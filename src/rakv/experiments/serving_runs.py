@@ -8,20 +8,22 @@ run served, its check against batch-one AR and its SLOs (docs/serving.md), throu
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from rakv.runtime.errors import RakvError
-from rakv.serving.metrics import RunSummary, record_json, required
+from rakv.runtime.json_records import from_json, inline, to_json
+from rakv.serving.metrics import RunSummary
 
 
 @dataclass(frozen=True)
 class StudyRunSummary:
     """One run of one cell (family x rate x policy) at one repeat: the served run's summary, how many of its
     outputs equal the batch-one AR reference, the cell, its trace, the run's wall time, its mean concurrency
-    (rakv.experiments.serving.mean_concurrency) and the SLOs it was served under (ms)."""
+    (rakv.experiments.serving.mean_concurrency) and the SLOs it was served under (ms). The served run's summary is
+    `inline()`: its keys come first in the same flat object."""
 
-    run: RunSummary
+    run: RunSummary = inline()
     outputs_equal_ar: int
     family: str
     rate: float
@@ -37,15 +39,7 @@ class StudyRunSummary:
 
     def to_json(self) -> dict:
         """summary.json's object: the served run's keys, then the study's in declaration order."""
-        study = {name: value for name, value in record_json(self).items() if name != "run"}
-        return {**self.run.to_json(), **study}
-
-    @classmethod
-    def from_json(cls, data: dict) -> StudyRunSummary:
-        """A study run's summary.json object; TypeError naming a missing or unknown key."""
-        study = [f.name for f in fields(cls) if f.name != "run"]
-        run = RunSummary.from_json({k: v for k, v in data.items() if k not in study})
-        return cls(run=run, **{name: required(data, name) for name in study})
+        return to_json(self)
 
     def row(self) -> dict:
         """Its row of cells.parquet: every key of summary.json but the maps (the goodput SLOs)."""
@@ -55,6 +49,6 @@ class StudyRunSummary:
 def read_study_run(path: Path) -> StudyRunSummary:
     """A study run's summary.json; RakvError naming the file and the key where it is not one."""
     try:
-        return StudyRunSummary.from_json(json.loads(Path(path).read_text()))
-    except (ValueError, TypeError) as exc:
+        return from_json(StudyRunSummary, json.loads(Path(path).read_text()))
+    except ValueError as exc:  # not JSON, or a SchemaError naming the field
         raise RakvError(f"{path}: not a serving study run's summary.json ({exc})") from None

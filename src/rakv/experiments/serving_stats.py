@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from rakv.experiments.intervals import t_interval
+from rakv.experiments.metadata import ServingMetadata, read_serving_metadata
 from rakv.experiments.serving_cells import cell_table, paired_difference, rates_of, runs
 from rakv.experiments.serving_goals import (
     acceptance_goals,
@@ -58,18 +59,23 @@ from rakv.experiments.summary import (
     Slos,
     SloSteps,
 )
-from rakv.runtime.costmodel import tokens_per_round
+from rakv.runtime.actions import ADAPTIVE
+from rakv.runtime.costmodel import read_cost_table, tokens_per_round
+from rakv.runtime.json_records import CI
 from rakv.runtime.paths import CONF_DIR, conf_file
+from rakv.runtime.run_layout import RunLayout
 from rakv.serving.batchcost import shape_class
 
 
-def load(results: Path) -> dict[str, pd.DataFrame]:
-    folder = Path(results) / "serving"
-    return {name: pd.read_parquet(folder / f"{name}.parquet") for name in ("requests", "cells", "iterations")}
+def load(results: Path | RunLayout) -> dict[str, pd.DataFrame]:
+    """The serving study's tables of a results folder: "requests", "cells" and "iterations"."""
+    folder = RunLayout.of(results).serving
+    return {"requests": pd.read_parquet(folder.requests), "cells": pd.read_parquet(folder.cells),
+            "iterations": pd.read_parquet(folder.iterations)}
 
 
-def available(results: Path) -> bool:
-    return (Path(results) / "serving" / "cells.parquet").exists()
+def available(results: Path | RunLayout) -> bool:
+    return RunLayout.of(results).serving.cells.exists()
 
 
 def iteration_mape(iterations: pd.DataFrame) -> dict[str, IterationMape]:
@@ -93,7 +99,7 @@ def iteration_mape(iterations: pd.DataFrame) -> dict[str, IterationMape]:
     return out
 
 
-def chosen_k(iterations: pd.DataFrame, policies=("smartspec", "rakv-asd")) -> pd.DataFrame:
+def chosen_k(iterations: pd.DataFrame, policies=("smartspec", ADAPTIVE)) -> pd.DataFrame:
     """Mean candidates per decoding request by the number of decoding requests, per family and policy."""
     rows = []
     part = iterations[iterations.family.str.startswith("speculation") & iterations.policy.isin(policies)]
@@ -139,10 +145,10 @@ COMPARISONS = (  # (family, policy, against, metric): the paper's sentences, one
     ("chunking", "cost-model-slo", "none", "p99_itl_ms"),
     ("chunking", "cost-model-slo", "none", "median_ttft_ms"),
     ("chunking", "fixed-32", "none", "p99_itl_ms"),
-    ("speculation", "rakv-asd", "k0", "goodput"),
+    ("speculation", ADAPTIVE, "k0", "goodput"),
     ("speculation", "k2", "k0", "goodput"),
     ("speculation", "smartspec", "k0", "goodput"),
-    ("speculation-draft", "rakv-asd", "k0", "goodput"),
+    ("speculation-draft", ADAPTIVE, "k0", "goodput"),
     ("speculation-draft", "k2", "k0", "goodput"),
     ("speculation-draft", "smartspec", "k0", "goodput"),
 )
@@ -157,7 +163,7 @@ def comparisons(data: dict) -> list[Comparison]:
             if {a, b} <= present:
                 ci = paired_difference(data, family, rate, a, b, metric)
                 rows.append(Comparison(family=family, rate=float(rate), policy=a, against=b, metric=metric,
-                                       value=ci[0], ci_low=ci[1], ci_high=ci[2]))
+                                       ci=CI(*ci)))
     return rows
 
 
@@ -174,7 +180,7 @@ def _profile(name: str):
     return OmegaConf.merge(*[b for b in bases if b is not None], own)
 
 
-def judged_by(meta: dict) -> tuple[dict, dict]:
+def judged_by(meta: ServingMetadata) -> tuple[dict, dict]:
     """(the experiment, the profile's serving section) a run is judged by. The goals, margins and loads are fixed in
     the repository before any run (conf/experiment/serving.yaml; conf/profile/<the run's profile>.yaml's rates and
     pilot), so a run is judged by them as they stand, not by the copy in its metadata.json: a run measured under
@@ -183,10 +189,9 @@ def judged_by(meta: dict) -> tuple[dict, dict]:
     stay its own; the run's copy stands in where the repository has no such profile."""
     from omegaconf import OmegaConf
 
-    run = meta["config"]
-    experiment = {**run["experiment"], **OmegaConf.to_container(conf_file("experiment/serving.yaml"))}
-    grid = dict(run["profile"]["serving"])
-    profile = _profile(run["profile"]["name"])
+    experiment = {**meta.experiment, **OmegaConf.to_container(conf_file("experiment/serving.yaml"))}
+    grid = meta.serving_grid
+    profile = _profile(meta.profile_name)
     if profile is not None and profile.profile.get("serving") is not None:
         own = OmegaConf.to_container(profile.profile.serving)
         grid.update({k: own[k] for k in ("rates", "pilot") if k in own})
@@ -215,9 +220,9 @@ def serving_summary(results: Path, seed: int = 0) -> ServingSummary:
     from rakv.experiments.config import configuration
     from rakv.serving.batchcost import BatchCost
 
-    results = Path(results)
-    data = load(results)
-    meta = json.loads((results / "serving" / "metadata.json").read_text())
+    layout = RunLayout.of(results)
+    data = load(layout)
+    meta = read_serving_metadata(layout)
     experiment, grid = judged_by(meta)
     design, margins = experiment["families"], experiment["margins"]
     table = cell_table(data)
@@ -226,17 +231,16 @@ def serving_summary(results: Path, seed: int = 0) -> ServingSummary:
     # exactness is a check of the engine (reported beside the goals, `exact`), not a goal of the policies
     equal, total = int(cells.outputs_equal_ar.sum()), int((cells.completed + cells.failed).sum())
     chosen = configuration(grid["configuration"])
-    cost = BatchCost.from_json(json.loads(
-        (results / "serving" / f"batch_cost-{grid['configuration']}.json").read_text()))
-    calibration = results / "calibration" / f"{chosen.pair}-{chosen.proposer}.json"
-    alpha = json.loads(calibration.read_text())["acceptance"] if calibration.exists() else None
+    cost = BatchCost.from_json(json.loads(layout.serving.batch_cost(grid["configuration"]).read_text()))
+    calibration = layout.calibration(chosen.pair, chosen.proposer)
+    alpha = read_cost_table(calibration).acceptance if calibration.exists() else None
     slos = (cells.groupby("configuration")[["slo_itl_ms", "slo_ttft_ms", "slo_tpot_ms"]].median()
             .to_dict("index"))
     return ServingSummary(
         configuration=grid["configuration"], configurations=sorted(cells.configuration.unique()),
         calibrated_acceptance=alpha, runs=int(len(cells)), requests=int(len(data["requests"])),
-        repeats=int(cells.repeat.nunique()), commit=meta.get("git_commit"),
-        slo_steps=SloSteps(**meta["config"]["experiment"]["slo_steps"]),  # the run's: its SLOs were measured by them
+        repeats=int(cells.repeat.nunique()), commit=meta.git_commit,
+        slo_steps=SloSteps(**meta.slo_steps),  # the run's: its SLOs were measured by them
         slos_ms={name: Slos(**v) for name, v in slos.items()},
         margins=Margins(**margins, by_family=family_margins(design)),
         mape_goal=float(experiment["mape_goal"]), itl_slo_ms=float(cells.slo_itl_ms.median()),

@@ -28,7 +28,6 @@ from rakv.experiments.oracle import (
     strategy_latencies,
 )
 from rakv.experiments.summary import (
-    ABSENT,
     AcceptanceMape,
     ByBaseline,
     ConfigurationStatistics,
@@ -37,7 +36,8 @@ from rakv.experiments.summary import (
     SpecSlowdown,
 )
 from rakv.experiments.verdicts import payoff
-from rakv.runtime.actions import ADAPTIVE
+from rakv.runtime.actions import ADAPTIVE, JOINT_K4, KV_ONLY
+from rakv.runtime.json_records import ABSENT
 
 BASELINES = ByBaseline.names()  # kv-only, best-fixed, joint-k4, spec-k4, ar, oracle: the summary declares them
 
@@ -66,13 +66,13 @@ def paired(lat: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
     return out.reset_index()
 
 
-def latency_reduction(lat: pd.DataFrame, a: str = ADAPTIVE, b: str = "joint-k4"):
+def latency_reduction(lat: pd.DataFrame, a: str = ADAPTIVE, b: str = JOINT_K4):
     """1 - mean latency(a) / mean latency(b) over paired instances, with its CI over prompts (< 100 %)."""
     p = paired(lat, a, b)
     return cluster_interval(prompt_keys(p), p.a_s, p.b_s, transform=lambda r: 1.0 - r)
 
 
-def throughput_gain(lat: pd.DataFrame, a: str = ADAPTIVE, b: str = "joint-k4"):
+def throughput_gain(lat: pd.DataFrame, a: str = ADAPTIVE, b: str = JOINT_K4):
     """mean throughput(a) / mean throughput(b) - 1 over paired instances, with its CI over prompts (< 100 %)."""
     p = paired(lat, a, b)
     return cluster_interval(prompt_keys(p), p.a_tps, p.b_tps, transform=lambda r: r - 1.0)
@@ -271,7 +271,7 @@ def first_crossing(alphas, speedups) -> float | None:
     return None
 
 
-def measured_crossover(controlled: pd.DataFrame, column: str = "measured_speedup") -> dict:
+def measured_crossover(controlled: pd.DataFrame, column: str = "measured_speedup") -> dict[str, float | None]:
     """Per configuration and k, the smallest alpha at which speculation beats AR in the controlled-acceptance
     runs (`column="predicted_speedup"`: where the cost model says it does, for the same prompts)."""
     out = {}
@@ -281,7 +281,8 @@ def measured_crossover(controlled: pd.DataFrame, column: str = "measured_speedup
     return out
 
 
-NO_DRAFT_REUSE = "joint-k4-draft-reprefilled"  # rakv.experiments.sensitivity: joint-k4 with draft reuse off
+# the sensitivity stage's ablation (rakv.experiments.sensitivity): joint-k4 with the draft's state kept out of the store
+NO_DRAFT_REUSE = f"{JOINT_K4}-draft-reprefilled"
 
 
 def joint_reuse_by_length(rows: pd.DataFrame) -> list[JointReuse]:
@@ -293,19 +294,19 @@ def joint_reuse_by_length(rows: pd.DataFrame) -> list[JointReuse]:
     out = []
     for (name, scenario, n), part in rows.groupby(["configuration", "scenario", "new_tokens"], sort=True):
         wide = part.pivot_table(index=["dataset", "prompt_id", "repeat"], columns="strategy", values="latency_s")
-        wide = wide.dropna(subset=[c for c in ("joint-k4", "kv-only") if c in wide.columns]).reset_index()
-        if wide.empty or not {"joint-k4", "kv-only"} <= set(wide.columns):
+        wide = wide.dropna(subset=[c for c in (JOINT_K4, KV_ONLY) if c in wide.columns]).reset_index()
+        if wide.empty or not {JOINT_K4, KV_ONLY} <= set(wide.columns):
             continue
-        ci = cluster_interval(prompt_keys(wide), wide["joint-k4"], wide["kv-only"], transform=lambda r: 1.0 - r)
-        joint = part[part.strategy == "joint-k4"]
+        ci = cluster_interval(prompt_keys(wide), wide[JOINT_K4], wide[KV_ONLY], transform=lambda r: 1.0 - r)
+        joint = part[part.strategy == JOINT_K4]
         ablated = NO_DRAFT_REUSE in wide.columns and wide[NO_DRAFT_REUSE].notna().any()
-        draft_gain = (cluster_interval(prompt_keys(wide), wide["joint-k4"], wide[NO_DRAFT_REUSE],
+        draft_gain = (cluster_interval(prompt_keys(wide), wide[JOINT_K4], wide[NO_DRAFT_REUSE],
                                        transform=lambda r: 1.0 - r)
                       if ablated else [float("nan")] * 3)
         out.append(JointReuse(
             configuration=name, scenario=scenario, new_tokens=int(n), pairs=len(wide),
             prompts=int(wide.prompt_id.nunique()), latency_reduction=ci,
-            joint_s=float(wide["joint-k4"].mean()), reuse_s=float(wide["kv-only"].mean()),
+            joint_s=float(wide[JOINT_K4].mean()), reuse_s=float(wide[KV_ONLY].mean()),
             reprefilled_s=float(wide[NO_DRAFT_REUSE].mean()) if ablated else None,
             draft_reuse_reduction=draft_gain, draft_prefill_s=float(joint.draft_prefill_s.mean()),
             draft_hit_share=float(joint.draft_hit_tokens.sum() / max(joint.hit_tokens.sum(), 1)),

@@ -8,11 +8,13 @@ presence and type against these declarations, so an old or edited file stops wit
 ("summary.json: missing field 'claims[3].direction'"), not with a KeyError deep in the paper.
 
 The records are frozen dataclasses with no mapping methods: a string-key read of one fails at once, and
-tests/test_summary.py fails on any such read outside this module. Where a part is an open-ended map (keyed by
+tests/test_records.py fails on any such read outside this module. Where a part is an open-ended map (keyed by
 configuration, family, rate or pair/proposer name) it is a `dict[str, Record]`; everything else is a field.
 
-Conventions of the on-disk form, kept as they were when the summary was a dict:
-- an `Interval` is `[value, low, high]` (a 95 % CI; `None` where there is none), written as a JSON list;
+The codec is rakv.runtime.json_records, shared with every other file the pipeline writes. Conventions of the on-disk
+form, kept as they were when the summary was a dict:
+- a statistic with its 95 % CI is a `CI` (value, low, high; `None` where there is none), written as the JSON list
+  `[value, low, high]`, or as three keys of its record where the field is declared with `ci_keys`;
 - NaN and infinity are written as null; numpy scalars as Python numbers;
 - a field whose default is `ABSENT` (declared with `optional()`) is left out of the file when it was not computed (a
   stage that did not run, a goal without a rate), which is not the same as computed and null; ABSENT is falsy, so
@@ -22,46 +24,29 @@ Conventions of the on-disk form, kept as they were when the summary was a dict:
 
 from __future__ import annotations
 
-import enum
 import json
-import types
-import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, is_dataclass
-from functools import cache
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import NewType, get_args, get_origin, get_type_hints
 
-import numpy as np
-
-from rakv.experiments.verdicts import Verdict
+from rakv.experiments.serving_goal_ids import GoalId
+from rakv.experiments.verdicts import BlockAcceptance, CheckVerdict, Payoff, Verdict
+from rakv.runtime.actions import AR, BEST_FIXED, JOINT_K4, KV_ONLY, ORACLE, SPEC_K4
 from rakv.runtime.errors import RakvError
+from rakv.runtime.json_records import (
+    CI,
+    check_part,
+    ci_keys,
+    json_name,
+    load_record,
+    name_of,
+    optional,
+    read_json,
+    to_json,
+)
+from rakv.runtime.run_layout import RunLayout
 
-Interval = NewType("Interval", list)  # [value, low, high]: a statistic with its 95 % CI (None: no bound)
 ALL_ITERATIONS = "all"  # ServingSummary.iteration_mape's key over every served iteration (the others: families, shapes)
-
-
-class _Absent:
-    """The value of a field that was not computed, so is left out of summary.json (falsy, like an empty part)."""
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __repr__(self) -> str:
-        return "ABSENT"
-
-
-ABSENT: typing.Any = _Absent()
-
-
-def optional():
-    """A field that summary.json may lack (its value is then ABSENT)."""
-    return field(default=ABSENT)
-
-
-def json_name(name: str):
-    """A field whose name in summary.json is not a Python identifier."""
-    return field(metadata={"json": name})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,12 +76,12 @@ class Exact:
 @dataclass(frozen=True)
 class ByBaseline:
     """One statistic of RAKV-ASD against each baseline (rakv.experiments.study_stats.BASELINES, in that order)."""
-    kv_only: Interval = json_name("kv-only")
-    best_fixed: Interval = json_name("best-fixed")
-    joint_k4: Interval = json_name("joint-k4")
-    spec_k4: Interval = json_name("spec-k4")
-    ar: Interval = json_name("ar")
-    oracle: Interval = json_name("oracle")
+    kv_only: CI = json_name(KV_ONLY)
+    best_fixed: CI = json_name(BEST_FIXED)
+    joint_k4: CI = json_name(JOINT_K4)
+    spec_k4: CI = json_name(SPEC_K4)
+    ar: CI = json_name(AR)
+    oracle: CI = json_name(ORACLE)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -104,11 +89,11 @@ class ByBaseline:
         return tuple(name_of(f) for f in fields(cls))
 
     @classmethod
-    def of(cls, value: Callable[[str], Interval]) -> ByBaseline:
+    def of(cls, value: Callable[[str], CI]) -> ByBaseline:
         """The record with `value(baseline)` for every baseline (its name as the study spells it)."""
         return cls(**{f.name: value(name_of(f)) for f in fields(cls)})
 
-    def against(self, baseline: str) -> Interval:
+    def against(self, baseline: str) -> CI:
         """The statistic against `baseline` as the study spells it ("joint-k4", "kv-only", ...)."""
         for f in fields(self):
             if name_of(f) == baseline:
@@ -123,7 +108,7 @@ class SpecSlowdown:
     min: float | None
     max: float | None
     share_slower: float | None
-    pooled: Interval = optional()
+    pooled: CI = optional()
 
 
 @dataclass(frozen=True)
@@ -132,23 +117,23 @@ class ConfigurationStatistics:
     latency_reduction: ByBaseline
     throughput_gain: ByBaseline
     best_fixed_action: str
-    accuracy_action: Interval
-    accuracy_within_noise: Interval
-    accuracy_k: Interval
+    accuracy_action: CI
+    accuracy_within_noise: CI
+    accuracy_k: CI
     accuracy_chance: float | None
-    mean_regret: Interval
+    mean_regret: CI
     worst_regret: float | None
-    random_regret: Interval
-    mape: Interval
+    random_regret: CI
+    mape: CI
     mape_null: float | None
-    spearman: Interval
+    spearman: CI
     spearman_pooled: float | None
     spec_slowdown: SpecSlowdown
     scenarios: int
     controller_runs: int
-    mape_minus_null: Interval = optional()  # MAPE - the action-blind predictor's, paired by (scenario, action)
+    mape_minus_null: CI = optional()  # MAPE - the action-blind predictor's, paired by (scenario, action)
     # the oracle's action within the controller's tie set (the actions within the cost model's noise of its choice)
-    accuracy_tie_set: Interval = optional()
+    accuracy_tie_set: CI = optional()
 
 
 @dataclass(frozen=True)
@@ -188,8 +173,8 @@ class PeakKv:
 @dataclass(frozen=True)
 class AcceptanceMape:
     """The cost model's MAPE with the calibrated acceptance and with each prompt's own."""
-    calibrated: Interval
-    prompt: Interval
+    calibrated: CI
+    prompt: CI
 
 
 @dataclass(frozen=True)
@@ -210,15 +195,15 @@ class JointReuse:
     new_tokens: int
     pairs: int
     prompts: int
-    latency_reduction: Interval
+    latency_reduction: CI
     joint_s: float | None
     reuse_s: float | None
     reprefilled_s: float | None
-    draft_reuse_reduction: Interval
+    draft_reuse_reduction: CI
     draft_prefill_s: float | None
     draft_hit_share: float | None
     reuse_draft: bool
-    verdict: str
+    verdict: Payoff
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,9 +275,7 @@ class ClaimRow:
     unit: str
     kind: str
     reference: float | None
-    reproduced: float | None
-    ci_low: float | None
-    ci_high: float | None
+    reproduced: CI = ci_keys("reproduced", "ci_low", "ci_high")  # written as these three keys, as the table's row
     band_low: float | None
     band_high: float | None
     null: float | None
@@ -410,9 +393,7 @@ class GoalPair:
     against: str
     metric: str
     kind: str  # rakv.experiments.serving_power.GoalKind's first four: no worse, higher, part: ...
-    value: float | None
-    ci_low: float | None
-    ci_high: float | None
+    ci: CI = ci_keys("value", "ci_low", "ci_high")  # the value and its 95 % CI, written as these three keys
     verdict: Verdict  # the load's alone, under the goal's rule
     judged: bool = optional()  # whether some policy missed an SLO at this load (serving_cells.judged_loads)
 
@@ -420,26 +401,26 @@ class GoalPair:
 @dataclass(frozen=True)
 class IterationMape:
     """The batch cost model's held-out error per served iteration: online-scaled and from the table alone."""
-    scaled: Interval
-    table: Interval
+    scaled: CI
+    table: CI
     iterations: int
 
 
 @dataclass(frozen=True)
 class LatencyMape:
     """Admission's service-time prediction error under load, the batch-one prediction's, and by rate."""
-    served: Interval
+    served: CI
     requests: int
-    batch_one: Interval
-    by_rate: dict[str, Interval]
+    batch_one: CI
+    by_rate: dict[str, CI]
 
 
 @dataclass(frozen=True)
 class AcceptanceErrors:
     """One acceptance source's |alpha at admission - realised| and ex-post regret (ours: also against the other)."""
-    acceptance_error: Interval
-    regret: Interval
-    vs_baseline: Interval = optional()
+    acceptance_error: CI
+    regret: CI
+    vs_baseline: CI = optional()
 
 
 @dataclass(frozen=True)
@@ -467,9 +448,7 @@ class Goal:
     """A goal named before the serving run: its value, CI, verdict and rule (the rest where the goal has them)."""
     goal: str
     key: str
-    value: float | None
-    ci_low: float | None
-    ci_high: float | None
+    ci: CI = ci_keys("value", "ci_low", "ci_high")  # the value and its 95 % CI, written as these three keys
     verdict: Verdict
     rule: str
     family: str = optional()
@@ -483,6 +462,11 @@ class Goal:
     p_holm: float | None = optional()
     reason: str = optional()  # why "underpowered" or "missing" (rakv.experiments.verdicts.GOAL_VERDICTS)
 
+    @property
+    def goal_id(self) -> GoalId:
+        """The goal's family and kind (and rival, where the key names one), read from `key`."""
+        return GoalId.from_key(self.key)
+
 
 @dataclass(frozen=True)
 class Comparison:
@@ -492,9 +476,7 @@ class Comparison:
     policy: str
     against: str
     metric: str
-    value: float | None
-    ci_low: float | None
-    ci_high: float | None
+    ci: CI = ci_keys("value", "ci_low", "ci_high")  # the value and its 95 % CI, written as these three keys
 
 
 @dataclass(frozen=True)
@@ -555,10 +537,10 @@ class ClosedFormCheck:
     k: int
     requests: int
     positions: int
-    measured: Interval
+    measured: CI
     closed_form: float  # the expectation per position reached (token-wise: the closed form; block: given the drafts)
-    difference: Interval  # measured - closed form
-    verdict: str
+    difference: CI  # measured - closed form
+    verdict: CheckVerdict
     expectation: str = optional()  # CLOSED_FORM | GIVEN_THE_DRAFTS; absent: CLOSED_FORM (block cells were "bound")
     # the difference's interval: None for the normal one with the variance the closed form implies, else a t
     # interval over the requests on this many degrees of freedom
@@ -567,7 +549,7 @@ class ClosedFormCheck:
     control: bool = optional()  # the biased rule against token-wise's closed form: the check's positive control
     # block cells: measured - token-wise's expected count on the same drafts, the same interval as `difference`'s:
     # where it excludes 0 and `difference` does not, the check told the block rule from token-wise (its power)
-    versus_token: Interval = optional()
+    versus_token: CI = optional()
 
 
 @dataclass(frozen=True)
@@ -578,14 +560,14 @@ class TemperatureResult:
     temperature: float
     acceptance: float | None  # spec-k4, token-wise (greedy at T = 0)
     controller_alpha0: float  # where this temperature's controller started (the calibration prompts at T)
-    spec_k4_vs_ar: Interval
-    vs_ar: Interval  # rakv-asd / AR
-    vs_best_fixed: Interval  # rakv-asd / the best fixed strategy
+    spec_k4_vs_ar: CI
+    vs_ar: CI  # rakv-asd / AR
+    vs_best_fixed: CI  # rakv-asd / the best fixed strategy
     best_fixed: str  # strategy/rule
     best_k: int
     chosen_k: dict[str, int]  # rakv-asd's k -> requests
     break_even_alpha: float | None
-    speculation: str  # spec-k4 against AR: pays | costs | inconclusive
+    speculation: Payoff  # spec-k4 against AR: pays | costs | inconclusive (rakv.experiments.sampling_stats)
 
 
 FIRST_ROUNDS = "first rounds"  # BlockVsToken.source of the distribution samples' paired first rounds
@@ -601,9 +583,9 @@ class BlockVsToken:
     requests: int  # pairs of (prompt, seed)
     token_per_round: float
     block_per_round: float
-    difference: Interval  # block - token, accepted candidates per round (prompts as clusters)
-    latency_ratio: Interval  # block / token
-    verdict: str  # more | fewer | inconclusive
+    difference: CI  # block - token, accepted candidates per round (prompts as clusters)
+    latency_ratio: CI  # block / token
+    verdict: BlockAcceptance
     # "runs": whole requests, CI over prompts; "first rounds": the distribution samples' first round, paired by
     # (prompt, seed) on the same draft candidates, CI over the pairs; "expected given the draft": both rules'
     # expected accepted count on every round's draft of the distribution samples, CI over the requests
@@ -648,11 +630,11 @@ class LongContextRow:
     evictions: int | None  # None: no request of the row was measured under this budget (AR's copied rows)
     ttft_s: float
     latency_s: float
-    vs_ar: Interval  # latency / AR's, geometric mean over documents
+    vs_ar: CI  # latency / AR's, geometric mean over documents
     length_bin: str = optional()  # the documents' length in tokens; absent: every length pooled (older runs)
     documents: int = optional()
     # rakv-asd's latency / kv-only's on the same requests: speculation on top of reuse (NaN for other strategies)
-    vs_reuse: Interval = optional()
+    vs_reuse: CI = optional()
     # the t intervals' degrees of freedom (documents with a ratio - 1; None: no interval)
     vs_ar_degrees_of_freedom: int | None = optional()
     vs_reuse_degrees_of_freedom: int | None = optional()
@@ -682,8 +664,8 @@ class PooledStatistic:
     intervals) and the heterogeneity test's p-value (Cochran's Q)."""
     name: str
     scale: str
-    runs: list[Interval]
-    pooled: Interval
+    runs: list[CI]
+    pooled: CI
     run_sd: float
     heterogeneity_p: float | None
 
@@ -750,7 +732,7 @@ class Summary:
 
     def to_json(self) -> dict:
         """The summary as summary.json holds it (JSON-ready: plain numbers, NaN as null, absent parts left out)."""
-        return to_json(self)
+        return to_json(self, nan_as_null=True)
 
     @classmethod
     def from_json(cls, data, source: str = "summary.json") -> Summary:
@@ -759,111 +741,11 @@ class Summary:
 
 
 # ---------------------------------------------------------------------------------------------
-# Conversion to and from the on-disk form
+# The files (read and written through rakv.runtime.json_records)
 
 
-def name_of(f) -> str:
-    """A field's name in summary.json."""
-    return f.metadata.get("json", f.name)
-
-
-def record_items(record) -> list[tuple[str, object]]:
-    """(name in summary.json, value) of every field a record holds (absent ones left out)."""
-    return [(name_of(f), getattr(record, f.name)) for f in fields(record) if getattr(record, f.name) is not ABSENT]
-
-
-def to_json(value):
-    """`value` (a record, or a part of one) as JSON-ready data: records as objects in field order, numpy scalars as
-    Python numbers, NaN and infinity as None."""
-    if is_dataclass(value) and not isinstance(value, type):
-        return {name: to_json(v) for name, v in record_items(value)}
-    if isinstance(value, dict):
-        return {k: to_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_json(v) for v in value]
-    if isinstance(value, (float, np.floating)):
-        return None if not np.isfinite(value) else float(value)
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    return value
-
-
-class SchemaError(Exception):
-    """A value that does not fit its declaration; the message names the field by its path (claims[3].verdict)."""
-
-
-@cache
-def _hints(cls) -> dict:
-    return get_type_hints(cls)
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _check(hint, value, where: str):
-    """`value` as the type `hint` declares it, checked; records built from objects, lists and maps element-wise."""
-    if hint is Interval:
-        if not (isinstance(value, list) and len(value) == 3 and all(v is None or _number(v) for v in value)):
-            raise SchemaError(f"field '{where}' is not an interval [value, low, high]")
-        return value
-    origin = get_origin(hint)
-    if origin in (types.UnionType, typing.Union):
-        options = [a for a in get_args(hint) if a is not type(None)]
-        if value is None and len(options) < len(get_args(hint)):
-            return None
-        return _check(options[0], value, where)
-    if is_dataclass(hint):
-        return _record(hint, value, where)
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):  # a vocabulary (rakv.experiments.verdicts)
-        if not isinstance(value, str) or value not in {m.value for m in hint}:
-            raise SchemaError(f"field '{where}' is not one of {', '.join(m.value for m in hint)} (found {value!r:.40})")
-        return hint(value)
-    if origin is list:
-        if not isinstance(value, list):
-            raise SchemaError(f"field '{where}' is not a list")
-        return [_check(get_args(hint)[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise SchemaError(f"field '{where}' is not an object")
-        return {k: _check(get_args(hint)[1], v, f"{where}.{k}") for k, v in value.items()}
-    expected = {float: _number, int: lambda v: _number(v) and float(v).is_integer(),
-                str: lambda v: isinstance(v, str), bool: lambda v: isinstance(v, bool)}[hint]
-    if not expected(value):
-        raise SchemaError(f"field '{where}' is not a {hint.__name__} (found {type(value).__name__} {value!r:.40})")
-    return value
-
-
-def _record(cls, data, where: str):
-    if not isinstance(data, dict):
-        raise SchemaError(f"field '{where or cls.__name__}' is not an object")
-    known = {name_of(f): f for f in fields(cls)}
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise SchemaError(f"unknown field '{where}.{unknown[0]}'" if where else f"unknown field '{unknown[0]}'")
-    values = {}
-    for name, f in known.items():
-        path = f"{where}.{name}" if where else name
-        if name not in data:
-            if f.default is ABSENT:
-                continue
-            raise SchemaError(f"missing field '{path}'")
-        values[f.name] = _check(_hints(cls)[f.name], data[name], path)
-    return cls(**values)
-
-
-def load_record(cls, data, source: str):
-    """A record of type `cls` from its JSON form (`source` names the file in the error)."""
-    try:
-        return _record(cls, data, "")
-    except SchemaError as exc:
-        raise RakvError(f"{source}: {exc}") from None
-
-
-def summary_path(results: Path) -> Path:
-    return Path(results) / "summary.json"
+def summary_path(results: Path | RunLayout) -> Path:
+    return RunLayout.of(results).summary
 
 
 def write_summary(summary: Summary, results: Path) -> Path:
@@ -875,37 +757,28 @@ def write_summary(summary: Summary, results: Path) -> Path:
     return path
 
 
-def _read_json(path: Path, source: str):
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise RakvError(f"{source} is missing: run the analysis stage first") from None
-    except ValueError as exc:
-        raise RakvError(f"{source}: not JSON ({exc})") from None
-
-
 def read_summary(results: Path) -> Summary:
     """results/<name>/summary.json as a Summary, every field checked (RakvError naming the first that is not)."""
     path = summary_path(results)
-    return Summary.from_json(_read_json(path, str(path)), str(path))
+    return Summary.from_json(read_json(path, "run the analysis stage first"), str(path))
 
 
-def write_feasibility(feasibility: Feasibility, out_dir: Path) -> Path:
+def write_feasibility(feasibility: Feasibility, layout: RunLayout) -> Path:
     """The feasibility stage's outcome, results/<name>/feasibility/summary.json, written through its record."""
     from rakv.experiments.records import write_atomic
 
-    path = Path(out_dir) / "summary.json"
-    write_atomic(path, json.dumps(to_json(feasibility), indent=1))
+    path = layout.feasibility_summary
+    write_atomic(path, json.dumps(to_json(feasibility, nan_as_null=True), indent=1))
     return path
 
 
-def read_feasibility(results: Path) -> Feasibility:
+def read_feasibility(results: Path | RunLayout) -> Feasibility:
     """results/<name>/feasibility/summary.json (the feasibility stage's outcome) as a Feasibility record;
     status "missing" where the stage has not run."""
-    path = Path(results) / "feasibility" / "summary.json"
+    path = RunLayout.of(results).feasibility_summary
     if not path.exists():
         return Feasibility("missing")
-    return load_record(Feasibility, _read_json(path, str(path)), str(path))
+    return load_record(Feasibility, read_json(path, "run the analysis stage first"), str(path))
 
 
 @dataclass(frozen=True)
@@ -922,16 +795,13 @@ def read_engine_facts(results: Path) -> EngineFacts:
     """results/<name>/summary.json's parts the engine comparison needs, from a summary of any version that has
     them (RakvError naming the first that is missing or malformed)."""
     path = summary_path(results)
-    data = _read_json(path, str(path))
+    data = read_json(path, "run the analysis stage first")
     try:
-        best = {name: _check(str, stats["best_fixed_action"], f"per_configuration.{name}.best_fixed_action")
+        best = {name: check_part(str, stats["best_fixed_action"], f"per_configuration.{name}.best_fixed_action", path)
                 for name, stats in data["per_configuration"].items()}
-        crossover = {name: _record(Crossover, part, f"crossover_model_per_configuration.{name}")
-                     for name, part in data.get("crossover_model_per_configuration", {}).items()}
-        acceptance = [_record(AcceptanceRow, row, f"acceptance[{i}]")
-                      for i, row in enumerate(data.get("acceptance", []))]
-    except SchemaError as exc:
-        raise RakvError(f"{path}: {exc}") from None
+        crossover = check_part(dict[str, Crossover], data.get("crossover_model_per_configuration", {}),
+                               "crossover_model_per_configuration", path)
+        acceptance = check_part(list[AcceptanceRow], data.get("acceptance", []), "acceptance", path)
     except (KeyError, AttributeError, TypeError) as exc:
         raise RakvError(f"{path}: no per-configuration statistics ({type(exc).__name__}: {exc})") from None
     return EngineFacts(best, crossover, acceptance)

@@ -8,18 +8,19 @@ per second that meet every SLO given (`ttft:MS`, `tpot:MS`, `e2el:MS`), as vLLM'
 `summarize` gives a run's `ServedStatistics`; rakv.serving.server.finish_summary adds the settings it was served
 with (`ServeSettings`) into a `RunSummary` and writes it: summary.json is one flat object, the statistics' keys, then
 `outputs_equal_alone` (with --check-alone), the settings' and `peak_rss_mib`, in that order (docs/serving.md).
-`RunSummary.from_json` / `read_run_summary` read it back, every key checked.
+`read_run_summary` reads it back, every key checked (the records' codec, rakv.runtime.json_records).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from rakv.runtime.errors import RakvError
+from rakv.runtime.json_records import from_json, inline, optional, to_json
 from rakv.serving.records import IterationRecord, RequestRecord
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
@@ -96,60 +97,28 @@ class ServeSettings:
     acceptance: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunSummary:
     """A served run's summary.json: its statistics, how many finished outputs equal the request's batch-one greedy
-    output (None: not checked, then left out of the file), its settings and the process's peak RSS."""
+    output (ABSENT: not checked, then left out of the file), its settings and the process's peak RSS. The statistics
+    and settings are `inline()`: their keys are summary.json's own, one flat object as vLLM's benchmark writes its
+    result (docs/serving.md)."""
 
-    statistics: ServedStatistics
-    outputs_equal_alone: int | None
-    settings: ServeSettings
+    statistics: ServedStatistics = inline()
+    outputs_equal_alone: int = optional()
+    settings: ServeSettings = inline()
     peak_rss_mib: float
 
     def to_json(self) -> dict:
         """summary.json's object: flat, in the order the module docstring gives."""
-        out = record_json(self.statistics)
-        if self.outputs_equal_alone is not None:
-            out["outputs_equal_alone"] = self.outputs_equal_alone
-        return {**out, **record_json(self.settings), "peak_rss_mib": self.peak_rss_mib}
-
-    @classmethod
-    def from_json(cls, data: dict) -> RunSummary:
-        """A summary.json's object; TypeError naming a missing or unknown key."""
-        known = {*field_names(ServedStatistics), *field_names(ServeSettings), "outputs_equal_alone", "peak_rss_mib"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise TypeError(f"unknown key '{unknown[0]}'")
-        return cls(statistics=record_of_json(ServedStatistics, data),
-                   outputs_equal_alone=data.get("outputs_equal_alone"),  # absent: not checked
-                   settings=record_of_json(ServeSettings, data), peak_rss_mib=required(data, "peak_rss_mib"))
-
-
-def field_names(cls) -> list[str]:
-    return [f.name for f in fields(cls)]
-
-
-def record_json(record) -> dict:
-    """A flat record's fields as an object, in declaration order."""
-    return {f.name: getattr(record, f.name) for f in fields(record)}
-
-
-def required(data: dict, name: str):
-    if name not in data:
-        raise TypeError(f"missing key '{name}'")
-    return data[name]
-
-
-def record_of_json(cls, data: dict):
-    """The record `cls` from the keys of `data` that are its fields (TypeError naming one it lacks)."""
-    return cls(**{name: required(data, name) for name in field_names(cls)})
+        return to_json(self)
 
 
 def read_run_summary(path: Path) -> RunSummary:
     """A served run's summary.json; RakvError naming the file and the key where it is not one."""
     try:
-        return RunSummary.from_json(json.loads(Path(path).read_text()))
-    except (ValueError, TypeError) as exc:
+        return from_json(RunSummary, json.loads(Path(path).read_text()))
+    except ValueError as exc:  # not JSON, or a SchemaError naming the field
         raise RakvError(f"{path}: not a served run's summary.json ({exc})") from None
 
 

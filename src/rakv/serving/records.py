@@ -2,18 +2,20 @@
 writer that appends it) and iterations.jsonl (an engine iteration's record, `IterationRecord`).
 
 The records are typed as batch one's rakv.runtime.engine.RequestResult is; their fields, in this order, are the
-keys of a line (docs/serving.md), written by `to_json` and read back by `from_json` (`read_records`,
-`read_iterations`); rakv.serving.metrics summarises a run's records into summary.json.
+keys of a line (docs/serving.md), written and read back, every key checked, by the records' codec
+(rakv.runtime.json_records: `to_json`, `read_records`, `read_iterations`); rakv.serving.metrics summarises a run's
+records into summary.json.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from rakv.runtime.errors import RakvError
+from rakv.runtime.json_records import from_json, to_json
 from rakv.serving.request import ServedRequest, Status
 
 STATUS_NAMES = {Status.FINISHED: "ok", Status.REFUSED: "refused", Status.ABORTED: "aborted",
@@ -66,25 +68,27 @@ class RequestRecord:
 
     def to_json(self) -> dict:
         """The requests.jsonl line's object: every field, in declaration order."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_json(cls, line: dict) -> RequestRecord:
-        return cls(**line)
+        return to_json(self)
 
 
-def read_records(path: Path) -> list[RequestRecord]:
-    """A requests.jsonl as its records (missing: none); a line of another shape stops with one line naming it."""
+def read_lines(cls, path: Path, what: str) -> list:
+    """A .jsonl file of records `cls` (missing: none); a line of another shape stops with one line naming it, `what`
+    it is not, and its first field that does not fit."""
     path = Path(path)
     if not path.exists():
         return []
-    records = []
+    out = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         try:
-            records.append(RequestRecord.from_json(json.loads(line)))
-        except (ValueError, TypeError) as exc:
-            raise RakvError(f"{path}:{number}: not a requests.jsonl record ({exc})") from None
-    return records
+            out.append(from_json(cls, json.loads(line)))
+        except ValueError as exc:  # not JSON, or a SchemaError naming the field
+            raise RakvError(f"{path}:{number}: not {what} ({exc})") from None
+    return out
+
+
+def read_records(path: Path) -> list[RequestRecord]:
+    """A requests.jsonl as its records (missing: none)."""
+    return read_lines(RequestRecord, path, "a requests.jsonl record")
 
 
 def record_of(request: ServedRequest, text: str) -> RequestRecord:
@@ -153,25 +157,12 @@ class IterationRecord:
 
     def to_json(self) -> dict:
         """The iterations.jsonl line's object: every field, in declaration order."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_json(cls, line: dict) -> IterationRecord:
-        return cls(**line)
+        return to_json(self)
 
 
 def read_iterations(path: Path) -> list[IterationRecord]:
-    """An iterations.jsonl as its records (missing: none); a line of another shape stops with one line naming it."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    iterations = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        try:
-            iterations.append(IterationRecord.from_json(json.loads(line)))
-        except (ValueError, TypeError) as exc:
-            raise RakvError(f"{path}:{number}: not an iterations.jsonl record ({exc})") from None
-    return iterations
+    """An iterations.jsonl as its records (missing: none)."""
+    return read_lines(IterationRecord, path, "an iterations.jsonl record")
 
 
 def write_iterations(path: Path, iterations: list[IterationRecord]) -> None:

@@ -27,7 +27,9 @@ from rakv.runtime.costmodel import CostTable
 from rakv.runtime.decoding import DecodeState, Sampling
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
+from rakv.runtime.json_records import ABSENT
 from rakv.runtime.paths import conf_file
+from rakv.runtime.run_layout import ServedRunLayout
 from rakv.runtime.strategies import check_strategy
 from rakv.serving.acceptance import ACCEPTANCE_SOURCES, Acceptance
 from rakv.serving.admission import Admission
@@ -324,7 +326,7 @@ class EngineCore:
                                               parts.depths)
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
-        writer = RecordWriter(out / "requests.jsonl") if out is not None else None
+        writer = RecordWriter(ServedRunLayout(out).requests) if out is not None else None
         return cls(engine, options, scheduler, executor, batch_cost, out, writer)
 
     def now(self) -> float:
@@ -414,7 +416,7 @@ def finish_summary(engine: Engine, trace: list[TraceRequest], out: Path, options
     """summary.json (rakv.serving.metrics.RunSummary: the statistics, the equality check, the settings served with)
     and iterations.jsonl."""
     statistics = summarize(records, duration, options.slos_ms, iterations)
-    equal = None
+    equal = ABSENT  # not checked: left out of summary.json
     if options.check_alone:
         served = {r.id: r.token_ids for r in records if r.ok}
         reference = outputs_alone(engine, trace, served, ignore_eos=options.ignore_eos)
@@ -424,7 +426,9 @@ def finish_summary(engine: Engine, trace: list[TraceRequest], out: Path, options
                              chunking=options.chunking, max_batch=options.max_batch,
                              kv_budget_mib=options.kv_budget_mib, itl_slo_ms=options.itl_slo_ms,
                              acceptance=options.acceptance)
-    summary = RunSummary(statistics, equal, settings, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    write_iterations(out / "iterations.jsonl", iterations)  # one line per iteration: what ran and how long it took
-    (out / "summary.json").write_text(json.dumps(summary.to_json(), indent=1) + "\n")
+    summary = RunSummary(statistics=statistics, outputs_equal_alone=equal, settings=settings,
+                         peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    written = ServedRunLayout(out)
+    write_iterations(written.iterations, iterations)  # one line per iteration: what ran and how long it took
+    written.served_summary.write_text(json.dumps(summary.to_json(), indent=1) + "\n")
     return summary
