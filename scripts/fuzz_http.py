@@ -41,6 +41,7 @@ from rakv.bench.fuzz_http import (
     load_schema,
 )
 from rakv.bench.goals import fuzz_goals, goals_text, judge
+from rakv.runtime.actions import joint
 from rakv.runtime.errors import RakvError
 
 EXAMPLES = 1000  # --examples' default: the generated requests the goal asks for
@@ -75,7 +76,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=4, help="clients sending the generated requests")
     parser.add_argument("--seed", type=int, default=0, help="hypothesis's seed")
     parser.add_argument("--pair", default="tiny")
-    parser.add_argument("--strategy", default="joint-k2")
+    parser.add_argument("--strategy", default=joint(2))
     parser.add_argument("--out", default="results/fuzz_http")
     parser.add_argument("--start-timeout-s", type=float, default=600)
     return parser.parse_args()

@@ -46,6 +46,7 @@ from rakv.bench.goals import (
 from rakv.bench.http_overhead import http_throughput, replay_throughput, same_prompts
 from rakv.bench.load_client import ClientLog, Mix
 from rakv.bench.load_http import LoadRun, LoadSettings, drawn_until, load_prompts, run_load, run_locust, run_users
+from rakv.runtime.actions import AR
 from rakv.runtime.errors import RakvError
 
 LOCUSTFILE = Path(__file__).with_name("locustfile_http.py")
@@ -55,7 +56,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, epilog=goals_text(LOAD_GOALS),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="smollm2")
-    parser.add_argument("--strategy", default="ar")
+    parser.add_argument("--strategy", default=AR)
     parser.add_argument("--serve-flag", action="append", default=[], metavar="FLAG",
                         help="one more `rakv serve` flag for every server (repeat; e.g. --serve-flag=--max-batch=16)")
     parser.add_argument("--client", choices=("locust", "threads"), default="locust",

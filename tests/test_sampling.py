@@ -88,11 +88,12 @@ def test_each_rule_agrees_with_its_own_expectation_and_not_with_the_other_rules(
     themselves: block verification agrees with its expectation given the drafts and is told from token-wise's
     (on these drafts block keeps 1.51 candidates a round against 1.33, by exact enumeration); a token-wise verifier
     passed off as block fails the block check."""
-    from rakv.experiments.sampling_stats import AGREES, DIFFERS, closed_form_checks
+    from rakv.experiments.sampling_stats import closed_form_checks
+    from rakv.experiments.verdicts import CheckVerdict
 
     (block,) = closed_form_checks(verified_requests("block", "block"))
-    assert block.verdict == AGREES and block.versus_token[1] > 0
+    assert block.verdict == CheckVerdict.AGREES and block.versus_token[1] > 0
     (token,) = closed_form_checks(verified_requests("token", "token"))
-    assert token.verdict == AGREES
+    assert token.verdict == CheckVerdict.AGREES
     (impostor,) = closed_form_checks(verified_requests("token", "block"))
-    assert impostor.verdict == DIFFERS and impostor.difference[2] < 0
+    assert impostor.verdict == CheckVerdict.DIFFERS and impostor.difference[2] < 0

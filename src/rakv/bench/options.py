@@ -16,6 +16,7 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields
 from types import NoneType, UnionType
 
+from rakv.runtime.actions import AR
 from rakv.runtime.kernels import KERNEL_MODES
 from rakv.runtime.paths import conf_file
 
@@ -99,7 +100,7 @@ class ServingBenchOptions:
 
     pair: str = flag(default="smollm2")
     proposer: str = flag(default=serving_default("proposer"))
-    strategy: str = flag(default="ar")
+    strategy: str = flag(default=AR)
     dataset: str = flag(default="humaneval")
     requests: int = flag(default=16)
     new_tokens: int = flag(default=32)
@@ -138,7 +139,7 @@ class VllmServeOptions:
     new_tokens: int = flag(default=32)
     prompt_words: int = flag(default=48)
     groups: int = flag(default=2)
-    strategy: str = flag("rakv serve's --strategy", default="ar")
+    strategy: str = flag("rakv serve's --strategy", default=AR)
     seed: int = flag(default=0)
     vllm_venv: str = flag(default=".venv-vllm")
     vllm_weights: str = flag(default="results/peer/smollm2-fp32")

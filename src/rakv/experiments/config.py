@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rakv.experiments.records import write_atomic
 from rakv.experiments.schema import ConfigurationEntry, StudySection, one_line, section
-from rakv.runtime.actions import ADAPTIVE
+from rakv.runtime.actions import ADAPTIVE, spec
 from rakv.runtime.calibration import calibration_for
 from rakv.runtime.controller import ControllerConfig
 from rakv.runtime.costmodel import CostTable
@@ -195,4 +195,4 @@ def validate_sampling(cfg: DictConfig) -> None:
     if exp.distribution.temperature <= 0:
         raise RakvError("experiment.distribution.temperature must be > 0 (the tests compare sampled outputs)")
     for k in exp.ks:
-        action_of(f"spec-k{k}")
+        action_of(spec(k))

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from rakv.experiments import intervals
+from rakv.runtime.actions import SPEC_K4
 from rakv.runtime.paths import conf_file
 
 TRIALS = 2000
@@ -190,7 +191,7 @@ def closed_form_coverage(trials: int = TRIALS, seed: int = 0) -> float:
 
     frame = pd.DataFrame({
         "configuration": np.repeat(np.arange(trials), 12), "temperature": 1.0, "verify": "token", "k": 4,
-        "strategy": "spec-k4", "accepted": total(accept & reached), "rejections": total(~accept & reached),
+        "strategy": SPEC_K4, "accepted": total(accept & reached), "rejections": total(~accept & reached),
         "closed_form_accepted": total(alpha * reached), "closed_form_variance": total(alpha * (1 - alpha) * reached)})
     checks = closed_form_checks(frame)
     if len(checks) != trials:

@@ -27,12 +27,12 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from rakv.runtime.actions import ADAPTIVE, Action
+from rakv.runtime.actions import ADAPTIVE, AR, BEST_FIXED, JOINT_K4, KV_ONLY, ORACLE, SPEC_K4, Action
 
 INSTANCE = ["configuration", "dataset", "prompt_id", "scenario", "repeat"]
 SCENARIO = ["configuration", "dataset", "prompt_id", "scenario"]
 PROMPT = ["dataset", "prompt_id"]  # the bootstrap's cluster
-FIXED = ("ar", "kv-only", "spec-k4", "joint-k4")
+FIXED = (AR, KV_ONLY, SPEC_K4, JOINT_K4)
 NOISE_LEVEL = 0.05  # Welch's t-test: actions whose repeats differ at p >= this are ties
 
 
@@ -122,10 +122,10 @@ def measured_strategies(meas: pd.DataFrame) -> pd.DataFrame:
         for strategy in FIXED:
             parts.append(fixed_action_latencies(part, Action.of_strategy(strategy), hit).assign(strategy=strategy))
         best = best_fixed_action(part, hit)
-        parts.append(fixed_action_latencies(part, Action.parse(best), hit).assign(strategy="best-fixed"))
+        parts.append(fixed_action_latencies(part, Action.parse(best), hit).assign(strategy=BEST_FIXED))
     oracle = held_out_oracle(meas)
     parts.append(oracle.rename(columns={"oracle_s": "latency_s", "oracle_tokens_per_s": "tokens_per_s"})
-                 [INSTANCE + ["latency_s", "tokens_per_s"]].assign(strategy="oracle"))
+                 [INSTANCE + ["latency_s", "tokens_per_s"]].assign(strategy=ORACLE))
     return pd.concat(parts, ignore_index=True)
 
 

@@ -31,13 +31,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rakv.runtime.actions import Action
+from rakv.runtime.actions import BEST_FIXED, JOINT_K4, KV_ONLY, Action
 from rakv.runtime.costmodel import CostTable, RequestFeatures, estimate_latency
 
 COMPARISONS = {  # name -> the summary's measured statistic of the same definition (per configuration)
-    "vs Joint-k4": "latency_reduction.joint-k4",
-    "vs KV-only": "latency_reduction.kv-only",
-    "vs best fixed": "latency_reduction.best-fixed",
+    "vs Joint-k4": f"latency_reduction.{JOINT_K4}",
+    "vs KV-only": f"latency_reduction.{KV_ONLY}",
+    "vs best fixed": f"latency_reduction.{BEST_FIXED}",
     "best k>0 vs k=0": "spec_slowdown.pooled",
 }
 SHAPE = ["prompt_tokens", "available_hit_tokens", "new_tokens", "exact_hit", "available_draft_tokens"]
@@ -74,12 +74,13 @@ def comparisons(chosen: np.ndarray, costs: np.ndarray, actions: list[Action]) ->
     spec = [j for j, a in enumerate(actions) if a.k > 0]
     plain = [j for j, a in enumerate(actions) if a.k == 0]
 
-    def against(label: str) -> float:  # NaN where the action set lacks the baseline
+    def against(strategy: str) -> float:  # NaN where the action set lacks the baseline's action
+        label = Action.of_strategy(strategy).label
         return 1.0 - ours / costs[:, index[label]].sum() if label in index else math.nan
 
     regime = (costs[:, spec].min(axis=1).sum() / costs[:, plain].min(axis=1).sum() - 1.0) if spec and plain else \
         math.nan
-    return {"vs Joint-k4": against("r1k4"), "vs KV-only": against("r1k0"),
+    return {"vs Joint-k4": against(JOINT_K4), "vs KV-only": against(KV_ONLY),
             "vs best fixed": 1.0 - ours / costs.sum(axis=0).min(), "best k>0 vs k=0": regime}
 
 
@@ -215,7 +216,8 @@ def run_predictions(folder: Path, shapes: pd.DataFrame, run_sd: float, label: st
         part = shapes[shapes.configuration == name]
         if table is None or part.empty:
             continue
-        labels = summary.grid.actions if summary else [f"r{r}k{k}" for r in (0, 1) for k in (0, *sorted(table.verify))]
+        labels = summary.grid.actions if summary else [Action(reuse, k).label for reuse in (False, True)
+                                                     for k in (0, *sorted(table.verify))]
         actions = [Action.parse(a) for a in labels]
         predicted = predict(table, part, actions, run_sd, draws)
         alpha = measured_acceptance(summary, name) if summary else None

@@ -16,7 +16,8 @@ from rakv.experiments.claims import REFERENCE
 from rakv.experiments.formatting import isa_label, missing, num, pct, tex_escape
 from rakv.experiments.prose import claim_of, regime_clause, regime_word, twin_sentence, verdict
 from rakv.experiments.summary import Summary
-from rakv.experiments.verdicts import ci_side
+from rakv.experiments.verdicts import Side, ci_side
+from rakv.runtime.actions import BEST_FIXED, JOINT_K4, KV_ONLY
 from rakv.runtime.paths import REFERENCE_DIR
 
 
@@ -190,7 +191,7 @@ def across_machines(results: Path | None = None, folder: Path = OTHER_MACHINES) 
             + conclusions_table([*own, *runs], shown_runs) + predicted)
 
 
-CONCLUSIONS = (("joint-k4", "vs Joint-k4"), ("kv-only", "vs KV-only"), ("best-fixed", "vs best fixed"))
+CONCLUSIONS = ((JOINT_K4, "vs Joint-k4"), (KV_ONLY, "vs KV-only"), (BEST_FIXED, "vs best fixed"))
 
 
 SHORT_VERDICTS = {"faster than": "faster", "slower than": "slower", "not distinguishable from": "n.d.",
@@ -405,9 +406,9 @@ def pair_price_sentences(summary: Summary, name: str, points: pd.DataFrame, own)
                      if pd.notna(p.crossover) else "no $k$ pays for that request")
         text.append(f"In this run's prices a draft step costs {num(p.draft_ratio, 2)} of a target step and a "
                     f"verify of 5 tokens {num(p.verify4_ratio, 2)} steps, so {crossover}; on "
-                    f"{sides.count('above')} of {len(rows)} datasets the measured acceptance's CI lies above "
-                    f"the break-even acceptance of the dataset's own prompts, on {sides.count('below')} below it, "
-                    f"on {sides.count('straddles')} across it (Table~\\ref{{tab:acceptance}}).")
+                    f"{sides.count(Side.ABOVE)} of {len(rows)} datasets the measured acceptance's CI lies above "
+                    f"the break-even acceptance of the dataset's own prompts, on {sides.count(Side.BELOW)} below it, "
+                    f"on {sides.count(Side.STRADDLES)} across it (Table~\\ref{{tab:acceptance}}).")
         others = points[points.machine != own]
         if len(others):
             text.append("The same pair's crossover on the other machines: " + "; ".join(

@@ -52,7 +52,7 @@ from rakv.experiments.config import (
 from rakv.experiments.records import git_commit, write_atomic, write_parquet
 from rakv.experiments.schema import SamplingSection, section
 from rakv.experiments.sensitivity import mixed_prompts
-from rakv.runtime.actions import ADAPTIVE, Action
+from rakv.runtime.actions import ADAPTIVE, AR, Action, spec
 from rakv.runtime.calibration import hardware_fingerprint
 from rakv.runtime.controller import Controller
 from rakv.runtime.costmodel import acceptance_estimate
@@ -84,7 +84,7 @@ def strategies_at(cfg: DictConfig, temperature: float) -> list[tuple[str, str]]:
     """(strategy, verification rule) pairs measured at one temperature: AR, spec-k under each rule (one rule when
     greedy), rakv-asd under token-wise verification."""
     rules = list(cfg.experiment.verify_rules) if temperature > 0 else ["token"]
-    return ([("ar", "token")] + [(f"spec-k{k}", rule) for k in cfg.experiment.ks for rule in rules]
+    return ([(AR, "token")] + [(spec(k), rule) for k in cfg.experiment.ks for rule in rules]
             + [(ADAPTIVE, "token")])
 
 
@@ -246,7 +246,7 @@ def long_context_rows(cfg: DictConfig, name: str, engine, controller, tick) -> l
                 ids = list(document.document) + list(document.questions[question])
                 snapshot = engine.store.snapshot()
                 for strategy in rotated(list(design.strategies), turn):
-                    if strategy == "ar" and (document.id, question) in ar_rows:
+                    if strategy == AR and (document.id, question) in ar_rows:
                         rows.append({**ar_rows[document.id, question], "budget_mib": budget})
                         continue
                     engine.store.restore(snapshot)
@@ -265,7 +265,7 @@ def long_context_rows(cfg: DictConfig, name: str, engine, controller, tick) -> l
                                  "rounds": result.rounds,
                                  "evictions": engine.store.stats.evictions - before})
                     assert rows[-1]["evictions"] >= 0, "long_context: the store's eviction counter went back"
-                    if strategy == "ar":
+                    if strategy == AR:
                         ar_rows[document.id, question] = rows[-1]
                 turn += 1
                 # the store continues from the state the last strategy left (every strategy stores the prompt)
@@ -291,7 +291,7 @@ def planned_requests(cfg: DictConfig) -> dict[str, int]:
             # AR under the first budget only (long_context_rows)
             "long_context": (len(sizes.long_context.bins) * sizes.long_context.per_bin * sizes.long_context.questions
                              * (len(sizes.long_context.budgets_mib) * len(design.long_context.strategies)
-                                - ("ar" in design.long_context.strategies)
+                                - (AR in design.long_context.strategies)
                                 * (len(sizes.long_context.budgets_mib) - 1)))}
 
 

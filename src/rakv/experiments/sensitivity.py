@@ -36,7 +36,8 @@ from rakv.experiments.oracle import measurements
 from rakv.experiments.records import write_atomic, write_parquet
 from rakv.experiments.schema import SensitivitySection, section
 from rakv.experiments.study import format_duration, reset_store
-from rakv.runtime.actions import Action
+from rakv.experiments.study_stats import NO_DRAFT_REUSE
+from rakv.runtime.actions import ADAPTIVE, AR, JOINT_K4, KV_ONLY, SPEC_K4, Action
 from rakv.runtime.cache import Hit
 from rakv.runtime.controller import Controller
 from rakv.runtime.costmodel import RequestFeatures, break_even_alpha, estimate_latency
@@ -156,7 +157,7 @@ def factor_rows(sens: SensitivitySection, name, engine, controller, prompts,
         for prompt in prompts[: sens.prompts]:
             ids = list(prompt.token_ids)
             for n in sens.output_lengths:
-                for strategy in ("ar", "spec-k4", "rakv-asd"):
+                for strategy in (AR, SPEC_K4, ADAPTIVE):
                     r = _timed(engine, controller, ids, strategy, n)
                     tick()
                     out["output_length"].append({"configuration": name, "prompt_id": prompt.id, "repeat": repeat,
@@ -167,7 +168,7 @@ def factor_rows(sens: SensitivitySection, name, engine, controller, prompts,
             ids = base[:length]
             for scenario in ("cold", "partial-50", "exact"):
                 s = build_scenario(scenario, tuple(ids), tuple(donor))
-                r = _timed(engine, controller, ids, "kv-only", sens.new_tokens, s.warmups)
+                r = _timed(engine, controller, ids, KV_ONLY, sens.new_tokens, s.warmups)
                 tick()
                 out["prompt_length"].append({"configuration": name, "repeat": repeat, "prompt_tokens": length,
                                              "scenario": scenario, "hit_tokens": r.hit_tokens, "ttft_s": r.ttft_s,
@@ -175,7 +176,7 @@ def factor_rows(sens: SensitivitySection, name, engine, controller, prompts,
         ids = list(longest.token_ids)
         for rate in sens.reuse_rates:
             s = build_scenario(scenario_for_rate(rate), tuple(ids), tuple(donor))
-            for strategy in ("ar", "kv-only", "rakv-asd"):
+            for strategy in (AR, KV_ONLY, ADAPTIVE):
                 r = _timed(engine, controller, ids, strategy, sens.new_tokens, s.warmups)
                 tick()
                 out["reuse_rate"].append({"configuration": name, "repeat": repeat, "reuse_rate_target": rate,
@@ -186,8 +187,7 @@ def factor_rows(sens: SensitivitySection, name, engine, controller, prompts,
 
 
 JOINT_SCENARIOS = ("exact", "partial-50")
-JOINT_STRATEGIES = ("kv-only", "joint-k4")
-NO_DRAFT_REUSE = "joint-k4-draft-reprefilled"  # joint-k4 with the draft's state kept out of the store (the ablation)
+JOINT_STRATEGIES = (KV_ONLY, JOINT_K4)
 
 
 def mixed_prompts(prompts, count: int) -> list:
@@ -217,7 +217,7 @@ def reuse_length_rows(sens: SensitivitySection, name, engine, prompts, tick=lamb
                     for n in sens.reuse_output_lengths:
                         for label, reuse_draft in variants:
                             engine.reuse_draft = reuse_draft
-                            strategy = "joint-k4" if label == NO_DRAFT_REUSE else label
+                            strategy = JOINT_K4 if label == NO_DRAFT_REUSE else label
                             r = _timed(engine, None, list(prompt.token_ids), strategy, n, scenario.warmups)
                             tick()
                             rows.append({"configuration": name, "dataset": prompt.dataset,

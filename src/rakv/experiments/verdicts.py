@@ -19,8 +19,14 @@ writes the text, so summary.json is what it was when these were plain strings):
   CI shows the reference's finding (yes / no / inconclusive), n/a where the claim's kind has no such verdict,
   missing without a value, not tested where the pair could not run. Another question than a goal's (a published
   figure reproduced, not a goal fixed before the run met), so other words.
-- `Payoff`, whether speculating on top of a reused prefix lowers latency (rakv.experiments.study_stats): the sign
-  of an effect with no goal or margin behind it, so neither met nor yes.
+- `Payoff`, whether speculating on top of a reused prefix lowers latency (rakv.experiments.study_stats), or lowers
+  it against AR at a sampling temperature (rakv.experiments.sampling_stats): the sign of an effect with no goal or
+  margin behind it, so neither met nor yes.
+- `CheckVerdict`, a closed-form acceptance check's (rakv.experiments.sampling_stats; docs/sampling.md, "What counts
+  as agreement"): the measurement agrees with what its rule must accept or differs from it, or the check cannot
+  fail (identity) or has no interval (not judged).
+- `BlockAcceptance`, whether block verification accepts more or fewer candidates per round than token-wise
+  (rakv.experiments.sampling_stats.block_vs_token).
 The serving goals (rakv.experiments.serving_goals), the claims and the paper's wording (README.md, paper/) read
 these; none re-implements the rule.
 """
@@ -70,6 +76,24 @@ class Payoff(enum.StrEnum):
     COSTS = "costs"
     INCONCLUSIVE = "inconclusive"
     NO_INTERVAL = "no interval"
+
+
+class CheckVerdict(enum.StrEnum):
+    """A closed-form acceptance check's verdict (rakv.experiments.sampling_stats.check_verdict)."""
+    AGREES = "agrees"  # the difference's CI includes 0
+    DIFFERS = "differs"  # it excludes 0
+    IDENTITY = "identity"  # the difference has no variance: the check cannot fail, never counted as agreement
+    NOT_JUDGED = "not judged"  # no interval (one request)
+    # block cells of summary.json files written before the block rule's expectation given the drafts: read back,
+    # counted as not judged (rakv.experiments.sampling_stats.counted_verdict)
+    BOUND = "bound"
+
+
+class BlockAcceptance(enum.StrEnum):
+    """Block verification against token-wise: the side of 0 of their difference in accepted candidates per round."""
+    MORE = "more"
+    FEWER = "fewer"
+    INCONCLUSIVE = "inconclusive"  # the CI includes 0, or there is none
 
 
 def _finite(x) -> bool:

@@ -14,7 +14,27 @@ from rakv.runtime.errors import RakvError
 
 SPEC_K = (1, 2, 4, 6, 8)  # speculation depths calibrated and offered to the controller (k = 0 besides)
 ADAPTIVE = "rakv-asd"
-FIXED_STRATEGIES = ("ar", "kv-only", *(f"spec-k{k}" for k in SPEC_K), *(f"joint-k{k}" for k in SPEC_K))
+AR = "ar"  # r0k0: the target alone
+KV_ONLY = "kv-only"  # r1k0: the store's prefix, no speculation
+
+
+def spec(k: int) -> str:
+    """The fixed strategy r0k`k`: speculation without reuse."""
+    return f"spec-k{k}"
+
+
+def joint(k: int) -> str:
+    """The fixed strategy r1k`k`: reuse and speculation."""
+    return f"joint-k{k}"
+
+
+FIXED_STRATEGIES = (AR, KV_ONLY, *(spec(k) for k in SPEC_K), *(joint(k) for k in SPEC_K))
+BASELINE_K = 4  # the fixed baselines' depth (paper/main.tex: "Baselines for the controller: KV-only, Joint-k4, ...")
+SPEC_K4, JOINT_K4 = spec(BASELINE_K), joint(BASELINE_K)
+# the study's two comparators in hindsight (rakv.experiments.oracle computes them); its tables list them among the
+# strategies, so their names live here too
+BEST_FIXED = "best-fixed"
+ORACLE = "oracle"
 
 _LABEL = re.compile(r"r([01])k(\d+)")
 _STRATEGY = re.compile(r"(spec|joint)-k(\d+)")
@@ -44,9 +64,9 @@ class Action:
     @classmethod
     def of_strategy(cls, name: str) -> Action:
         """The fixed action of a baseline strategy name."""
-        if name == "ar":
+        if name == AR:
             return cls(False, 0)
-        if name == "kv-only":
+        if name == KV_ONLY:
             return cls(True, 0)
         match = _STRATEGY.fullmatch(name)
         if match and int(match[2]) in SPEC_K:
