@@ -13,6 +13,7 @@ from pathlib import Path
 from rakv.experiments import ablation
 from rakv.experiments.records import write_atomic
 from rakv.runtime.errors import RakvError
+from rakv.runtime.run_layout import RunLayout
 
 
 def main(argv=None) -> int:
@@ -27,7 +28,7 @@ def main(argv=None) -> int:
     except (OSError, ValueError, KeyError, RakvError) as exc:
         print(f"ablate_controller: error: {exc}", file=sys.stderr)
         return 2
-    write_atomic(args.results / "ablation.csv", table.to_csv(index=False))
+    write_atomic(RunLayout.of(args.results).ablation, table.to_csv(index=False))
     print(ablation.format_table(table))
     return 0
 

@@ -34,9 +34,13 @@ def main(argv=None) -> int:
     except RakvError as exc:
         print(f"compare_runs: error: cannot read a summary.json ({exc})", file=sys.stderr)
         return 2
+    try:
+        machines = hardware(args.a), hardware(args.b)
+    except RakvError as exc:
+        print(f"compare_runs: error: cannot read a study's metadata.json ({exc})", file=sys.stderr)
+        return 2
     lines, got = compare(a, b)
     print("\n".join(lines))
-    machines = hardware(args.a), hardware(args.b)
     print(f"compare_runs: A = {args.a}: {described(machines[0])}")
     print(f"compare_runs: B = {args.b}: {described(machines[1])}")
     total = len(with_intervals(a))

@@ -10,6 +10,8 @@ import json
 import sys
 from pathlib import Path
 
+from rakv.runtime.run_layout import ServedRunLayout
+
 CLOCK = {"arrival_s", "ttft_s", "tpot_s", "itl_s", "e2el_s", "service_s", "at_s", "schedule_s", "iteration_s",
          "predicted_s", "admitted_s",
          "served_predicted_s"}  # admission's prediction under load: the batch cost model's scale follows measured times
@@ -27,14 +29,15 @@ def main() -> int:
                         help="keys left out too (a field one version adds, such as draft_hit_tokens)")
     args = parser.parse_args()
     CLOCK.update(args.ignore)
-    runs = sorted(p.parent.relative_to(args.a) for p in args.a.rglob("requests.jsonl"))
+    runs = sorted(served.root.relative_to(args.a) for served in ServedRunLayout.found_under(args.a))
     if not runs:
         print(f"compare_served: error: no requests.jsonl under {args.a}", file=sys.stderr)
         return 2
     differing = 0
     for run in runs:
-        for name in ("requests.jsonl", "iterations.jsonl"):
-            a, b = args.a / run / name, args.b / run / name
+        mine, theirs = ServedRunLayout(args.a / run), ServedRunLayout(args.b / run)
+        for a, b in ((mine.requests, theirs.requests), (mine.iterations, theirs.iterations)):
+            name = a.name
             if not b.exists():
                 print(f"{str(run / name):<42} only in {args.a}")
                 differing += 1

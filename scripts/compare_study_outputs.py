@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rakv.runtime.run_layout import RunLayout
+
 DETERMINISTIC = ("configuration", "dataset", "prompt_id", "scenario", "kind", "strategy", "repeat", "action",
                  "reuse", "k", "prompt_tokens", "hit_tokens", "available_hit_tokens", "exact_hit", "new_tokens",
                  "rounds", "proposed", "accepted", "rejections", "output_hash", "equal_to_ar", "order",
@@ -35,7 +37,7 @@ def main() -> int:
     parser.add_argument("b", type=Path)
     args = parser.parse_args()
     try:
-        a, b = (pd.read_parquet(p / "study" / "runs.parquet").set_index("run_id").sort_index()
+        a, b = (pd.read_parquet(RunLayout.of(p).study.runs).set_index("run_id").sort_index()
                 for p in (args.a, args.b))
     except OSError as exc:
         print(f"compare_study_outputs: error: {exc}", file=sys.stderr)
@@ -62,14 +64,14 @@ SERVING_KEY = ["family", "rate", "policy", "repeat", "id"]
 
 def compare_serving(a_dir: Path, b_dir: Path) -> int:
     """The serving stage's clock-free columns; the number of differing ones (0 when either folder has none)."""
-    paths = [d / "serving" / "requests.parquet" for d in (a_dir, b_dir)]
+    paths = [RunLayout.of(d).serving.requests for d in (a_dir, b_dir)]
     if not all(p.exists() for p in paths):
         return 0
     a, b = (pd.read_parquet(p).set_index(SERVING_KEY).sort_index() for p in paths)
     if set(a.index) != set(b.index):
         print(f"serving: requests differ: {len(set(a.index) ^ set(b.index))} in one folder only")
         return 1
-    cells = [pd.read_parquet(d / "serving" / "cells.parquet").set_index(SERVING_KEY[:-1]).sort_index()
+    cells = [pd.read_parquet(RunLayout.of(d).serving.cells).set_index(SERVING_KEY[:-1]).sort_index()
              for d in (a_dir, b_dir)]
     differing = 0
     for name, left, right in [*((c, a[c], b.loc[a.index, c]) for c in SERVED),

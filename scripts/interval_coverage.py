@@ -14,8 +14,8 @@ import sys
 import pandas as pd
 
 from rakv.experiments import coverage
-from rakv.experiments.latex import INTERVAL_COVERAGE
 from rakv.experiments.records import write_atomic
+from rakv.runtime.run_layout import INTERVAL_COVERAGE
 
 SHIPPED = INTERVAL_COVERAGE
 

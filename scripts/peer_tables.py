@@ -14,11 +14,12 @@ from pathlib import Path
 
 from rakv.experiments.peer_tables import refresh, render_blocks
 from rakv.runtime.paths import ROOT
+from rakv.runtime.run_layout import PeerLayout
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--folder", type=Path, default=ROOT / "data" / "reference" / "peer")
+    parser.add_argument("--folder", type=Path, default=PeerLayout.shipped().root)
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "peers.md")
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()

@@ -22,20 +22,21 @@ from rakv.experiments.prediction import (
     shapes_for,
 )
 from rakv.runtime.errors import RakvError
-from rakv.runtime.paths import REFERENCE_DIR
+from rakv.runtime.run_layout import RunLayout
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path,
                         help="a results folder with calibration/ (and summary.json once analysed)")
-    parser.add_argument("--reference", type=Path, default=REFERENCE_DIR / "offline",
+    parser.add_argument("--reference", type=Path, default=RunLayout.reference("offline").root,
                         help="the shipped reference run: request shapes before a study, same-machine calibrations")
     args = parser.parse_args(argv)
     shapes = shapes_for(args.results, args.reference)
     run_sd = calibration_run_sd(same_machine_calibrations(args.reference))
-    if shapes is None or run_sd is None or not (args.results / "calibration").is_dir():
-        print(f"predict_headlines: error: need {args.results}/calibration/ and the study's request shapes and "
+    calibrations = RunLayout.of(args.results).calibration_dir
+    if shapes is None or run_sd is None or not calibrations.is_dir():
+        print(f"predict_headlines: error: need {calibrations}/ and the study's request shapes and "
               f"same-machine calibrations under {args.reference}", file=sys.stderr)
         return 2
     try:

@@ -3,12 +3,15 @@
 import importlib.util
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
-from rakv.runtime.paths import REFERENCE_DIR
+from rakv.experiments.metadata import Hardware, read_run_metadata, write_run_metadata
+from rakv.runtime.run_layout import OTHER_MACHINES_DIR, RunLayout
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compare_runs.py"
-REFERENCE = REFERENCE_DIR / "offline"
+LAYOUT = RunLayout.reference("offline")
+REFERENCE = LAYOUT.root
 MOVED = "per_configuration.smollm2.latency_reduction.joint-k4"
 spec = importlib.util.spec_from_file_location("compare_runs", SCRIPT)
 compare_runs = importlib.util.module_from_spec(spec)
@@ -18,7 +21,7 @@ spec.loader.exec_module(compare_runs)
 def summary(latency, worst_regret=0.2) -> dict:
     """The shipped reference run's summary.json with one interval (smollm2's latency reduction against Joint-k4) and
     one statistic without an interval (its worst regret) set."""
-    content = json.loads((REFERENCE / "summary.json").read_text())
+    content = json.loads(LAYOUT.summary.read_text())
     content.pop("replication", None)  # the shipped runs' pooling: not these made-up runs'
     statistics = content["per_configuration"]["smollm2"]
     statistics["latency_reduction"]["joint-k4"], statistics["worst_regret"] = latency, worst_regret
@@ -27,7 +30,7 @@ def summary(latency, worst_regret=0.2) -> dict:
 
 def write(folder: Path, content: dict) -> Path:
     folder.mkdir()
-    (folder / "summary.json").write_text(json.dumps(content))
+    RunLayout.of(folder).summary.write_text(json.dumps(content))
     return folder
 
 
@@ -76,12 +79,19 @@ def test_the_difference_test_holds_its_level_on_replications():
     assert abs(inside / trials - replication.inside_rate_expected(df)) < 0.02
 
 
-def with_hardware(folder: Path, processor: str, isa: str | None = None, **more) -> Path:
-    (folder / "study").mkdir()
-    (folder / "study" / "metadata.json").write_text(json.dumps(
-        {"hardware": {"processor": processor, "device": "cpu", "threads": 2, "dtype": "float32", "isa": isa,
-                      **more}}))
+def with_metadata(folder: Path, commit: str | None = None, processor: str = "CPU X", **hardware) -> Path:
+    """`folder` with the shipped reference run's study metadata, its commit and machine replaced (the machine's
+    fields not given are left unrecorded, as in a record written before they existed)."""
+    layout = RunLayout.of(folder)
+    layout.study.root.mkdir()
+    machine = Hardware(processor=processor, device="cpu", dtype="float32", threads=2, torch="2", transformers="5",
+                       **hardware)
+    write_run_metadata(replace(read_run_metadata(LAYOUT), git_commit=commit, hardware=machine), layout.study)
     return folder
+
+
+def with_hardware(folder: Path, processor: str, isa: str | None = None, **more) -> Path:
+    return with_metadata(folder, None, processor, isa=isa, **more)
 
 
 def test_outside_on_the_same_hardware_fails_and_on_other_hardware_is_reported(tmp_path, capsys):
@@ -171,10 +181,7 @@ def test_the_papers_run_to_run_sentence_reads_a_shipped_second_run(tmp_path):
     from rakv.experiments import prose_machines
 
     def metadata(folder: Path, commit: str) -> Path:
-        (folder / "study").mkdir()
-        (folder / "study" / "metadata.json").write_text(json.dumps(
-            {"git_commit": commit, "hardware": {"processor": "CPU X", "device": "cpu", "threads": 2}}))
-        return folder
+        return with_metadata(folder, commit)
 
     first = metadata(write(tmp_path / "offline", summary([0.10, 0.04, 0.17])), "abc")
     assert "No second full run" in prose_machines.run_to_run(first)
@@ -190,8 +197,8 @@ def test_the_papers_run_to_run_sentence_reads_a_shipped_second_run(tmp_path):
 
 
 def shipped_compare_files() -> list[Path]:
-    runs = [*sorted(REFERENCE_DIR.glob("offline-rerun*")), *sorted((REFERENCE_DIR / "other-machines").glob("*"))]
-    return [run for run in runs if (run / "summary.json").exists()]
+    runs = [*LAYOUT.reruns(), *RunLayout.other_machines(OTHER_MACHINES_DIR)]
+    return [run.root for run in runs if run.summary.exists()]
 
 
 def test_every_shipped_compare_file_is_todays_comparison_and_the_papers(monkeypatch, capsys):
@@ -206,10 +213,10 @@ def test_every_shipped_compare_file_is_todays_comparison_and_the_papers(monkeypa
     for run in runs:
         relative = run.relative_to(ROOT)
         compare_runs.main([str(REFERENCE.relative_to(ROOT)), str(relative)])
-        assert (run / "compare_reference.txt").read_text() == capsys.readouterr().out, \
+        assert RunLayout.of(run).compare_reference.read_text() == capsys.readouterr().out, \
             f"{relative}/compare_reference.txt is stale: ./scripts/write_compare_files.sh"
-    rerun = (REFERENCE_DIR / "offline-rerun" / "compare_reference.txt").read_text()
+    rerun = RunLayout.reference("offline-rerun").compare_reference.read_text()
     line = next(x for x in rerun.splitlines() if "differ significantly" in x)
     counted = line.split("compare_runs: ")[1].split(" statistic(s)")[0]  # "N of M"
-    paper = (ROOT / "paper" / "generated" / "offline" / "run_to_run.tex").read_text()
+    paper = (LAYOUT.generated / "run_to_run.tex").read_text()
     assert f"{counted} headline statistics' differences are significant" in paper

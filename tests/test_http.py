@@ -19,6 +19,7 @@ from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.decoding import Sampling
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
+from rakv.runtime.run_layout import ServedRunLayout
 from rakv.serving import engine_loop, executor
 from rakv.serving.http_options import HttpOptions
 from rakv.serving.http_server import make_server, parse_address, serve_http
@@ -256,9 +257,10 @@ def test_sigterm_drains_running_requests_then_writes_the_records_and_summary(ser
     assert rest[-1] == "data: [DONE]" and json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"
     summary = served.stop()
     assert summary.statistics.completed == 1 and summary.statistics.failed == 0
-    lines = (served.loop.core.out / "requests.jsonl").read_text().splitlines()
+    written = ServedRunLayout(served.loop.core.out)
+    lines = written.requests.read_text().splitlines()
     assert [json.loads(line)["status"] for line in lines] == ["ok"]
-    assert (served.loop.core.out / "summary.json").exists() and (served.loop.core.out / "iterations.jsonl").exists()
+    assert written.served_summary.exists() and written.iterations.exists()
 
 
 def test_metrics_count_requests_tokens_prefix_hits_and_drafts_under_vllm_s_names(served):

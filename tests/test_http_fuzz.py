@@ -26,6 +26,7 @@ from rakv.bench.fuzz_http import (
 )
 from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.engine import Engine
+from rakv.runtime.run_layout import ServedRunLayout
 from rakv.serving.http_options import HttpOptions
 from rakv.serving.http_server import make_server, serve_http
 from rakv.serving.server import ServeOptions
@@ -110,4 +111,5 @@ def test_a_real_sigterm_drains_writes_the_summary_and_is_not_raised_again(tiny_p
         signal.signal(signal.SIGTERM, previous)
     thread.join(10)
     assert answers == [200] and raised_again == []
-    assert summary is not None and summary.statistics.completed == 1 and (tmp_path / "summary.json").exists()
+    assert summary is not None and summary.statistics.completed == 1
+    assert ServedRunLayout(tmp_path).served_summary.exists()

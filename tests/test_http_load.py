@@ -12,6 +12,7 @@ from rakv.bench.load_client import ClientLog, Mix, Outcome, read_logs
 from rakv.bench.load_http import account, drawn_until, load_prompts, run_users, wait_idle
 from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.engine import Engine
+from rakv.runtime.run_layout import ServedRunLayout
 from rakv.serving.http_options import HttpOptions
 from rakv.serving.http_server import make_server, serve_http
 from rakv.serving.records import RequestRecord, read_records
@@ -46,7 +47,7 @@ def test_under_load_with_cut_streams_every_admitted_request_is_recorded_once_and
     idle = wait_idle(url, timeout_s=60)
     server.should_exit = True  # the engine stops and records what is left: nothing, once idle
     thread.join(60)
-    outcomes, records = read_logs([tmp_path / "clients.jsonl"]), read_records(tmp_path / "requests.jsonl")
+    outcomes, records = read_logs([tmp_path / "clients.jsonl"]), read_records(ServedRunLayout(tmp_path).requests)
     accounting = account(outcomes, records)
     assert accounting.holds, accounting.problems[:5]
     assert idle.kv_bytes == 0 and idle.running == 0

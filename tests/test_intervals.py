@@ -3,18 +3,18 @@ shipped profiles have on data shaped like the study's (the cases and their shape
 with a positive control that the simulation catches an interval that under-covers."""
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from rakv.experiments import coverage, intervals
+from rakv.runtime.run_layout import INTERVAL_COVERAGE
 
 LEVEL = 0.93
 CASES = coverage.cases()
 # the paper's coverage table (scripts/interval_coverage.py writes it): each row must be what the code now gives
-SHIPPED = pd.read_csv(Path(__file__).resolve().parents[1] / "paper" / "interval_coverage.csv")
+SHIPPED = pd.read_csv(INTERVAL_COVERAGE)
 
 
 def shipped_row(statistic, units, shape):

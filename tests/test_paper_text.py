@@ -4,12 +4,15 @@ scripts/ship_reference.sh rebuilds it, so a defect in the report's wording fails
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 from pypdf import PdfReader
 
-PDF = Path(__file__).resolve().parents[1] / "paper" / "build" / "offline" / "main.pdf"
+from rakv.runtime.paths import PAPER_DIR
+from rakv.runtime.run_layout import RunLayout
+
+REFERENCE = RunLayout.reference("offline")
+PDF = REFERENCE.pdf
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +43,13 @@ def test_the_paper_tells_what_it_substitutes_and_concludes(text):
     assert "Conclusion" in flat and "Serving under load" in flat
 
 
-PAPER = PDF.parents[2]
-LAYOUT = PDF.parent / "layout.json"
+PAPER = PAPER_DIR
+LAYOUT = REFERENCE.pdf_layout
 
 
 def paper_sources() -> str:
     """main.tex and the reference run's generated LaTeX, as LaTeX reads them."""
-    generated = sorted((PAPER / "generated" / "offline").glob("*.tex"))
+    generated = sorted(REFERENCE.generated.glob("*.tex"))
     return "\n".join(p.read_text() for p in [PAPER / "main.tex", *generated])
 
 

@@ -11,10 +11,11 @@ import pytest
 
 from rakv.experiments import prediction
 from rakv.runtime.actions import Action
-from rakv.runtime.costmodel import CostTable
-from rakv.runtime.paths import REFERENCE_DIR
+from rakv.runtime.costmodel import read_cost_table
+from rakv.runtime.run_layout import RunLayout
 
-REFERENCE = REFERENCE_DIR / "offline"
+LAYOUT = RunLayout.reference("offline")
+REFERENCE = LAYOUT.root
 ACTIONS = [Action.parse(a) for a in ("r0k0", "r1k0", "r0k4", "r1k4", "r1k6")]
 
 
@@ -38,12 +39,12 @@ def test_a_measurement_is_judged_with_its_own_interval():
 
 
 def test_the_run_to_run_shift_of_a_calibration_is_read_from_a_pair(tmp_path):
-    a, b = tmp_path / "a", tmp_path / "b"
-    shutil.copytree(REFERENCE / "calibration", a)
-    shutil.copytree(REFERENCE / "calibration", b)
+    a, b = RunLayout.of(tmp_path / "a"), RunLayout.of(tmp_path / "b")
+    shutil.copytree(LAYOUT.calibration_dir, a.calibration_dir)
+    shutil.copytree(LAYOUT.calibration_dir, b.calibration_dir)
     assert prediction.calibration_run_sd([(a, b)]) == 0.0
-    for path in b.glob("*.json"):
-        table = CostTable.from_json(json.loads(path.read_text()))
+    for path in b.calibrations():
+        table = read_cost_table(path)
         for curve in prediction.curves(table):
             curve.ys = [1.2 * y for y in curve.ys]
         path.write_text(json.dumps(table.to_json()))
@@ -52,7 +53,7 @@ def test_the_run_to_run_shift_of_a_calibration_is_read_from_a_pair(tmp_path):
 
 
 def test_the_prediction_is_seeded_and_its_interval_holds_its_point():
-    runs = pd.read_parquet(REFERENCE / "study" / "runs.parquet")
+    runs = pd.read_parquet(LAYOUT.study.runs)
     shapes = prediction.request_shapes(runs)
     part = shapes[shapes.configuration == "smollm2"]
     table = prediction.configuration_table(REFERENCE, "smollm2")
@@ -68,13 +69,13 @@ def test_the_prediction_is_seeded_and_its_interval_holds_its_point():
 def test_a_planted_miss_is_refused_and_named(tmp_path):
     """A run whose study 'measured' far more than its calibration allows (planted in its summary): the comparison is
     outside, and named by its cause; the others of the run stay as they were."""
-    run = tmp_path / "offline"
-    shutil.copytree(REFERENCE / "calibration", run / "calibration")
-    summary = json.loads((REFERENCE / "summary.json").read_text())
+    run = RunLayout.of(tmp_path / "offline")
+    shutil.copytree(LAYOUT.calibration_dir, run.calibration_dir)
+    summary = json.loads(LAYOUT.summary.read_text())
     summary["per_configuration"]["smollm2"]["latency_reduction"]["joint-k4"] = [0.9, 0.89, 0.91]
-    (run / "summary.json").write_text(json.dumps(summary))
-    shapes = prediction.request_shapes(pd.read_parquet(REFERENCE / "study" / "runs.parquet"))
-    rows = {(r.configuration, r.comparison): r for r in prediction.run_predictions(run, shapes, run_sd=0.05,
+    run.summary.write_text(json.dumps(summary))
+    shapes = prediction.request_shapes(pd.read_parquet(LAYOUT.study.runs))
+    rows = {(r.configuration, r.comparison): r for r in prediction.run_predictions(run.root, shapes, run_sd=0.05,
                                                                                    draws=20)}
     planted = rows["smollm2", "vs Joint-k4"]
     assert planted.inside is False and planted.cause == "cost model"

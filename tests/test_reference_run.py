@@ -14,12 +14,15 @@ import pytest
 
 from rakv.experiments import ablation, analysis, enginecompare, formatting, latex, readme_writer
 from rakv.experiments.figures import FIGURES, SAMPLING_FIGURES
+from rakv.experiments.metadata import read_run_metadata
 from rakv.experiments.summary import Summary, read_summary
-from rakv.runtime.paths import REFERENCE_DIR, ROOT
+from rakv.runtime.paths import ROOT
+from rakv.runtime.run_layout import RunLayout
 
-REFERENCE = REFERENCE_DIR / "offline"
-GENERATED = ROOT / "paper" / "generated" / "offline"
-BEFORE_ENGINES = [ROOT / "data" / "reference" / name for name in ("offline-fast-kernels", "offline-skinny-kernels")]
+LAYOUT = RunLayout.reference("offline")
+REFERENCE = LAYOUT.root
+GENERATED = LAYOUT.generated
+BEFORE_ENGINES = [RunLayout.reference(name).root for name in ("offline-fast-kernels", "offline-skinny-kernels")]
 REGENERATE = "regenerate with ./reproduce.sh stages=analysis,paper results_dir=data/reference/offline"
 
 
@@ -45,7 +48,7 @@ def differences(shipped, recomputed, where: str = "") -> list[str]:
 
 @pytest.fixture(scope="module")
 def recomputed() -> Summary:
-    assert (REFERENCE / "study" / "runs.parquet").exists(), f"the reference run is missing from {REFERENCE}"
+    assert LAYOUT.study.runs.exists(), f"the reference run is missing from {REFERENCE}"
     return analysis.summarize(REFERENCE)
 
 
@@ -55,7 +58,7 @@ def shipped() -> Summary:
 
 
 def test_the_shipped_summary_is_what_todays_analysis_computes_from_the_shipped_tables(recomputed):
-    found = differences(json.loads((REFERENCE / "summary.json").read_text()), recomputed.to_json())
+    found = differences(json.loads(LAYOUT.summary.read_text()), recomputed.to_json())
     assert not found, f"{len(found)} difference(s), first: {found[:5]}; {REGENERATE}"
 
 
@@ -74,7 +77,7 @@ def test_the_shipped_latex_is_what_todays_report_writes(recomputed, ablations, t
 
 
 def test_the_shipped_ablation_csv_is_todays_replay(ablations):
-    assert (REFERENCE / "ablation.csv").read_text() == ablations.to_csv(index=False), REGENERATE
+    assert LAYOUT.ablation.read_text() == ablations.to_csv(index=False), REGENERATE
 
 
 def test_the_readme_claims_table_is_the_reference_runs(shipped):
@@ -97,18 +100,19 @@ def test_the_readme_sizes_and_times_are_the_reference_runs():
 
 
 def test_the_reference_run_ships_its_raw_tables_and_outputs_and_nothing_else():
-    for name in ("study/runs.parquet", "study/metadata.json", "study/plan.txt", "summary.json", "stage_times.tsv",
-                 "feasibility/summary.json", "sensitivity/crossover.parquet", "sensitivity/controlled.parquet"):
-        assert (REFERENCE / name).exists(), name
-    assert list((REFERENCE / "calibration").glob("*.json")), "no calibration shipped"
-    runs = pd.read_parquet(REFERENCE / "study" / "runs.parquet")
-    meta = json.loads((REFERENCE / "study" / "metadata.json").read_text())
-    assert len(runs) == meta["runs"] and runs.equal_to_ar.all()
-    assert not meta["git_commit"].endswith("-dirty"), "the reference run was measured from uncommitted code"
-    shipped = FIGURES + (SAMPLING_FIGURES if (REFERENCE / "sampling" / "runs.parquet").exists() else ())
+    for path in (LAYOUT.study.runs, LAYOUT.study.metadata, LAYOUT.study.plan, LAYOUT.summary, LAYOUT.stage_times,
+                 LAYOUT.feasibility_summary, LAYOUT.sensitivity_table("crossover"),
+                 LAYOUT.sensitivity_table("controlled")):
+        assert path.exists(), path
+    assert LAYOUT.calibrations(), "no calibration shipped"
+    runs = pd.read_parquet(LAYOUT.study.runs)
+    meta = read_run_metadata(LAYOUT)
+    assert len(runs) == meta.runs and runs.equal_to_ar.all()
+    assert not meta.git_commit.endswith("-dirty"), "the reference run was measured from uncommitted code"
+    shipped = FIGURES + (SAMPLING_FIGURES if LAYOUT.sampling_table("runs").exists() else ())
     for name in shipped:
         for suffix in ("png", "pdf"):
-            assert (ROOT / "figures" / "offline" / f"{name}.{suffix}").exists(), f"{name}.{suffix}"
-    assert (ROOT / "paper" / "build" / "offline" / "main.pdf").exists()
+            assert (LAYOUT.figures / f"{name}.{suffix}").exists(), f"{name}.{suffix}"
+    assert LAYOUT.pdf.exists()
     size = sum(p.stat().st_size for p in REFERENCE.rglob("*") if p.is_file())
     assert size < 8 * 2**20, f"the reference run has grown to {size / 2**20:.1f} MiB"

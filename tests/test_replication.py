@@ -1,16 +1,18 @@
 """rakv.experiments.replication and the tie sets: pooling shipped runs, the run-level variance, a held-out run's
 coverage, Holm's adjustment, and the actions the cost model cannot tell apart."""
 
-import json
 import math
 import shutil
+from dataclasses import replace
 
 import pytest
 
 from rakv.experiments import replication
+from rakv.experiments.metadata import Hardware, read_run_metadata, write_run_metadata
 from rakv.experiments.summary import read_summary
 from rakv.runtime.costmodel import Curve, prediction_noise, tie_set
 from rakv.runtime.paths import REFERENCE_DIR
+from rakv.runtime.run_layout import RunLayout
 
 REFERENCE = REFERENCE_DIR / "offline"
 NAME = "per_configuration.smollm2.latency_reduction.joint-k4"
@@ -61,17 +63,16 @@ def test_the_tie_set_holds_the_estimates_within_the_cost_models_noise():
 
 
 def test_the_noise_is_read_from_the_calibrations_spreads():
-    from rakv.runtime.costmodel import CostTable
+    from rakv.runtime.costmodel import read_cost_table
 
-    tables = json.loads((REFERENCE / "calibration" / "smollm2-draft.json").read_text())
-    table = CostTable.from_json(tables)
+    table = read_cost_table(RunLayout.of(REFERENCE).calibration("smollm2", "draft"))
     noise = prediction_noise(table)
     assert 0 < noise < 0.1
     quiet = Curve.table([1.0, 2.0], [1.0, 2.0], spread=[0.0, 0.0], samples=[5, 5])
     loud = Curve.table([1.0, 2.0], [1.0, 2.0], spread=[0.1, 0.1], samples=[4, 4])
-    base = dict(tables, target_prefill=quiet, target_step=quiet, verify={1: quiet}, propose={1: quiet})
-    assert prediction_noise(CostTable(**base)) == 0.0
-    noisy = prediction_noise(CostTable(**{**base, "target_prefill": loud, "target_step": loud, "verify": {1: loud}}))
+    base = replace(table, target_prefill=quiet, target_step=quiet, verify={1: quiet}, propose={1: quiet})
+    assert prediction_noise(base) == 0.0
+    noisy = prediction_noise(replace(base, target_prefill=loud, target_step=loud, verify={1: loud}))
     assert noisy == pytest.approx(replication_noise(0.1, 4))
 
 
@@ -82,13 +83,15 @@ def replication_noise(spread: float, samples: int) -> float:
 def test_a_sibling_run_of_another_commit_or_machine_is_not_pooled(tmp_path):
     from rakv.experiments.runcompare import sibling_runs
 
+    shipped = RunLayout.of(REFERENCE)
+
     def run(name: str, commit: str, processor: str = "CPU X"):
-        folder = tmp_path / name
-        (folder / "study").mkdir(parents=True)
-        shutil.copy(REFERENCE / "summary.json", folder / "summary.json")
-        (folder / "study" / "metadata.json").write_text(json.dumps(
-            {"git_commit": commit, "hardware": {"processor": processor, "device": "cpu", "threads": 2}}))
-        return folder
+        layout = RunLayout.of(tmp_path / name)
+        layout.study.root.mkdir(parents=True)
+        shutil.copy(shipped.summary, layout.summary)
+        machine = Hardware(processor=processor, device="cpu", dtype="float32", threads=2, torch="2", transformers="5")
+        write_run_metadata(replace(read_run_metadata(shipped), git_commit=commit, hardware=machine), layout.study)
+        return layout.root
 
     first = run("offline", "abc")
     run("offline-rerun", "abc")

@@ -24,6 +24,7 @@ from rakv.runtime.decoding import DecodeState, Sampling
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
 from rakv.runtime.proposers import PROPOSERS, PromptLookupProposer
+from rakv.runtime.run_layout import ServedRunLayout
 from rakv.runtime.strategies import Choice, action_of
 from rakv.serving.acceptance import Acceptance
 from rakv.serving.executor import RequestOutput, StepOutput
@@ -259,7 +260,7 @@ def test_a_prompt_is_shared_as_soon_as_it_is_computed_not_only_when_its_request_
     trace = [TraceRequest("first", 0.0, prompt, 200), TraceRequest("second", 0.05, prompt + " structure in Paris", 4)]
     options = ServeOptions.default(strategy="kv-only", max_batch=2, ignore_eos=True, check_alone=True)
     summary = serve(engine, trace, tmp_path, options, progress=False)
-    lines = {r["id"]: r for r in map(json.loads, (tmp_path / "requests.jsonl").read_text().splitlines())}
+    lines = {r["id"]: r for r in map(json.loads, ServedRunLayout(tmp_path).requests.read_text().splitlines())}
     assert lines["second"]["hit_tokens"] == lines["first"]["prompt_tokens"] - 1  # all but the next-token position
     assert lines["second"]["e2el_s"] + lines["second"]["arrival_s"] < lines["first"]["e2el_s"]  # ended first
     assert summary.outputs_equal_alone == 2
@@ -290,7 +291,7 @@ def alone(pair, proposer, trace, outputs, strategy):
 def served(pair, proposer, trace, tmp_path, **options):
     engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30), proposer=proposer)
     summary = serve(engine, trace, tmp_path, ServeOptions.default(ignore_eos=True, **options), progress=False)
-    records = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in ServedRunLayout(tmp_path).requests.read_text().splitlines()]
     return summary, {r["id"]: r for r in records}
 
 
@@ -340,10 +341,10 @@ def test_summary_uses_vllm_names_and_counts_every_request(tiny_pair, tiny_texts,
         assert name in summary.to_json(), name
     assert summary.statistics.goodput == pytest.approx(summary.statistics.request_throughput)  # every request meets
     # summary.json and iterations.jsonl are their records' JSON, read back to the same records
-    assert (tmp_path / "summary.json").read_text() == json.dumps(summary.to_json(), indent=1) + "\n"
-    assert read_run_summary(tmp_path / "summary.json") == summary
-    lines = (tmp_path / "iterations.jsonl").read_text().splitlines()
-    assert [json.dumps(i.to_json()) for i in read_iterations(tmp_path / "iterations.jsonl")] == lines
+    assert ServedRunLayout(tmp_path).served_summary.read_text() == json.dumps(summary.to_json(), indent=1) + "\n"
+    assert read_run_summary(ServedRunLayout(tmp_path).served_summary) == summary
+    lines = ServedRunLayout(tmp_path).iterations.read_text().splitlines()
+    assert [json.dumps(i.to_json()) for i in read_iterations(ServedRunLayout(tmp_path).iterations)] == lines
     assert len(lines) == summary.statistics.iterations
     bad = dict(summary.to_json(), completd=1)
     (tmp_path / "bad.json").write_text(json.dumps(bad))
@@ -392,7 +393,7 @@ def test_kill_9_leaves_complete_lines_only(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "rakv.cli", "serve", "--pair", "tiny", "--trace", str(trace),
                              "--out", str(out), "--quiet", "--ignore-eos"], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    lines = out / "requests.jsonl"
+    lines = ServedRunLayout(out).requests
     deadline = time.time() + 120
     while time.time() < deadline and (not lines.exists() or lines.read_text().count("\n") < 3):
         time.sleep(0.05)
@@ -401,7 +402,7 @@ def test_kill_9_leaves_complete_lines_only(tmp_path):
     text = lines.read_text()
     assert text.endswith("\n") and text.count("\n") >= 3
     assert all(json.loads(line)["status"] == "ok" for line in text.splitlines())
-    assert not (out / "summary.json").exists()
+    assert not ServedRunLayout(out).served_summary.exists()
 
 
 def test_rakv_trace_then_serve(tmp_path):
@@ -412,7 +413,7 @@ def test_rakv_trace_then_serve(tmp_path):
     done = rakv("serve", "--pair", "tiny", "--trace", str(trace), "--out", str(tmp_path / "o"), "--quiet",
                 "--strategy", "joint-k2", "--token-budget", "16", "--goodput", "ttft:100000")
     assert done.returncode == 0, done.stderr
-    summary = read_run_summary(tmp_path / "o" / "summary.json")
+    summary = read_run_summary(ServedRunLayout(tmp_path / "o").served_summary)
     assert summary.statistics.completed == 4 and summary.settings.token_budget == 16
     assert json.loads(done.stdout)["completed"] == 4
 
@@ -447,7 +448,7 @@ def test_rakv_asd_decides_per_request_at_admission_and_changes_no_output(tiny_pa
     engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30), proposer=proposer)
     serve(engine, trace, tmp_path, ServeOptions.default(strategy="rakv-asd", token_budget=40, ignore_eos=True),
           ServeParts(controller=controller), progress=False)
-    records = {r["id"]: r for r in map(json.loads, (tmp_path / "requests.jsonl").read_text().splitlines())}
+    records = {r["id"]: r for r in map(json.loads, ServedRunLayout(tmp_path).requests.read_text().splitlines())}
     assert controller.decisions == len(trace)
     ks = {r["k"] for r in records.values()}
     assert (ks != {0}) if alpha > 0.5 else (ks == {0})  # cheap verifies and high acceptance: it speculates
@@ -521,7 +522,7 @@ def test_a_served_hit_reuses_the_drafts_state_and_keeps_the_output(tiny_pair, ti
         out = tmp_path / str(reuse_draft)
         summary = serve(engine, trace, out, ServeOptions.default(strategy="joint-k2", ignore_eos=True,
                                                                  check_alone=True), progress=False)
-        records = {r["id"]: r for r in map(json.loads, (out / "requests.jsonl").read_text().splitlines())}
+        records = {r["id"]: r for r in map(json.loads, ServedRunLayout(out).requests.read_text().splitlines())}
         assert summary.outputs_equal_alone == len(trace)
         draft_hits[reuse_draft] = {i: (r["hit_tokens"], r["draft_hit_tokens"]) for i, r in records.items()}
     first_id, second_id = trace[0].id, trace[1].id
@@ -540,7 +541,7 @@ def test_a_preempted_request_still_stores_its_prompt_when_it_completes(tiny_pair
     engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30))
     serve(engine, trace, tmp_path, ServeOptions.default(strategy="joint-k2", token_budget=24, kv_budget_mib=1.6,
                                                         ignore_eos=True), progress=False)
-    records = {r["id"]: r for r in map(json.loads, (tmp_path / "requests.jsonl").read_text().splitlines())}
+    records = {r["id"]: r for r in map(json.loads, ServedRunLayout(tmp_path).requests.read_text().splitlines())}
     preempted = [r for r in records.values() if r["preempted"]]
     assert preempted, "the K/V budget should preempt at least one request"
     for r in records.values():

@@ -19,6 +19,7 @@ from rakv.runtime.costmodel import Curve
 from rakv.runtime.decoding import DecodeState
 from rakv.runtime.engine import Engine
 from rakv.runtime.proposers import PromptLookupProposer
+from rakv.runtime.run_layout import RunLayout, ServedRunLayout
 from rakv.runtime.strategies import Choice
 from rakv.serving.batchcost import (
     BatchCost,
@@ -187,7 +188,8 @@ def test_model_policies_change_no_output(tiny_pair, tmp_path, speculation, accep
                        k_set=(0, 1, 2, 4))
     summary = serve(engine, trace, tmp_path, options, parts, progress=False)
     assert summary.statistics.completed == 8 and summary.outputs_equal_alone == 8
-    records = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    served = ServedRunLayout(tmp_path)
+    records = [json.loads(line) for line in served.requests.read_text().splitlines()]
     first = {r["conversation"]: r for r in records if r["turn"] == 0}
     later = [r for r in records if r["turn"] == 1]
     assert any(r["hit_tokens"] > 0 for r in later)
@@ -197,7 +199,7 @@ def test_model_policies_change_no_output(tiny_pair, tmp_path, speculation, accep
                   lookup_rounds(PromptLookupProposer(), before["prompt_ids"], before["token_ids"], 4))
         observed = before["accepted"] + before["rounds"] if before["proposed"] else len(log or [])
         assert (r["prefix_acceptance"] is not None) == (r["hit_tokens"] > 0 and observed > 0), (r, before)
-    iterations = read_iterations(tmp_path / "iterations.jsonl")
+    iterations = read_iterations(served.iterations)
     assert all(i.predicted_s is None or i.predicted_s > 0 for i in iterations)
 
 
@@ -214,8 +216,8 @@ def test_the_serving_stage_writes_its_tables_counts_exact_outputs_and_resumes_pe
     results = tmp_path / "results"
     done = run_stage(results)
     assert done.returncode == 0, done.stderr[-2000:]
-    out = results / "serving"
-    cells = pd.read_parquet(out / "cells.parquet")
+    out = RunLayout.of(results).serving
+    cells = pd.read_parquet(out.cells)
     assert len(cells) == 2 * (4 + 6 + 6 + 2) and (cells.outputs_equal_ar == cells.completed + cells.failed).all()
     # each repeat its own trace, the same for every policy of the repeat (paired)
     assert (cells.groupby(["family", "rate", "repeat"]).trace.nunique() == 1).all()
@@ -226,22 +228,24 @@ def test_the_serving_stage_writes_its_tables_counts_exact_outputs_and_resumes_pe
     # cells.parquet: all but the goodput SLOs' map)
     from rakv.experiments.serving_runs import read_study_run
 
-    path = next(out.glob("cells/*/*/*/r0/summary.json"))
+    path = next(run.served_summary for run in out.completed_runs() if run.root.name == "r0")
     run = read_study_run(path)
     assert run.to_json() == json.loads(path.read_text()) and list(run.to_json())[-1] == "slo_tpot_ms"
     counts = run.run.statistics
     assert set(run.row()) == set(cells.columns) and counts.completed + counts.failed == run.outputs_equal_ar
-    plan = (out / "plan.txt").read_text()
+    plan = out.plan.read_text()
     assert "SLOs on tiny-lookup (one-request decode step" in plan
     # every goal the design names is in the plan before the run, with its power (the smoke profile has no pilot)
     assert "goals named before the run: " in plan and "speculation/no_worse/k0: MDD unknown (no pilot" in plan
-    requests = pd.read_parquet(out / "requests.parquet")
+    requests = pd.read_parquet(out.requests)
     assert len(requests) == int((cells.completed + cells.failed).sum())
     assert {"family", "rate", "policy", "repeat", "ttft_s", "itl_s"} <= set(requests.columns)
-    iterations = pd.read_parquet(out / "iterations.parquet")
+    iterations = pd.read_parquet(out.iterations)
     assert iterations.predicted_s.notna().any()
     # resume: one run's completion marker removed -> only that run is served again
-    victim = next(out.glob("cells/speculation/*/k2/r1/complete.json"))
+    victim = next(run.complete for run in out.completed_runs()
+                  if run.root.relative_to(out.cells_dir).parts[::2] == ("speculation", "k2")
+                  and run.root.name == "r1")
     victim.unlink()
     again = run_stage(results)
     assert again.returncode == 0, again.stderr[-2000:]
@@ -288,7 +292,7 @@ def test_rakv_serve_takes_the_model_policies(tmp_path):
                              "--speculation", "load-aware", "--acceptance", "prefix", "--itl-slo-ms", "30",
                              "--ignore-eos", "--check-alone", "--quiet"], capture_output=True, text=True, env=env)
     assert served.returncode == 0, served.stderr[-2000:]
-    summary = read_run_summary(tmp_path / "out" / "summary.json")
+    summary = read_run_summary(ServedRunLayout(tmp_path / "out").served_summary)
     assert summary.statistics.completed == summary.outputs_equal_alone == 6
     assert summary.settings.speculation == "load-aware" and summary.settings.itl_slo_ms == 30
     assert list(calibration_dir().glob("tiny-prompt-lookup-batch-*.json"))

@@ -13,8 +13,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from rakv.experiments.config import CONF_DIR
+from rakv.experiments.metadata import read_run_metadata
 from rakv.experiments.records import Journal
 from rakv.experiments.study import PlannedRun
+from rakv.runtime.run_layout import RunLayout, StudyLayout
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +37,7 @@ def test_paper_profile_multiplies_out_to_3600_strategy_runs():
 
 
 def test_journal_recovers_from_a_torn_last_line(tmp_path):
-    path = tmp_path / "runs.jsonl"
+    path = StudyLayout(tmp_path).journal
     rows = [{"run_id": f"r{i}", "x": i} for i in range(3)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"run_id": "r3", "x"')
     journal = Journal(path)
@@ -59,7 +61,8 @@ def study_command(results_dir):
 def test_study_killed_with_sigkill_resumes_without_loss_duplicates_or_other_decisions(tmp_path):
     interrupted, uninterrupted = tmp_path / "interrupted", tmp_path / "uninterrupted"
     command = study_command(interrupted)
-    journal = interrupted / "study" / "runs.jsonl"
+    study = RunLayout.of(interrupted).study
+    journal = study.journal
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.time() + 240
@@ -76,21 +79,21 @@ def test_study_killed_with_sigkill_resumes_without_loss_duplicates_or_other_deci
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     done_before = journal.read_bytes().count(b"\n")
-    assert not (interrupted / "study" / "runs.parquet").exists()
+    assert not study.runs.exists()
 
     finished = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stderr[-2000:]
-    planned = int((interrupted / "study" / "plan.txt").read_text().split()[1])
-    runs = pd.read_parquet(interrupted / "study" / "runs.parquet")
+    planned = int(study.plan.read_text().split()[1])
+    runs = pd.read_parquet(study.runs)
     assert len(runs) == planned and runs.run_id.is_unique and runs.equal_to_ar.all()
     lines = journal.read_text().splitlines()
     assert len(lines) == planned == len({json.loads(line)["run_id"] for line in lines})
     assert f"{planned} runs planned here, {done_before} already done" in finished.stdout  # nothing redone
-    assert json.loads((interrupted / "study" / "metadata.json").read_text())["runs"] == planned
+    assert read_run_metadata(RunLayout.of(interrupted)).runs == planned
 
     # the controller resumed exactly: every rakv-asd decision equals the uninterrupted study's
     assert subprocess.run(study_command(uninterrupted), capture_output=True, timeout=600).returncode == 0
-    reference = pd.read_parquet(uninterrupted / "study" / "runs.parquet")
+    reference = pd.read_parquet(RunLayout.of(uninterrupted).study.runs)
     columns = ["run_id", "action", "predictions", "alpha_before", "alpha_after", "ewma_accepted", "ewma_by_match"]
     mine, theirs = (r[r.strategy == "rakv-asd"][columns].sort_values("run_id").reset_index(drop=True)
                     for r in (runs, reference))
@@ -120,17 +123,18 @@ def test_sharded_study_through_a_launcher_merges_to_the_unsharded_plan(tmp_path,
                              "study.num_shards=2", "study.shard_index=0,1"], capture_output=True, text=True,
                             timeout=600)
     assert shards.returncode == 0, shards.stderr[-2000:]
-    journals = sorted(p.name for p in (sharded / "study").glob("runs*.jsonl"))
-    assert journals == ["runs.shard0of2.jsonl", "runs.shard1of2.jsonl"]
+    study = RunLayout.of(sharded).study
+    journals = study.journals()
+    assert journals == [study.shard_journal(0, 2), study.shard_journal(1, 2)]
     merge = subprocess.run([sys.executable, script, "study", *grid, f"results_dir={sharded}", "study.num_shards=2",
                             "study.merge_only=true"], capture_output=True, text=True, timeout=600)
     assert merge.returncode == 0, merge.stderr[-2000:]
     single = subprocess.run([sys.executable, script, "study", *grid, f"results_dir={unsharded}"], capture_output=True,
                             text=True, timeout=600)
     assert single.returncode == 0, single.stderr[-2000:]
-    merged = pd.read_parquet(sharded / "study" / "runs.parquet")
-    reference = pd.read_parquet(unsharded / "study" / "runs.parquet")
+    merged = pd.read_parquet(study.runs)
+    reference = pd.read_parquet(RunLayout.of(unsharded).study.runs)
     assert merged.run_id.is_unique and len(merged) == len(reference)
     assert set(merged.run_id) == set(reference.run_id)
-    shard_rows = [len((sharded / "study" / name).read_text().splitlines()) for name in journals]
+    shard_rows = [len(path.read_text().splitlines()) for path in journals]
     assert sum(shard_rows) == len(reference) and min(shard_rows) > 0  # split, nothing doubled

@@ -35,6 +35,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
+from rakv.runtime.run_layout import ServedRunLayout
 from rakv.serving.records import read_records
 
 CAP_TOKENS = 32  # a generated max_tokens the server would admit is lowered to this (a cost cap, not a validity one)
@@ -313,7 +314,8 @@ def bad_inputs(base_url: str, address: tuple[str, int]) -> list[tuple[BadInput, 
 def check_records(out: Path, ended: int, answered: list[str]) -> list[str]:
     """What is wrong with a stopped server's requests.jsonl and summary.json (nothing: [])."""
     problems = []
-    records = read_records(out / "requests.jsonl")
+    served = ServedRunLayout(Path(out))
+    records = read_records(served.requests)
     ids = Counter(r.id for r in records)
     twice = [i for i, n in ids.items() if n > 1]
     if twice:
@@ -324,6 +326,6 @@ def check_records(out: Path, ended: int, answered: list[str]) -> list[str]:
     missing = [i for i in answered if i not in ok]
     if missing:
         problems.append(f"{len(missing)} completions answered 200 are not 'ok' in requests.jsonl, e.g. {missing[0]}")
-    if not (out / "summary.json").exists():
+    if not served.served_summary.exists():
         problems.append("no summary.json")
     return problems

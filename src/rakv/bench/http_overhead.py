@@ -21,6 +21,7 @@ from pathlib import Path
 from rakv.bench.load_client import COMPLETIONS_PATH, Ask, ClientLog
 from rakv.bench.load_http import next_from, run_users, start_server, stop_server
 from rakv.runtime.errors import RakvError
+from rakv.runtime.run_layout import ServedRunLayout
 from rakv.runtime.workloads import dataset_texts
 from rakv.serving.records import read_records
 from rakv.serving.trace import TraceRequest, generate_trace, write_trace
@@ -49,14 +50,15 @@ def replay_throughput(pair: str, strategy: str, prompts: list[str], max_tokens: 
     out.mkdir(parents=True, exist_ok=True)
     trace = [TraceRequest(id=f"r{i}", arrival_s=0.0, prompt=p, max_new_tokens=max_tokens) for i, p in
              enumerate(prompts)]
-    write_trace(out / "trace.jsonl", trace, {"generator": "scripts/load_http.py", "requests": len(trace)})
+    served = ServedRunLayout(out)
+    write_trace(served.trace, trace, {"generator": "scripts/load_http.py", "requests": len(trace)})
     command = [sys.executable, "-m", "rakv.cli", "serve", "--pair", pair, "--strategy", strategy, "--trace",
-               str(out / "trace.jsonl"), "--max-batch", str(batch), "--ignore-eos", "--out", str(out), "--quiet",
+               str(served.trace), "--max-batch", str(batch), "--ignore-eos", "--out", str(out), "--quiet",
                *flags]
     with (out / "server.log").open("w") as log:
         if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
             raise RakvError(f"trace replay failed (see {out}/server.log)")
-    ok = [r for r in read_records(out / "requests.jsonl") if r.ok]
+    ok = [r for r in read_records(served.requests) if r.ok]
     if len(ok) != len(prompts):
         raise RakvError(f"trace replay finished {len(ok)} of {len(prompts)} requests (see {out})")
     wall = max(r.arrival_s + r.e2el_s for r in ok) - min(r.arrival_s for r in ok)

@@ -41,6 +41,7 @@ from rakv.bench.load_client import (
     refused_or_failed,
 )
 from rakv.runtime.errors import RakvError
+from rakv.runtime.run_layout import ServedRunLayout
 from rakv.runtime.workloads import dataset_texts
 from rakv.serving.records import RequestRecord, read_records
 from rakv.serving.trace import generate_trace
@@ -435,6 +436,6 @@ def run_load(settings: LoadSettings, drive: Callable[[ServerProcess], int]) -> L
     finally:
         log.close()
         server_rc = stop_server(server)
-    accounting = account(read_logs(sorted(out.glob("clients-*.jsonl"))), read_records(out / "requests.jsonl"))
+    accounting = account(read_logs(sorted(out.glob("clients-*.jsonl"))), read_records(ServedRunLayout(out).requests))
     return LoadRun(accounting, resources(sampler.samples, settings.warmup_s, before, after), idle, sampler.samples,
                    load_s, server_rc, driver_rc)

@@ -13,7 +13,6 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -31,6 +30,7 @@ from rakv.runtime.kernels import effective_mode
 from rakv.runtime.models import PAIR_NAMES
 from rakv.runtime.paths import CONF_DIR
 from rakv.runtime.proposers import PROPOSERS, Proposer, proposer_type
+from rakv.runtime.run_layout import RunLayout
 from rakv.runtime.strategies import action_of
 from rakv.runtime.workloads import Prompt, dataset_texts, parse_scenario, select_prompts
 
@@ -81,8 +81,9 @@ def configurations(cfg: DictConfig) -> list[Configuration]:
     return [configuration(name) for name in cfg.configurations]
 
 
-def results_dir(cfg: DictConfig) -> Path:
-    return Path(cfg.results_dir)
+def run_layout(cfg: DictConfig) -> RunLayout:
+    """The results folder the composed config names (`results_dir`, results/<profile>/ by default)."""
+    return RunLayout.of(cfg.results_dir)
 
 
 def controller_config(cfg: DictConfig) -> ControllerConfig:
@@ -101,7 +102,7 @@ def cost_table_for(cfg: DictConfig, engine: Engine) -> CostTable:
 
 def keep_calibration(cfg: DictConfig, engine: Engine, table: CostTable) -> CostTable:
     """A copy of the cost table used, in results/<name>/calibration/<pair>-<proposer>.json (the analysis reads it)."""
-    out = results_dir(cfg) / "calibration" / f"{engine.pair.name}-{engine.proposer}.json"
+    out = run_layout(cfg).calibration(engine.pair.name, engine.proposer)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, json.dumps(table.to_json(), indent=1))
     return table

@@ -10,12 +10,10 @@ speedup over AR at chosen alphas against the model's. Acceptance itself needs th
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 from omegaconf import DictConfig
 
-from rakv.experiments.config import Configuration, configuration, engine_for, keep_calibration, prompts_for, results_dir
+from rakv.experiments.config import Configuration, configuration, engine_for, keep_calibration, prompts_for, run_layout
 from rakv.experiments.oracle import measurements
 from rakv.experiments.records import write_parquet
 from rakv.experiments.schema import FeasibilitySection, section
@@ -24,20 +22,21 @@ from rakv.experiments.study import run_main_study
 from rakv.experiments.summary import BreakEven, ControlledRun, Feasibility, write_feasibility
 from rakv.runtime.actions import Action
 from rakv.runtime.calibration import CalibrationPlan, load_or_calibrate
-from rakv.runtime.costmodel import break_even_rows
+from rakv.runtime.costmodel import break_even_rows, read_cost_table
 from rakv.runtime.errors import RakvError, WeightsUnavailable
 from rakv.runtime.models import twin_of
+from rakv.runtime.run_layout import RunLayout
 
 
 def run_feasibility(cfg: DictConfig) -> None:
     """The main-study machinery on the feasibility pair (action sweep only); skipped when weights are missing."""
-    out_dir = results_dir(cfg) / "feasibility"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    layout = run_layout(cfg)
+    layout.feasibility_dir.mkdir(parents=True, exist_ok=True)
     feas: FeasibilitySection = section(cfg.profile.feasibility)
     try:
-        path = run_main_study(cfg, out_dir / "study")
+        path = run_main_study(cfg, layout.feasibility_study)
     except WeightsUnavailable as exc:
-        run_cost_side(cfg, feas, out_dir, str(exc))
+        run_cost_side(cfg, feas, layout, str(exc))
         return
     runs = pd.read_parquet(path)
     per_scenario = []  # over the measurements: an r = 0 action measured once per prompt stands in every scenario
@@ -51,14 +50,14 @@ def run_feasibility(cfg: DictConfig) -> None:
                              "best_spec_action": spec.idxmin(),
                              "gap": float(spec.min() / k0 - 1)})
     table = pd.DataFrame(per_scenario)
-    write_parquet(per_scenario, out_dir / "gap.parquet")
+    write_parquet(per_scenario, layout.feasibility_table("gap"))
     pair = configuration(feas.configuration)
-    calibration = json.loads((results_dir(cfg) / "calibration" / f"{pair.pair}-{pair.proposer}.json").read_text())
+    calibration = read_cost_table(layout.calibration(pair.pair, pair.proposer))
     summary = Feasibility("ran", configuration=feas.configuration, scenarios=len(table),
                           gap_min=float(table.gap.min()), gap_max=float(table.gap.max()),
                           gap_mean=float(table.gap.mean()), crossed=bool((table.gap < 0).any()),
-                          calibrated_alpha=calibration["acceptance"])
-    write_feasibility(summary, out_dir)
+                          calibrated_alpha=calibration.acceptance)
+    write_feasibility(summary, layout)
     print(f"feasibility: best k != 0 vs k = 0 gap {summary.gap_min:+.1%} to {summary.gap_max:+.1%} "
           f"over {len(table)} scenarios; crossed: {summary.crossed}", flush=True)
 
@@ -66,7 +65,7 @@ def run_feasibility(cfg: DictConfig) -> None:
 COST_SIDE = "cost side only: weights unavailable"
 
 
-def run_cost_side(cfg: DictConfig, feas: FeasibilitySection, out_dir, reason: str) -> None:
+def run_cost_side(cfg: DictConfig, feas: FeasibilitySection, layout: RunLayout, reason: str) -> None:
     """Calibrate the twins of the configured reference pairs; break-even alpha per k; controlled validation."""
     side = feas.cost_side
     main_pair = configuration(feas.configuration).pair
@@ -89,9 +88,9 @@ def run_cost_side(cfg: DictConfig, feas: FeasibilitySection, out_dir, reason: st
             controlled = controlled_rows(twin.pair, engine, table, prompts, new_tokens=feas.new_tokens, repeats=1,
                                          alphas=side.controlled_alphas, ks=side.controlled_k)
         del engine  # the next twin pair may be large
-    write_parquet(rows, out_dir / "break_even.parquet")
+    write_parquet(rows, layout.feasibility_table("break_even"))
     if controlled:
-        write_parquet(controlled, out_dir / "controlled.parquet")
+        write_parquet(controlled, layout.feasibility_table("controlled"))
     errors = [abs(r["measured_speedup"] / r["predicted_speedup_at_measured_alpha"] - 1) for r in controlled]
     summary = Feasibility(COST_SIDE, configuration=feas.configuration, reason=reason,
                           note="cost side only; acceptance needs the real weights",
@@ -100,7 +99,7 @@ def run_cost_side(cfg: DictConfig, feas: FeasibilitySection, out_dir, reason: st
                           controlled=[ControlledRun(**r) for r in controlled],
                           controlled_speedup_error_mean=sum(errors) / len(errors) if errors else None,
                           controlled_speedup_error_max=max(errors) if errors else None)
-    write_feasibility(summary, out_dir)
+    write_feasibility(summary, layout)
     for pair in summary.twins:
         values = ", ".join(f"k={r['k']}: " + (f"{r['break_even_alpha']:.3f}" if r["break_even_alpha"] is not None
                                                else "never") for r in rows if r["pair"] == pair)

@@ -15,7 +15,6 @@ are the ones committed under figures/<profile>/ and paper/generated/<profile>/),
 
 from __future__ import annotations
 
-import json
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -27,54 +26,41 @@ from jupyter_client import KernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
+from rakv.experiments.metadata import run_metadata_if_any
 from rakv.runtime.errors import RakvError
-from rakv.runtime.paths import REFERENCE_DIR, ROOT, shown
+from rakv.runtime.paths import ROOT, shown
+from rakv.runtime.run_layout import RunLayout
 
 NOTEBOOK_DIR = ROOT / "notebooks"
 
 
 @dataclass(frozen=True)
-class OutputPaths:
-    results: Path
-    figures: Path
-    generated: Path
-
-    @classmethod
-    def of(cls, results: Path | str, figures: Path | str | None = None,
-           generated: Path | str | None = None) -> OutputPaths:
-        """A results folder's output paths; figures and LaTeX default to folders named like it."""
-        results = Path(results).resolve()
-        return cls(results, Path(figures or ROOT / "figures" / results.name),
-                   Path(generated or ROOT / "paper" / "generated" / results.name))
-
-
-@dataclass(frozen=True)
 class NotebookContext:
     profile: str
-    paths: OutputPaths
+    layout: RunLayout  # the results folder read, and where its figures and LaTeX go
     runs: pd.DataFrame
 
     @property
     def results(self) -> Path:
-        return self.paths.results
+        return self.layout.root
 
     @property
     def figures(self) -> Path:
-        return self.paths.figures
+        return self.layout.figures
 
     @property
     def generated(self) -> Path:
-        return self.paths.generated
+        return self.layout.generated
 
 
 def study_of(results: Path) -> Path:
-    return Path(results) / "study" / "runs.parquet"
+    return RunLayout.of(results).study.runs
 
 
 def results_to_read(profile: str, results: str | Path | None = None) -> tuple[Path, str]:
     """Which results folder a notebook reads, and the sentence that says which: the one given; else this
     checkout's own results/<profile>/; else the shipped reference run of the profile."""
-    own, reference = ROOT / "results" / profile, REFERENCE_DIR / profile
+    own, reference = RunLayout.own(profile).root, RunLayout.reference(profile).root
     if results is not None:
         if not study_of(results).exists():
             raise SystemExit(f"No results in {shown(results)} ({study_of(results)} is missing). Produce them with "
@@ -87,7 +73,7 @@ def results_to_read(profile: str, results: str | Path | None = None) -> tuple[Pa
         return reference, (f"Reading the shipped reference run, {shown(reference)}/: there is no {shown(own)}/ of "
                            f"your own yet. `./reproduce.sh profile={profile}` measures one, and the notebooks then "
                            "read it instead.")
-    present = sorted(p.parents[1].name for p in (ROOT / "results").glob("*/study/runs.parquet"))
+    present = [run.name for run in RunLayout.own_runs()]
     hint = f" Results present for: {', '.join(present)} (set PROFILE to one of them)." if present else ""
     raise SystemExit(f"No results for profile '{profile}' ({study_of(own)} is missing, and no reference run ships "
                      f"for it). Produce them with `./reproduce.sh profile={profile}`.{hint}")
@@ -95,14 +81,13 @@ def results_to_read(profile: str, results: str | Path | None = None) -> tuple[Pa
 
 def provenance(results: Path) -> str:
     """Where and from which commit a results folder's study was measured (its metadata.json)."""
-    try:
-        meta = json.loads((Path(results) / "study" / "metadata.json").read_text())
-    except (OSError, ValueError):
+    meta = run_metadata_if_any(RunLayout.of(results))
+    if meta is None:
         return "no metadata.json beside its runs"
-    hardware = meta.get("hardware", {})
-    isa = f", {hardware['isa']}" if hardware.get("isa") else ""
-    return (f"measured on {hardware.get('processor', '?')} ({hardware.get('device', '?')}{isa}, "
-            f"{hardware.get('threads') or 'GPU'} threads), commit {(meta.get('git_commit') or 'unknown')[:12]}")
+    hardware = meta.hardware
+    isa = f", {hardware.isa}" if hardware.isa else ""
+    return (f"measured on {hardware.processor} ({hardware.device}{isa}, "
+            f"{hardware.threads or 'GPU'} threads), commit {meta.short_commit}")
 
 
 def setup(profile: str = "offline", results: str | None = None, figures: str | None = None,
@@ -111,11 +96,11 @@ def setup(profile: str = "offline", results: str | None = None, figures: str | N
     from rakv.experiments import figures as figure_module
 
     folder, sentence = results_to_read(profile, results)
-    paths = OutputPaths.of(folder, figures, generated)
+    layout = RunLayout.of(folder, figures, generated)
     if not quiet:
-        print(f"{sentence} Its study was {provenance(paths.results)}.", flush=True)
+        print(f"{sentence} Its study was {provenance(layout.root)}.", flush=True)
     figure_module.style()
-    return NotebookContext(profile, paths, pd.read_parquet(study_of(paths.results)))
+    return NotebookContext(profile, layout, pd.read_parquet(layout.study.runs))
 
 
 def show(paths: list[Path]) -> None:
@@ -154,14 +139,14 @@ def _execute_or_explain(client, nb, notebook: Path, out_path: Path) -> None:
         raise RakvError(f"notebook {notebook.name} failed: {last} (executed copy: {out_path})") from None
 
 
-def run_all(profile: str, paths: OutputPaths, progress=None) -> OutputPaths:
-    """Execute every analysis notebook on `paths.results`, writing figures and LaTeX where `paths` says."""
+def run_all(profile: str, layout: RunLayout, progress=None) -> RunLayout:
+    """Execute every analysis notebook on the results folder `layout`, writing figures and LaTeX where it says."""
     notebooks = sorted(NOTEBOOK_DIR.glob("[0-9]*.ipynb"))
     for notebook in notebooks:
-        target = paths.results / "notebooks" / notebook.name
-        execute(notebook, {"PROFILE": profile, "RESULTS": str(paths.results), "FIGURES": str(paths.figures),
-                           "GENERATED": str(paths.generated)}, target)
+        target = layout.executed_notebook(notebook.name)
+        execute(notebook, {"PROFILE": profile, "RESULTS": str(layout.root), "FIGURES": str(layout.figures),
+                           "GENERATED": str(layout.generated)}, target)
         print(f"analysis: executed {notebook.name} -> {target}", flush=True)
         if progress is not None:
             progress.update(1)
-    return paths
+    return layout

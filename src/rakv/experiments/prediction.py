@@ -23,7 +23,6 @@ the acceptance the study measured), and the cost model's own error (its MAPE in 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,8 @@ import numpy as np
 import pandas as pd
 
 from rakv.runtime.actions import BEST_FIXED, JOINT_K4, KV_ONLY, Action
-from rakv.runtime.costmodel import CostTable, RequestFeatures, estimate_latency
+from rakv.runtime.costmodel import CostTable, RequestFeatures, estimate_latency, read_cost_table
+from rakv.runtime.run_layout import RunLayout
 
 COMPARISONS = {  # name -> the summary's measured statistic of the same definition (per configuration)
     "vs Joint-k4": f"latency_reduction.{JOINT_K4}",
@@ -126,17 +126,17 @@ def predict(table: CostTable, shapes: pd.DataFrame, actions: list[Action], run_s
     return {name: [point[name], *np.percentile(samples[name], [2.5, 97.5]).tolist()] for name in point}
 
 
-def calibration_run_sd(pairs: list[tuple[Path, Path]]) -> float | None:
+def calibration_run_sd(pairs: list[tuple[RunLayout, RunLayout]]) -> float | None:
     """The run-to-run standard deviation of a calibrated curve's log level on one machine class: over every curve
-    of every same-commit, same-machine pair of calibration folders, sqrt(mean(d^2) / 2) with d the mean log ratio of
-    the curve's points between the two runs (None without a pair)."""
+    of every same-commit, same-machine pair of results folders' calibrations, sqrt(mean(d^2) / 2) with d the mean
+    log ratio of the curve's points between the two runs (None without a pair)."""
     shifts = []
     for a, b in pairs:
-        for path in sorted(Path(a).glob("*.json")):
-            other = Path(b) / path.name
+        for path in a.calibrations():
+            other = b.calibration_dir / path.name
             if not other.exists():
                 continue
-            x, y = (CostTable.from_json(json.loads(p.read_text())) for p in (path, other))
+            x, y = read_cost_table(path), read_cost_table(other)
             for ca, cb in zip(curves(x), curves(y)):
                 ratios = [math.log(v / u) for u, v in zip(ca.ys, cb.ys) if u > 0 and v > 0]
                 if ratios:
@@ -169,8 +169,8 @@ def configuration_table(folder: Path, configuration: str) -> CostTable | None:
     from rakv.experiments.config import configuration as configured
 
     chosen = configured(configuration)
-    path = Path(folder) / "calibration" / f"{chosen.pair}-{chosen.proposer}.json"
-    return CostTable.from_json(json.loads(path.read_text())) if path.exists() else None
+    path = RunLayout.of(folder).calibration(chosen.pair, chosen.proposer)
+    return read_cost_table(path) if path.exists() else None
 
 
 def measured_acceptance(summary, configuration: str) -> float | None:
@@ -209,7 +209,7 @@ def run_predictions(folder: Path, shapes: pd.DataFrame, run_sd: float, label: st
     the actions are every (r, k) the calibration priced, afterwards the study's grid."""
     from rakv.experiments.summary import read_summary
 
-    summary = read_summary(folder) if (Path(folder) / "summary.json").exists() else None
+    summary = read_summary(folder) if RunLayout.of(folder).summary.exists() else None
     rows = []
     for name in (summary.configurations if summary else sorted(shapes.configuration.unique())):
         table = configuration_table(folder, name)
@@ -233,19 +233,19 @@ def run_predictions(folder: Path, shapes: pd.DataFrame, run_sd: float, label: st
     return rows
 
 
-def same_machine_calibrations(reference: Path) -> list[tuple[Path, Path]]:
-    """The shipped pairs of calibration folders of one commit on one machine class: a reference run and each of its
-    reruns beside it (rakv.experiments.runcompare.sibling_runs)."""
+def same_machine_calibrations(reference: Path) -> list[tuple[RunLayout, RunLayout]]:
+    """The shipped pairs of runs of one commit on one machine class whose calibrations are compared: a reference run
+    and each of its reruns beside it (rakv.experiments.runcompare.sibling_runs)."""
     from rakv.experiments.runcompare import sibling_runs
 
-    return [(Path(reference) / "calibration", sibling / "calibration") for sibling in sibling_runs(Path(reference))]
+    return [(RunLayout.of(reference), RunLayout.of(sibling)) for sibling in sibling_runs(Path(reference))]
 
 
 def shapes_for(results: Path, reference: Path) -> pd.DataFrame | None:
     """The study's request shapes: the run's own runs.parquet once its study has run, else the shipped reference
     run's of the same profile (the same prompts, scenarios and lengths on every machine); None without either."""
-    for folder in (Path(results), Path(reference)):
-        path = folder / "study" / "runs.parquet"
+    for folder in (results, reference):
+        path = RunLayout.of(folder).study.runs
         if path.exists():
             return request_shapes(pd.read_parquet(path, columns=["configuration", "dataset", "prompt_id",
                                                                 "scenario", *SHAPE]))

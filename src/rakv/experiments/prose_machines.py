@@ -6,7 +6,6 @@ the prices measured here and on the shipped other machines), this run against th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -14,14 +13,17 @@ import pandas as pd
 from rakv.experiments import analysis, runcompare
 from rakv.experiments.claims import REFERENCE
 from rakv.experiments.formatting import isa_label, missing, num, pct, tex_escape
+from rakv.experiments.metadata import RunMetadata, read_about, read_run_metadata, run_metadata_if_any
 from rakv.experiments.prose import claim_of, regime_clause, regime_word, twin_sentence, verdict
 from rakv.experiments.summary import Summary
 from rakv.experiments.verdicts import Side, ci_side
 from rakv.runtime.actions import BEST_FIXED, JOINT_K4, KV_ONLY
-from rakv.runtime.paths import REFERENCE_DIR
+from rakv.runtime.run_layout import RunLayout
+
+PAPER_REFERENCE = RunLayout.reference("offline")  # the shipped run whose request shapes and calibrations stand in
 
 
-def substitutions(summary: Summary, meta: dict, results: Path) -> str:
+def substitutions(summary: Summary, meta: RunMetadata, results: Path) -> str:
     """The paper's "What this artifact substitutes": models, self-draft, twins, machine, output lengths, each with
     the numbers that make the substitution's consequence visible."""
     from rakv.experiments.config import configuration
@@ -53,12 +55,11 @@ def substitutions(summary: Summary, meta: dict, results: Path) -> str:
     text.append("The GPT-2 pairs run only as architecture twins: the same layer shapes with seeded random weights, "
                 "which price every cost exactly and say nothing about acceptance; the feasibility stage measures "
                 "the cost side of GPT-2 Large/Medium on them.")
-    hardware = meta["hardware"]
-    isa = f", {tex_escape(hardware['isa'])}" if hardware.get("isa") else ""
-    text.append(f"The machine is {tex_escape(hardware['processor'])} ({tex_escape(hardware['device'])}{isa}); the code "
+    hardware = meta.hardware
+    isa = f", {tex_escape(hardware.isa)}" if hardware.isa else ""
+    text.append(f"The machine is {tex_escape(hardware.processor)} ({tex_escape(hardware.device)}{isa}); the code "
                 "runs unchanged on CUDA, but no GPU measurement is part of this run.")
-    profile = meta["config"]["profile"]
-    study_tokens, other_tokens = summary.grid.new_tokens, (profile.get("sensitivity") or {}).get("new_tokens")
+    study_tokens, other_tokens = summary.grid.new_tokens, meta.sensitivity_new_tokens
     if other_tokens and other_tokens != study_tokens:
         text.append(f"The study generates {study_tokens} new tokens per request, the sensitivity and feasibility "
                     f"stages {other_tokens}: their break-even statements differ in part for that reason.")
@@ -135,12 +136,8 @@ def machines_table(labels: dict, context_run: Path) -> str:
 
 def kernels_of(folder: Path) -> str | None:
     """The kernels a run's study ran (its calibration keys' kernels field: the source's hash), None if unrecorded."""
-    try:
-        keys = json.loads((Path(folder) / "study" / "metadata.json").read_text()).get("calibration_keys") or {}
-    except (OSError, ValueError):
-        return None
-    found = {v["pair"]["target"].get("kernels") for v in keys.values() if isinstance(v, dict) and "pair" in v}
-    return found.pop() if len(found) == 1 else None
+    meta = run_metadata_if_any(RunLayout.of(folder))
+    return meta.study_kernels if meta else None
 
 
 def machine_comparison(a: Path, b: Path, a_label: str, b_label: str) -> str:
@@ -166,17 +163,18 @@ def across_machines(results: Path | None = None, folder: Path = OTHER_MACHINES) 
     labelled with its commit and kernels so that a machine's effect is told from a change of code
     (`machine_comparison`); each run's prices (Table tab:machines) and what its calibration predicted for the
     headline comparisons beside what it measured (Table tab:predicted, rakv.experiments.prediction)."""
-    runs = [p for p in sorted(Path(folder).glob("*")) if (p / "about.json").exists()]
-    if not runs:
+    shipped = RunLayout.other_machines(folder)
+    if not shipped:
         return "No run of another machine is shipped (\\texttt{data/reference/other-machines/}).\n"
-    about = {p: json.loads((p / "about.json").read_text()) for p in runs}
-    labels = {p: f"{tex_escape(about[p]['label'])} \\texttt{{{about[p]['commit']}}}" for p in runs}
+    runs = [run.root for run in shipped]
+    about = {run.root: read_about(run) for run in shipped}
+    labels = {p: f"{tex_escape(about[p].label)} \\texttt{{{about[p].commit}}}" for p in runs}
     text = []
-    if results is not None and (Path(results) / "summary.json").exists():
-        meta = json.loads((Path(results) / "study" / "metadata.json").read_text())
-        labels = {Path(results): f"this run ({isa_label((meta.get('hardware') or {}).get('isa'))})", **labels}
+    if results is not None and RunLayout.of(results).summary.exists():
+        meta = read_run_metadata(RunLayout.of(results))
+        labels = {Path(results): f"this run ({isa_label(meta.hardware.isa or None)})", **labels}
         text += [machine_comparison(Path(results), p, labels[Path(results)], f"The {labels[p]} run ("
-                                    f"{tex_escape(about[p]['machine'])}, \\texttt{{{about[p]['commit']}}})")
+                                    f"{tex_escape(about[p].machine)}, \\texttt{{{about[p].commit}}})")
                  for p in runs]
     for i, a in enumerate(runs):
         for b in runs[i + 1:]:
@@ -234,8 +232,8 @@ def prediction_rows(results: Path | None, runs: list[Path], labels: dict) -> lis
     run and its reruns first; [] without the request shapes or a same-machine calibration pair."""
     from rakv.experiments import prediction
 
-    reference = Path(results) if results is not None else REFERENCE_DIR / "offline"
-    shapes = prediction.shapes_for(reference, REFERENCE_DIR / "offline")
+    reference = Path(results) if results is not None else PAPER_REFERENCE.root
+    shapes = prediction.shapes_for(reference, PAPER_REFERENCE.root)
     run_sd = calibration_shift(reference)
     if shapes is None or run_sd is None:
         return []
@@ -249,7 +247,7 @@ def calibration_shift(results: Path) -> float | None:
     shipped, else from the shipped reference run and its rerun (rakv.experiments.prediction.calibration_run_sd)."""
     from rakv.experiments import prediction
 
-    for folder in (Path(results), REFERENCE_DIR / "offline"):
+    for folder in (Path(results), PAPER_REFERENCE.root):
         shift = prediction.calibration_run_sd(prediction.same_machine_calibrations(folder))
         if shift is not None:
             return shift
@@ -267,7 +265,7 @@ def prediction_section(results: Path | None, runs: list[Path], labels: dict) -> 
     misses = [r for r in measured if not r.inside]
     named = "; ".join(f"{r.run}, \\texttt{{{tex_escape(r.configuration)}}} {tex_escape(r.comparison)} ({r.cause})"
                       for r in misses) or "none"
-    run_sd = calibration_shift(Path(results) if results is not None else REFERENCE_DIR / "offline")
+    run_sd = calibration_shift(Path(results) if results is not None else PAPER_REFERENCE.root)
     cells = []
     for r in rows:
         pred = f"{pct(r.predicted[0], 0)} [{pct(r.predicted[1], 0)}, {pct(r.predicted[2], 0)}]"
@@ -372,7 +370,7 @@ def zero_crossover_note(name: str, results: Path) -> str | None:
     pays whatever is accepted when the draft costs next to nothing."""
     from rakv.experiments.config import configuration
 
-    path = Path(results) / "sensitivity" / "crossover.parquet"
+    path = RunLayout.of(results).sensitivity_table("crossover")
     if not path.exists():
         return None
     grid = pd.read_parquet(path)

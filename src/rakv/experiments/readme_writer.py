@@ -11,6 +11,7 @@ from rakv.experiments.formatting import claim_cells, goal_value, headline_claims
 from rakv.experiments.prose import goal_tally, stage_times
 from rakv.experiments.summary import Summary
 from rakv.runtime.paths import ROOT
+from rakv.runtime.run_layout import RunLayout
 
 
 def markdown_value(value, unit: str) -> str:
@@ -83,10 +84,10 @@ def readme_facts(results: Path) -> dict[str, str]:
     (MB), and from its stage_times.tsv the whole run, the batch-one stages, the serving and sampling stages
     (minutes), the regeneration from the shipped tables (analysis + paper, seconds) and each stage's seconds."""
     results = Path(results).resolve()
-    name = results.name
     times = stage_times(results)
     relative = str(results.relative_to(ROOT))
-    outputs = [f"figures/{name}", f"paper/generated/{name}", f"paper/build/{name}/main.pdf"]
+    layout = RunLayout.of(results)
+    outputs = [str(path.relative_to(ROOT)) for path in (layout.figures, layout.generated, layout.pdf)]
     facts = {"reference-raw-mb": f"{tracked_bytes([relative]) / 1e6:.1f} MB",
              "reference-outputs-mb": f"{tracked_bytes(outputs) / 1e6:.1f} MB",
              "reference-total-min": f"{sum(times.values()) / 60:.1f} min",
@@ -104,13 +105,14 @@ def machine_words(results: Path) -> str:
     instruction sets that choose the kernels' path."""
     from rakv.experiments.runcompare import hardware
 
-    machine = hardware(Path(results)) or {}
-    isa = machine.get("isa")
-    cores = f"{machine['threads']}-core " if machine.get("threads") else ""
+    machine = hardware(Path(results))
+    isa = (machine.isa or None) if machine else None
+    threads = machine.threads if machine else None
+    cores = f"{threads}-core " if threads else ""
     vnni = " with VNNI" if "avx512_vnni" in (isa or "").split("+") else ""
     sets = {"AVX-512": f"AVX2, FMA and AVX-512{vnni}", "AVX2": "AVX2 and FMA, no AVX-512"}.get(
         isa_label(isa), "its instruction sets not recorded")
-    return f"{cores}{machine.get('processor') or 'machine'} with {sets}"
+    return f"{cores}{(machine.processor if machine else None) or 'machine'} with {sets}"
 
 
 def refresh_readme(summary: Summary, readme: Path, results: Path | None = None) -> bool:

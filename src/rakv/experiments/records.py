@@ -2,8 +2,8 @@
 
 Each finished run is appended to a JSONL journal and fsynced, so a run killed at any moment loses at
 most the run in flight; a torn last line is cut off on recovery. Tables and JSON files are written
-to a temporary file and renamed, so a reader never sees half a file. `metadata` records what
-produced a results folder: the composed config, the git commit and the package versions.
+to a temporary file and renamed, so a reader never sees half a file. What produced a results folder (the
+composed config, the git commit, the package versions) is rakv.experiments.metadata's records.
 """
 
 from __future__ import annotations
@@ -13,12 +13,10 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
 
 from rakv.runtime.errors import RakvError
 from rakv.runtime.paths import ROOT
@@ -107,21 +105,3 @@ def git_commit() -> str | None:
         return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else None
     except OSError:
         return None
-
-
-def package_versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    names = ("rakv", "torch", "transformers", "datasets", "hydra-core", "pandas", "pyarrow", "scipy", "numpy")
-    out = {"python": sys.version.split()[0]}
-    for name in names:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def metadata(cfg: DictConfig, extra: dict) -> dict:
-    return {"config": OmegaConf.to_container(cfg, resolve=True), "git_commit": git_commit(),
-            "packages": package_versions(), **extra}

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -47,8 +46,9 @@ from rakv.experiments.config import (
     cost_table_for,
     engine_for,
     prompts_for,
-    results_dir,
+    run_layout,
 )
+from rakv.experiments.metadata import Hardware, SamplingDesign, read_sampling_design, write_sampling_design
 from rakv.experiments.records import git_commit, write_atomic, write_parquet
 from rakv.experiments.schema import SamplingSection, section
 from rakv.experiments.sensitivity import mixed_prompts
@@ -58,7 +58,9 @@ from rakv.runtime.controller import Controller
 from rakv.runtime.costmodel import acceptance_estimate
 from rakv.runtime.decoding import Sampling, forward
 from rakv.runtime.errors import RakvError
+from rakv.runtime.json_records import load_record
 from rakv.runtime.kernels import new_kv_cache
+from rakv.runtime.run_layout import RunLayout
 from rakv.runtime.strategies import run_strategy
 from rakv.runtime.structured_outputs import schema_of, validity
 from rakv.runtime.verification import probabilities
@@ -299,20 +301,22 @@ def run_sampling(cfg: DictConfig) -> None:
     if cfg.profile.sampling is None:  # the schema's default: a profile without the section
         print(f"sampling: profile {cfg.profile.name} has no sampling section; skipped", flush=True)
         return
-    out_dir = results_dir(cfg) / "sampling"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    todo = [part for part in PARTS if not (out_dir / f"{part}.parquet").exists()]
+    layout = run_layout(cfg)
+    layout.sampling_dir.mkdir(parents=True, exist_ok=True)
+    todo = [part for part in PARTS if not layout.sampling_table(part).exists()]
     if not todo:
-        print(f"sampling: every part is in {out_dir}; delete a part's table to measure it again", flush=True)
+        print(f"sampling: every part is in {layout.sampling_dir}; delete a part's table to measure it again",
+              flush=True)
         return
     # the design the analysis reads (the tests' level, the resamples of the power estimate), and where and from
     # which commit the stage measured (it may run after the study, from a later commit)
     # (parts measured earlier keep the commit they were measured with)
-    design = read_design(out_dir.parent)
-    commits = {**design.get("parts", {}), **{part: git_commit() for part in todo}}
-    write_atomic(out_dir / "design.json", json.dumps({
-        "experiment": OmegaConf.to_container(cfg.experiment), "sizes": OmegaConf.to_container(cfg.profile.sampling),
-        "parts": commits, "hardware": hardware_fingerprint(torch.device(cfg.device), cfg.dtype)}, indent=1))
+    design = read_sampling_design(layout)
+    commits = {**(design.parts if design else {}), **{part: git_commit() for part in todo}}
+    hardware = load_record(Hardware, hardware_fingerprint(torch.device(cfg.device), cfg.dtype), "hardware")
+    write_sampling_design(SamplingDesign(experiment=OmegaConf.to_container(cfg.experiment),
+                                         sizes=OmegaConf.to_container(cfg.profile.sampling), parts=commits,
+                                         hardware=hardware), layout)
     planned = planned_requests(cfg)
     print("sampling: plan " + ", ".join(f"{part} {planned[part]}" for part in todo)
           + " timed requests per configuration", flush=True)
@@ -340,16 +344,11 @@ def run_sampling(cfg: DictConfig) -> None:
                     measured = long_context_rows(cfg, name, engine, controller, bar.update)
             rows += measured
         if alphas:  # where each temperature's controller started
-            write_atomic(out_dir / "acceptance.json", json.dumps(alphas, indent=1))
-        write_parquet(rows, out_dir / f"{part}.parquet")
-        print(f"sampling: wrote {out_dir / f'{part}.parquet'} ({len(rows)} rows)", flush=True)
-
-
-def read_design(results) -> dict:
-    path = Path(results) / "sampling" / "design.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+            write_atomic(layout.sampling_acceptance, json.dumps(alphas, indent=1))
+        write_parquet(rows, layout.sampling_table(part))
+        print(f"sampling: wrote {layout.sampling_table(part)} ({len(rows)} rows)", flush=True)
 
 
 def read_part(results, part: str) -> pd.DataFrame | None:
-    path = results / "sampling" / f"{part}.parquet"
+    path = RunLayout.of(results).sampling_table(part)
     return pd.read_parquet(path) if path.exists() else None

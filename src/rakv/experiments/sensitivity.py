@@ -30,7 +30,7 @@ from rakv.experiments.config import (
     cost_table_for,
     engine_for,
     prompts_for,
-    results_dir,
+    run_layout,
 )
 from rakv.experiments.oracle import measurements
 from rakv.experiments.records import write_atomic, write_parquet
@@ -242,7 +242,7 @@ def hit_from(prompt_tokens: int, reused: int, exact: bool, draft: int = 0) -> Hi
 
 def replay_rows(cfg, tables: dict) -> list[dict]:
     """Replay the controller over the main study's sweep for each beta and lambda: choice, regret, accuracy."""
-    path = results_dir(cfg) / "study" / "runs.parquet"
+    path = run_layout(cfg).study.runs
     if not path.exists():
         raise RakvError(f"{path} is missing: run the study stage first")
     runs = pd.read_parquet(path)
@@ -321,10 +321,11 @@ def planned_requests(cfg, configuration, table, prompts) -> dict[str, tuple[int,
 
 
 def run_sensitivity(cfg: DictConfig) -> None:
-    out_dir = results_dir(cfg) / "sensitivity"
+    layout = run_layout(cfg)
+    out_dir = layout.sensitivity_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     sens: SensitivitySection = section(cfg.profile.sensitivity)
-    marker = out_dir / "complete.json"
+    marker = layout.sensitivity_complete
     if marker.exists():
         print(f"sensitivity: already complete ({marker}); delete that file to measure again", flush=True)
         return
@@ -360,6 +361,6 @@ def run_sensitivity(cfg: DictConfig) -> None:
     parts["beta_lambda"] = replay_rows(cfg, tables)
     for part, rows in parts.items():
         if rows:
-            write_parquet(rows, out_dir / f"{part}.parquet")
+            write_parquet(rows, layout.sensitivity_table(part))
     write_atomic(marker, json.dumps({"parts": sorted(parts)}))
     print(f"sensitivity: wrote {', '.join(sorted(parts))} to {out_dir}", flush=True)

@@ -18,9 +18,10 @@ from omegaconf import DictConfig
 
 from rakv.runtime.errors import RakvError
 from rakv.runtime.paths import PAPER_DIR as PAPER
-from rakv.runtime.paths import REFERENCE_DIR, ROOT, shown
+from rakv.runtime.paths import ROOT, shown
+from rakv.runtime.run_layout import RunLayout
 
-README_REFERENCE = REFERENCE_DIR / "offline"  # the shipped run whose claims table the README shows
+README_REFERENCE = RunLayout.reference("offline")  # the shipped run whose claims table the README shows
 
 
 def calibrate(cfg: DictConfig) -> None:
@@ -66,46 +67,44 @@ def feasibility(cfg: DictConfig) -> None:
 
 def analysis(cfg: DictConfig) -> None:
     """Every notebook, headless, on results/<name>/: summary.json, figures/<name>/, paper/generated/<name>/."""
-    from rakv.experiments.config import results_dir
-    from rakv.experiments.notebooks import OutputPaths, run_all
+    from rakv.experiments.config import run_layout
+    from rakv.experiments.notebooks import run_all
     from rakv.experiments.readme_writer import refresh_readme
     from rakv.experiments.summary import read_summary
 
-    results = results_dir(cfg)
-    if not (results / "study" / "runs.parquet").exists():
-        raise RakvError(f"{results}/study/runs.parquet is missing: run the study stage first")
-    paths = run_all(cfg.profile.name, OutputPaths.of(results))
-    print(f"analysis: summary {paths.results / 'summary.json'}, figures {paths.figures}, LaTeX {paths.generated}",
-          flush=True)
-    befores = [ROOT / b for b in cfg.profile.before_engines if (ROOT / b / "summary.json").exists()]
+    layout = run_layout(cfg)
+    if not layout.study.runs.exists():
+        raise RakvError(f"{layout.study.runs} is missing: run the study stage first")
+    run_all(cfg.profile.name, layout)
+    print(f"analysis: summary {layout.summary}, figures {layout.figures}, LaTeX {layout.generated}", flush=True)
+    befores = [RunLayout.of(ROOT / b) for b in cfg.profile.before_engines if RunLayout.of(ROOT / b).summary.exists()]
     if befores:  # the same profile run with earlier engines
         from rakv.experiments.enginecompare import write_engine_comparison
 
-        written = write_engine_comparison(befores, paths.results, paths.generated)
-        print(f"analysis: engine before/after ({', '.join(shown(b) for b in befores)} vs {shown(paths.results)}): "
+        written = write_engine_comparison([b.root for b in befores], layout.root, layout.generated)
+        print(f"analysis: engine before/after ({', '.join(shown(b.root) for b in befores)} vs {shown(layout.root)}): "
               f"{written[0].name}", flush=True)
-    if paths.results == README_REFERENCE.resolve():
-        changed = refresh_readme(read_summary(paths.results), ROOT / "README.md", paths.results)
+    if layout.root == README_REFERENCE.root:
+        changed = refresh_readme(read_summary(layout.root), ROOT / "README.md", layout.root)
         print(f"analysis: README's claims table, sizes and times {'refreshed' if changed else 'unchanged'} from "
-              f"{shown(paths.results)}", flush=True)
+              f"{shown(layout.root)}", flush=True)
 
 
 def paper(cfg: DictConfig) -> None:
     """paper/build/<name>/main.pdf from paper/main.tex and refs.bib with one results folder's numbers and figures
     (latexmk + bibtex: Debian's texlive-latex-extra, texlive-bibtex-extra and latexmk)."""
-    from rakv.experiments.config import results_dir
-    from rakv.experiments.notebooks import OutputPaths
+    from rakv.experiments.config import run_layout
 
-    paths = OutputPaths.of(results_dir(cfg))
-    name = paths.results.name
-    if not (paths.generated / "macros.tex").exists():
-        raise RakvError(f"{paths.generated} is empty: run the analysis stage of profile {cfg.profile.name} first")
+    layout = run_layout(cfg)
+    name = layout.name
+    if not (layout.generated / "macros.tex").exists():
+        raise RakvError(f"{layout.generated} is empty: run the analysis stage of profile {cfg.profile.name} first")
     if not shutil.which("latexmk") or not shutil.which("pdflatex"):
-        print(f"paper: LaTeX is not installed, so no PDF was built; paper/main.tex and {paths.generated} are "
+        print(f"paper: LaTeX is not installed, so no PDF was built; paper/main.tex and {layout.generated} are "
               "complete. To build: apt-get install texlive-latex-extra texlive-bibtex-extra latexmk, then rerun "
               "./reproduce.sh stages=paper", flush=True)
         return
-    build = PAPER / "build" / name
+    build = layout.build
     build.mkdir(parents=True, exist_ok=True)
     # main.tex reads generated/\RakvOutputs/ and ../figures/\RakvOutputs/; latexmk runs pdflatex and bibtex until
     # the references settle. -g: rebuild even when latexmk thinks nothing changed (the figures may have)
@@ -113,20 +112,20 @@ def paper(cfg: DictConfig) -> None:
                f"-usepretex=\\def\\RakvOutputs{{{name}}}", "main.tex"]
     done = subprocess.run(command, cwd=PAPER, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RakvError(f"LaTeX failed; see {build / 'main.log'} (and {build / 'main.blg'} for the bibliography)")
+        raise RakvError(f"LaTeX failed; see {layout.latex_log} (and {layout.bibtex_log} for the bibliography)")
     from rakv.experiments.pdf_layout import layout_report
 
-    layout = layout_report((build / "main.log").read_text(errors="replace"), build / "main.pdf")
-    (build / "layout.json").write_text(json.dumps(layout, indent=1) + "\n")
-    print(f"paper: built {build / 'main.pdf'}; layout: {len(layout['overfull_hbox_pt'])} overfull line(s) "
-          f"(largest {max(layout['overfull_hbox_pt'], default=0):.1f} pt), {len(layout['float_too_large_pt'])} "
-          f"float(s) too large for the page, {len(layout['words_outside'])} run(s) of characters outside the text "
+    report = layout_report(layout.latex_log.read_text(errors="replace"), layout.pdf)
+    layout.pdf_layout.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"paper: built {layout.pdf}; layout: {len(report['overfull_hbox_pt'])} overfull line(s) "
+          f"(largest {max(report['overfull_hbox_pt'], default=0):.1f} pt), {len(report['float_too_large_pt'])} "
+          f"float(s) too large for the page, {len(report['words_outside'])} run(s) of characters outside the text "
           "area", flush=True)
-    if paths.results == README_REFERENCE.resolve():  # the README quotes the PDF's size: measured once it is built
+    if layout.root == README_REFERENCE.root:  # the README quotes the PDF's size: measured once it is built
         from rakv.experiments.readme_writer import refresh_readme
         from rakv.experiments.summary import read_summary
 
-        refresh_readme(read_summary(paths.results), ROOT / "README.md", paths.results)
+        refresh_readme(read_summary(layout.root), ROOT / "README.md", layout.root)
 
 
 STAGES = {"calibrate": calibrate, "study": study, "serving": serving, "sensitivity": sensitivity,
@@ -155,9 +154,9 @@ def run_stage(name: str, cfg: DictConfig) -> None:
               flush=True)
         # beside reproduce.sh's stage_times.tsv (results/<profile>/, whatever results_dir is), so that
         # regenerating a shipped run's outputs never appends to its tables
-        record = ROOT / "results" / cfg.profile.name
-        record.mkdir(parents=True, exist_ok=True)
-        with open(record / "stage_rss.tsv", "a") as fh:
+        record = RunLayout.own(cfg.profile.name)
+        record.root.mkdir(parents=True, exist_ok=True)
+        with open(record.stage_rss, "a") as fh:
             fh.write(f"{name}\t{peak}\n")
     except RakvError as exc:
         print(f"{name}: error: {exc}", file=sys.stderr, flush=True)

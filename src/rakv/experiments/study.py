@@ -44,9 +44,10 @@ from rakv.experiments.config import (
     cost_table_for,
     engine_for,
     prompts_for,
-    results_dir,
+    run_layout,
 )
-from rakv.experiments.records import Journal, exclusive, metadata, write_atomic, write_parquet
+from rakv.experiments.metadata import MachineLoad, study_metadata, write_run_metadata
+from rakv.experiments.records import Journal, exclusive, write_atomic, write_parquet
 from rakv.experiments.schema import ShardOptions, StudySection, section
 from rakv.runtime.actions import ADAPTIVE, Action
 from rakv.runtime.cache import DraftPart, PrefixKVStore
@@ -55,6 +56,7 @@ from rakv.runtime.controller import Controller
 from rakv.runtime.costmodel import RequestFeatures
 from rakv.runtime.engine import Engine, RequestResult
 from rakv.runtime.errors import RakvError
+from rakv.runtime.run_layout import StudyLayout
 from rakv.runtime.strategies import action_of, run_strategy
 from rakv.runtime.workloads import Prompt, build_scenario
 
@@ -245,22 +247,22 @@ def prepare(cfg: DictConfig, configuration: Configuration, measure_k0: bool = Tr
     return PreparedConfiguration(configuration, engine, controller, prompts, runs, mine)
 
 
-def run_main_study(cfg: DictConfig, out_dir: Path | None = None) -> Path:
+def run_main_study(cfg: DictConfig, study: StudyLayout | None = None) -> Path:
     """Plan every configuration, print the plan, then execute (or resume) the runs; returns the Parquet path.
 
-    out_dir: where the journal, plan and tables go (default results/<name>/study)."""
-    out_dir = out_dir or results_dir(cfg) / "study"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    study: where the journal, plan and tables go (default results/<name>/study)."""
+    study = study or run_layout(cfg).study
+    study.root.mkdir(parents=True, exist_ok=True)
     shards: ShardOptions = section(cfg.study)
-    with exclusive(out_dir / f".lock.shard{shards.shard_index}"):
-        return _run_locked(cfg, out_dir, shards)
+    with exclusive(study.lock(shards.shard_index)):
+        return _run_locked(cfg, study, shards)
 
 
-def _run_locked(cfg: DictConfig, out_dir: Path, shards: ShardOptions) -> Path:
+def _run_locked(cfg: DictConfig, study: StudyLayout, shards: ShardOptions) -> Path:
     load_before = os.getloadavg()
     shard, count = shards.shard_index, shards.num_shards
     grid: StudySection = section(cfg.profile.study)
-    journal = Journal(out_dir / (f"runs.shard{shard}of{count}.jsonl" if count > 1 else "runs.jsonl"))
+    journal = Journal(study.shard_journal(shard, count))
     chosen = configurations(cfg)
     first_of_pair = {c.pair: c.name for c in reversed(chosen)}  # k = 0 actions: measured by the first per pair
     prepared = [prepare(cfg, c, measure_k0=first_of_pair[c.pair] == c.name) for c in chosen]
@@ -279,15 +281,14 @@ def _run_locked(cfg: DictConfig, out_dir: Path, shards: ShardOptions) -> Path:
         plan += (f"\n  this shard: {sum(map(len, todo.values()))} runs to do; expected wall time "
                  f"{format_duration(expected)} (predicted from the cost tables)")
     print(plan, flush=True)
-    write_atomic(out_dir / "plan.txt", plan + "\n")
+    write_atomic(study.plan, plan + "\n")
     for p in ([] if shards.merge_only else prepared):
         name = p.configuration.name
         print(f"{name}: {len(p.mine)} runs planned here, {len(p.mine) - len(todo[name])} already done", flush=True)
         if todo[name]:
             _execute(grid, max(cfg.controller.k_set), cfg.seed, p, todo[name], journal)
-    load = {"load_average_1_5_15min_at_start": load_before, "load_average_1_5_15min_at_end": os.getloadavg(),
-            "cpus": os.cpu_count()}
-    return finalize(cfg, out_dir, all_runs, calibrations, load)
+    load = MachineLoad(list(load_before), list(os.getloadavg()), os.cpu_count())
+    return finalize(cfg, study, all_runs, calibrations, load)
 
 
 def scenario_of(p: PreparedConfiguration, planned: PlannedRun):
@@ -346,10 +347,10 @@ def mark_equal_to_ar(rows: list[dict]) -> None:
         row["equal_to_ar"] = row["output_hash"] in reference[key]
 
 
-def finalize(cfg, out_dir: Path, runs: list[PlannedRun], calibrations: dict, load: dict) -> Path:
+def finalize(cfg, study: StudyLayout, runs: list[PlannedRun], calibrations: dict, load: MachineLoad) -> Path:
     """Merge every shard's journal into runs.parquet once all planned runs are present."""
     rows, seen = [], set()
-    for path in sorted(out_dir.glob("runs*.jsonl")):
+    for path in study.journals():
         for row in Journal(path).rows:
             if row["run_id"] not in seen:
                 seen.add(row["run_id"])
@@ -359,14 +360,12 @@ def finalize(cfg, out_dir: Path, runs: list[PlannedRun], calibrations: dict, loa
     if missing:
         print(f"study: {len(missing)} of {len(planned_ids)} planned runs still missing (other shards?); "
               "rerun to complete or merge later", flush=True)
-        return out_dir / "runs.parquet"
+        return study.runs
     rows = [r for r in rows if r["run_id"] in planned_ids]
     mark_equal_to_ar(rows)
-    path = out_dir / "runs.parquet"
+    path = study.runs
     frame = write_parquet(rows, path)
-    write_atomic(out_dir / "metadata.json", json.dumps(metadata(cfg, {
-        "calibration_keys": calibrations, "hardware": next(iter(calibrations.values()))["hardware"],
-        "runs": len(frame), "plan": describe_plan(runs), "machine_load": load}), indent=1))
+    write_run_metadata(study_metadata(cfg, calibrations, len(frame), describe_plan(runs), load), study)
     strategy_rows = frame[frame.kind == "strategy"]
     unequal = int((~frame.equal_to_ar).sum())
     print(f"study: {len(frame)} runs in {path}; strategy runs equal to AR: "

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from rakv.runtime.actions import SPEC_K, Action
 from rakv.runtime.cache import PrefixKVStore, kv_nbytes
-from rakv.runtime.costmodel import CostTable, Curve, acceptance_estimate
+from rakv.runtime.costmodel import CostTable, Curve, acceptance_estimate, read_cost_table
 from rakv.runtime.decoding import Sampling, crop_cache, forward, synchronize
 from rakv.runtime.errors import RakvError
 from rakv.runtime.kernels import new_kv_cache, target_arch
@@ -355,7 +355,7 @@ def save_table(table: CostTable, path: Path) -> None:
 def load_table(path: Path, expected_key: dict) -> CostTable:
     """Read a calibration and refuse it when it was measured for another pair, proposer or machine."""
     try:
-        table = CostTable.from_json(json.loads(Path(path).read_text()))
+        table = read_cost_table(path)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise RakvError(f"cannot read calibration {path}: {exc}") from None
     if table.key != expected_key:

@@ -104,6 +104,15 @@ class CostTable:
         return cls(**row)
 
 
+def read_cost_table(path) -> CostTable:
+    """A cost table's JSON file: a calibration, or a results folder's copy of one
+    (rakv.runtime.run_layout.RunLayout.calibration), the one way such a file is read."""
+    import json
+    from pathlib import Path
+
+    return CostTable.from_json(json.loads(Path(path).read_text()))
+
+
 @dataclass(frozen=True)
 class RequestFeatures:
     prompt_tokens: int

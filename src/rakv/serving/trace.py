@@ -26,6 +26,7 @@ import numpy as np
 
 from rakv.runtime.errors import RakvError
 from rakv.runtime.paths import conf_file
+from rakv.runtime.run_layout import trace_settings
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ def write_trace(path: str | Path, requests: list[TraceRequest], meta: dict) -> N
             if request.conversation is None:
                 row.pop("turn")
             fh.write(json.dumps(row) + "\n")
-    Path(f"{path}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    trace_settings(path).write_text(json.dumps(meta, indent=1) + "\n")
 
 
 ARRIVALS = ("poisson", "gamma")
