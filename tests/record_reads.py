@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # the modules that declare the records of the files the pipeline writes (and the bench's reports, all of rakv.bench)
 RECORD_MODULES = (
     "rakv.experiments.summary",  # results/<name>/summary.json, feasibility/summary.json
+    "rakv.experiments.summary_serving",  # the summary's serving part
+    "rakv.experiments.summary_sampling",  # the summary's sampling part
     "rakv.experiments.metadata",  # study/metadata.json, serving/metadata.json, about.json, the sampling design
     "rakv.experiments.serving_runs",  # a serving study run's summary.json
     "rakv.experiments.peer_tables",  # the vLLM peer's files as docs/peers.md reads them

@@ -11,7 +11,7 @@ import torch
 from scipy.stats import binomtest
 
 from rakv.experiments import sampling_stats as ss
-from rakv.experiments.summary import DISTRIBUTION_SAMPLES
+from rakv.experiments.summary_sampling import DISTRIBUTION_SAMPLES
 from rakv.experiments.verdicts import CheckVerdict
 from rakv.runtime.json_records import ABSENT
 from rakv.runtime.verification import accept_biased, closed_form_moments
@@ -190,7 +190,7 @@ def test_the_distribution_tests_have_power_against_the_control_and_keep_their_le
 
 def test_simultaneous_intervals_widen_each_cell_by_bonferroni():
     from rakv.experiments.prose_sampling import family_agreement
-    from rakv.experiments.summary import ClosedFormCheck
+    from rakv.experiments.summary_sampling import ClosedFormCheck
 
     def check(low):
         return ClosedFormCheck("c", 1.0, "token", 4, 8, 200, [0.9, 0.85, 0.95], 0.87, [0.035, low, 0.0698], "differs")

@@ -246,7 +246,7 @@ def test_a_no_worse_goal_met_below_zero_is_named_as_measurably_lower():
     from types import SimpleNamespace
 
     from rakv.experiments.prose_serving import met_but_lower_sentence
-    from rakv.experiments.summary import Goal
+    from rakv.experiments.summary_serving import Goal
 
     def goal(key, value, low, high, verdict="met"):
         return Goal(goal=key, key=key, ci=CI(value, low, high), verdict=verdict, rule="r",
@@ -423,7 +423,7 @@ def test_the_papers_tally_names_every_verdict_and_why_goals_went_unanswered():
 
     from rakv.experiments.prose import goal_tally
     from rakv.experiments.prose_serving import unanswered_sentence
-    from rakv.experiments.summary import Goal
+    from rakv.experiments.summary_serving import Goal
 
     def goal(verdict, reason=None):
         extra = {"reason": reason} if reason else {}

@@ -19,7 +19,8 @@ import seaborn as sns  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
 from rakv.experiments import oracle, study_stats  # noqa: E402
-from rakv.experiments.summary import ALL_ITERATIONS, Feasibility, IterationMape, LatencyMape, Slos  # noqa: E402
+from rakv.experiments.summary import Feasibility
+from rakv.experiments.summary_serving import ALL_ITERATIONS, IterationMape, LatencyMape, Slos
 from rakv.runtime.actions import (  # noqa: E402
     ADAPTIVE,
     AR,

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import re
 
-from rakv.experiments.summary import ClaimAcrossRuns, ClaimRow, Goal, Summary
+from rakv.experiments.summary import ClaimAcrossRuns, ClaimRow, Summary
+from rakv.experiments.summary_serving import Goal
 from rakv.experiments.verdicts import ClaimVerdict
 
 

@@ -8,7 +8,8 @@ import numpy as np
 
 from rakv.experiments.formatting import ci_text, missing, num, pct, tex_escape
 from rakv.experiments.sampling_stats import agreement_tally, counted_verdict
-from rakv.experiments.summary import DISTRIBUTION_SAMPLES, EXPECTED_GIVEN_DRAFT, FIRST_ROUNDS, Summary
+from rakv.experiments.summary import Summary
+from rakv.experiments.summary_sampling import DISTRIBUTION_SAMPLES, EXPECTED_GIVEN_DRAFT, FIRST_ROUNDS
 from rakv.experiments.verdicts import BlockAcceptance, CheckVerdict, Side, ci_side
 from rakv.runtime.actions import ADAPTIVE, KV_ONLY
 from rakv.runtime.json_records import ABSENT

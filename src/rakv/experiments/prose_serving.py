@@ -14,7 +14,8 @@ from rakv.experiments.formatting import ci_text, missing, num, pct, tex_escape
 from rakv.experiments.peer_tables import BatchFile
 from rakv.experiments.prose import goal_tally
 from rakv.experiments.serving_goal_ids import GoalKind
-from rakv.experiments.summary import ALL_ITERATIONS, Comparison, Summary
+from rakv.experiments.summary import Summary
+from rakv.experiments.summary_serving import ALL_ITERATIONS, Comparison
 from rakv.experiments.verdicts import ci_side
 from rakv.runtime.run_layout import PeerLayout, RunLayout
 

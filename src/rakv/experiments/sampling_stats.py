@@ -37,7 +37,7 @@ import pandas as pd
 from scipy import stats
 
 from rakv.experiments.intervals import geometric_mean_interval, ratio_interval, t_interval
-from rakv.experiments.summary import (
+from rakv.experiments.summary_sampling import (
     CLOSED_FORM,
     DISTRIBUTION_SAMPLES,
     EXPECTED_GIVEN_DRAFT,

@@ -50,7 +50,7 @@ class GoalId:
     def from_key(cls, key: str) -> GoalId:
         """The goal `key` spells (summary.json's `serving.goals[].key`): the one place a key is read back. The rival
         is the key's where KEY_TAILS names one, else None (a part's or the TTFT goal's baseline is not in its key;
-        rakv.experiments.summary.Goal.rival holds the policy a goal was judged against)."""
+        rakv.experiments.summary_serving.Goal.rival holds the policy a goal was judged against)."""
         family, _, tail = key.partition("/")
         for kind, spelled in KEY_TAILS.items():
             head, rival, _ = spelled.partition("{rival}")

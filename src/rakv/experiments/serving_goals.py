@@ -38,7 +38,7 @@ from rakv.experiments.serving_power import (
     goodput_goals,
     power_needed,
 )
-from rakv.experiments.summary import AcceptanceErrors, Goal, GoalPair, GoalPower, LatencyMape
+from rakv.experiments.summary_serving import AcceptanceErrors, Goal, GoalPair, GoalPower, LatencyMape
 from rakv.experiments.verdicts import DECIDED, Side, Verdict, all_of, any_of, below, higher, non_inferior
 from rakv.runtime.json_records import CI
 

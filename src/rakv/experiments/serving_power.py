@@ -20,7 +20,7 @@ from scipy import stats
 from rakv.experiments.intervals import CONFIDENCE
 from rakv.experiments.serving_cells import judged_loads, paired_values, per_repeat_mean, request_values, residual_sd
 from rakv.experiments.serving_goal_ids import GoalId, GoalKind
-from rakv.experiments.summary import FamilyPower, GoalPower
+from rakv.experiments.summary_serving import FamilyPower, GoalPower
 from rakv.runtime.paths import ROOT
 from rakv.runtime.run_layout import ServingStudyLayout
 

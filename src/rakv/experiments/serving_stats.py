@@ -41,7 +41,7 @@ from rakv.experiments.serving_goals import (
     speculation_goals,
 )
 from rakv.experiments.serving_power import family_margins, family_power, goal_power, pilot_path, planned_goals
-from rakv.experiments.summary import (
+from rakv.experiments.summary_serving import (
     ALL_ITERATIONS,
     AcceptanceErrors,
     BatchBreakEven,
