@@ -2,7 +2,6 @@
 raw key name and no unresolved reference. The shipped PDF is the reference run's (paper/build/offline/main.pdf);
 scripts/ship_reference.sh rebuilds it, so a defect in the report's wording fails here before it ships."""
 
-import json
 import re
 
 import pytest
@@ -75,12 +74,12 @@ def test_no_sentence_of_the_built_paper_is_printed_twice(text):
 def test_nothing_runs_outside_the_text_area():
     """LaTeX's own account of the shipped build (paper/build/offline/layout.json, written by the paper stage): no
     float taller than the page, no line more than 2 pt wider than the text."""
-    if not LAYOUT.exists():
-        pytest.fail(f"{LAYOUT} is missing: the paper stage writes it beside the PDF")
-    layout = json.loads(LAYOUT.read_text())
-    assert not layout["float_too_large_pt"], layout
-    assert max(layout["overfull_hbox_pt"], default=0.0) <= 2.0, layout["overfull_hbox_pt"]
-    assert layout.get("words_outside") == [], layout.get("words_outside", "layout.json has no words_outside")
+    from rakv.experiments.pdf_layout import read_pdf_layout
+
+    layout = read_pdf_layout(LAYOUT)
+    assert not layout.float_too_large_pt, layout
+    assert max(layout.overfull_hbox_pt, default=0.0) <= 2.0, layout.overfull_hbox_pt
+    assert layout.words_outside == [], layout.words_outside or "layout.json has no words_outside"
 
 
 def test_every_character_of_the_built_pdf_lies_inside_the_text_area():
@@ -90,13 +89,13 @@ def test_every_character_of_the_built_pdf_lies_inside_the_text_area():
 
     assert words_outside(PDF) == []
     shrunk = words_outside(PDF, margin_pt=text_margin_pt() + 40)
-    assert {r["page"] for r in shrunk} >= {1, 2} and any(len(r["text"]) > 20 for r in shrunk)
+    assert {r.page for r in shrunk} >= {1, 2} and any(len(r.text) > 20 for r in shrunk)
 
 
 def test_the_layout_report_reads_latexs_warnings():
-    from rakv.experiments.pdf_layout import layout_report
+    from rakv.experiments.pdf_layout import PdfLayout, layout_report
 
     log = ("Overfull \\hbox (41.03337pt too wide) in paragraph at lines 1--194\n"
            "LaTeX Warning: Float too large for page by 82.42203pt on input line 358.\n"
            "Underfull \\hbox (badness 10000) in paragraph\n")
-    assert layout_report(log) == {"overfull_hbox_pt": [41.03337], "float_too_large_pt": [82.42203]}
+    assert layout_report(log) == PdfLayout([41.03337], [82.42203])

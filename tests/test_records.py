@@ -288,7 +288,6 @@ DICT_RETURNS = {
     "experiments/metadata.py:ServingMetadata.serving_grid": "a section of the composed Hydra config, kept a mapping",
     "experiments/metadata.py:ServingMetadata.slo_steps": "a section of the composed Hydra config, kept a mapping",
     "experiments/metadata.py:composed_config": "the composed Hydra config as metadata.json keeps it",
-    "experiments/pdf_layout.py:words_outside": "the layout report's entries, JSON for paper/layout.json",
     "experiments/sampling.py:run_rows": "pandas-ready rows (the sampling stage's tables) and alphas by temperature",
     "experiments/sampling.py:distribution_rows": "pandas-ready rows (the sampling stage's tables)",
     "experiments/sampling.py:structured_rows": "pandas-ready rows (the sampling stage's tables)",

@@ -9,7 +9,6 @@ the stages.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -113,13 +112,13 @@ def paper(cfg: DictConfig) -> None:
     done = subprocess.run(command, cwd=PAPER, capture_output=True, text=True)
     if done.returncode != 0:
         raise RakvError(f"LaTeX failed; see {layout.latex_log} (and {layout.bibtex_log} for the bibliography)")
-    from rakv.experiments.pdf_layout import layout_report
+    from rakv.experiments.pdf_layout import layout_report, write_pdf_layout
 
-    report = layout_report(layout.latex_log.read_text(errors="replace"), layout.pdf)
-    layout.pdf_layout.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"paper: built {layout.pdf}; layout: {len(report['overfull_hbox_pt'])} overfull line(s) "
-          f"(largest {max(report['overfull_hbox_pt'], default=0):.1f} pt), {len(report['float_too_large_pt'])} "
-          f"float(s) too large for the page, {len(report['words_outside'])} run(s) of characters outside the text "
+    report = write_pdf_layout(layout_report(layout.latex_log.read_text(errors="replace"), layout.pdf),
+                              layout.pdf_layout)
+    print(f"paper: built {layout.pdf}; layout: {len(report.overfull_hbox_pt)} overfull line(s) "
+          f"(largest {max(report.overfull_hbox_pt, default=0):.1f} pt), {len(report.float_too_large_pt)} "
+          f"float(s) too large for the page, {len(report.words_outside)} run(s) of characters outside the text "
           "area", flush=True)
     if layout.root == README_REFERENCE.root:  # the README quotes the PDF's size: measured once it is built
         from rakv.experiments.readme_writer import refresh_readme
