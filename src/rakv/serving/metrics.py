@@ -5,7 +5,7 @@ emissions (a speculative round's tokens arrive together: one gap), `tpot_s` = (e
 for requests of more than one token, `e2el_s` from arrival to the last token. `goodput` counts the requests
 per second that meet every SLO given (`ttft:MS`, `tpot:MS`, `e2el:MS`), as vLLM's `--goodput`.
 
-`summarize` gives a run's `ServedStatistics`; rakv.serving.server.finish_summary adds the settings it was served
+`served_statistics` gives a run's `ServedStatistics`; rakv.serving.server.finish_summary adds the settings it was served
 with (`ServeSettings`) into a `RunSummary` and writes it: summary.json is one flat object, the statistics' keys, then
 `outputs_equal_alone` (with --check-alone), the settings' and `peak_rss_mib`, in that order (docs/serving.md).
 `read_run_summary` reads it back, every key checked (the records' codec, rakv.runtime.json_records).
@@ -44,7 +44,7 @@ def parse_goodput(items: list[str] | None) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class ServedStatistics:
-    """The statistics of one served trace (`summarize`): counts over its finished requests, latencies in ms over
+    """The statistics of one served trace (`served_statistics`): counts over its finished requests, latencies in ms over
     them (None without one), and what its iterations ran."""
 
     completed: int
@@ -138,7 +138,7 @@ def meets(record: RequestRecord, slos: dict[str, float]) -> bool:
     return True
 
 
-def summarize(records: list[RequestRecord], duration_s: float, slos: dict[str, float],
+def served_statistics(records: list[RequestRecord], duration_s: float, slos: dict[str, float],
               iterations: list[IterationRecord]) -> ServedStatistics:
     """The statistics of one served trace; `iterations`: what each iteration ran, and its times."""
     ok = [r for r in records if r.ok]

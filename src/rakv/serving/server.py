@@ -36,7 +36,7 @@ from rakv.serving.admission import Admission
 from rakv.serving.batchcost import BatchCost, ScaledCost, load_or_calibrate_batch
 from rakv.serving.executor import Executor, StepOutput, one_line
 from rakv.serving.kv import KVManager
-from rakv.serving.metrics import RunSummary, ServeSettings, parse_goodput, summarize
+from rakv.serving.metrics import RunSummary, ServeSettings, parse_goodput, served_statistics
 from rakv.serving.policies import MODEL_POLICIES, SloBudget, speculation_policy
 from rakv.serving.records import IterationRecord, RecordWriter, RequestRecord, record_of, write_iterations
 from rakv.serving.replay import outputs_alone
@@ -415,7 +415,7 @@ def finish_summary(engine: Engine, trace: list[TraceRequest], out: Path, options
                    records: list[RequestRecord], iterations: list[IterationRecord], duration: float) -> RunSummary:
     """summary.json (rakv.serving.metrics.RunSummary: the statistics, the equality check, the settings served with)
     and iterations.jsonl."""
-    statistics = summarize(records, duration, options.slos_ms, iterations)
+    statistics = served_statistics(records, duration, options.slos_ms, iterations)
     equal = ABSENT  # not checked: left out of summary.json
     if options.check_alone:
         served = {r.id: r.token_ids for r in records if r.ok}
