@@ -12,7 +12,7 @@ want=$(cat pyproject.toml requirements-nodeps.txt | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "setup: installing rakv and its pinned dependencies into .venv (first time: a few minutes)"
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e .
+    .venv/bin/python -m pip install --quiet -e '.[test,dev]'  # the tests' and the linter's extras too
     .venv/bin/python -m pip install --quiet --no-deps -r requirements-nodeps.txt
     echo "$want" > "$stamp"
 fi
