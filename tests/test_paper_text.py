@@ -99,3 +99,34 @@ def test_the_layout_report_reads_latexs_warnings():
            "LaTeX Warning: Float too large for page by 82.42203pt on input line 358.\n"
            "Underfull \\hbox (badness 10000) in paragraph\n")
     assert layout_report(log) == PdfLayout([41.03337], [82.42203])
+
+
+def test_the_abstract_is_at_most_its_word_limit_and_the_count_can_fail():
+    """The shipped abstract (paper/generated/offline/abstract.tex) has at most ABSTRACT_WORDS words, counted as a
+    reader counts them; the same count flags an abstract one word too long (positive control)."""
+    from rakv.experiments.prose_abstract import ABSTRACT_WORDS, words
+
+    shipped = (REFERENCE.generated / "abstract.tex").read_text()
+    assert 100 <= words(shipped) <= ABSTRACT_WORDS, words(shipped)
+    assert words("\\texttt{smollm2} 1.0\\% [-3.2\\%, 5.0\\%] $k=0$") == 5
+    assert words(" ".join(["word"] * (ABSTRACT_WORDS + 1))) > ABSTRACT_WORDS
+
+
+def test_the_abstract_tells_the_findings_beside_the_reference_and_what_sets_the_regime():
+    """The abstract names the setting's substitutions, the reference's figures and the engine's prices."""
+    from rakv.experiments.claims import REFERENCE as FIGURES
+    from rakv.experiments.formatting import pct
+
+    flat = " ".join((REFERENCE.generated / "abstract.tex").read_text().split())
+    for needed in ("2-core", "SmolLM2-135M", "int8", "prompt lookup", "Joint-k4", "KV-only",
+                   pct(FIGURES["latency_reduction_vs_joint_k4"]), "verifying 5 tokens", "earlier engines"):
+        assert needed in flat, needed
+
+
+@pytest.mark.parametrize("triple, word", [((0.1, 0.05, 0.15), "10.0\\% faster"),
+                                          ((-0.1, -0.15, -0.05), "10.0\\% slower"),
+                                          ((0.01, -0.02, 0.04), "not distinguishable")])
+def test_the_abstracts_comparative_words_come_from_the_interval(triple, word):
+    from rakv.experiments.prose_abstract import versus
+
+    assert versus(triple).startswith(word), versus(triple)

@@ -1,5 +1,5 @@
 """The paper's sentences worded from the summary alone (summary.json, the study's metadata and the stages' wall
-times): the abstract, the introduction's findings, the conclusion, the claims discussion, the limitations, the note
+times): the introduction's findings, the conclusion, the claims discussion, the limitations, the note
 under the statistics table and the reproducibility appendix; and the feasibility verdict the summary carries
 (rakv.experiments.analysis words it once, the paper and the README quote it).
 
@@ -20,7 +20,7 @@ from rakv.experiments.claims import CLAIMS, REFERENCE, ClaimCounts, claim_counts
 from rakv.experiments.formatting import ci_text, missing, num, pct, shown, tex_escape
 from rakv.experiments.metadata import RunMetadata
 from rakv.experiments.replication import pooled_summary
-from rakv.experiments.summary import ClaimRow, ConfigurationStatistics, Feasibility, PooledStatistic, Summary
+from rakv.experiments.summary import ClaimRow, Feasibility, PooledStatistic, Summary
 from rakv.experiments.verdicts import GOAL_VERDICTS, ClaimVerdict, Side, ci_side, tally
 from rakv.runtime.actions import AR, BEST_FIXED, JOINT_K4, KV_ONLY, ORACLE, SPEC_K4
 from rakv.runtime.run_layout import RunLayout
@@ -74,31 +74,9 @@ def comparison(triple, baseline: str, quantity: str = "latency", reference: floa
             f"{pct(high)}], which includes zero{theirs})")
 
 
-def configuration_sentence(name: str, s: ConfigurationStatistics, regime: ClaimRow | None = None) -> str:
-    """The abstract's sentence on one configuration: against Joint-k4 (latency and throughput, beside the
-    reference's figures), KV-only and the best fixed action, and the regime (`regime`: its claim row)."""
-    best = s.best_fixed_action
-    clause = regime_clause(regime)
-    latency = comparison(s.latency_reduction.joint_k4, JOINT_K4, reference=REFERENCE["latency_reduction_vs_joint_k4"])
-    throughput = comparison(s.throughput_gain.joint_k4, JOINT_K4, "throughput",
-                            REFERENCE["throughput_gain_vs_joint_k4"])
-    return (f"On \\texttt{{{tex_escape(name)}}}, RAKV-ASD has {latency} and {throughput}, "
-            f"{comparison(s.latency_reduction.kv_only, KV_ONLY)}, and "
-            f"{comparison(s.latency_reduction.best_fixed, BEST_FIXED)} "
-            f"(\\texttt{{{best}}} in hindsight)" + (f"; {clause}" if clause else "") + ".")
-
-
 def claim_of(summary: Summary, key: str, configuration: str | None = None) -> ClaimRow | None:
     """The claim row of `key` (on `configuration`), None if the run has none."""
     return next((r for r in summary.claims if r.key == key and configuration in (None, r.configuration)), None)
-
-
-def reference_headline() -> str:
-    """The reference study's headline figures, as it reported them (rakv.experiments.claims.REFERENCE)."""
-    return (f"The reference reported RAKV-ASD with {pct(REFERENCE['latency_reduction_vs_joint_k4'])} lower latency "
-            f"and {pct(REFERENCE['throughput_gain_vs_joint_k4'])} higher throughput than fixed Joint-k4, and its best "
-            f"$k>0$ {pct(REFERENCE['spec_slowdown_min'], 0)} to {pct(REFERENCE['spec_slowdown_max'], 0)} slower than "
-            "$k=0$ in every scenario: speculation never paid.")
 
 
 def regime_word(row: ClaimRow | None) -> str:
@@ -163,43 +141,6 @@ def twin_sentence(summary: Summary, form: str = "full") -> str | None:
             "break-even acceptance (0.05): " + "; ".join(parts) + ".")
 
 
-def abstract(summary: Summary, meta: RunMetadata) -> str:
-    """The abstract, from the pooled view of the shipped runs of this commit and machine class where there are
-    several (rakv.experiments.replication.pooled_summary), saying which claim verdicts held in every run."""
-    summary = pooled_summary(summary)
-    grid = summary.grid
-    prompts = ", ".join(f"{n} {tex_escape(d)}" for d, n in grid.prompts.items())
-    text = [
-        "We reproduce a study of joint cross-request prefix KV reuse and speculative decoding in which a measured "
-        "cost model chooses, per request, whether to reuse cached prefix state ($r$) and how many draft tokens to "
-        "speculate ($k$, including $k=0$).",
-        f"We ran it on {tex_escape(meta.hardware.processor)} ({tex_escape(meta.hardware.device)}"
-        + (f", {tex_escape(meta.hardware.isa)}" if meta.hardware.isa else "")
-        + f") with {prompts} prompts and {len(grid.scenarios)} reuse scenarios, measuring every feasible action at "
-        f"least {grid.measurements_per_action_min} times: {summary.runs} timed runs in all.",
-    ]
-    text.append(reference_headline())
-    text += [configuration_sentence(name, s, claim_of(summary, "spec_regime", name))
-             for name, s in summary.per_configuration.items()]
-    twins = twin_sentence(summary, "abstract")
-    if twins:
-        text.append(twins)
-    held = replication_clause(summary)
-    if held:
-        text.append(held)
-    exact = summary.exact
-    text.append(f"{exact.equal}/{exact.total} outputs are identical to autoregressive greedy decoding.")
-    serving = summary.serving
-    if serving:
-        text.append(f"With several requests in flight, a serving study of {serving.runs} served traces judges "
-                    f"{len(serving.goals)} goals named before the run (RAKV-ASD under load against vLLM's and "
-                    f"SmartSpec's rules, chunked prefill under an ITL SLO, predictions under load), family-wise at "
-                    f"95\\,\\%: {goal_tally(serving.goals)}; "
-                    f"{serving.exact.equal}/{serving.exact.total} served outputs are identical to "
-                    "batch-one greedy decoding.")
-    return " ".join(text) + "\n"
-
-
 def conclusion(summary: Summary) -> str:
     """The paper's conclusion: what was reproduced, by the rules stated, and what was not; worded by the CIs (pooled
     over the shipped runs of this commit and machine class where there are several)."""
@@ -257,19 +198,6 @@ def claims_named(rows, statistics: dict) -> str:
 def pooled_statistics(summary: Summary) -> dict[str, PooledStatistic]:
     """The summary's statistics pooled over the shipped runs, by name (empty with one run)."""
     return {p.name: p for p in summary.replication.statistics} if summary.replication else {}
-
-
-def replication_clause(summary: Summary) -> str | None:
-    """The abstract's sentence on the shipped runs of this commit and machine class (None with one run)."""
-    rep = summary.replication
-    if not rep:
-        return None
-    held = sum(c.held for c in rep.claim_runs)
-    return (f"The study's intervals above pool {len(rep.runs)} full runs of this commit on this machine class (random "
-            f"effects over runs, the run-level variance estimated per statistic); {len(rep.significant)} of "
-            f"{rep.tests} tests of a headline statistic's difference between them are significant (Holm, "
-            f"5\\,\\%), and {held} of "
-            f"{len(rep.claim_runs)} claim rows have the same verdicts in every run.")
 
 
 def yes_no_inconclusive(counts: dict) -> tuple[int, int, int]:
@@ -339,7 +267,7 @@ def introduction_findings(summary: Summary) -> str:
         first, second, third = (f"{verdict(s.latency_reduction.against(b))} {BASELINE_TEXT[b]}"
                                 for b in (JOINT_K4, KV_ONLY, BEST_FIXED))
         verdicts = f"{first}, {second}, and {third}"
-        text.append(f"On \\texttt{{{tex_escape(name)}}}, RAKV-ASD is {verdicts} (95\\% CIs in the abstract and "
+        text.append(f"On \\texttt{{{tex_escape(name)}}}, RAKV-ASD is {verdicts} (95\\% CIs in "
                     "Table~\\ref{tab:statistics}), and the regime of speculation against $k=0$ is "
                     f"{regime_word(claim_of(summary, 'spec_regime', name))} (Section~\\ref{{sec:regime}}).")
     if not rows.empty:
