@@ -98,10 +98,10 @@ def test_the_openai_client_gets_the_engine_s_output_alone_streamed_or_not(served
 
 
 def test_bad_requests_are_refused_alone_with_one_line_while_the_others_are_served(served):
-    bad = [b"not json", {"prompt": ""}, {"prompt": ["a", "b"]}, {"prompt": PROMPT, "max_tokens": 0},
+    bad = [b"not json", {"prompt": ""}, {"prompt": ["a", ""]}, {"prompt": PROMPT, "max_tokens": 0},
            {"prompt": PROMPT, "temperature": -1}, {"prompt": PROMPT, "temperature": 1e-40},
-           {"prompt": PROMPT, "temperature": 1, "seed": 1 << 64}, {"prompt": PROMPT, "n": 2},
-           {"prompt": PROMPT, "stop": ["\n"]}, {"prompt": PROMPT, "max_tokens": 10 ** 6}, {"prompt": [10 ** 9]},
+           {"prompt": PROMPT, "temperature": 1, "seed": 1 << 64}, {"prompt": PROMPT, "n": 0},
+           {"prompt": PROMPT, "stop": [""]}, {"prompt": PROMPT, "max_tokens": 10 ** 6}, {"prompt": [10 ** 9]},
            {"prompt": [1] * 2000}, b'{"prompt": "x", "max_tokens": Infinity}', b'{"prompt": "x", "top_p": NaN}',
            {"prompt": PROMPT, "max_tokens": "5"}, {"prompt": "x " * 200_000}]
     good = [{"prompt": PROMPT + str(i), "max_tokens": 8, "ignore_eos": True, "stream": i % 2 == 0} for i in range(4)]
@@ -283,11 +283,13 @@ def test_metrics_count_requests_tokens_prefix_hits_and_drafts_under_vllm_s_names
 
 def test_request_bodies_are_checked_field_by_field():
     parsed = CompletionRequest.model_validate({"prompt": ["x"], "temperature": 0.7, "top_p": 0.9, "seed": 4})
-    assert parsed.prompt == "x" and parsed.max_tokens == 16 and parsed.temperature == 0.7
-    assert CompletionRequest.model_validate({"prompt": [[5, 6]]}).prompt == [5, 6]
+    assert parsed.prompts == ["x"] and parsed.max_tokens == 16 and parsed.temperature == 0.7
+    assert CompletionRequest.model_validate({"prompt": [[5, 6]]}).prompts == [[5, 6]]
+    assert CompletionRequest.model_validate({"prompt": [5, 6]}).prompts == [[5, 6]]
     for body, message in [({"prompt": "x", "max_tokens": 1.5}, "max_tokens"), ({"prompt": "x", "top_p": 0}, "top_p"),
                           ({"prompt": "x", "seed": True}, "seed"), ({"prompt": [True]}, "prompt"),
-                          ({"prompt": "x", "echo": True}, "echo"), ({"prompt": ["a", "b"]}, "at most 1 item"),
+                          ({"prompt": "x", "echo": 1}, "echo"), ({"prompt": ["a"] * 65}, "at most 64 items"),
+                          ({"prompt": "x", "tools": [{}]}, "'tools' is not supported"),
                           ({"prompt": "x", "temperature": float("inf")}, "temperature"),
                           ({"prompt": "x", "seed": -(1 << 63) - 1}, "seed")]:
         with pytest.raises(ValueError, match=message):

@@ -29,13 +29,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rakv.runtime.decoding import DecodeState, Sampling
+from rakv.runtime.decoding import Sampling
 from rakv.runtime.engine import Engine
 from rakv.serving.executor import one_line
 from rakv.serving.metrics import RunSummary
 from rakv.serving.prometheus import ServerMetrics
 from rakv.serving.request import ServedRequest, Status
+from rakv.serving.scoring import score
 from rakv.serving.server import EngineCore, Iteration, ServeOptions, ServeParts, StepFailed
+from rakv.serving.stops import output_text, stop_state
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,7 @@ IDLE_WAIT_S = 0.05  # how long the engine thread blocks on its inbox when nothin
 MAX_FAILED_ITERATIONS = 3  # failed iterations in a row after which the engine is declared dead
 
 TOKENS, END = "tokens", "end"  # events: (TOKENS, tokens confirmed so far), (END, None)
+SCORED, FAILED = "scored", "failed"  # a scoring's one event: (SCORED, rakv.serving.scoring.Scored), (FAILED, why)
 
 
 class Overloaded(Exception):
@@ -63,6 +66,16 @@ class Live:
     sent: int = 0
 
 
+@dataclass
+class Scoring:
+    """A sequence to score (echo / logprobs: rakv.serving.scoring), and how its handler hears of it: `notify` once,
+    (SCORED, Scored) or (FAILED, why)."""
+
+    ids: list[int]
+    top: int
+    notify: Callable[[tuple[str, object]], None]
+
+
 class EngineLoop:
     """The engine thread and its inbox. `submit` / `abort` / `health` from any thread; `run` is the thread."""
 
@@ -74,6 +87,7 @@ class EngineLoop:
         self.capacity = options.max_batch + max_waiting
         self.inbox: queue.Queue = queue.Queue()
         self.live: dict[str, Live] = {}  # the engine thread's: requests it holds
+        self.scorings: list[Scoring] = []  # the engine thread's: taken, not run yet
         self.in_flight = 0  # submitted, not ended (under `gate`)
         self.gate = threading.Lock()  # submit vs death: nothing is put in the inbox of a dead engine
         self.stopping = threading.Event()
@@ -84,14 +98,24 @@ class EngineLoop:
     # --- from the handlers' side ---
 
     def new_request(self, prompt: list[int], max_tokens: int, sampling: Sampling, stop_at_eos: bool,
-                    prefix: str = "cmpl") -> ServedRequest:
-        state = DecodeState(max_tokens, self.engine.pair.eos_token_id, not stop_at_eos)
+                    prefix: str = "cmpl", stops: tuple[str, ...] = ()) -> ServedRequest:
+        """A request to submit; with `stops`, its output ends at the first of them (rakv.serving.stops), checked on
+        this thread's tokenizer as its tokens are confirmed."""
+        state = stop_state(max_tokens, self.engine.pair.eos_token_id, not stop_at_eos, stops, self.decode)
         return ServedRequest(id=f"{prefix}-{uuid.uuid4().hex[:24]}", arrival_s=self.core.now(), prompt=prompt,
                              state=state, sampling=sampling)
 
     def submit(self, request: ServedRequest, notify) -> Live:
         """Into the engine's inbox, or refused now: `Unavailable` (draining, dead), `Overloaded` (the queue is full)."""
         live = Live(request, notify)
+        self._enqueue("submit", live)
+        return live
+
+    def score(self, ids: list[int], top: int, notify) -> None:
+        """A sequence to score on the engine thread, between iterations (refused now as `submit` refuses)."""
+        self._enqueue("score", Scoring(ids, top, notify))
+
+    def _enqueue(self, kind: str, item) -> None:
         with self.gate:
             if self.dead is not None or not self.running:
                 raise Unavailable(f"the engine is not running ({self.dead or 'stopped'})")
@@ -100,8 +124,7 @@ class EngineLoop:
             if self.in_flight >= self.capacity:
                 raise Overloaded(f"{self.in_flight} requests are in flight, the most this server queues; retry later")
             self.in_flight += 1
-            self.inbox.put(("submit", live))
-        return live
+            self.inbox.put((kind, item))
 
     def abort(self, live: Live) -> None:
         """Its client went away: dropped between iterations and its K/V freed (a request already ended: nothing)."""
@@ -134,6 +157,7 @@ class EngineLoop:
         try:
             while not self.stopping.is_set():
                 self._take(block=not self.core.busy)
+                self._score()
                 if self.core.busy:
                     try:
                         self._deliver(self.core.step(self.core.now()))
@@ -163,6 +187,8 @@ class EngineLoop:
                 if kind == "submit":
                     self.live[live.request.id] = live
                     self.scheduler.waiting.append(live.request)
+                elif kind == "score":
+                    self.scorings.append(live)
                 elif live.request.id in self.live:  # an abort of a request still in flight
                     self.scheduler.abort(self.live.pop(live.request.id).request, "the client went away",
                                          self.core.now())
@@ -170,6 +196,24 @@ class EngineLoop:
                 item = self.inbox.get_nowait()
         except queue.Empty:
             return
+
+    def _score(self) -> None:
+        """The scorings taken: each one forward of the target (between iterations), its handler told."""
+        while self.scorings:
+            job = self.scorings.pop(0)
+            try:
+                result = (SCORED, score(self.engine.pair.target.module, job.ids, job.top, self.engine.pair.device))
+            except Exception as exc:  # one scoring's failure is its alone
+                log.exception("scoring a sequence raised")
+                result = (FAILED, one_line(exc))
+            finally:
+                with self.gate:
+                    self.in_flight -= 1
+            job.notify(result)
+
+    def decode(self, tokens: list[int]) -> str:
+        """Token ids as text, on the engine's tokenizer (this thread's)."""
+        return self.engine.pair.tokenizer.decode(tokens, skip_special_tokens=True)
 
     def _deliver(self, done: Iteration) -> None:
         for request in done.step.refused + done.step.failed:
@@ -188,7 +232,7 @@ class EngineLoop:
         """The request has left the engine: its record (requests.jsonl), its metrics, then its handler is told."""
         request = live.request
         try:
-            text = self.engine.pair.tokenizer.decode(request.state.tokens, skip_special_tokens=True)
+            text = output_text(request.state, self.decode(request.state.tokens))
             record = self.core.close(request, text)
             if self.metrics is not None:
                 self.metrics.observe_request(record, finish_reason(request))
@@ -221,6 +265,13 @@ class EngineLoop:
                 break
             if kind == "submit":
                 self.live[live.request.id] = live
+            elif kind == "score":
+                self.scorings.append(live)
+        for job in self.scorings:
+            with self.gate:
+                self.in_flight -= 1
+            job.notify((FAILED, reason))
+        self.scorings.clear()
         now = self.core.now()
         for live in list(self.live.values()):
             request = live.request
@@ -244,10 +295,13 @@ class EngineLoop:
 
 
 def finish_reason(request: ServedRequest) -> str | None:
-    """OpenAI's finish reason of a finished request: stop (its end-of-sequence token) or length; None otherwise."""
+    """OpenAI's finish reason of a finished request: stop (its end-of-sequence token or a stop string) or length;
+    None otherwise."""
     if request.status != Status.FINISHED:
         return None
     state = request.state
+    if getattr(state, "stop_reason", None) is not None:
+        return "stop"
     stopped = not state.ignore_eos and state.tokens and state.eos_token_id is not None \
         and state.tokens[-1] == state.eos_token_id
     return "stop" if stopped else "length"

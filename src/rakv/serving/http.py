@@ -28,6 +28,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 
 import anyio
@@ -38,7 +39,7 @@ from starlette.exceptions import HTTPException
 
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
-from rakv.serving.engine_loop import END, EngineLoop, Live, Overloaded, Unavailable, finish_reason
+from rakv.serving.engine_loop import END, SCORED, EngineLoop, Live, Overloaded, Unavailable, finish_reason
 from rakv.serving.http_options import RETRY_AFTER_S, HttpOptions
 from rakv.serving.prometheus import CONTENT_TYPE, ServerMetrics
 from rakv.serving.protocol import (
@@ -50,6 +51,7 @@ from rakv.serving.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     Delta,
@@ -62,7 +64,9 @@ from rakv.serving.protocol import (
     error_body,
 )
 from rakv.serving.request import ServedRequest, Status
+from rakv.serving.scoring import Scored
 from rakv.serving.server import ServeOptions
+from rakv.serving.stops import output_text, visible
 
 log = logging.getLogger(__name__)
 
@@ -93,15 +97,18 @@ class Tokenizing:
         # a string longer than this has more tokens than the context: refused without tokenising it
         self.max_chars = self.max_context * max(len(piece) for piece in tokenizer.get_vocab())
 
-    def completion(self, body: CompletionRequest) -> list[int]:
-        prompt = body.prompt
-        if isinstance(prompt, str):
-            self._check_chars(len(prompt))
-            with self.lock:
-                prompt = self.encoder.encode(prompt, add_special_tokens=False)
-        elif any(t >= self.vocabulary for t in prompt):
-            raise ApiError(400, f"prompt: a token id is outside the vocabulary of {self.vocabulary}")
-        return self._checked(list(prompt), body.new_tokens)
+    def completion(self, body: CompletionRequest) -> list[list[int]]:
+        """Each prompt's token ids, checked against the vocabulary and the context."""
+        prompts = []
+        for prompt in body.prompts:
+            if isinstance(prompt, str):
+                self._check_chars(len(prompt))
+                with self.lock:
+                    prompt = self.encoder.encode(prompt, add_special_tokens=False)
+            elif any(t >= self.vocabulary for t in prompt):
+                raise ApiError(400, f"prompt: a token id is outside the vocabulary of {self.vocabulary}")
+            prompts.append(self._checked(list(prompt), body.new_tokens))
+        return prompts
 
     def chat(self, body: ChatCompletionRequest) -> list[int]:
         if not getattr(self.encoder, "chat_template", None):
@@ -122,7 +129,7 @@ class Tokenizing:
 
     def _checked(self, prompt: list[int], new_tokens: int) -> list[int]:
         try:
-            self.engine.check_lengths(len(prompt), new_tokens)
+            self.engine.check_lengths(len(prompt), max(new_tokens, 1))  # (0: echo scores the prompt alone)
         except RakvError as exc:
             raise ApiError(400, str(exc)) from None
         return prompt
@@ -179,41 +186,62 @@ class Api:
         if model not in (None, self.served_name):
             raise ApiError(404, f"model '{model}' is not served here; this server serves '{self.served_name}'")
 
-    async def generate(self, http: Request, body: SamplingFields, prompt: list[int], chat: bool):
-        """Submit, then answer: the whole completion, or a stream once the first event is in. A request refused or
-        failed before its first token is answered with its status instead."""
-        served = self.loop.new_request(prompt, body.new_tokens, body.sampling(self.options.sampling),
-                                       body.stops_at_eos(self.options.ignore_eos), "chatcmpl" if chat else "cmpl")
+    async def generate(self, http: Request, body: SamplingFields, prompts: list[list[int]], chat: bool,
+                       texts: list[str] | None = None):
+        """Submit each prompt's n choices, then answer: the whole completion, or a stream once the first event is
+        in. A request refused or failed before its first token is answered with its status instead (its other
+        choices aborted). `texts`: the prompts as text, for echo."""
+        if getattr(body, "max_tokens", None) == 0:  # echo alone: the prompts scored, nothing generated
+            return await self.echoed(body, prompts, texts)
+        stop_at_eos, kind = body.stops_at_eos(self.options.ignore_eos), "chatcmpl" if chat else "cmpl"
+        served = [self.loop.new_request(prompt, body.new_tokens, body.sampling(self.options.sampling, j),
+                                        stop_at_eos, kind, body.stops) for prompt in prompts for j in range(body.n)]
         events: asyncio.Queue = asyncio.Queue()
         running = asyncio.get_running_loop()
 
-        def notify(event):  # from the engine thread
-            try:
-                running.call_soon_threadsafe(events.put_nowait, event)
-            except RuntimeError:  # the event loop has closed: the server stopped, nobody is waiting
-                pass
+        def notifier(index: int):
+            def notify(event):  # from the engine thread
+                try:
+                    running.call_soon_threadsafe(events.put_nowait, (index, event))
+                except RuntimeError:  # the event loop has closed: the server stopped, nobody is waiting
+                    pass
+            return notify
 
+        lives: list[Live] = []
         try:
-            live = self.loop.submit(served, notify)
-        except Overloaded as exc:
-            raise ApiError(429, str(exc), retry=True) from None
-        except Unavailable as exc:
-            raise ApiError(503, str(exc), retry=True) from None
+            for index, request in enumerate(served):
+                lives.append(self.loop.submit(request, notifier(index)))
+        except (Overloaded, Unavailable) as exc:
+            for live in lives:
+                self.loop.abort(live)
+            raise ApiError(429 if isinstance(exc, Overloaded) else 503, str(exc), retry=True) from None
+        ended: set[int] = set()
         try:
             event = await self.next_event(http, events)
-            while event is not None and not body.stream and event[0] != END:
+            while event is not None:
+                if event[1][0] == END:
+                    ended.add(event[0])
+                    if served[event[0]].status != Status.FINISHED:
+                        break
+                if body.stream or len(ended) == len(served):
+                    break
                 event = await self.next_event(http, events)
         except BaseException:  # cancelled: the client went away (or the server is stopping)
-            self.loop.abort(live)
+            for live in lives:
+                self.loop.abort(live)
             raise
         if event is None:  # the client went away
-            self.loop.abort(live)
+            for live in lives:
+                self.loop.abort(live)
             return Response(status_code=499)
-        if event[0] == END and served.status != Status.FINISHED:
-            raise self.unfinished(served)
+        if event[1][0] == END and served[event[0]].status != Status.FINISHED:
+            for index, live in enumerate(lives):
+                if index not in ended:
+                    self.loop.abort(live)
+            raise self.unfinished(served[event[0]])
         if not body.stream:
-            return self.whole(served, chat)
-        stream = Stream(self, live, events, chat, body.include_usage)
+            return await self.whole(served, body, prompts, texts, chat)
+        stream = Stream(self, lives, events, chat, body.include_usage, len(prompts))
         return StreamingResponse(stream.events(event), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
@@ -236,76 +264,177 @@ class Api:
             return ApiError(500, reason)
         return ApiError(503, reason, retry=True)  # the engine stopped, or the server is stopping
 
-    def whole(self, served: ServedRequest, chat: bool):
-        text, reason, usage = self.tokenizing.decode(served.state.tokens), finish_reason(served), usage_of(served)
+    async def scores(self, sequences: list[list[int]], top: int) -> list[Scored]:
+        """Each sequence scored by the target on the engine thread (rakv.serving.scoring)."""
+        running = asyncio.get_running_loop()
+        futures = [running.create_future() for _ in sequences]
+
+        def notifier(future):
+            def notify(event):  # from the engine thread
+                def settle():
+                    if not future.done():
+                        future.set_result(event)
+                try:
+                    running.call_soon_threadsafe(settle)
+                except RuntimeError:
+                    pass
+            return notify
+
+        for ids, future in zip(sequences, futures):
+            try:
+                self.loop.score(ids, top, notifier(future))
+            except Overloaded as exc:
+                raise ApiError(429, str(exc), retry=True) from None
+            except Unavailable as exc:
+                raise ApiError(503, str(exc), retry=True) from None
+        results = []
+        for future in futures:
+            kind, value = await future
+            if kind != SCORED:
+                raise ApiError(503 if self.loop.dead else 500, f"scoring failed: {value}")
+            results.append(value)
+        return results
+
+    def logprobs(self, ids: list[int], scored: Scored, start: int) -> CompletionLogprobs:
+        """OpenAI's logprobs of positions `start`.. of `ids`."""
+        decode = self.tokenizing.decode
+        out, offset = CompletionLogprobs(), 0
+        for i in range(start, len(ids)):
+            token = decode([ids[i]])
+            out.tokens.append(token)
+            out.token_logprobs.append(scored.logprobs[i])
+            top = scored.top[i]
+            if top is None:
+                out.top_logprobs.append(None)
+            else:
+                alternatives = {decode([t]): lp for t, lp in top}
+                alternatives.setdefault(token, scored.logprobs[i])
+                out.top_logprobs.append(alternatives)
+            out.text_offset.append(offset)
+            offset += len(token)
+        return out
+
+    async def echoed(self, body: CompletionRequest, prompts: list[list[int]], texts: list[str] | None):
+        """max_tokens 0 with echo: each prompt's text (and with logprobs, its log-probabilities), n times."""
+        scored = await self.scores(prompts, body.logprobs) if body.logprobs is not None else [None] * len(prompts)
+        choices = []
+        for i, (prompt, result) in enumerate(zip(prompts, scored)):
+            text = texts[i] if texts else self.tokenizing.decode(prompt)
+            logprobs = self.logprobs(prompt, result, 0) if result is not None else None
+            choices += [CompletionChoice(index=i * body.n + j, text=text, logprobs=logprobs, finish_reason="length")
+                        for j in range(body.n)]
+        tokens = sum(len(p) for p in prompts)
+        return CompletionResponse(id=f"cmpl-{uuid.uuid4().hex[:24]}", model=self.served_name, choices=choices,
+                                  usage=Usage(prompt_tokens=tokens, completion_tokens=0, total_tokens=tokens))
+
+    async def whole(self, served: list[ServedRequest], body: SamplingFields, prompts: list[list[int]],
+                    texts: list[str] | None, chat: bool):
+        n, usage = body.n, usage_of(served, prompts)
+        outputs = [output_text(r.state, self.tokenizing.decode(r.state.tokens)) for r in served]
         if chat:
-            return ChatCompletionResponse(id=served.id, model=self.served_name, usage=usage, choices=[
-                ChatChoice(message=AssistantMessage(content=text), finish_reason=reason)])
-        return CompletionResponse(id=served.id, model=self.served_name, usage=usage,
-                                  choices=[CompletionChoice(text=text, finish_reason=reason)])
+            return ChatCompletionResponse(id=served[0].id, model=self.served_name, usage=usage, choices=[
+                ChatChoice(index=i, message=AssistantMessage(content=text), finish_reason=finish_reason(r),
+                           stop_reason=stop_reason(r)) for i, (r, text) in enumerate(zip(served, outputs))])
+        scored = [None] * len(served)
+        if body.logprobs is not None:
+            scored = await self.scores([r.tokens for r in served], body.logprobs)
+        choices = []
+        for i, (request, text, result) in enumerate(zip(served, outputs, scored)):
+            prompt = prompts[i // n]
+            logprobs = None
+            if result is not None:
+                logprobs = self.logprobs(request.tokens, result, 0 if body.echo else len(prompt))
+            if body.echo:
+                text = (texts[i // n] if texts else self.tokenizing.decode(prompt)) + text
+            choices.append(CompletionChoice(index=i, text=text, logprobs=logprobs, finish_reason=finish_reason(request),
+                                            stop_reason=stop_reason(request)))
+        return CompletionResponse(id=served[0].id, model=self.served_name, usage=usage, choices=choices)
 
 
 @dataclass
 class Stream:
-    """One request's server-sent events: a chunk per iteration that confirmed text, one with the finish reason, the
-    usage (if asked), then [DONE]. A client that goes away mid-stream is aborted (its K/V freed)."""
+    """One request's server-sent events: per choice, a chunk per iteration that confirmed text and one with its
+    finish reason; then the usage (if asked), then [DONE]. A client that goes away mid-stream has every choice still
+    running aborted (its K/V freed)."""
 
     api: Api
-    live: Live
+    lives: list[Live]
     queue: asyncio.Queue
     chat: bool
     include_usage: bool
+    prompts: int
 
     async def events(self, event):
-        served, shown, ended = self.live.request, "", False
+        shown, ended = [""] * len(self.lives), set()
         try:
             if self.chat:
-                yield self.chunk(Delta(role="assistant", content=""))
+                for index in range(len(self.lives)):
+                    yield self.chunk(index, Delta(role="assistant", content=""))
             while True:
-                upto = len(served.state.tokens) if event[0] == END else event[1]
-                text = self.api.tokenizing.decode(served.state.tokens[:upto])
-                if len(text) > len(shown) and (event[0] == END or not text.endswith("\ufffd")):  # (half a character)
-                    yield self.chunk(Delta(content=text[len(shown):]) if self.chat else text[len(shown):])
-                    shown = text
-                if event[0] == END:
-                    ended = True
-                    async for line in self.closing(served):
+                index, (kind, upto) = event
+                served = self.lives[index].request
+                final = kind == END
+                tokens = served.state.tokens if final else served.state.tokens[:upto]
+                text = visible(served.state, self.api.tokenizing.decode(tokens), final)
+                if len(text) > len(shown[index]) and (final or not text.endswith("\ufffd")):  # (half a character)
+                    delta = text[len(shown[index]):]
+                    yield self.chunk(index, Delta(content=delta) if self.chat else delta)
+                    shown[index] = text
+                if final:
+                    ended.add(index)
+                    async for line in self.closing(index, served):
                         yield line
-                    return
+                    if len(ended) == len(self.lives):
+                        async for line in self.done():
+                            yield line
+                        return
                 event = await self.queue.get()
         finally:
-            if not ended:  # the client went away, or the server is stopping: the engine drops it
-                self.api.loop.abort(self.live)
+            for index, live in enumerate(self.lives):
+                if index not in ended:  # the client went away, or the server is stopping: the engine drops it
+                    self.api.loop.abort(live)
 
-    async def closing(self, served: ServedRequest):
+    async def closing(self, index: int, served: ServedRequest):
         if served.status != Status.FINISHED:
             error = self.api.unfinished(served)
             yield sse(error_body(error.status_code, error.detail))
         reason = finish_reason(served) or "abort"
-        yield self.chunk(Delta() if self.chat else "", reason)
+        yield self.chunk(index, Delta() if self.chat else "", reason, stop_reason(served))
+
+    async def done(self):
         if self.include_usage:
-            usage = usage_of(served)
-            envelope = ChatCompletionChunk(id=served.id, model=self.api.served_name, choices=[], usage=usage) \
-                if self.chat else CompletionResponse(id=served.id, model=self.api.served_name, choices=[],
-                                                     usage=usage)
+            served = [live.request for live in self.lives]
+            n = len(served) // self.prompts
+            usage = usage_of(served, [r.prompt for r in served[::n]])
+            first = served[0].id
+            envelope = ChatCompletionChunk(id=first, model=self.api.served_name, choices=[], usage=usage) \
+                if self.chat else CompletionResponse(id=first, model=self.api.served_name, choices=[], usage=usage)
             yield sse(envelope.model_dump())
         yield b"data: [DONE]\n\n"
 
-    def chunk(self, content, reason: str | None = None) -> bytes:
-        served, name = self.live.request, self.api.served_name
+    def chunk(self, index: int, content, reason: str | None = None, stop: str | None = None) -> bytes:
+        served, name = self.lives[0].request, self.api.served_name
         if self.chat:
             return sse(ChatCompletionChunk(id=served.id, model=name, choices=[
-                ChatChunkChoice(delta=content, finish_reason=reason)]).model_dump(exclude_none=True))
+                ChatChunkChoice(index=index, delta=content, finish_reason=reason, stop_reason=stop)
+            ]).model_dump(exclude_none=True))
         return sse(CompletionResponse(id=served.id, model=name, choices=[
-            CompletionChoice(text=content, finish_reason=reason)]).model_dump(exclude={"usage"}))
+            CompletionChoice(index=index, text=content, finish_reason=reason, stop_reason=stop)
+        ]).model_dump(exclude={"usage"}))
 
 
 def sse(payload: dict) -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
-def usage_of(served: ServedRequest) -> Usage:
-    prompt, completion = len(served.prompt), len(served.state.tokens)
+def stop_reason(request: ServedRequest) -> str | None:
+    """vLLM's stop_reason: the stop string that ended the request (None for an end-of-sequence or the length)."""
+    return getattr(request.state, "stop_reason", None)
+
+
+def usage_of(served: list[ServedRequest], prompts: list[list[int]]) -> Usage:
+    """Each prompt's tokens once (whatever its n), and every choice's output tokens."""
+    prompt, completion = sum(len(p) for p in prompts), sum(len(r.state.tokens) for r in served)
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
@@ -318,14 +447,17 @@ def build_app(api: Api, metrics: ServerMetrics, http: HttpOptions) -> FastAPI:
     @app.post("/v1/completions", response_model=CompletionResponse, responses={**ERRORS, **SSE})
     async def completions(body: CompletionRequest, request: Request):
         api.check_model(body.model)
-        prompt = await anyio.to_thread.run_sync(api.tokenizing.completion, body)
-        return await api.generate(request, body, prompt, chat=False)
+        prompts = await anyio.to_thread.run_sync(api.tokenizing.completion, body)
+        texts = [p if isinstance(p, str) else None for p in body.prompts] if body.echo else None
+        if texts is not None:
+            texts = [t if t is not None else api.tokenizing.decode(p) for t, p in zip(texts, prompts)]
+        return await api.generate(request, body, prompts, chat=False, texts=texts)
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses={**ERRORS, **SSE})
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         api.check_model(body.model)
         prompt = await anyio.to_thread.run_sync(api.tokenizing.chat, body)
-        return await api.generate(request, body, prompt, chat=True)
+        return await api.generate(request, body, [prompt], chat=True)
 
     @app.get("/v1/models", response_model=ModelList)
     async def models():

@@ -5,19 +5,22 @@ extension), so that the official `openai` client and `vllm bench serve` drive th
 request is validated here, field by field and before anything is tokenised or reaches the engine: types are strict
 (no "5" for 5, no true for 1, no NaN or Infinity), every number is bounded (rakv.serving.http_options: the
 temperature, the seed's 64-bit range; `max_tokens` against the context in rakv.serving.http), and a feature this
-server does not implement (`stop`, `logprobs`, `n` > 1, tools, ...) is refused by name instead of ignored. A
-violation is a 400 whose body is OpenAI's error shape (`ErrorResponse`) with a one-line message.
+server does not implement (tools, logit_bias, penalties, chat's logprobs, ...) is refused by name instead of
+ignored. A violation is a 400 whose body is OpenAI's error shape (`ErrorResponse`) with a one-line message.
+docs/serving.md's table of honoured fields is generated from these models (`honoured_fields`).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
 
 from rakv.runtime.decoding import Sampling
 from rakv.serving.http_options import MAX_TEMPERATURE, MIN_TEMPERATURE, SEED_RANGE
+from rakv.serving.scoring import MAX_LOGPROBS
+from rakv.serving.stops import MAX_STOP_CHARS, MAX_STOPS
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 
@@ -29,15 +32,20 @@ Temperature = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0, le=
 TopP = Annotated[float, Field(strict=True, allow_inf_nan=False, gt=0, le=1)]
 Seed = Annotated[int, Field(strict=True, ge=SEED_RANGE[0], le=SEED_RANGE[1])]
 MaxTokens = Annotated[int, Field(strict=True, ge=1)]
+MAX_N = 16  # choices per prompt at most
+MAX_PROMPTS = 64  # prompts in one completions request at most
+StopText = Annotated[str, Field(strict=True, min_length=1, max_length=MAX_STOP_CHARS)]
+Stop = StopText | Annotated[list[StopText], Field(max_length=MAX_STOPS)]
 
 # what a field whose type is a union must be: a failed union's own errors name its members, not the rule
-UNION_RULES = {"prompt": "a non-empty string or a non-empty list of token ids (integers >= 0), or a list of one of "
-                         "either",
+UNION_RULES = {"prompt": f"a non-empty string or a non-empty list of token ids (integers >= 0), or a list of 1 to "
+                         f"{MAX_PROMPTS} of either",
+               "stop": f"a string or a list of at most {MAX_STOPS} strings, each of 1 to {MAX_STOP_CHARS} characters",
                "content": "a string or a list of {\"type\": \"text\", \"text\": ...} parts"}
 
 # OpenAI fields this server does not implement: refused when given a value other than their no-op default
-UNSUPPORTED = ("stop", "logprobs", "top_logprobs", "suffix", "logit_bias", "echo", "tools", "tool_choice",
-               "functions", "function_call", "response_format", "presence_penalty", "frequency_penalty")
+UNSUPPORTED = ("suffix", "logit_bias", "tools", "tool_choice", "functions", "function_call", "response_format",
+               "presence_penalty", "frequency_penalty")
 NO_OP = (None, [], {}, 0, 0.0, False, "", "none", "auto", {"type": "text"})
 
 
@@ -57,15 +65,18 @@ class SamplingFields(BaseModel):
     seed: Seed | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    n: Literal[1] = 1
+    n: Annotated[int, Field(strict=True, ge=1, le=MAX_N)] = 1
     best_of: Literal[1] | None = None
+    stop: Stop | None = None
     ignore_eos: StrictBool | None = None  # vLLM's extension: generate exactly max_tokens
+
+    unsupported: ClassVar[tuple[str, ...]] = UNSUPPORTED
 
     @model_validator(mode="before")
     @classmethod
     def refuse_unsupported(cls, data):
         if isinstance(data, dict):
-            for name in UNSUPPORTED:
+            for name in cls.unsupported:
                 if data.get(name) not in NO_OP:
                     raise ValueError(f"'{name}' is not supported by this server")
         return data
@@ -76,10 +87,17 @@ class SamplingFields(BaseModel):
             raise ValueError(f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}]")
         return self
 
-    def sampling(self, default: Sampling) -> Sampling:
+    def sampling(self, default: Sampling, choice: int = 0) -> Sampling:
+        """The sampler of choice `choice` (0..n-1): the request's seed (or the server's) plus `choice`, as vLLM
+        seeds the n choices of one request (a greedy request's n choices are the same)."""
+        seed = default.seed if self.seed is None else self.seed
+        seed = seed + choice if seed + choice <= SEED_RANGE[1] else seed - choice
         return Sampling(temperature=default.temperature if self.temperature is None else self.temperature,
-                        top_p=default.top_p if self.top_p is None else self.top_p,
-                        seed=default.seed if self.seed is None else self.seed, verify=default.verify)
+                        top_p=default.top_p if self.top_p is None else self.top_p, seed=seed, verify=default.verify)
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
     @property
     def include_usage(self) -> bool:
@@ -90,17 +108,29 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    """POST /v1/completions: one prompt (a string or token ids; a batch of one is taken as its prompt)."""
+    """POST /v1/completions: a prompt (a string or token ids) or a list of them; each prompt's n choices, indexed
+    prompt by prompt as OpenAI's (choice j of prompt i is index i * n + j)."""
 
-    prompt: Text | TokenIds | Annotated[list[Text], Field(min_length=1, max_length=1)] | \
-        Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
-    max_tokens: MaxTokens = DEFAULT_MAX_TOKENS
+    prompt: Text | TokenIds | Annotated[list[Text], Field(min_length=1, max_length=MAX_PROMPTS)] | \
+        Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
+    max_tokens: Annotated[int, Field(strict=True, ge=0)] = DEFAULT_MAX_TOKENS  # 0: with echo only (scoring)
+    logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
+    echo: StrictBool = False
 
     @model_validator(mode="after")
-    def one_prompt(self):
-        if isinstance(self.prompt, list) and isinstance(self.prompt[0], (str, list)):  # a batch of one: its prompt
-            self.prompt = self.prompt[0]
+    def generates_or_echoes(self):
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens must be at least 1 (0 only with echo: the prompt scored, nothing generated)")
+        if self.stream and (self.echo or self.logprobs is not None):
+            raise ValueError("echo and logprobs are answered whole: not with stream")
         return self
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, each a string or token ids."""
+        if isinstance(self.prompt, str) or isinstance(self.prompt[0], int):
+            return [self.prompt]
+        return list(self.prompt)
 
     @property
     def new_tokens(self) -> int:
@@ -126,6 +156,8 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions: the messages, rendered by the model's chat template."""
 
+    unsupported: ClassVar[tuple[str, ...]] = (*UNSUPPORTED, "logprobs", "top_logprobs")
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: MaxTokens | None = None  # the older name; either one
     max_completion_tokens: MaxTokens | None = None
@@ -143,11 +175,22 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's completions logprobs: per token, its text, log-probability (None for a prompt's first), top
+    alternatives (text -> log-probability; the token itself included, as vLLM) and offset in the choice's text."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: Literal["stop", "length", "abort"] | None
+    stop_reason: str | None = None  # vLLM's: the stop string that ended it
 
 
 class CompletionResponse(BaseModel):
@@ -169,6 +212,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: None = None
     finish_reason: Literal["stop", "length", "abort"]
+    stop_reason: str | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -190,6 +234,7 @@ class ChatChunkChoice(BaseModel):
     delta: Delta
     logprobs: None = None
     finish_reason: Literal["stop", "length", "abort"] | None = None
+    stop_reason: str | None = None
 
 
 class ChatCompletionChunk(BaseModel):

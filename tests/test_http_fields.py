@@ -1,0 +1,206 @@
+"""The request fields evaluation tools send to rakv serve --http: `stop` (cut where the stop begins, streaming or not,
+in speculation's accepted runs too), a list of prompts and `n` choices (indexed as OpenAI's, seeded as vLLM's),
+`echo` and `logprobs` (the target's own log-probabilities, against a direct forward), each through the official
+`openai` client, and each bad value a one-line 400 while the server serves on."""
+
+import math
+import threading
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rakv.runtime.decoding import DecodeState
+from rakv.serving.stops import StopState, first_stop, output_text, visible
+from tests.test_http import PROMPT, Served, alone
+
+# --- the stop check alone, on a fake tokenizer whose tokens are multi-character pieces ---
+
+PIECES = ["a", "b", "ab", "ba", "abc", "c", "\n", "cab", "bb", " "]
+
+
+def decode(tokens):
+    return "".join(PIECES[t] for t in tokens)
+
+
+@settings(max_examples=150, deadline=None)
+@given(tokens=st.lists(st.integers(0, len(PIECES) - 1), min_size=1, max_size=30),
+       stops=st.lists(st.text("abc\n ", min_size=1, max_size=4), min_size=1, max_size=3),
+       runs=st.lists(st.integers(1, 5), min_size=30, max_size=30))
+def test_a_stop_ends_the_output_at_its_first_token_whatever_the_runs_tokens_arrive_in(tokens, stops, runs):
+    """Tokens confirmed in runs (a speculative round accepts several at once): the output ends at the first token
+    whose text holds a stop (split across tokens, inside one, any of several), the text cut where it begins; what
+    a stream shows is always a prefix of the answer."""
+    state = StopState(len(tokens), None, True, stops=tuple(stops), decode=decode)
+    shown, offered = "", 0
+    for run in runs:
+        if state.finished or offered >= len(tokens):
+            break
+        new = tokens[offered:offered + run]
+        state.emit(new)
+        offered += len(new)
+        now = visible(state, decode(state.tokens), state.finished)
+        assert now.startswith(shown)
+        shown = now
+    full = decode(tokens)
+    expected_tokens = next((i for i in range(1, len(tokens) + 1) if first_stop(decode(tokens[:i]), stops)),
+                           len(tokens))
+    assert state.tokens == tokens[:expected_tokens]
+    answer = output_text(state, decode(state.tokens))
+    hit = first_stop(full, tuple(stops))
+    assert answer == (full[:hit[0]] if hit else full) == visible(state, decode(state.tokens), True)
+    assert (state.stop_reason is not None) == (hit is not None)
+    assert not any(s in answer for s in stops)
+    # positive control: the plain state confirms past the stop, so a missing cut would fail the checks above
+    plain = DecodeState(len(tokens), None, True)
+    plain.emit(tokens)
+    assert hit is None or any(s in decode(plain.tokens) for s in stops)
+
+
+def test_the_stop_check_cuts_inside_one_token_and_between_two():
+    inside = StopState(10, None, True, stops=("b",), decode=decode)
+    inside.emit([4, 0, 0])  # "abc": the stop is inside the first token; nothing after it is confirmed
+    assert inside.tokens == [4] and output_text(inside, decode(inside.tokens)) == "a" and inside.finished
+    split = StopState(10, None, True, stops=("ab",), decode=decode)
+    split.emit([0])  # "a": could begin the stop: held back from a stream
+    assert not split.finished and visible(split, "a", False) == ""
+    split.emit([1, 5])  # "a" + "b": the stop spans two tokens
+    assert split.tokens == [0, 1] and output_text(split, decode(split.tokens)) == ""
+    assert split.stop_reason == "ab" and split.confirmable([0]) == 0
+
+
+# --- over HTTP, the tiny pair (strategy joint-k2: speculation's accepted runs) ---
+
+@pytest.fixture(scope="module")
+def served(tiny_pair, tmp_path_factory):
+    server = Served(tiny_pair, tmp_path_factory.mktemp("fields"))
+    yield server
+    server.stop()
+
+
+def test_stop_strings_cut_completions_and_chat_streamed_or_not(served):
+    engine, client = served.engine, served.openai
+    full = engine.pair.tokenizer.decode(alone(engine, PROMPT, 24), skip_special_tokens=True)
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    assert stop.strip() and full.find(stop) > 0
+    expected = full[:full.find(stop)]
+    kw = dict(model="tiny", prompt=PROMPT, max_tokens=24, extra_body={"ignore_eos": True})
+    whole = client.completions.create(stop=[stop, "\x00never"], **kw)
+    assert whole.choices[0].text == expected and whole.choices[0].finish_reason == "stop"
+    assert whole.usage.completion_tokens < 24
+    streamed = list(client.completions.create(stop=stop, stream=True, **kw))
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == expected
+    assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "stop"
+    unstopped = client.completions.create(stop="\x00never", **kw)  # positive control: no stop, the whole text
+    assert unstopped.choices[0].text == full and unstopped.choices[0].finish_reason == "length"
+    messages = [{"role": "user", "content": "Name a prime."}]
+    chat_full = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16,
+                                               extra_body={"ignore_eos": True}).choices[0].message.content
+    chat_stop = chat_full[len(chat_full) // 2:len(chat_full) // 2 + 2]
+    chat = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, stop=[chat_stop],
+                                          extra_body={"ignore_eos": True})
+    assert chat.choices[0].message.content == chat_full[:chat_full.find(chat_stop)]
+    assert chat.choices[0].finish_reason == "stop"
+    chunks = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, stop=[chat_stop],
+                                            stream=True, extra_body={"ignore_eos": True})
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == chat.choices[0].message.content
+
+
+def test_a_list_of_prompts_and_n_choices_are_indexed_and_seeded_as_openai_and_vllm(served):
+    engine, client = served.engine, served.openai
+    prompts = [PROMPT, "x = [1, 2, 3]\n"]
+    greedy = client.completions.create(model="tiny", prompt=prompts, n=2, max_tokens=6,
+                                       extra_body={"ignore_eos": True})
+    assert [c.index for c in greedy.choices] == [0, 1, 2, 3]
+    for i, prompt in enumerate(prompts):  # greedy: each prompt's n choices are its one output
+        expected = engine.pair.tokenizer.decode(alone(engine, prompt, 6), skip_special_tokens=True)
+        assert greedy.choices[2 * i].text == greedy.choices[2 * i + 1].text == expected
+    prompt_tokens = sum(len(engine.pair.tokenizer.encode(p, add_special_tokens=False)) for p in prompts)
+    assert greedy.usage.prompt_tokens == prompt_tokens and greedy.usage.completion_tokens == 24
+    kw = dict(model="tiny", prompt=PROMPT, max_tokens=8, temperature=1.0, extra_body={"ignore_eos": True})
+    sampled = client.completions.create(n=3, seed=11, **kw)
+    alone_seeded = [client.completions.create(seed=11 + j, **kw).choices[0].text for j in range(3)]
+    assert [c.text for c in sampled.choices] == alone_seeded  # choice j: the request's seed + j
+    assert len(set(alone_seeded)) > 1  # (distinct seeds give distinct samples here: the check above can fail)
+    streamed = list(client.completions.create(n=3, seed=11, stream=True, **kw))
+    texts = ["", "", ""]
+    for chunk in streamed:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert texts == alone_seeded
+
+
+@pytest.fixture(scope="module")
+def stock_tiny():
+    """The tiny pair's same weights under transformers' own forward (kernels=stock): the independent reference."""
+    from rakv.runtime.models import load_pair
+
+    return load_pair("tiny", kernels="stock")
+
+
+def direct_logprobs(pair, ids):
+    """log P(ids[i] | ids[:i]) from one plain transformers forward of the target module (fp32 log-softmax)."""
+    with torch.inference_mode():
+        logits = pair.target.module(input_ids=torch.tensor([ids])).logits[0].float()
+    logprobs = torch.log_softmax(logits, -1)
+    return [float(logprobs[i - 1, ids[i]]) for i in range(1, len(ids))], logprobs
+
+
+def test_echo_and_logprobs_are_the_target_s_own_as_lm_eval_reads_them(served, stock_tiny):
+    pair, client = stock_tiny, served.openai
+    context = pair.tokenizer.encode(PROMPT, add_special_tokens=False)
+    continuation = pair.tokenizer.encode(" return n", add_special_tokens=False)
+    ids = context + continuation
+    # lm-eval's local-completions log-likelihood request: token ids, echo, one token generated, logprobs=1
+    answer = client.completions.create(model="tiny", prompt=[ids], echo=True, max_tokens=1, logprobs=1,
+                                       temperature=0, seed=1234)
+    logprobs = answer.choices[0].logprobs
+    assert len(logprobs.token_logprobs) == len(ids) + 1 and logprobs.token_logprobs[0] is None
+    expected, table = direct_logprobs(pair, ids)
+    got = logprobs.token_logprobs[1:len(ids)]
+    assert max(abs(a - b) for a, b in zip(got, expected)) < 1e-4
+    for i in range(1, len(ids)):  # the top alternative is the argmax, the token's own is there too
+        top = logprobs.top_logprobs[i]
+        assert math.isclose(max(top.values()), float(table[i - 1].max()), abs_tol=1e-4) and len(top) <= 2
+    assert answer.choices[0].text.startswith(pair.tokenizer.decode(ids))
+    # positive control: a wrong continuation's sum differs (the comparison can fail)
+    assert abs(sum(got) - sum(direct_logprobs(pair, context + continuation[::-1])[0])) > 1e-3
+    scored = client.completions.create(model="tiny", prompt=PROMPT, echo=True, max_tokens=0, logprobs=3)
+    assert scored.choices[0].text == PROMPT and scored.usage.completion_tokens == 0
+    assert scored.choices[0].logprobs.token_logprobs[1:] == pytest.approx(
+        direct_logprobs(pair, context)[0], abs=1e-4)
+    generated = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=5, logprobs=2,
+                                          extra_body={"ignore_eos": True})
+    lp = generated.choices[0].logprobs
+    assert len(lp.token_logprobs) == 5 and all(v <= 0 for v in lp.token_logprobs)
+    assert "".join(lp.tokens) == generated.choices[0].text  # (byte-level pieces join into the text)
+
+
+def test_bad_values_of_the_new_fields_are_one_line_400s_while_the_server_serves_on(served):
+    bad = [{"prompt": PROMPT, "stop": [""]}, {"prompt": PROMPT, "stop": ["a"] * 17}, {"prompt": PROMPT, "stop": 5},
+           {"prompt": PROMPT, "stop": "x" * 300}, {"prompt": PROMPT, "n": 17}, {"prompt": PROMPT, "n": True},
+           {"prompt": PROMPT, "logprobs": 21}, {"prompt": PROMPT, "logprobs": -1}, {"prompt": PROMPT, "echo": "yes"},
+           {"prompt": PROMPT, "logprobs": 1, "stream": True}, {"prompt": PROMPT, "max_tokens": 0},
+           {"prompt": [[1], []]}, {"prompt": [PROMPT] * 65}, {"prompt": [[1, 2], "x"]},
+           ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "/v1/chat/completions")]
+    good = [{"prompt": [PROMPT, PROMPT + "1"], "max_tokens": 4, "stop": ["\n\n"], "n": 2}]
+    results = {}
+
+    def post(i, body):
+        path = "/v1/completions"
+        if isinstance(body, tuple):
+            body, path = body
+        results[i] = served.post(body, path)
+
+    threads = [threading.Thread(target=post, args=(i, b)) for i, b in enumerate(good + bad)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results[0].status_code == 200 and len(results[0].json()["choices"]) == 4
+    for i, body in enumerate(bad, 1):
+        assert results[i].status_code == 400, (body, results[i].text)
+        message = results[i].json()["error"]["message"]
+        assert message and "\n" not in message, (body, message)
+    assert served.http.get("/health").json()["status"] == "ok"
