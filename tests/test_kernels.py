@@ -57,15 +57,18 @@ def test_the_int8_gemm_is_exactly_its_integer_definition(rows, shape):
     assert torch.allclose(projection.dense(), weight, atol=float(weight.abs().max()) / 127)  # quantised per row
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(st.integers(1, 80), st.integers(0, 79), st.sampled_from([(128, 384), (576, 960), (1536, 576), (64, 200)]),
-       st.booleans())
-def test_a_gemm_row_has_the_same_bits_whatever_rows_are_computed_with_it(rows, offset, shape, int8):
-    """Batch invariance of the GEMM itself: any slice of rows gives each row the bits the whole gives it."""
+       st.sampled_from(["fp32", "int8", "q4_1", "q8_0"]))
+def test_a_gemm_row_has_the_same_bits_whatever_rows_are_computed_with_it(rows, offset, shape, precision):
+    """Batch invariance of the GEMM itself (fp32, the int8 draft's and target's, the q4_1 target's Q4_1 and Q8_0
+    blocks): any slice of rows gives each row the bits the whole gives it."""
     torch.manual_seed(shape[0])
     projection = Linear.of(torch.randn(shape[1], shape[0]) * 0.05)
-    if int8:
+    if precision == "int8":
         projection = projection.int8()
+    elif precision != "fp32":
+        projection = projection.in_blocks(precision)
     x = torch.randn(160, shape[0])
     with torch.inference_mode():
         whole = projection(x)

@@ -37,7 +37,8 @@ def read_prompts(path: str) -> list[dict]:
     return requests
 
 
-ENGINE_FLAGS = ("proposer", "salt", "cache_budget_mib", "reuse_draft", "device", "dtype", "threads", "kernels")
+ENGINE_FLAGS = ("proposer", "salt", "cache_budget_mib", "reuse_draft", "device", "dtype", "threads", "kernels",
+                "precision")
 CONTROLLER_FLAGS = ("k_set", "beta", "memory_penalty_s_per_byte", "memory_budget_mib")
 SAMPLING_FLAGS = ("temperature", "top_p", "seed", "verify")
 

@@ -42,6 +42,7 @@ class Configuration:
     name: str
     pair: str
     proposer: str  # the proposer's name (rakv.runtime.proposers.PROPOSERS)
+    precision: str = "fp32"  # the target's weights (rakv.runtime.models.PRECISIONS)
 
     @property
     def proposer_type(self) -> type[Proposer]:
@@ -74,7 +75,7 @@ def configuration(name: str) -> Configuration:
     except (HydraException, OmegaConfBaseException) as exc:
         raise RakvError(f"configuration '{name}': {one_line(exc)}") from None
     entry: ConfigurationEntry = OmegaConf.to_object(node.configuration)
-    return Configuration(name=name, pair=entry.pair, proposer=entry.proposer)
+    return Configuration(name=name, pair=entry.pair, proposer=entry.proposer, precision=entry.precision)
 
 
 def configurations(cfg: DictConfig) -> list[Configuration]:
@@ -91,7 +92,8 @@ def controller_config(cfg: DictConfig) -> ControllerConfig:
 
 
 def engine_for(cfg: DictConfig, configuration: Configuration) -> Engine:
-    return EngineOptions.from_config(cfg, configuration.pair, configuration.proposer).open()
+    return EngineOptions.from_config(cfg, configuration.pair, configuration.proposer,
+                                     configuration.precision).open()
 
 
 def cost_table_for(cfg: DictConfig, engine: Engine) -> CostTable:

@@ -207,10 +207,11 @@ class PipelineConfig:
 @dataclass
 class ConfigurationEntry:
     """One option of conf/configuration/: a model pair (rakv.runtime.models.PAIR_NAMES) with a proposer
-    (rakv.runtime.proposers.PROPOSERS)."""
+    (rakv.runtime.proposers.PROPOSERS), its target at a precision (rakv.runtime.models.PRECISIONS)."""
 
     pair: str = MISSING
     proposer: str = MISSING
+    precision: str = "fp32"
 
 
 ROOT_SCHEMA = "config_schema"  # conf/config.yaml's first default

@@ -43,7 +43,8 @@ from rakv.runtime.kernels import COMPACT_ATTR, effective_mode, kernels_of, on_cp
 @dataclass
 class Linear:
     """y = x W^T (+ b): fp32, its weight packed for the CPU GEMM (rakv.runtime.kernels.pack) or [out, in] elsewhere;
-    or int8 (`int8`), one scale per output row, with the integer GEMM's packing and row sums (CPU only)."""
+    or int8 (`int8`), one scale per output row, with the integer GEMM's packing and row sums (CPU only); or in a
+    GGUF's blocks (`blocks` names the format, q4_1 or q8_0: rakv.runtime.kernels.pack_blocks; CPU only)."""
 
     weight: torch.Tensor
     out_features: int
@@ -51,6 +52,7 @@ class Linear:
     bias: torch.Tensor | None = None
     scale: torch.Tensor | None = None  # int8: per output (padded to the panels)
     colsum: torch.Tensor | None = None  # int8: the integer row sums of the packed weight
+    blocks: str | None = None  # a block-quantised weight's format (rakv.runtime.kernels.BLOCK_FORMATS)
 
     @classmethod
     def of(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
@@ -60,13 +62,17 @@ class Linear:
         return cls(packed, weight.shape[0], weight.shape[1], None if bias is None else bias.detach().contiguous())
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if self.blocks is not None:
+            return kernels.linear_blocks(x, self.weight, self.blocks, self.out_features, self.bias, residual)
         if self.scale is not None:
             return kernels.linear_int8(x, self.weight, self.colsum, self.out_features, self.scale, self.bias,
                                        residual)
         return kernels.linear(x, self.weight, self.out_features, self.bias, residual)
 
     def dense(self) -> torch.Tensor:
-        """The [out, in] fp32 weight this computes with (int8 dequantised): for quantising and for the tests."""
+        """The [out, in] fp32 weight this computes with (int8 or blocks dequantised): for quantising and the tests."""
+        if self.blocks is not None:
+            return kernels.unpack_blocks(self.weight, self.blocks, self.out_features)
         if self.scale is not None:
             quantised = kernels.unpack_int8(self.weight, self.out_features, self.in_features)
             return quantised.float() * self.scale[:self.out_features, None]
@@ -87,8 +93,20 @@ class Linear:
         padded = torch.cat([scale, scale.new_ones(-len(scale) % kernels.PANEL)]).float().contiguous()
         return Linear(packed, self.out_features, self.in_features, self.bias, padded, colsum)
 
+    def in_blocks(self, fmt: str) -> Linear:
+        """This projection's weights quantised to the GGUF block format `fmt` (q4_1 or q8_0, by gguf's reference
+        quantiser: rakv.runtime.kernels.quantise_blocks) and packed for kernels.cpp's gemm_q; the bias stays fp32.
+        For a model that does not ship blocks of its own (SmolLM2's come as they are in its GGUF:
+        rakv.runtime.gguf_weights.block_linears). CPU only."""
+        if not on_cpu(self.weight):
+            raise RakvError("the block-quantised projections run on the CPU only")
+        packed = kernels.pack_blocks(kernels.quantise_blocks(self.dense(), fmt), fmt)
+        return Linear(packed, self.out_features, self.in_features, self.bias, blocks=fmt)
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` of the weight (a tied output head serves as the embedding table)."""
+        if self.blocks is not None:
+            return kernels.unpack_blocks(self.weight, self.blocks, self.out_features, ids)
         if on_cpu(self.weight):
             return kernels.panel_rows(self.weight, ids)
         return torch.nn.functional.embedding(ids, self.weight)
@@ -180,8 +198,10 @@ def _state_linear(state: dict[str, torch.Tensor], name: str) -> Linear | None:
     if f"{name}.weight" not in state:
         return None
     out, inner = (int(v) for v in state[f"{name}.shape"])
+    fmt = state.get(f"{name}.blocks")
+    blocks = None if fmt is None else next(k for k, v in kernels.BLOCK_FORMATS.items() if v[0] == int(fmt))
     return Linear(state[f"{name}.weight"], out, inner, state.get(f"{name}.bias"), state.get(f"{name}.scale"),
-                  state.get(f"{name}.colsum"))
+                  state.get(f"{name}.colsum"), blocks)
 
 
 def _release(modules: list) -> None:
@@ -289,7 +309,8 @@ class CompactLM:
         for name, p in linears.items():
             if p is not None:
                 fields = {"weight": p.weight, "bias": p.bias, "scale": p.scale, "colsum": p.colsum,
-                          "shape": torch.tensor([p.out_features, p.in_features])}
+                          "shape": torch.tensor([p.out_features, p.in_features]),
+                          "blocks": None if p.blocks is None else torch.tensor(kernels.BLOCK_FORMATS[p.blocks][0])}
                 state |= {f"{name}.{key}": t for key, t in fields.items() if t is not None}
         for name, n in norms.items():
             state |= {f"{name}.{key}": t for key, t in (("weight", n.weight), ("bias", n.bias)) if t is not None}
@@ -362,6 +383,35 @@ class CompactLM:
         draft._fused = None
         draft._rakv_compact = draft
         return draft
+
+    def at_precision(self, precision: str, blocks: dict[str, Linear] | None = None) -> CompactLM:
+        """This model at `precision` (rakv.runtime.models.PRECISIONS); norms, rotary tables and a separate embedding
+        table shared, not copied. fp32: itself. int8: `int8_draft` (per-output int8 weights, each row of the input
+        quantised to int8, exact integer sums). q4_1: the projections in Q4_1 blocks and the output head (with the
+        embedding when tied) in Q8_0, as SmolLM2's shipped GGUF holds them; `blocks`: such Linears by state name
+        (`blocks.{i}.qkv`, ..., `lm_head`) taken as they are (the file's own blocks), the others quantised here
+        (`Linear.in_blocks`). Every precision's GEMM is batch-invariant (kernels.cpp)."""
+        if precision == "fp32":
+            return self
+        if precision == "int8":
+            return self.int8_draft()
+        if precision != "q4_1":
+            raise RakvError(f"unknown precision '{precision}'; choose one of: fp32, int8, q4_1")
+        given = blocks or {}
+
+        def quantised(name: str, linear: Linear, fmt: str) -> Linear:
+            return given[name] if name in given else linear.in_blocks(fmt)
+
+        model = copy.copy(self)
+        model.blocks = [replace(b, **{part: quantised(f"blocks.{i}.{part}", getattr(b, part), "q4_1")
+                                      for part in ("qkv", "out", "up", "down")})
+                        for i, b in enumerate(self.blocks)]
+        model.lm_head = quantised("lm_head", self.lm_head, "q8_0")
+        if self.embedding is self.lm_head:
+            model.embedding = model.lm_head
+        model._fused = None
+        model._rakv_compact = model
+        return model
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         if self.embedding is not None:

@@ -61,11 +61,12 @@ def open_engine(pair: str, proposer: str, **options) -> Engine:
 
 
 def loaded_engine(pair: str, proposer: str, *, cache_budget_mib: float, salt: str | None, device: str, dtype: str,
-                  threads: int | None, kernels: str, reuse_draft: bool) -> Engine:
-    """An engine with every option given (open_engine fills them from conf/)."""
+                  threads: int | None, kernels: str, reuse_draft: bool, precision: str = "fp32") -> Engine:
+    """An engine with every option given (open_engine fills them from conf/; `precision`, the target's weights
+    (rakv.runtime.models.PRECISIONS), is a configuration's, conf/configuration/*.yaml)."""
     if cache_budget_mib <= 0:
         raise RakvError(f"the cache budget must be positive, got {cache_budget_mib} MiB")
-    return Engine(load_pair(pair, device=device, dtype=dtype, threads=threads, kernels=kernels),
+    return Engine(load_pair(pair, device=device, dtype=dtype, threads=threads, kernels=kernels, precision=precision),
                   PrefixKVStore(budget_bytes=int(cache_budget_mib * (1 << 20))), proposer=proposer, salt=salt,
                   reuse_draft=reuse_draft)
 

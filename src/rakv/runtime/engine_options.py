@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from rakv.runtime.engine import Engine, conf_engine_options, engine_conf, loaded_engine
 from rakv.runtime.kernels import KERNEL_MODES
-from rakv.runtime.models import PAIR_NAMES
+from rakv.runtime.models import PAIR_NAMES, PRECISIONS
 from rakv.runtime.proposers import PROPOSERS
 
 
@@ -32,6 +32,10 @@ class EngineOptions:
     threads: int | None = field(metadata={"help": "CPU threads (default: all cores)"})
     # choices: the registry itself, so its names are read when a flag is parsed (rakv.runtime.proposers)
     proposer: str = field(default="draft", metadata={"choices": PROPOSERS, "help": "who drafts for k > 0"})
+    # a configuration's field (conf/configuration/*.yaml), not conf/config.yaml's: fp32 unless one says otherwise
+    precision: str = field(default="fp32", metadata={"choices": PRECISIONS, "help": (
+        "the target's weights: fp32, int8 (per-output int8, int8 activations) or q4_1 (the GGUF's Q4_1 blocks, "
+        "head Q8_0, fp32 activations); compact kernels on the CPU only (docs/engine.md, Precision)")})
 
     @classmethod
     def conf_defaults(cls) -> dict:
@@ -40,11 +44,11 @@ class EngineOptions:
         return conf_engine_options()
 
     @classmethod
-    def from_config(cls, cfg, pair: str, proposer: str) -> EngineOptions:
+    def from_config(cls, cfg, pair: str, proposer: str, precision: str = "fp32") -> EngineOptions:
         """A stage's engine for one configuration, from the composed config (its overrides included)."""
-        return cls(pair=pair, proposer=proposer, **engine_conf(cfg, cfg.cache))
+        return cls(pair=pair, proposer=proposer, precision=precision, **engine_conf(cfg, cfg.cache))
 
     def open(self) -> Engine:
         return loaded_engine(self.pair, self.proposer, cache_budget_mib=self.cache_budget_mib, salt=self.salt,
                              device=self.device, dtype=self.dtype, threads=self.threads, kernels=self.kernels,
-                             reuse_draft=self.reuse_draft)
+                             reuse_draft=self.reuse_draft, precision=self.precision)

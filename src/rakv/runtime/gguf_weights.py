@@ -133,6 +133,50 @@ def _put_linear(state: dict, name: str, weight: torch.Tensor) -> None:
     state[f"{name}.shape"] = torch.tensor([linear.out_features, linear.in_features])
 
 
+def block_linears(path: Path, config) -> dict[str, Linear]:
+    """The GGUF's quantised projections as they are in the file, for a target at `precision: q4_1`
+    (CompactLM.at_precision): each tensor's blocks (Q4_1, and the Q8_0 of SmolLM2's tied output head) permuted by
+    transformers' own processor exactly as its de-quantised weights are (the query and key rows of a Llama), fused
+    as `packed_state` fuses them, and packed (rakv.runtime.kernels.pack_blocks): no value is requantised, so they
+    de-quantise bitwise to the fp32 target's weights (tests/test_gguf_weights.py). Keyed by CompactLM.state's
+    names; a tensor in any other type is left out (at_precision quantises that one itself)."""
+    from gguf import GGUFReader
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
+    if config.model_type != "llama":
+        raise RakvError(f"GGUF blocks are read for llama models, not {config.model_type}")
+    reader = GGUFReader(path)
+    architecture = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    names = get_gguf_hf_weights_map(skeleton, processor)
+    raw = {}
+    for tensor in reader.tensors:
+        fmt = tensor.tensor_type.name.lower()
+        if fmt not in kernels.BLOCK_FORMATS:
+            continue
+        rows = np.asarray(tensor.data).reshape(tensor.data.shape[0], -1, kernels.BLOCK_FORMATS[fmt][1])
+        result = processor.process(weights=rows, name=tensor.name, tensor_key_mapping=names, parsed_parameters={})
+        if result.name in names:
+            raw[names[result.name]] = (fmt, torch.from_numpy(np.array(result.weights)))  # a copy: the map is read-only
+    out = {}
+    for layer in range(config.num_hidden_layers):
+        for fused, parts in LLAMA_PROJECTIONS.items():
+            got = [raw.get(f"model.layers.{layer}.{part}.weight") for part in parts]
+            if all(g is not None for g in got) and len({fmt for fmt, _ in got}) == 1:
+                weights = torch.cat([t for _, t in got])
+                out[f"blocks.{layer}.{fused}"] = Linear(kernels.pack_blocks(weights, got[0][0]), weights.shape[0],
+                                                        weights.shape[1] * kernels.QBLOCK, blocks=got[0][0])
+    head = raw.get("model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight")
+    if head is not None:
+        fmt, weights = head
+        out["lm_head"] = Linear(kernels.pack_blocks(weights, fmt), weights.shape[0],
+                                weights.shape[1] * kernels.QBLOCK, blocks=fmt)
+    return out
+
+
 def _config_of(saved: dict):
     from transformers import AutoConfig
 

@@ -525,6 +525,111 @@ void gemm_int8(const float* X, const int8_t* P, const int32_t* colsum, int64_t M
   });
 }
 
+
+// ---------------------------------------------------------------------------------------------------------------
+// Block-quantised GEMM of a target at `precision: q4_1` (weight-only: fp32 activations, fp32 FMA chains)
+//
+// The weights are the GGUF's own blocks of 32 along k, as shipped: Q4_1 (w = d q + m, q in 0..15, d and m fp16) for
+// the projections and Q8_0 (w = d q, q int8, d fp16) for SmolLM2's output head / embedding, repacked (the same
+// values, rakv.runtime.kernels.pack_blocks) per panel of 32 outputs and block of 32 k:
+//   Q4_1: d [32 outputs] fp16 | m [32] fp16 | [32 k][16 bytes], byte j = q of output j (low nibble), j + 16 (high)
+//   Q8_0: d [32] fp16 | [32 k][32 outputs] int8
+// 640 and 1088 bytes per 32 x 32 weights: the file's 5 and 8.5 bits per weight. A thread dequantises 128 k of a
+// panel (four blocks) into a 16 KB fp32 buffer in L1, exactly the fp32 panel gemm_packed would read for the same
+// values, and runs the very same micro-kernels over it: each output is one chain of fused multiply-adds over
+// k = 0 .. K - 1 from zero, whatever the row count and the grouping of rows, so a row's result is bitwise that of the
+// fp32 GEMM over the dequantised weights (tests/test_kernels.py), batch-invariant by the fp32 GEMM's argument. The
+// dequantised values are exact: d q needs at most 11 + 8 significant bits, so it is exact in fp32 and d q + m rounds
+// once, as the GGUF reader's (d * q) + m does. Not chosen: int8 activations with VNNI dot products (llama.cpp's way
+// for Q4_1 x Q8_1): they would change every result from the fp32 model's values and tie a row's numerics to a
+// quantisation of its activations; here q4_1 changes only the weights' bytes streamed per step.
+constexpr int kQ4_1 = 0, kQ8_0 = 1;  // rakv.runtime.kernels.BLOCK_FORMATS
+constexpr int64_t kQBlock = 32;      // k per quantised block
+inline int64_t block_bytes(int format) { return format == kQ4_1 ? 640 : 1088; }
+
+// one quantised block (32 k x 32 outputs) into out[32 k][32 outputs] fp32
+inline void dequant_block(int format, const uint8_t* block, float* out) {
+  const __m128i* h = reinterpret_cast<const __m128i*>(block);
+#if defined(__AVX512F__)
+  const __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+  const __m512 d1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
+  if (format == kQ4_1) {
+    const __m512 m0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64)));
+    const __m512 m1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 96)));
+    const uint8_t* q = block + 128;
+    const __m512i low = _mm512_set1_epi32(15);
+    for (int64_t t = 0; t < kQBlock; ++t) {
+      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + t * 16)));
+      const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(b, low)), hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+      _mm512_storeu_ps(out + t * kPanel, _mm512_add_ps(_mm512_mul_ps(lo, d0), m0));
+      _mm512_storeu_ps(out + t * kPanel + 16, _mm512_add_ps(_mm512_mul_ps(hi, d1), m1));
+    }
+  } else {
+    const int8_t* q = reinterpret_cast<const int8_t*>(block + 64);
+    for (int64_t t = 0; t < kQBlock; ++t) {
+      const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+          reinterpret_cast<const __m128i*>(q + t * 32))));
+      const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+          reinterpret_cast<const __m128i*>(q + t * 32 + 16))));
+      _mm512_storeu_ps(out + t * kPanel, _mm512_mul_ps(q0, d0));
+      _mm512_storeu_ps(out + t * kPanel + 16, _mm512_mul_ps(q1, d1));
+    }
+  }
+#else
+  __m256 d[4];
+  for (int v = 0; v < 4; ++v) d[v] = _mm256_cvtph_ps(_mm_loadu_si128(h + v));
+  if (format == kQ4_1) {
+    __m256 m[4];
+    for (int v = 0; v < 4; ++v) m[v] = _mm256_cvtph_ps(_mm_loadu_si128(h + 4 + v));
+    const uint8_t* q = block + 128;
+    const __m256i low = _mm256_set1_epi32(15);
+    for (int64_t t = 0; t < kQBlock; ++t) {
+      for (int half = 0; half < 2; ++half) {  // bytes 0-7: outputs 0-7 and 16-23; bytes 8-15: 8-15 and 24-31
+        const __m256i b =
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + t * 16 + half * 8)));
+        const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(b, low));
+        const __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+        _mm256_storeu_ps(out + t * kPanel + half * 8, _mm256_add_ps(_mm256_mul_ps(lo, d[half]), m[half]));
+        _mm256_storeu_ps(out + t * kPanel + 16 + half * 8, _mm256_add_ps(_mm256_mul_ps(hi, d[2 + half]), m[2 + half]));
+      }
+    }
+  } else {
+    const int8_t* q = reinterpret_cast<const int8_t*>(block + 64);
+    for (int64_t t = 0; t < kQBlock; ++t)
+      for (int v = 0; v < 4; ++v) {
+        const __m256 qv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+            reinterpret_cast<const __m128i*>(q + t * 32 + v * 8))));
+        _mm256_storeu_ps(out + t * kPanel + v * 8, _mm256_mul_ps(qv, d[v]));
+      }
+  }
+#endif
+  (void)h;
+}
+
+// y[M, N] = (x[M, K] @ W^T + bias) + residual, W in quantised panels [G][K / 32][block_bytes(format)]
+void gemm_blocks(const float* X, const uint8_t* P, int format, int64_t M, int64_t K, int64_t N, const float* bias,
+                 const float* residual, float* Y) {
+  const int64_t groups = (N + kPanel - 1) / kPanel, blocks = K / kQBlock, bytes = block_bytes(format);
+  const int64_t kc = kBlockBytes / (kPanel * static_cast<int64_t>(sizeof(float)));  // 128 k: 16 KB dequantised
+  const int64_t kRows = rows_per_call(M);
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    std::vector<float> acc_buffer(static_cast<size_t>(M) * kPanel);
+    alignas(64) float weights[kBlockBytes / sizeof(float)];  // the fp32 panel block the micro-kernels read
+    float* acc = acc_buffer.data();
+    for (int64_t g = g0; g < g1; ++g) {
+      const uint8_t* panel = P + g * blocks * bytes;
+      for (int64_t k0 = 0; k0 < K; k0 += kc) {
+        const int64_t kn = std::min(kc, K - k0);
+        for (int64_t b = 0; b < kn / kQBlock; ++b)
+          dequant_block(format, panel + (k0 / kQBlock + b) * bytes, weights + b * kQBlock * kPanel);
+        for (int64_t r = 0; r < M; r += kRows)
+          micro_rows(std::min<int64_t>(kRows, M - r), weights, kn, X + r * K + k0, K, acc + r * kPanel, k0 == 0,
+                     Prefetch{});
+      }
+      epilogue(acc, M, g * kPanel, N, nullptr, nullptr, bias, residual, Y);
+    }
+  });
+}
 }  // namespace
 
 // y [M, N] = x [M, K] @ W^T (+ bias) (+ residual); W packed [G, K, 32] fp32
@@ -572,6 +677,30 @@ torch::Tensor gemm_i8(const torch::Tensor& x_in, const torch::Tensor& packed, co
   gemm_int8(x.data_ptr<float>(), packed.data_ptr<int8_t>(), colsum.data_ptr<int32_t>(), M, K, N,
             scale.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
             res.defined() ? res.data_ptr<float>() : nullptr, y.data_ptr<float>());
+  return y;
+}
+
+// y [M, N] = x [M, K] @ W^T (+ bias) (+ residual); W in quantised panels [G, K / 32, bytes] (gemm_blocks), format
+// 0 = Q4_1, 1 = Q8_0
+torch::Tensor gemm_q(const torch::Tensor& x_in, const torch::Tensor& packed, int64_t format, int64_t N,
+                     const c10::optional<torch::Tensor>& bias, const c10::optional<torch::Tensor>& residual) {
+  TORCH_CHECK(format == kQ4_1 || format == kQ8_0, "gemm_q: format 0 (Q4_1) or 1 (Q8_0)");
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "gemm_q: x [M, K] fp32");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == block_bytes(static_cast<int>(format)) && packed.is_contiguous() &&
+              packed.scalar_type() == at::kByte, "gemm_q: packed uint8 [G, K / 32, block bytes]");
+  const torch::Tensor x = x_in.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), G = packed.size(0);
+  TORCH_CHECK(K % kQBlock == 0 && packed.size(1) * kQBlock == K && G * kPanel >= N && (G - 1) * kPanel < N,
+              "gemm_q: shapes of x, packed weights and N disagree");
+  torch::Tensor y = torch::empty({M, N}, x.options());
+  if (M == 0) return y;
+  const torch::Tensor b = bias.has_value() && bias->defined() ? bias->contiguous() : torch::Tensor();
+  const torch::Tensor res = residual.has_value() && residual->defined() ? residual->contiguous() : torch::Tensor();
+  TORCH_CHECK(!b.defined() || b.numel() >= N, "gemm_q: bias shorter than N");
+  TORCH_CHECK(!res.defined() || (res.size(0) == M && res.size(1) == N), "gemm_q: residual [M, N]");
+  gemm_blocks(x.data_ptr<float>(), packed.data_ptr<uint8_t>(), static_cast<int>(format), M, K, N,
+              b.defined() ? b.data_ptr<float>() : nullptr, res.defined() ? res.data_ptr<float>() : nullptr,
+              y.data_ptr<float>());
   return y;
 }
 
@@ -1047,13 +1176,15 @@ double fma_peak_gflops(int64_t iterations) {
 // every layer with the same functions in the same order as the Python loop does (norm, QKV, attention, output
 // projection + residual, norm, up, activation, down + residual): the same bits.
 
-// one projection: fp32 packed (gemm) or int8 (gemm_i8: scale and colsum given)
+// one projection: fp32 packed (gemm), int8 (gemm_i8: scale and colsum given) or block-quantised (gemm_q: format >= 0)
 struct Projection {
   torch::Tensor weight;
   int64_t out = 0;
   c10::optional<torch::Tensor> bias, scale, colsum;
+  int64_t format = -1;
 
   torch::Tensor operator()(const torch::Tensor& x, const c10::optional<torch::Tensor>& residual = c10::nullopt) const {
+    if (format >= 0) return ::gemm_q(x, weight, format, out, bias, residual);
     if (scale.has_value() && scale->defined()) return ::gemm_i8(x, weight, *colsum, out, *scale, bias, residual);
     return ::gemm(x, weight, out, bias, residual);
   }
@@ -1091,8 +1222,8 @@ struct Block {
 };
 
 Projection make_projection(torch::Tensor weight, int64_t out, c10::optional<torch::Tensor> bias,
-                           c10::optional<torch::Tensor> scale, c10::optional<torch::Tensor> colsum) {
-  return Projection{std::move(weight), out, std::move(bias), std::move(scale), std::move(colsum)};
+                           c10::optional<torch::Tensor> scale, c10::optional<torch::Tensor> colsum, int64_t format) {
+  return Projection{std::move(weight), out, std::move(bias), std::move(scale), std::move(colsum), format};
 }
 
 // x after every block; keys[i] / values[i]: block i's K/V buffer of each segment (already extended, as `attention`
@@ -1111,6 +1242,8 @@ torch::Tensor forward_blocks(const std::vector<std::shared_ptr<Block>>& blocks, 
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm", &gemm, "y = x W^T (+ bias) (+ residual), W packed in panels of 32 outputs, batch-invariant");
+  m.def("gemm_q", &gemm_q,
+        "y = x W^T (+ bias) (+ residual), W in Q4_1 / Q8_0 blocks, fp32 FMA chains, batch-invariant");
   m.def("gemm_i8", &gemm_i8, "y = x (W_q scale)^T (+ bias) (+ residual), int8 weights and per-row int8 activations");
   m.def("int8_dot", &int8_dot, "the int8 dot product instruction this build uses");
   m.def("attention", &attention, "causal grouped-query attention of every segment of a batched forward, one layer "
@@ -1121,7 +1254,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gelu", &gelu, "GELU, tanh approximation, of every element");
   m.def("panel_rows", &panel_rows, "rows of a packed fp32 matrix (an embedding lookup in a tied head)");
   py::class_<Projection>(m, "Projection");
-  m.def("projection", &make_projection, "a projection for Block: fp32 packed, or int8 with its scale and colsum");
+  m.def("projection", &make_projection,
+        "a projection for Block: fp32 packed, int8 with its scale and colsum, or Q4_1 / Q8_0 blocks (format >= 0)");
   py::class_<RowNorm>(m, "RowNorm")
       .def(py::init([](torch::Tensor weight, c10::optional<torch::Tensor> bias, double eps) {
         return RowNorm{std::move(weight), std::move(bias), eps};

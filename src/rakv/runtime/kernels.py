@@ -78,13 +78,67 @@ def target_arch() -> str:
     return os.environ.get("RAKV_KERNELS_MARCH", "native")
 
 
+# the vector extensions the kernels' code paths test for (kernels.cpp's #if), as the compiler predefines them
+ISA_MACROS = {"__AVX2__": "avx2", "__FMA__": "fma", "__F16C__": "f16c", "__AVX512F__": "avx512f",
+              "__AVX512BW__": "avx512bw", "__AVX512VL__": "avx512vl", "__AVX512VNNI__": "avx512vnni",
+              "__AVXVNNI__": "avxvnni"}
+# CPU flags (/proc/cpuinfo) each extension needs at run time
+ISA_CPU_FLAGS = {"avx2": "avx2", "fma": "fma", "f16c": "f16c", "avx512f": "avx512f", "avx512bw": "avx512bw",
+                 "avx512vl": "avx512vl", "avx512vnni": "avx512_vnni", "avxvnni": "avx_vnni"}
+# never generated, whatever -march resolves to: a CPU (or a VM's flag list) may name AMX without the OS granting its
+# tiles (a peer built with them died with SIGILL: docs/engine.md, "Precision")
+NO_AMX = ["-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"]
+
+
+def _compiler() -> str:
+    return os.environ.get("CXX", "c++")  # the compiler torch's cpp_extension builds with
+
+
+@cache
+def target_isa() -> str:
+    """The instruction set the kernels compile for, as the compiler resolves $RAKV_KERNELS_MARCH (or native): the
+    -march it means (`gcc -Q --help=target`) and the vector extensions kernels.cpp tests for that the compiler then
+    predefines, e.g. `sapphirerapids+avx2.avx512bw.avx512f.avx512vl.avx512vnni.f16c.fma`. What keys the build
+    folder: two machines with the same -march=native string but other instruction sets never share a build."""
+    from rakv.runtime.errors import RakvError
+
+    flags = [f"-march={target_arch()}", *NO_AMX]
+    try:
+        macros = subprocess.run([_compiler(), *flags, "-dM", "-E", "-x", "c++", "-"], input="", text=True,
+                                capture_output=True, check=True).stdout
+        described = subprocess.run([_compiler(), *flags, "-Q", "--help=target"], text=True, capture_output=True,
+                                   check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise RakvError(f"kernels=compact: the compiler ({_compiler()}) cannot build for -march={target_arch()}: "
+                        f"{str(getattr(exc, 'stderr', '') or exc).strip()[:160]}") from None
+    defined = {line.split()[1] for line in macros.splitlines() if line.startswith("#define ")}
+    extensions = sorted(name for macro, name in ISA_MACROS.items() if macro in defined)
+    march = next((line.split()[-1] for line in described.splitlines() if line.strip().startswith("-march=")),
+                 target_arch())
+    return f"{march}+{'.'.join(extensions)}"
+
+
+def missing_cpu_flags(isa: str, cpu_flags: set[str] | None = None) -> list[str]:
+    """The extensions `isa` (target_isa's form) uses that this CPU does not list (/proc/cpuinfo), or [] where the
+    flags cannot be read (not Linux)."""
+    if cpu_flags is None:
+        try:
+            text = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return []
+        line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+        cpu_flags = set(line.partition(":")[2].split())
+    return [name for name in isa.partition("+")[2].split(".") if name and ISA_CPU_FLAGS.get(name) not in cpu_flags]
+
+
 def build_directory() -> Path:
-    """Where the kernels compile and stay: one folder per source digest, -march, Python and torch (a .so built
-    against another torch is never loaded), under torch's extension root ($TORCH_EXTENSIONS_DIR if set)."""
+    """Where the kernels compile and stay: one folder per source digest, instruction set (`target_isa`: the resolved
+    -march and its vector extensions), Python and torch (a .so built against another torch is never loaded), under
+    torch's extension root ($TORCH_EXTENSIONS_DIR if set)."""
     from torch.utils.cpp_extension import get_default_build_root
 
     digest = hashlib.blake2b(_SOURCE.read_bytes(), digest_size=4).hexdigest()
-    tag = f"{sys.implementation.cache_tag}-torch{torch.__version__}-{target_arch()}-{digest}"
+    tag = f"{sys.implementation.cache_tag}-torch{torch.__version__}-{target_isa()}-{digest}"
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()  # (torch's helper ignores the variable)
     return Path(root) / "rakv" / re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
 
@@ -93,14 +147,22 @@ def build_directory() -> Path:
 def native():
     """The C++ kernels of `kernels.cpp`, compiled on first use for this machine's instruction set (about a minute,
     then kept in `build_directory()`; a changed source compiles again). -ffp-contract=off: scalar code computes
-    exactly the operations written, as the vector code does.
+    exactly the operations written, as the vector code does. No AMX (NO_AMX), and a build whose extensions this
+    CPU does not list is refused with one line (missing_cpu_flags) instead of dying with SIGILL.
 
     torch's `load` serialises builds with a lock *file* that a process killed while compiling leaves behind, after
     which every later `load` waits for it forever (a CI run hung so). Here builds are serialised by an flock, which
     the OS releases when its holder dies, and a lock file found while holding it can only be such a leftover."""
     from torch.utils.cpp_extension import load
 
+    from rakv.runtime.errors import RakvError
+
     folder = build_directory()
+    missing = missing_cpu_flags(target_isa())
+    if missing:
+        raise RakvError(f"kernels=compact: the build for -march={target_arch()} ({target_isa()}) needs "
+                        f"{', '.join(missing)}, which this CPU does not list; set RAKV_KERNELS_MARCH to a target this "
+                        "CPU has (e.g. x86-64-v3) or run with kernels=stock")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / "rakv.flock", "w") as held:
@@ -112,11 +174,9 @@ def native():
             if not source.exists() or source.read_bytes() != _SOURCE.read_bytes():
                 shutil.copyfile(_SOURCE, source)
             return load(name="rakv_kernels", sources=[str(source)], build_directory=str(folder),
-                        extra_cflags=["-O3", f"-march={target_arch()}", "-fopenmp", "-ffp-contract=off"],
+                        extra_cflags=["-O3", f"-march={target_arch()}", *NO_AMX, "-fopenmp", "-ffp-contract=off"],
                         verbose=False)
     except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
-        from rakv.runtime.errors import RakvError
-
         lines = str(exc).strip().splitlines() or [type(exc).__name__]
         reason = next((line.strip() for line in lines if "error" in line.lower() and "build" not in line.lower()),
                       lines[-1].strip())
@@ -178,6 +238,83 @@ def linear_int8(x: torch.Tensor, weight: torch.Tensor, colsum: torch.Tensor, out
     """(x (W_q * scale)^T + bias) + residual with int8 weights (`pack_int8`) and each row of x quantised to int8 on
     its own (kernels.cpp: gemm_int8; exact integer sums). CPU only."""
     return native().gemm_i8(x, weight, colsum, out, scale, bias, residual)
+
+
+# the block-quantised formats of kernels.cpp's gemm_q (kernels.cpp: kQ4_1, kQ8_0): id, a GGUF block's bytes (fp16 d,
+# [fp16 m,] 32 quants), a packed block's bytes (32 outputs x 32 k)
+BLOCK_FORMATS = {"q4_1": (0, 20, 640), "q8_0": (1, 34, 1088)}
+QBLOCK = 32  # k per block
+
+
+def quantise_blocks(weight: torch.Tensor, fmt: str) -> torch.Tensor:
+    """fp32 [out, in] -> the GGUF's own blocks [out, in / 32, block bytes] uint8, quantised by gguf's reference
+    code (gguf.quants, the same rounding as llama.cpp's reference quantiser). `in` must be a multiple of 32."""
+    from gguf import GGMLQuantizationType, quantize
+
+    from rakv.runtime.errors import RakvError
+
+    out, inner = weight.shape
+    if inner % QBLOCK:
+        raise RakvError(f"{fmt} needs an input width that is a multiple of {QBLOCK}, not {inner}")
+    kind = GGMLQuantizationType.Q4_1 if fmt == "q4_1" else GGMLQuantizationType.Q8_0
+    raw = quantize(weight.detach().float().cpu().contiguous().numpy(), kind)
+    return torch.from_numpy(raw.copy()).view(out, inner // QBLOCK, BLOCK_FORMATS[fmt][1])
+
+
+def pack_blocks(raw: torch.Tensor, fmt: str) -> torch.Tensor:
+    """A GGUF tensor's blocks, [out, in / 32, 20 (Q4_1) or 34 (Q8_0)] uint8 as stored in the file, -> the panels of
+    kernels.cpp's gemm_q, [ceil(out / 32), in / 32, 640 or 1088] uint8: per 32 outputs and 32 k, the 32 scales d
+    (fp16), for Q4_1 the 32 minimums m (fp16), then per k the 32 outputs' quants (Q4_1: byte j holds output j in
+    its low nibble and output j + 16 in its high one; Q8_0: one int8 each). The same values, moved; padded outputs
+    are zero."""
+    out, blocks, width = raw.shape
+    groups = -(-out // PANEL)
+    if groups * PANEL != out:
+        raw = torch.cat([raw, raw.new_zeros(groups * PANEL - out, blocks, width)])
+    raw = raw.view(groups, PANEL, blocks, width).permute(0, 2, 1, 3)  # [G, blocks, 32 outputs, width]
+    d = raw[..., 0:2].reshape(groups, blocks, 2 * PANEL)
+    if fmt == "q4_1":
+        m = raw[..., 2:4].reshape(groups, blocks, 2 * PANEL)
+        qs = raw[..., 4:]  # [G, blocks, 32 outputs, 16]: k = j in the low nibbles, k = j + 16 in the high ones
+        q = torch.cat([qs & 15, qs >> 4], dim=-1).transpose(-1, -2)  # [G, blocks, 32 k, 32 outputs]
+        nibbles = q[..., :PANEL // 2] | (q[..., PANEL // 2:] << 4)  # [G, blocks, 32 k, 16]
+        parts = [d, m, nibbles.reshape(groups, blocks, -1)]
+    else:
+        q = raw[..., 2:].transpose(-1, -2)  # [G, blocks, 32 k, 32 outputs]
+        parts = [d, q.reshape(groups, blocks, -1)]
+    return torch.cat(parts, dim=-1).contiguous()
+
+
+def unpack_blocks(packed: torch.Tensor, fmt: str, out: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The fp32 [out, in] weights of `pack_blocks`' panels (or only `rows` of them), de-quantised as gguf does:
+    (d * q) + m for Q4_1, d * q for Q8_0, in fp32 (exact products, one rounding)."""
+    groups, blocks, _ = packed.shape
+    ids = torch.arange(out) if rows is None else rows.long()
+    sel = packed[ids // PANEL]  # [T, blocks, bytes]
+    lane = (ids % PANEL)[:, None]
+
+    def fp16_at(offset: int) -> torch.Tensor:  # [T, blocks] each row's fp16 (its lane's two bytes at `offset`)
+        pairs = sel[:, :, offset:offset + 2 * PANEL].reshape(len(ids), blocks, PANEL, 2)
+        mine = pairs.gather(2, lane[:, :, None, None].expand(-1, blocks, 1, 2)).contiguous()
+        return mine.view(torch.float16)[..., 0, 0].float()
+
+    d = fp16_at(0)
+    if fmt == "q4_1":
+        m = fp16_at(2 * PANEL)
+        nibbles = sel[:, :, 4 * PANEL:].view(len(ids), blocks, QBLOCK, PANEL // 2)
+        byte = nibbles.gather(3, (lane % (PANEL // 2))[:, :, None, None].expand(-1, blocks, QBLOCK, 1))[..., 0]
+        q = torch.where(lane[:, :, None] < PANEL // 2, byte & 15, byte >> 4).float()
+        return ((d[..., None] * q) + m[..., None]).reshape(len(ids), blocks * QBLOCK)
+    q8 = sel[:, :, 2 * PANEL:].view(len(ids), blocks, QBLOCK, PANEL)
+    q = q8.gather(3, lane[:, :, None, None].expand(-1, blocks, QBLOCK, 1))[..., 0].view(torch.int8).float()
+    return (d[..., None] * q).reshape(len(ids), blocks * QBLOCK)
+
+
+def linear_blocks(x: torch.Tensor, weight: torch.Tensor, fmt: str, out: int, bias: torch.Tensor | None = None,
+                  residual: torch.Tensor | None = None) -> torch.Tensor:
+    """(x W^T + bias) + residual with W in `pack_blocks`' panels (kernels.cpp: gemm_q; fp32 activations, each output
+    one FMA chain over k: bitwise `linear` over the de-quantised weights). CPU only."""
+    return native().gemm_q(x, weight, BLOCK_FORMATS[fmt][0], out, bias, residual)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -253,7 +390,8 @@ def native_blocks(blocks: list, gated: bool, heads: int, kv_heads: int, scale: f
     lib = native()
 
     def projection(p):
-        return lib.projection(p.weight, p.out_features, p.bias, p.scale, p.colsum)
+        fmt = BLOCK_FORMATS[p.blocks][0] if p.blocks else -1
+        return lib.projection(p.weight, p.out_features, p.bias, p.scale, p.colsum, fmt)
 
     def norm(n):
         return lib.RowNorm(n.weight, n.bias, n.eps)

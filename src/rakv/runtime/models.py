@@ -25,7 +25,7 @@ import torch
 from rakv.runtime import gguf_weights
 from rakv.runtime.compact import apply_kernels
 from rakv.runtime.errors import RakvError, WeightsUnavailable
-from rakv.runtime.kernels import effective_mode, mode_label
+from rakv.runtime.kernels import COMPACT_ATTR, effective_mode, mode_label
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -44,6 +44,12 @@ GPT2_VOCAB, GPT2_CONTEXT = 50257, 1024
 TWIN_SUFFIX = "-twin"
 TWIN_PAIRS = {f"{name}{TWIN_SUFFIX}": ids for name, ids in HUB_PAIRS.items()}
 PAIR_NAMES = ("tiny", "smollm2", *HUB_PAIRS, *TWIN_PAIRS)
+# The target's weights as the engine streams them (rakv.runtime.compact.CompactLM.at_precision; docs/engine.md,
+# "Precision"): fp32; int8 (per-output int8 weights, activations quantised per row, exact integer sums); q4_1 (the
+# GGUF's Q4_1 blocks, its head in Q8_0, fp32 activations). Each with the compact kernels on the CPU only.
+PRECISIONS = ("fp32", "int8", "q4_1")
+# the fingerprint's `quantisation` of a target at each precision (K/V computed at another precision is never shared)
+PRECISION_QUANTISATION = {"fp32": "none", "int8": "int8-w8a8-per-row", "q4_1": "gguf-q4_1-head-q8_0"}
 
 
 def twin_of(pair: str) -> str:
@@ -234,6 +240,26 @@ def quantise_int8_dynamic(module: torch.nn.Module) -> torch.nn.Module:
         return quantize_dynamic(copy.deepcopy(module), {torch.nn.Linear}, dtype=torch.qint8)
 
 
+def at_precision(target: LoadedModel, precision: str, blocks: dict | None = None) -> LoadedModel:
+    """The compact target at `precision` (PRECISIONS): its CompactLM converted (CompactLM.at_precision; `blocks`, a
+    GGUF's own quantised projections, taken as they are) and its fingerprint's quantisation saying so. The draft is
+    left as it is: every pair's draft stays what it is at fp32 (for smollm2 the int8 self-draft of the de-quantised
+    weights; docs/engine.md, "Precision")."""
+    from rakv.runtime.kernels import compact_of
+
+    if precision == "fp32":
+        return target
+    compact = compact_of(target.module)
+    if compact is None or compact.lm_head.weight.device.type != "cpu":
+        raise RakvError(f"precision {precision} needs kernels=compact on device=cpu (its kernels are CPU-only)")
+    converted = compact.at_precision(precision, blocks)
+    module = converted if target.module is compact else target.module
+    if module is not converted:
+        setattr(module, COMPACT_ATTR, converted)
+    quantisation = PRECISION_QUANTISATION[precision]
+    return replace(target, module=module, fingerprint=replace(target.fingerprint, quantisation=quantisation))
+
+
 def _smollm2_pair(device, dtype, kernels):
     if device.type != "cpu":
         raise RakvError("pair smollm2 uses an int8 draft whose kernels are CPU-only; "
@@ -353,11 +379,16 @@ def configure_threads(device: torch.device, threads: int | None) -> None:
 
 
 def load_pair(name: str, device: str = "cpu", dtype: str = "float32", threads: int | None = None,
-              kernels: str = "compact") -> ModelPair:
-    """Load a pair on `device`; `kernels` (rakv.runtime.kernels) says how its forwards run, and is part of its
-    identity."""
+              kernels: str = "compact", precision: str = "fp32") -> ModelPair:
+    """Load a pair on `device`; `kernels` (rakv.runtime.kernels) says how its forwards run, and `precision`
+    (PRECISIONS) which weights its target streams; both are part of its identity."""
     if name not in PAIR_NAMES:
         raise RakvError(f"unknown pair '{name}'; choose one of: {', '.join(PAIR_NAMES)}")
+    if precision not in PRECISIONS:
+        raise RakvError(f"unknown precision '{precision}'; choose one of: {', '.join(PRECISIONS)}")
+    if precision != "fp32" and (kernels != "compact" or dtype != "float32" or not device.startswith("cpu")):
+        raise RakvError(f"precision {precision} needs kernels=compact, dtype=float32 and device=cpu "
+                        f"(got kernels={kernels}, dtype={dtype}, device={device})")
     try:
         torch_device = torch.device(device)
     except RuntimeError:
@@ -381,6 +412,11 @@ def load_pair(name: str, device: str = "cpu", dtype: str = "float32", threads: i
     for model in (target, draft):
         mode = apply_kernels(model.module, kernels, torch_device)
         model.fingerprint = replace(model.fingerprint, kernels=mode_label(mode))
+    if precision != "fp32":
+        blocks = None
+        if name == "smollm2":  # the GGUF's own blocks, not a requantisation of their de-quantised values
+            blocks = gguf_weights.block_linears(smollm2_gguf_path(), target.module.config)
+        target = at_precision(target, precision, blocks)
     return ModelPair(name=name, target=target, draft=draft, tokenizer=tokenizer, device=torch_device)
 
 

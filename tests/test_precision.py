@@ -1,0 +1,135 @@
+"""The target at `precision: int8 | q4_1` (rakv.runtime.models.PRECISIONS): the block-quantised GEMM computes its
+definition bit for bit and is batch-invariant on every build, the GGUF's blocks are kept as shipped, and greedy output
+at a precision is the same under AR and speculation."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import THREADS
+from gguf import GGMLQuantizationType, dequantize
+
+from rakv.runtime import kernels
+from rakv.runtime.actions import FIXED_STRATEGIES, Action
+from rakv.runtime.cache import PrefixKVStore
+from rakv.runtime.compact import Linear
+from rakv.runtime.engine import Engine
+from rakv.runtime.errors import RakvError
+from rakv.runtime.kernels import compact_of
+from rakv.runtime.models import PRECISIONS, load_pair
+
+GGUF_TYPES = {"q4_1": GGMLQuantizationType.Q4_1, "q8_0": GGMLQuantizationType.Q8_0}
+
+
+def blocks_of(weight: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the GGUF blocks of `weight`, gguf's own de-quantisation of them: the values the kernels must compute with)"""
+    raw = kernels.quantise_blocks(weight, fmt)
+    reference = dequantize(raw.reshape(weight.shape[0], -1).numpy(), GGUF_TYPES[fmt])
+    return raw, torch.from_numpy(np.array(reference, dtype=np.float32))
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("shape", [(64, 200), (576, 960), (1536, 33)])  # in, out: outputs past a panel's end
+def test_packed_blocks_hold_the_ggufs_values_and_the_gemm_is_the_fp32_gemm_over_them(fmt, shape):
+    """pack_blocks moves the file's values (gguf's dequantize of them is unpack_blocks' bitwise), and gemm_q gives
+    every row the bits the fp32 GEMM gives it over those de-quantised weights, near plain torch's x W^T."""
+    torch.manual_seed(shape[1])
+    inner, out = shape
+    weight, bias = torch.randn(out, inner) * 0.05, torch.randn(out)
+    raw, reference = blocks_of(weight, fmt)
+    packed = kernels.pack_blocks(raw, fmt)
+    assert torch.equal(kernels.unpack_blocks(packed, fmt, out), reference)
+    rows = torch.tensor([0, out - 1, out // 2])
+    assert torch.equal(kernels.unpack_blocks(packed, fmt, out, rows), reference[rows])
+    x, residual = torch.randn(9, inner), torch.randn(9, out)
+    with torch.inference_mode():
+        ours = kernels.linear_blocks(x, packed, fmt, out, bias, residual)
+        assert torch.equal(ours, kernels.linear(x, kernels.pack(reference), out, bias, residual))
+        assert torch.allclose(ours, x @ reference.T + bias + residual, atol=1e-4, rtol=1e-4)
+        # positive control: one quant of the last panel's first output at the last k changed changes its output
+        damaged = packed.clone()
+        damaged[-1, -1, packed.shape[-1] - (16 if fmt == "q4_1" else 32)] ^= 0x11
+        assert not torch.equal(kernels.linear_blocks(x, damaged, fmt, out, bias, residual), ours)
+
+
+def test_quantised_values_are_near_the_weights_and_q4_1_is_coarser():
+    torch.manual_seed(0)
+    weight = torch.randn(64, 256) * 0.05
+    errors = {fmt: float((blocks_of(weight, fmt)[1] - weight).abs().max()) for fmt in GGUF_TYPES}
+    span = float(weight.abs().max())
+    assert 0 < errors["q8_0"] < span / 127 < errors["q4_1"] < span / 7  # half a step of 8 and of 4 bits, about
+
+
+def test_block_formats_refuse_an_input_width_that_is_not_whole_blocks():
+    with pytest.raises(RakvError, match="multiple of 32"):
+        Linear.of(torch.randn(40, 48)).in_blocks("q4_1")
+
+
+@pytest.fixture(scope="module")
+def tiny_at():
+    return {precision: load_pair("tiny", threads=THREADS, precision=precision) for precision in PRECISIONS}
+
+
+def test_each_precision_has_its_own_identity_and_weights(tiny_at):
+    fingerprints = {p: pair.target.fingerprint for p, pair in tiny_at.items()}
+    assert len({f.key() for f in fingerprints.values()}) == len(PRECISIONS)  # K/V never shared across precisions
+    assert fingerprints["fp32"].quantisation == "none"
+    target = {p: compact_of(pair.target.module) for p, pair in tiny_at.items()}
+    assert target["q4_1"].blocks[0].qkv.blocks == "q4_1" and target["q4_1"].lm_head.blocks == "q8_0"
+    assert target["int8"].blocks[0].qkv.scale is not None
+    assert target["fp32"].blocks[0].qkv.blocks is None and target["fp32"].blocks[0].qkv.scale is None
+    # the draft is the fp32 pair's at every precision
+    assert all(pair.draft.fingerprint == tiny_at["fp32"].draft.fingerprint for pair in tiny_at.values())
+
+
+@pytest.mark.parametrize("precision", ["q4_1", "int8"])
+def test_greedy_output_at_a_precision_is_ar_at_that_precision(tiny_at, precision):
+    """Speculation (every fixed strategy, reuse included) gives the tokens AR gives at the same precision; and the
+    precision is not a no-op: its tokens or logits differ from fp32's."""
+    prompt = np.random.default_rng(1).integers(100, 40000, size=40).tolist()
+    engine = Engine(tiny_at[precision], PrefixKVStore(budget_bytes=1 << 30))
+    reference = engine.run(prompt, Action.of_strategy("ar"), 24, ignore_eos=True).token_ids
+    for strategy in FIXED_STRATEGIES:
+        engine.store.clear()
+        engine.run(prompt[:20], Action.of_strategy("ar"), 2, ignore_eos=True)
+        assert engine.run(prompt, Action.of_strategy(strategy), 24, ignore_eos=True).token_ids == reference, strategy
+    ids = torch.tensor(prompt)
+    logits = {p: run_logits(tiny_at[p], ids) for p in ("fp32", precision)}
+    error = float((logits[precision] - logits["fp32"]).norm() / logits["fp32"].norm())
+    assert 0 < error < 0.5  # not a no-op, and near (4 bits of a random model's weights: ~0.3; int8 ~0.04)
+
+
+def run_logits(pair, ids: torch.Tensor) -> torch.Tensor:
+    model = compact_of(pair.target.module)
+    with torch.inference_mode():
+        return model(ids, kernels.new_kv_cache(pair.target.module), keep=0)
+
+
+def test_a_prefill_at_q4_1_has_the_same_bits_in_any_chunking(tiny_at):
+    pair = tiny_at["q4_1"]
+    model, ids = compact_of(pair.target.module), torch.arange(100, 137)
+    whole = run_logits(pair, ids)
+    cache = kernels.new_kv_cache(pair.target.module)
+    with torch.inference_mode():
+        parts = [model(chunk, cache, keep=0) for chunk in (ids[:5], ids[5:6], ids[6:30], ids[30:])]
+    assert torch.equal(torch.cat(parts), whole)
+
+
+@pytest.mark.parametrize("options", [{"kernels": "stock"}, {"dtype": "bfloat16"}, {"precision": "q2"}])
+def test_a_precision_the_engine_cannot_run_is_one_line(options):
+    with pytest.raises(RakvError, match="precision"):
+        load_pair("tiny", threads=THREADS, **{"precision": "q4_1", **options})
+
+
+@pytest.mark.slow
+def test_smollm2_at_q4_1_streams_the_ggufs_blocks_and_computes_the_fp32_targets_bits(smollm2_pair):
+    """The GGUF's Q4_1 / Q8_0 blocks taken as shipped de-quantise bitwise to the fp32 target's weights (no
+    requantisation), so the q4_1 target's logits are the fp32 target's, bit for bit, from a sixth of the bytes."""
+    q4 = load_pair("smollm2", threads=THREADS, precision="q4_1")
+    fp32, ours = compact_of(smollm2_pair.target.module), compact_of(q4.target.module)
+    for a, b in zip(fp32.projections(), ours.projections()):
+        assert b.blocks in ("q4_1", "q8_0") and torch.equal(a.dense(), b.dense())
+    size = {name: sum(t.numel() * t.element_size() for t in model.projection_tensors())
+            for name, model in (("fp32", fp32), ("q4_1", ours))}
+    assert size["q4_1"] * 5 < size["fp32"]
+    ids = torch.tensor([1, 504, 3250, 314, 260, 1345, 30])
+    assert torch.equal(run_logits(q4, ids), run_logits(smollm2_pair, ids))
