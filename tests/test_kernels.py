@@ -358,8 +358,31 @@ for inner, outputs in ((576, 960), (1536, 576), (96, 200)):
     with torch.inference_mode():
         for rows in (1, 5, 6, 13, 16, 17, 40):
             out[inner, outputs, rows] = projection(x[:rows])
+            if inner % 32 == 0:  # the q4_1 target's blocks (Q4_1 projections, Q8_0 head)
+                for fmt in ("q4_1", "q8_0"):
+                    out[inner, outputs, rows, fmt] = projection.in_blocks(fmt)(x[:rows])
 torch.save(out, sys.argv[1])
 """
+
+
+def test_the_build_is_keyed_by_the_instruction_set_the_compiler_targets(monkeypatch):
+    """The build folder names the resolved -march and the vector extensions the compiler enables, so that an AVX2
+    node never loads an AVX-512 build from a shared home; a build this CPU cannot run is refused with one line."""
+    isa = kernels.target_isa()
+    assert isa.replace("+", "_") in kernels.build_directory().name  # (the folder's name spells + as _)
+    assert {"avx2", "fma", "f16c"} <= set(isa.partition("+")[2].split("."))
+    assert kernels.missing_cpu_flags(isa) == []  # this machine runs its own build
+    # positive control: an AVX2-only CPU's flags against an AVX-512 build, and this build against no flags at all
+    assert kernels.missing_cpu_flags("x+avx2.avx512f.avx512vnni.fma", {"avx2", "fma"}) == ["avx512f", "avx512vnni"]
+    assert "avx2" in kernels.missing_cpu_flags(isa, set())
+    monkeypatch.setattr(kernels, "missing_cpu_flags", lambda *_: ["avx512f"])
+    kernels.native.cache_clear()
+    try:
+        with pytest.raises(RakvError, match="does not list"):
+            kernels.native()
+    finally:
+        monkeypatch.undo()
+        kernels.native.cache_clear()
 
 
 def _beyond_avx2() -> bool:
