@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
+from test_sharding import write_seeded_table
 
 from rakv.experiments.config import CONF_DIR
 from rakv.experiments.metadata import read_run_metadata
@@ -112,29 +114,37 @@ LAUNCHERS = {
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_sharded_study_through_a_launcher_merges_to_the_unsharded_plan(tmp_path, launcher):
-    """Two shards as a Hydra multirun, then the merge step: the merged runs.parquet holds exactly the run ids of
-    an unsharded study of the same grid."""
+    """Two shards as a Hydra multirun on the unsharded study's calibration table, then the merge step: the merged
+    runs.parquet holds exactly the run ids of an unsharded study of the same grid, and the same rakv-asd actions."""
     sharded, unsharded = tmp_path / "sharded", tmp_path / "unsharded"
     grid = ["profile=smoke", "configurations=[tiny]", "datasets=[humaneval]", "profile.study.repeats=1",
-            "profile.study.sweep_repeats=1"]  # a smaller grid: the merge, not the size, is under test
+            "profile.study.sweep_repeats=1", "study.learning=per_block"]  # the merge, not the size, is under test
     script = str(ROOT / "scripts" / "run_stage.py")
+    tables = tmp_path / "calibrations"  # one seeded table: a calibration on a loaded machine is refused as noisy
+    tables.mkdir()
+    write_seeded_table(tables)
+    env = {**os.environ, "RAKV_CALIBRATION_DIR": str(tables)}
+    single = subprocess.run([sys.executable, script, "study", *grid, f"results_dir={unsharded}"], capture_output=True,
+                            text=True, timeout=600, env=env)
+    assert single.returncode == 0, single.stderr[-2000:]
+    shutil.copytree(RunLayout.of(unsharded).calibration_dir, RunLayout.of(sharded).calibration_dir)  # one table
     shards = subprocess.run([sys.executable, script, "study", "-m", *LAUNCHERS[launcher],
                              f"hydra.sweep.dir={tmp_path / 'multirun'}", *grid, f"results_dir={sharded}",
                              "study.num_shards=2", "study.shard_index=0,1"], capture_output=True, text=True,
-                            timeout=600)
+                            timeout=600, env=env)
     assert shards.returncode == 0, shards.stderr[-2000:]
     study = RunLayout.of(sharded).study
     journals = study.journals()
     assert journals == [study.shard_journal(0, 2), study.shard_journal(1, 2)]
     merge = subprocess.run([sys.executable, script, "study", *grid, f"results_dir={sharded}", "study.num_shards=2",
-                            "study.merge_only=true"], capture_output=True, text=True, timeout=600)
+                            "study.merge_only=true"], capture_output=True, text=True, timeout=600, env=env)
     assert merge.returncode == 0, merge.stderr[-2000:]
-    single = subprocess.run([sys.executable, script, "study", *grid, f"results_dir={unsharded}"], capture_output=True,
-                            text=True, timeout=600)
-    assert single.returncode == 0, single.stderr[-2000:]
     merged = pd.read_parquet(study.runs)
     reference = pd.read_parquet(RunLayout.of(unsharded).study.runs)
     assert merged.run_id.is_unique and len(merged) == len(reference)
     assert set(merged.run_id) == set(reference.run_id)
     shard_rows = [len(path.read_text().splitlines()) for path in journals]
     assert sum(shard_rows) == len(reference) and min(shard_rows) > 0  # split, nothing doubled
+    decided = [r[r.kind == "strategy"].set_index("run_id").sort_index()[["action", "alpha_before"]]
+               for r in (merged, reference)]
+    pd.testing.assert_frame_equal(*decided)

@@ -1,11 +1,14 @@
 """A results folder's calibrations: its cost tables by pair (calibration/<pair>-<proposer>.json) and by
-configuration, and what they decide that the study does not record in older runs (each controller run's tie set:
-the actions within the cost model's noise of its choice, rakv.runtime.costmodel.tie_set).
+configuration, the shared tables a sharded study reads (never writes) with their digests, and what they decide that
+the study does not record in older runs (each controller run's tie set: the actions within the cost model's noise of
+its choice, rakv.runtime.costmodel.tie_set).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import socket
 from pathlib import Path
 
 import pandas as pd
@@ -20,6 +23,44 @@ def calibration_tables(results: Path) -> dict[str, CostTable]:
     from rakv.runtime.costmodel import read_cost_table
 
     return {path.stem: read_cost_table(path) for path in RunLayout.of(results).calibrations()}
+
+
+def table_digest(table: CostTable) -> str:
+    """A cost table's content digest (its JSON, keys sorted): the study records it in every row, so a merge can tell
+    that every shard decided under one table."""
+    return hashlib.blake2b(json.dumps(table.to_json(), sort_keys=True).encode(), digest_size=8).hexdigest()
+
+
+def host() -> str:
+    """The machine a run was timed on (its host name), recorded in every row of a study."""
+    return socket.gethostname()
+
+
+def shared_table(results: Path, engine) -> CostTable:
+    """The cost table the calibration job kept in `results` for the engine's pair and proposer, read only: a shard of
+    a study never measures nor writes one (rakv.experiments.stages.calibrate does, once). Refused when missing or
+    measured for another pair, proposer or method; a table from another machine class is used with a note (the
+    decisions follow the table; the timings are this host's)."""
+    from rakv.runtime.calibration import calibration_key
+    from rakv.runtime.costmodel import read_cost_table
+    from rakv.runtime.errors import RakvError
+
+    path = RunLayout.of(results).calibration(engine.pair.name, engine.proposer)
+    if not path.exists():
+        raise RakvError(f"{path} is missing: a sharded study reads the calibration tables and never writes them; run "
+                        "the calibration job first (scripts/run_stage.py calibrate with the same overrides)")
+    try:
+        table = read_cost_table(path)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise RakvError(f"cannot read calibration {path}: {exc}") from None
+    key = calibration_key(engine.pair, engine.proposer)
+    differs = [name for name in ("pair", "proposer", "method") if table.key.get(name) != key[name]]
+    if differs:
+        raise RakvError(f"{path} was measured for another {'/'.join(differs)}; rerun the calibration job")
+    if table.key.get("hardware") != key["hardware"]:
+        print(f"calibration: {path.name} was measured on another machine class than {host()}; decisions follow the "
+              "table, timings are this host's", flush=True)
+    return table
 
 
 def tables_by_configuration(runs: pd.DataFrame, results: Path) -> dict[str, CostTable | None]:

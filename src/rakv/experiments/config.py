@@ -162,6 +162,19 @@ def validate(cfg: DictConfig) -> None:
         validate_sampling(cfg)
     if not 0 <= cfg.study.shard_index < cfg.study.num_shards:
         raise RakvError(f"study.shard_index must be in [0, {cfg.study.num_shards}), got {cfg.study.shard_index}")
+    validate_learning(cfg.study)
+
+
+def validate_learning(study) -> None:
+    """study.learning and study.block_prompts; a sharded study learns per block (docs/cluster.md)."""
+    if study.learning not in ("per_configuration", "per_block"):
+        raise RakvError(f"study.learning must be per_configuration or per_block, got '{study.learning}'")
+    if study.block_prompts < 1:
+        raise RakvError(f"study.block_prompts must be >= 1, got {study.block_prompts}")
+    if study.num_shards > 1 and study.learning != "per_block":
+        raise RakvError("a sharded study needs study.learning=per_block: with one controller per configuration each "
+                        "shard's would learn from its share of the runs only (another experiment); compare it with a "
+                        "one-process study run with study.learning=per_block too")
 
 
 def unknown_keys(node: DictConfig, path: str = "") -> list[str]:

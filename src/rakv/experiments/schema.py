@@ -173,11 +173,16 @@ class CalibrationOptions:
 
 @dataclass
 class ShardOptions:
-    """study: which shard of the study's runs this process runs (conf/hydra/launcher/slurm.yaml)."""
+    """study: which shard of the study's runs this process runs (conf/hydra/launcher/slurm.yaml), and what the
+    rakv-asd controller learns from (docs/cluster.md): `per_configuration`, one controller per configuration over all
+    its runs in the seeded order (one process only), or `per_block`, one per block of `block_prompts` prompts of a
+    dataset over that block's runs in the same order, which a sharded study (shards are blocks) decides identically."""
 
     shard_index: int = MISSING
     num_shards: int = MISSING
     merge_only: bool = MISSING
+    learning: str = "per_configuration"
+    block_prompts: int = 1
 
 
 @dataclass

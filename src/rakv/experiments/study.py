@@ -20,6 +20,12 @@ is appended to a JSONL journal and fsynced, so a run killed at any moment loses 
 flight; rerunning skips what is done and resumes the controller's exact state. The Parquet table is
 written from the journal atomically (temp file + rename). rakv.experiments.oracle expands the measurements back
 to one row per (configuration, scenario, action, repeat).
+
+On a cluster (docs/cluster.md) the study is a set of independent jobs: the calibration job writes the cost tables,
+each shard reads them (never writes) and records the table's digest and its host in every row, and with
+`study.learning=per_block` the controller's state is learned per block of prompts from that block's runs alone, in
+the order the seed fixes, so shards (whole blocks) decide exactly as one process does. Every shard writes the whole
+plan (plan.json); the merge reads the plan and the journals only, and loads no model.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from rakv.experiments.calibrations import host, shared_table, table_digest
 from rakv.experiments.config import (
     Configuration,
     configurations,
@@ -46,7 +53,7 @@ from rakv.experiments.config import (
     prompts_for,
     run_layout,
 )
-from rakv.experiments.metadata import MachineLoad, study_metadata, write_run_metadata
+from rakv.experiments.metadata import CalibrationKey, MachineLoad, study_metadata, write_run_metadata
 from rakv.experiments.records import Journal, exclusive, write_atomic, write_parquet
 from rakv.experiments.schema import ShardOptions, StudySection, section
 from rakv.runtime.actions import ADAPTIVE, Action
@@ -56,6 +63,7 @@ from rakv.runtime.controller import Controller
 from rakv.runtime.costmodel import RequestFeatures
 from rakv.runtime.engine import Engine, RequestResult
 from rakv.runtime.errors import RakvError
+from rakv.runtime.json_records import read_record, to_json, write_record
 from rakv.runtime.run_layout import StudyLayout
 from rakv.runtime.strategies import action_of, run_strategy
 from rakv.runtime.workloads import Prompt, build_scenario
@@ -199,17 +207,26 @@ def timed_run(engine: Engine, controller: Controller, planned: PlannedRun, promp
 
 
 def result_row(planned: PlannedRun, configuration: Configuration, prompt: Prompt, scenario, result: RequestResult,
-               order: int, seed: int) -> dict:
+               order: int, seed: int, calibration_digest: str | None = None) -> dict:
+    """One journal row; `calibration_digest`: the digest of the cost table the run was decided under."""
     return {"run_id": planned.run_id, **asdict(planned), "pair": configuration.pair, "proposer": configuration.proposer,
             "length_bin": prompt.length_bin, "reuse_rate_target": scenario.reuse_rate_target,
             "reuse_rate": result.hit_tokens / result.prompt_tokens if result.reuse else 0.0,
             **{k: v for k, v in result.to_row().items() if k != "strategy"},
-            "output_hash": output_hash(result.token_ids), "order": order, "seed": seed}
+            "output_hash": output_hash(result.token_ids), "order": order, "seed": seed,
+            "calibration_digest": calibration_digest, "host": host()}
+
+
+PER_CONFIGURATION, PER_BLOCK = "per_configuration", "per_block"  # study.learning (rakv.experiments.schema)
 
 
 @dataclass
 class PreparedConfiguration:
-    """One configuration ready to run: its engine, controller, prompts, whole plan and this shard's share."""
+    """One configuration ready to run: its engine, controller, prompts, whole plan and this shard's share.
+
+    `controller` plans and, with study.learning=per_configuration, decides every rakv-asd run; with per_block each
+    block of `block_prompts` prompts of a dataset has its own controller (`controller_for`), started from the same
+    table and learning only from its block's runs."""
 
     configuration: Configuration
     engine: Engine
@@ -218,6 +235,37 @@ class PreparedConfiguration:
     runs: list[PlannedRun]
     mine: list[PlannedRun]  # this shard's runs, in the shuffled execution order
     snapshots: dict = field(default_factory=dict)  # (dataset, prompt id, scenario) -> store snapshot
+    shuffled: list[PlannedRun] = field(default_factory=list)  # every run, in the seeded execution order
+    learning: str = PER_CONFIGURATION
+    block_prompts: int = 1
+    digest: str | None = None  # the cost table's (rakv.experiments.calibrations.table_digest)
+    controllers: dict = field(default_factory=dict)  # block -> its controller (per_block)
+
+    def block_of(self, dataset: str, prompt_id: str) -> tuple | None:
+        """The learning block of a prompt: (configuration, dataset, its index // block_prompts); None when one
+        controller learns across the configuration (per_configuration)."""
+        if self.learning != PER_BLOCK:
+            return None
+        index = next(i for i, p in enumerate(self.prompts[dataset]) if p.id == prompt_id)
+        return self.configuration.name, dataset, index // self.block_prompts
+
+    def blocks(self) -> dict[tuple, int]:
+        """Every block of the plan with its number of runs, in the plan's order."""
+        return dict(Counter(self.block_of(r.dataset, r.prompt_id) for r in self.runs))
+
+    def controller_for(self, planned: PlannedRun, rows: list[dict]) -> Controller:
+        """The controller that decides `planned`: the configuration's, or its block's, which starts from the table
+        and resumes from the block's last journaled state among `rows` (a resumed shard decides as an uninterrupted
+        one)."""
+        block = self.block_of(planned.dataset, planned.prompt_id)
+        if block is None:
+            return self.controller
+        if block not in self.controllers:
+            controller = Controller(self.controller.table, self.controller.config)
+            resume(controller, [r for r in rows if r["configuration"] == self.configuration.name
+                                and self.block_of(r["dataset"], r["prompt_id"]) == block])
+            self.controllers[block] = controller
+        return self.controllers[block]
 
     def prompt_and_donor(self, planned: PlannedRun) -> tuple[Prompt, tuple[int, ...]]:
         chosen = self.prompts[planned.dataset]
@@ -235,16 +283,57 @@ class PreparedConfiguration:
 
 
 def prepare(cfg: DictConfig, configuration: Configuration, measure_k0: bool = True) -> PreparedConfiguration:
+    """One configuration's engine, controller and plan. A sharded study reads the calibration job's table (never
+    measures or writes one); one process calibrates when the table is missing or stale, as the calibrate stage
+    does. `mine` is every run here; `assign_blocks` narrows it to a shard's blocks."""
     engine = engine_for(cfg, configuration)
-    controller = Controller(cost_table_for(cfg, engine), controller_config(cfg))
+    shards: ShardOptions = section(cfg.study)
+    table = shared_table(cfg.results_dir, engine) if shards.num_shards > 1 else cost_table_for(cfg, engine)
+    controller = Controller(table, controller_config(cfg))
     prompts = {d: prompts_for(cfg, engine.encode, d) for d in cfg.datasets}
     runs = plan_runs(section(cfg.profile.study), cfg.experiment, configuration, prompts, controller, engine,
                      measure_k0)
     order = list(range(len(runs)))
     random.Random(cfg.seed).shuffle(order)  # recorded: the seed is in every row and in metadata
-    shards: ShardOptions = section(cfg.study)
-    mine = [runs[i] for i in order if i % shards.num_shards == shards.shard_index]
-    return PreparedConfiguration(configuration, engine, controller, prompts, runs, mine)
+    shuffled = [runs[i] for i in order]
+    return PreparedConfiguration(configuration, engine, controller, prompts, runs, list(shuffled), shuffled=shuffled,
+                                 learning=shards.learning, block_prompts=shards.block_prompts,
+                                 digest=table_digest(table))
+
+
+def assign_blocks(prepared: list[PreparedConfiguration], num_shards: int) -> list[dict[tuple, int]]:
+    """Each configuration's blocks dealt to shards: largest first, each to the shard with the fewest runs so far
+    (ties to the lower index), so the shards are about equal in runs; a function of the plan alone, so every shard
+    computes the same deal."""
+    blocks = [(b, n, i) for i, p in enumerate(prepared) for b, n in p.blocks().items()]
+    load, deal = [0] * num_shards, [{} for _ in prepared]
+    for _, (block, runs, which) in sorted(enumerate(blocks), key=lambda e: (-e[1][1], e[0])):
+        shard = min(range(num_shards), key=lambda s: (load[s], s))
+        load[shard] += runs
+        deal[which][block] = shard
+    return deal
+
+
+def narrow_to_shard(prepared: list[PreparedConfiguration], shards: ShardOptions) -> None:
+    """Keep in each configuration's `mine` the runs of this shard's blocks, in the seeded order."""
+    if shards.num_shards <= 1:
+        return
+    for p, deal in zip(prepared, assign_blocks(prepared, shards.num_shards)):
+        p.mine = [r for r in p.shuffled if deal[p.block_of(r.dataset, r.prompt_id)] == shards.shard_index]
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    """study/plan.json: the whole plan, written by every shard (identically) before it runs, so the merge needs
+    neither models nor calibration: the planned runs, the calibration each configuration was decided under (its key
+    and its digest) and the learning design."""
+
+    runs: list[PlannedRun]
+    calibration_keys: dict[str, CalibrationKey]
+    calibration_digests: dict[str, str]
+    learning: str
+    block_prompts: int
+    seed: int
 
 
 def run_main_study(cfg: DictConfig, study: StudyLayout | None = None) -> Path:
@@ -258,16 +347,32 @@ def run_main_study(cfg: DictConfig, study: StudyLayout | None = None) -> Path:
         return _run_locked(cfg, study, shards)
 
 
+def merge_study(cfg: DictConfig, study: StudyLayout, load_before) -> Path:
+    """study.merge_only: the shards' journals into runs.parquet from plan.json and the journals alone (no model is
+    loaded, nothing is calibrated)."""
+    plan: StudyPlan = read_record(StudyPlan, study.plan_record, "run the study's shards first")
+    write_atomic(study.plan, describe_plan(plan.runs) + "\n")
+    load = MachineLoad(list(load_before), list(os.getloadavg()), os.cpu_count())
+    return finalize(cfg, study, plan.runs, {name: to_json(key) for name, key in plan.calibration_keys.items()}, load)
+
+
 def _run_locked(cfg: DictConfig, study: StudyLayout, shards: ShardOptions) -> Path:
     load_before = os.getloadavg()
+    if shards.merge_only:
+        return merge_study(cfg, study, load_before)
     shard, count = shards.shard_index, shards.num_shards
     grid: StudySection = section(cfg.profile.study)
     journal = Journal(study.shard_journal(shard, count))
     chosen = configurations(cfg)
     first_of_pair = {c.pair: c.name for c in reversed(chosen)}  # k = 0 actions: measured by the first per pair
     prepared = [prepare(cfg, c, measure_k0=first_of_pair[c.pair] == c.name) for c in chosen]
+    narrow_to_shard(prepared, shards)
     all_runs = [planned for p in prepared for planned in p.runs]
-    calibrations = {p.configuration.name: calibration_key(p.engine.pair, p.engine.proposer) for p in prepared}
+    calibrations = {p.configuration.name: (p.controller.table.key if count > 1 else  # the shared table's key
+                                           calibration_key(p.engine.pair, p.engine.proposer)) for p in prepared}
+    write_record(StudyPlan(all_runs, {n: CalibrationKey.of(k) for n, k in calibrations.items()},
+                           {p.configuration.name: p.digest for p in prepared}, shards.learning,
+                           shards.block_prompts, cfg.seed), study.plan_record)
     plan = describe_plan(all_runs)
     planned_ids = {s.run_id for s in all_runs}
     stray = [r for r in journal.rows if r["run_id"] not in planned_ids]
@@ -275,14 +380,12 @@ def _run_locked(cfg: DictConfig, study: StudyLayout, shards: ShardOptions) -> Pa
         raise RakvError(f"{journal.path} holds {len(stray)} runs of a different plan; "
                         "use another results_dir or remove the old results")
     todo = {p.configuration.name: [s for s in p.mine if s.run_id not in journal.done] for p in prepared}
-    if not shards.merge_only:
-        expected = sum(predicted_wall_seconds(p, todo[p.configuration.name], grid.new_tokens)
-                       for p in prepared)
-        plan += (f"\n  this shard: {sum(map(len, todo.values()))} runs to do; expected wall time "
-                 f"{format_duration(expected)} (predicted from the cost tables)")
+    expected = sum(predicted_wall_seconds(p, todo[p.configuration.name], grid.new_tokens) for p in prepared)
+    plan += (f"\n  this shard: {sum(map(len, todo.values()))} runs to do; expected wall time "
+             f"{format_duration(expected)} (predicted from the cost tables)")
     print(plan, flush=True)
     write_atomic(study.plan, plan + "\n")
-    for p in ([] if shards.merge_only else prepared):
+    for p in prepared:
         name = p.configuration.name
         print(f"{name}: {len(p.mine)} runs planned here, {len(p.mine) - len(todo[name])} already done", flush=True)
         if todo[name]:
@@ -314,19 +417,25 @@ def _execute(grid: StudySection, k_max: int, seed: int, p: PreparedConfiguration
     first = next(iter(p.prompts.values()))[0]
     for _ in range(grid.model_warmup_requests):  # warm kernels and allocator before timing
         engine.run(list(first.token_ids), Action(True, k_max), grid.new_tokens, ignore_eos=True)
-    states = [r for r in sorted(journal.rows, key=lambda r: r["order"])
-              if r["configuration"] == p.configuration.name and r.get("ewma_accepted") is not None]
-    if states:  # resume the controller exactly where the interrupted run left it
+    if p.learning != PER_BLOCK:
+        resume(controller, [r for r in journal.rows if r["configuration"] == p.configuration.name])
+    position = {s.run_id: i for i, s in enumerate(p.mine)}
+    for planned in tqdm(todo, desc=f"study {p.configuration.name}", unit="run", dynamic_ncols=True, mininterval=2):
+        prompt, scenario = scenario_of(p, planned)
+        deciding = p.controller_for(planned, journal.rows)
+        result = timed_run(engine, deciding, planned, prompt, p.snapshot(planned, scenario), grid.new_tokens)
+        journal.append(result_row(planned, p.configuration, prompt, scenario, result, position[planned.run_id],
+                                  seed, p.digest))
+
+
+def resume(controller: Controller, rows: list[dict]) -> None:
+    """Continue `controller` exactly where the journaled `rows` it decided (in their `order`) left it."""
+    states = [r for r in sorted(rows, key=lambda r: r["order"]) if r.get("ewma_accepted") is not None]
+    if states:
         last = states[-1]
         by_match = last.get("ewma_by_match")
         controller.restore((last["ewma_accepted"], last["ewma_rejected"], last.get("ewma_matched")),
                            json.loads(by_match) if by_match else None, len(states))
-    position = {s.run_id: i for i, s in enumerate(p.mine)}
-    for planned in tqdm(todo, desc=f"study {p.configuration.name}", unit="run", dynamic_ncols=True, mininterval=2):
-        prompt, scenario = scenario_of(p, planned)
-        result = timed_run(engine, controller, planned, prompt, p.snapshot(planned, scenario), grid.new_tokens)
-        journal.append(result_row(planned, p.configuration, prompt, scenario, result, position[planned.run_id],
-                                  seed))
 
 
 def mark_equal_to_ar(rows: list[dict]) -> None:
@@ -362,6 +471,14 @@ def finalize(cfg, study: StudyLayout, runs: list[PlannedRun], calibrations: dict
               "rerun to complete or merge later", flush=True)
         return study.runs
     rows = [r for r in rows if r["run_id"] in planned_ids]
+    tables = {}
+    for row in rows:  # rows of older journals have no digest
+        if row.get("calibration_digest") is not None:
+            tables.setdefault(row["configuration"], set()).add(row["calibration_digest"])
+    mixed = sorted(name for name, digests in tables.items() if len(digests) > 1)
+    if mixed:
+        raise RakvError(f"the runs of {', '.join(mixed)} were decided under different calibration tables "
+                        "(calibration_digest): run the calibration job once, then every shard on its tables")
     mark_equal_to_ar(rows)
     path = study.runs
     frame = write_parquet(rows, path)

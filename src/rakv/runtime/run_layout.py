@@ -114,6 +114,12 @@ class StudyLayout:
     def plan(self) -> Path:
         return self.root / "plan.txt"
 
+    @property
+    def plan_record(self) -> Path:
+        """The whole plan as a record (rakv.experiments.study.StudyPlan), written by every shard: what the merge
+        reads instead of models and calibrations."""
+        return self.root / "plan.json"
+
     def lock(self, shard: int) -> Path:
         """One writer per shard of a study folder (rakv.experiments.records.exclusive)."""
         return self.root / f".lock.shard{shard}"
