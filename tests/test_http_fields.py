@@ -204,3 +204,89 @@ def test_bad_values_of_the_new_fields_are_one_line_400s_while_the_server_serves_
         message = results[i].json()["error"]["message"]
         assert message and "\n" not in message, (body, message)
     assert served.http.get("/health").json()["status"] == "ok"
+
+
+# --- /tokenize, /detokenize, /version, --api-key, /metrics and the dashboard ---
+
+def test_tokenize_detokenize_and_version_answer_as_vllm(served):
+    tokenizer, http = served.engine.pair.tokenizer, served.http
+    answer = http.post("/tokenize", json={"prompt": PROMPT, "return_token_strs": True}).json()
+    expected = tokenizer.encode(PROMPT)  # vLLM adds special tokens to a prompt by default
+    assert answer["tokens"] == expected and answer["count"] == len(expected)
+    assert answer["token_strs"] == tokenizer.convert_ids_to_tokens(expected) and answer["max_model_len"] > 0
+    assert http.post("/detokenize", json={"tokens": expected}).json()["prompt"] == tokenizer.decode(
+        expected, skip_special_tokens=True)
+    messages = [{"role": "user", "content": "Name a prime."}]
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    chat = http.post("/tokenize", json={"messages": messages}).json()
+    assert chat["tokens"] == tokenizer.encode(rendered, add_special_tokens=False)
+    from importlib.metadata import version
+    assert http.get("/version").json() == {"version": version("rakv")}
+    for path, body in [("/tokenize", {}), ("/tokenize", {"prompt": "x", "messages": messages}),
+                       ("/tokenize", {"prompt": 5}), ("/detokenize", {"tokens": [10 ** 9]}),
+                       ("/detokenize", {"tokens": [-1]}), ("/tokenize", {"prompt": "x", "model": "other"})]:
+        refused = http.post(path, json=body)
+        assert refused.status_code in (400, 404) and "\n" not in refused.json()["error"]["message"], (path, body)
+
+
+def test_an_api_key_guards_the_v1_routes_and_leaves_health_and_metrics_open(tiny_pair, tmp_path, monkeypatch):
+    import openai
+
+    from rakv.runtime.errors import RakvError
+    from rakv.serving.http_options import HttpOptions
+
+    server = Served(tiny_pair, tmp_path, api_key="sekrit")
+    try:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekrit"}):
+            refused = server.http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}, headers=headers)
+            assert refused.status_code == 401 and refused.json()["error"]["type"] == "AuthenticationError"
+            assert server.http.get("/v1/models", headers=headers).status_code == 401
+        keyed = openai.OpenAI(base_url=server.url + "/v1", api_key="sekrit", max_retries=0)
+        assert keyed.completions.create(model="tiny", prompt=PROMPT, max_tokens=2).choices[0].text is not None
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+        for path in ("/health", "/metrics", "/version"):  # open, as vLLM's
+            assert server.http.get(path).status_code == 200
+    finally:
+        server.stop()
+    unkeyed = HttpOptions.default()
+    assert unkeyed.api_key is None
+    monkeypatch.setenv("RAKV_API_KEY", "from-env")
+    assert unkeyed.key == "from-env" and HttpOptions.default(api_key="flag").key == "flag"
+    with pytest.raises(RakvError, match="api-key"):
+        HttpOptions.default(api_key=" ")
+
+
+def metric_names(text: str) -> set[str]:
+    import re
+
+    return set(re.findall(r"\b((?:vllm|rakv):[A-Za-z0-9_]+)", text))
+
+
+def exported_names() -> set[str]:
+    """Every sample name a server's /metrics can carry (counters' _total, histograms' _bucket / _sum / _count)."""
+    from rakv.serving.prometheus import ServerMetrics
+
+    names = set()
+    for family in ServerMetrics("x").registry.collect():
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}.get(family.type, ("",))
+        names |= {family.name + suffix for suffix in suffixes}
+    return names
+
+
+def test_metrics_count_the_controller_s_actions_and_preemptions_and_the_dashboard_reads_only_those(served):
+    import json
+    from pathlib import Path
+
+    served.openai.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, extra_body={"ignore_eos": True})
+    text = served.http.get("/metrics").text
+    assert 'rakv:request_actions_total{k="2",model_name="tiny",proposer="draft",reuse=' in text  # joint-k2
+    assert "vllm:num_preemptions_total" in text and "rakv:measured_service_seconds_count" in text
+    samples = metric_names("\n".join(line for line in text.splitlines() if not line.startswith("#")))
+    assert {s for s in samples if not s.endswith("_created")} <= exported_names()  # what the registry declares
+    dashboard = json.loads((Path(__file__).parents[1] / "docs" / "grafana" / "rakv.json").read_text())
+    queried = metric_names(json.dumps([t["expr"] for p in dashboard["panels"] for t in p["targets"]]))
+    assert queried and queried <= exported_names(), queried - exported_names()
+    assert {"vllm:num_preemptions_total", "rakv:request_actions_total",
+            "rakv:predicted_service_seconds_bucket"} <= queried
+    assert not metric_names('rate(vllm:num_preemptions[5m])') <= exported_names()  # positive control: no _total

@@ -6,8 +6,11 @@
 
 - `POST /v1/completions`, `POST /v1/chat/completions` (the model's chat template), streaming as server-sent events
   (`stream_options.include_usage` as OpenAI's); the bodies are rakv.serving.protocol's pydantic models.
+  Completions honour `stop`, a list of prompts, `n`, `echo` and `logprobs` (docs/serving.md lists every field).
 - `GET /v1/models`, `GET /health` (200 while the engine runs; 503 draining or stopped), `GET /metrics`
-  (Prometheus, vLLM's names: rakv.serving.prometheus), `GET /openapi.json`, `GET /docs`.
+  (Prometheus, vLLM's names: rakv.serving.prometheus), `POST /tokenize`, `POST /detokenize`, `GET /version`
+  (vLLM's bodies), `GET /openapi.json`, `GET /docs`. With --api-key (or $RAKV_API_KEY), every /v1 route needs
+  `Authorization: Bearer KEY` (401 without it); the others stay open, as vLLM's.
 
 Handlers only validate, tokenise, submit and stream: the engine thread (rakv.serving.engine_loop.EngineLoop) owns
 the scheduler. Every input is bounded before it reaches the engine (docs/serving.md, "Over HTTP"): the body's size
@@ -24,12 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hmac
 import json
 import logging
 import threading
 import time
 import uuid
 from dataclasses import dataclass
+from importlib.metadata import version as package_version
 
 import anyio
 from fastapi import FastAPI, Request
@@ -55,12 +60,17 @@ from rakv.serving.protocol import (
     CompletionRequest,
     CompletionResponse,
     Delta,
+    DetokenizeRequest,
+    DetokenizeResponse,
     ErrorResponse,
     Health,
     ModelCard,
     ModelList,
     SamplingFields,
+    TokenizeRequest,
+    TokenizeResponse,
     Usage,
+    VersionResponse,
     error_body,
 )
 from rakv.serving.request import ServedRequest, Status
@@ -71,7 +81,7 @@ from rakv.serving.stops import output_text, visible
 log = logging.getLogger(__name__)
 
 DISCONNECT_POLL_S = 0.5  # how often a waiting handler checks that its client is still there
-ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 408, 413, 429, 500, 503)}
+ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 408, 413, 429, 500, 503)}
 SSE = {200: {"content": {"text/event-stream": {}}}}
 
 
@@ -122,6 +132,34 @@ class Tokenizing:
     def decode(self, tokens: list[int]) -> str:
         return self.decoder.decode(tokens, skip_special_tokens=True)
 
+    def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
+        """POST /tokenize: as vLLM's (special tokens added to a prompt by default, not to rendered messages)."""
+        if body.prompt is not None:
+            self._check_chars(len(body.prompt))
+            with self.lock:
+                ids = self.encoder.encode(body.prompt, add_special_tokens=body.add_special_tokens is not False)
+        else:
+            if not getattr(self.encoder, "chat_template", None):
+                raise ApiError(400, "this model has no chat template")
+            self._check_chars(sum(len(m.text) for m in body.messages))
+            messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text}
+                        for m in body.messages]
+            with self.lock:
+                text = self.encoder.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt,
+                                                        tokenize=False)
+                ids = self.encoder.encode(text, add_special_tokens=bool(body.add_special_tokens))
+            ids = list(ids)
+        strs = None
+        if body.return_token_strs:
+            with self.lock:
+                strs = self.encoder.convert_ids_to_tokens(ids)
+        return TokenizeResponse(count=len(ids), max_model_len=self.max_context, tokens=ids, token_strs=strs)
+
+    def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
+        if any(t >= self.vocabulary for t in body.tokens):
+            raise ApiError(400, f"tokens: a token id is outside the vocabulary of {self.vocabulary}")
+        return DetokenizeResponse(prompt=self.decode(body.tokens))
+
     def _check_chars(self, chars: int) -> None:
         if chars > self.max_chars:
             raise ApiError(400, f"the prompt ({chars} characters) is longer than the context of {self.max_context} "
@@ -171,6 +209,22 @@ class Limits:
     async def _refuse(send, status: int, message: str):
         await JSONResponse(error_body(status, message), status)(
             {"type": "http"}, None, send)
+
+
+class ApiKey:
+    """ASGI middleware (--api-key, as vLLM's): a /v1 request without `Authorization: Bearer KEY` is refused 401."""
+
+    def __init__(self, app, key: str):
+        self.app, self.expected = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                response = JSONResponse(error_body(401, "a valid API key is required: 'Authorization: Bearer KEY'"),
+                                        401, headers={"WWW-Authenticate": "Bearer"})
+                return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
 
 
 @dataclass
@@ -442,6 +496,8 @@ def build_app(api: Api, metrics: ServerMetrics, http: HttpOptions) -> FastAPI:
     """The routes, the error shape and the body limits around one engine loop."""
     app = FastAPI(title="rakv serve", summary="RAKV-ASD's OpenAI-compatible server", version="1")
     app.add_middleware(Limits, max_bytes=http.max_body_bytes, read_timeout_s=http.read_timeout_s)
+    if http.key is not None:
+        app.add_middleware(ApiKey, key=http.key)  # (added last: runs first, before a body is read)
     add_error_handlers(app)
 
     @app.post("/v1/completions", response_model=CompletionResponse, responses={**ERRORS, **SSE})
@@ -467,6 +523,20 @@ def build_app(api: Api, metrics: ServerMetrics, http: HttpOptions) -> FastAPI:
     async def health():
         status, reason = api.loop.health()
         return JSONResponse(Health(status=status, reason=reason).model_dump(), 200 if status == "ok" else 503)
+
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
+    async def tokenize(body: TokenizeRequest):
+        api.check_model(body.model)
+        return await anyio.to_thread.run_sync(api.tokenizing.tokenize, body)
+
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=ERRORS)
+    async def detokenize(body: DetokenizeRequest):
+        api.check_model(body.model)
+        return api.tokenizing.detokenize(body)
+
+    @app.get("/version", response_model=VersionResponse)
+    async def version():
+        return VersionResponse(version=package_version("rakv"))
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
     async def prometheus():

@@ -6,6 +6,7 @@ A light module on purpose: the CLI builds its flags from it without importing th
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 
 from rakv.runtime.errors import RakvError
@@ -15,6 +16,7 @@ MIN_TEMPERATURE = 1e-5  # 0 is greedy; below this, logits / T overflows float32 
 MAX_TEMPERATURE = 100.0  # above this the distribution is uniform to float32 precision: refused as a likely mistake
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed takes
 RETRY_AFTER_S = 1  # the Retry-After of a 429 / 503
+API_KEY_ENV = "RAKV_API_KEY"  # the key when --api-key is not given (as vLLM's VLLM_API_KEY)
 
 
 @dataclass(frozen=True)
@@ -32,11 +34,21 @@ class HttpOptions:
         "else the connection is closed (a body: 408)")})
     drain_s: float = field(metadata={"metavar": "S", "help": (
         "on SIGTERM or Ctrl-C, running requests get this long to finish while new ones get 503")})
+    api_key: str | None = field(default=None, metadata={"metavar": "KEY", "help": (
+        f"as vLLM's flag: every /v1 route needs the header 'Authorization: Bearer KEY' (else 401); /health, /metrics, "
+        f"/tokenize, /detokenize and /version stay open. Default: ${API_KEY_ENV} if set, else no key")})
 
     def __post_init__(self):
+        if self.api_key is not None and not self.api_key.strip():
+            raise RakvError("--api-key must not be empty")
         for spec in fields(self):
-            if not getattr(self, spec.name) > 0:
+            if spec.name != "api_key" and not getattr(self, spec.name) > 0:
                 raise RakvError(f"--{spec.name.replace('_', '-')} must be positive, got {getattr(self, spec.name)}")
+
+    @property
+    def key(self) -> str | None:
+        """The key requests must bear: --api-key, else $RAKV_API_KEY, else none."""
+        return self.api_key or os.environ.get(API_KEY_ENV) or None
 
     @property
     def max_body_bytes(self) -> int:

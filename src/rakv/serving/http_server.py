@@ -102,7 +102,7 @@ def make_server(engine: Engine, options: ServeOptions, address: tuple[str, int],
                 ready=None) -> HttpServer:
     """The server and its engine loop, neither started (`serve_http` runs both; tests run them in a thread)."""
     http = http or HttpOptions.default()
-    metrics = ServerMetrics(served_name)
+    metrics = ServerMetrics(served_name, engine.proposer)
     loop = EngineLoop(engine, options, out, parts, http.max_waiting, metrics)
     app = build_app(Api(loop, Tokenizing(engine), served_name, options), metrics, http)
     config = uvicorn.Config(app, host=address[0], port=address[1], http=head_timeout_protocol(http.read_timeout_s),

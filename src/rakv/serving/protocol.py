@@ -167,7 +167,47 @@ class ChatCompletionRequest(SamplingFields):
         return self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS
 
 
+class TokenizeRequest(BaseModel):
+    """POST /tokenize (vLLM's body): a `prompt`, or chat `messages` rendered by the chat template."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_special_tokens: StrictBool | None = None  # vLLM's defaults: true for a prompt, false for messages
+    add_generation_prompt: StrictBool = True
+    return_token_strs: StrictBool = False
+
+    @model_validator(mode="after")
+    def one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either 'prompt' or 'messages'")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize (vLLM's body): token ids back to text."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    model: StrictStr | None = None
+    tokens: list[TokenId]
+
+
 # --- answers ---
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class VersionResponse(BaseModel):
+    version: str
 
 class Usage(BaseModel):
     prompt_tokens: int
@@ -277,7 +317,7 @@ class ErrorResponse(BaseModel):
     error: ErrorInfo
 
 
-ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 408: "RequestTimeoutError",
+ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 408: "RequestTimeoutError",
                413: "RequestTooLargeError", 422: "UnprocessableEntityError", 429: "RateLimitError",
                500: "InternalServerError", 503: "ServiceUnavailableError"}
 
