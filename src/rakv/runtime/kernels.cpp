@@ -38,6 +38,10 @@
 // row's result; the draft's numerics are free (its proposals are verified) and it costs a quarter of the target's
 // bytes and, with VNNI, a quarter of its arithmetic (a draft prefill is compute-bound).
 //
+// Block-quantised GEMM (a target at precision q4_1: the GGUF's Q4_1 / Q8_0 blocks, fp32 activations): each 32 x 32
+// block dequantised exactly (gemm_blocks says how) and run through the fp32 micro-kernels, so a row's result is
+// bitwise the fp32 GEMM's over the dequantised weights, batch-invariant by the same argument.
+//
 // Attention: per (query row, head) a fixed order over the keys 0 .. position (scores in groups of four keys, one
 // reduction tree per key; softmax sums in eight lanes, then one tree), so a chunked prefill's rows equal a whole
 // prefill's, and a request's rows are the same alone or in any batch. One call per layer handles every segment of a
@@ -606,6 +610,74 @@ inline void dequant_block(int format, const uint8_t* block, float* out) {
   (void)h;
 }
 
+#if defined(__AVX512F__)
+// Few rows (a decode step, a verify of k + 1 <= 6) with AVX-512: each weight vector is dequantised in registers, as
+// dequant_block computes it, and used at once by every row: no round trip through the L1 buffer. The same values and
+// the same chain of FMAs over k per output as micro16 over dequant_block's buffer: the same bits
+// (tests/test_kernels.py: any row count, any slice of rows). acc[r][0..32) = sum over k < 32 nb of x[r][k] w[k].
+template <int R>
+inline void micro_blocks16(int format, const uint8_t* blocks, int64_t nb, int64_t bytes, const float* x,
+                           int64_t ldx, float* acc) {
+  __m512 a[R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi32(15);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* block = blocks + b * bytes;
+    const float* xb = x + b * kQBlock;
+    const __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+    const __m512 d1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
+    if (format == kQ4_1) {
+      const __m512 m0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64)));
+      const __m512 m1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 96)));
+      const uint8_t* q = block + 128;
+      for (int64_t t = 0; t < kQBlock; ++t) {
+        const __m512i bq = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + t * 16)));
+        const __m512 w0 = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(bq, low)), d0), m0);
+        const __m512 w1 = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(bq, 4)), d1), m1);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const __m512 xv = _mm512_set1_ps(xb[r * ldx + t]);
+          a[r][0] = _mm512_fmadd_ps(xv, w0, a[r][0]);
+          a[r][1] = _mm512_fmadd_ps(xv, w1, a[r][1]);
+        }
+      }
+    } else {
+      const int8_t* q = reinterpret_cast<const int8_t*>(block + 64);
+      for (int64_t t = 0; t < kQBlock; ++t) {
+        const __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+            reinterpret_cast<const __m128i*>(q + t * 32)))), d0);
+        const __m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+            reinterpret_cast<const __m128i*>(q + t * 32 + 16)))), d1);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const __m512 xv = _mm512_set1_ps(xb[r * ldx + t]);
+          a[r][0] = _mm512_fmadd_ps(xv, w0, a[r][0]);
+          a[r][1] = _mm512_fmadd_ps(xv, w1, a[r][1]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(acc + r * kPanel, a[r][0]);
+    _mm512_storeu_ps(acc + r * kPanel + 16, a[r][1]);
+  }
+}
+
+inline void micro_blocks16_rows(int64_t rows, int format, const uint8_t* blocks, int64_t nb, int64_t bytes,
+                                const float* x, int64_t ldx, float* acc) {
+  switch (rows) {
+    case 1: micro_blocks16<1>(format, blocks, nb, bytes, x, ldx, acc); break;
+    case 2: micro_blocks16<2>(format, blocks, nb, bytes, x, ldx, acc); break;
+    case 3: micro_blocks16<3>(format, blocks, nb, bytes, x, ldx, acc); break;
+    case 4: micro_blocks16<4>(format, blocks, nb, bytes, x, ldx, acc); break;
+    case 5: micro_blocks16<5>(format, blocks, nb, bytes, x, ldx, acc); break;
+    case 6: micro_blocks16<6>(format, blocks, nb, bytes, x, ldx, acc); break;
+  }
+}
+#endif
+
 // y[M, N] = (x[M, K] @ W^T + bias) + residual, W in quantised panels [G][K / 32][block_bytes(format)]
 void gemm_blocks(const float* X, const uint8_t* P, int format, int64_t M, int64_t K, int64_t N, const float* bias,
                  const float* residual, float* Y) {
@@ -618,6 +690,13 @@ void gemm_blocks(const float* X, const uint8_t* P, int format, int64_t M, int64_
     float* acc = acc_buffer.data();
     for (int64_t g = g0; g < g1; ++g) {
       const uint8_t* panel = P + g * blocks * bytes;
+#if defined(__AVX512F__)
+      if (M <= kRowsFew) {  // one pass over the panel's blocks, dequantised in registers
+        micro_blocks16_rows(M, format, panel, blocks, bytes, X, K, acc);
+        epilogue(acc, M, g * kPanel, N, nullptr, nullptr, bias, residual, Y);
+        continue;
+      }
+#endif
       for (int64_t k0 = 0; k0 < K; k0 += kc) {
         const int64_t kn = std::min(kc, K - k0);
         for (int64_t b = 0; b < kn / kQBlock; ++b)
