@@ -207,6 +207,7 @@ class PipelineConfig:
     results_dir: str = MISSING
     calibration: CalibrationOptions = MISSING
     study: ShardOptions = MISSING
+    heads: Any = None  # the heads stage's settings (conf/heads/, conf/heads.yaml; rakv.experiments.heads)
 
 
 @dataclass

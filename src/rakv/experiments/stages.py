@@ -127,10 +127,17 @@ def paper(cfg: DictConfig) -> None:
         refresh_readme(read_summary(layout.root), ROOT / "README.md", layout.root)
 
 
-STAGES = {"calibrate": calibrate, "study": study, "serving": serving, "sensitivity": sensitivity,
+def heads(cfg: DictConfig) -> None:
+    """Learned heads for the pair of conf/heads/<pair>.yaml: shipped, cached or trained (rakv.experiments.heads)."""
+    from rakv.experiments.heads import run_heads
+
+    run_heads(cfg)
+
+
+STAGES = {"heads": heads, "calibrate": calibrate, "study": study, "serving": serving, "sensitivity": sensitivity,
           "sampling": sampling, "feasibility": feasibility, "analysis": analysis, "paper": paper}
 # the stages whose primary config in conf/ is not config.yaml (the shared config plus the stage's overrides)
-PRIMARY_CONFIGS = {"serving": "serving_study", "sensitivity": "sensitivity", "sampling": "sampling",
+PRIMARY_CONFIGS = {"heads": "heads", "serving": "serving_study", "sensitivity": "sensitivity", "sampling": "sampling",
                    "feasibility": "feasibility"}
 
 

@@ -30,6 +30,7 @@ from rakv.runtime.compact import Segment
 from rakv.runtime.decoding import Proposer, Sampling, crop_cache, forward_rows, probabilities
 from rakv.runtime.depth import match_class
 from rakv.runtime.errors import RakvError
+from rakv.runtime.heads import HeadsProposer
 from rakv.runtime.kernels import new_kv_cache
 
 
@@ -238,7 +239,8 @@ class ControlledAcceptanceProposer(Proposer):
 
 
 # A configuration's proposer name -> its class: the one place a name means a kind of proposer.
-PROPOSERS: dict[str, type[Proposer]] = {cls.name: cls for cls in (DraftModelProposer, PromptLookupProposer)}
+PROPOSERS: dict[str, type[Proposer]] = {cls.name: cls for cls in (DraftModelProposer, PromptLookupProposer,
+                                                                   HeadsProposer)}
 
 
 def proposer_type(name: str) -> type[Proposer]:

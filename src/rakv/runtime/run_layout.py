@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rakv.runtime.paths import PAPER_DIR, REFERENCE_DIR, ROOT
+from rakv.runtime.paths import DATA_DIR, PAPER_DIR, REFERENCE_DIR, ROOT
 
 RESULTS_DIR = ROOT / "results"  # ./reproduce.sh's results folders, results/<profile>/ by default
 FIGURES_DIR = ROOT / "figures"
@@ -443,3 +443,27 @@ class PeerLayout:
     def bench_serving_dir(self) -> Path:
         """scripts/bench_serving.py's --out files, one per engine setting."""
         return self.root / "bench_serving"
+
+
+@dataclass(frozen=True)
+class HeadsLayout:
+    """A trained set of heads (rakv.runtime.heads): its record and its tensors in one folder; the shipped set of a
+    pair is data/heads/<pair>/, the heads stage's cache <derived files>/heads/<key>/ (rakv.experiments.heads)."""
+
+    root: Path
+
+    @classmethod
+    def shipped(cls, pair: str) -> HeadsLayout:
+        return cls(DATA_DIR / "heads" / pair)
+
+    @classmethod
+    def cached(cls, folder: Path, key: str) -> HeadsLayout:
+        return cls(Path(folder) / "heads" / key)
+
+    @property
+    def record(self) -> Path:
+        return self.root / "heads.json"
+
+    @property
+    def tensors(self) -> Path:
+        return self.root / "heads.pt"

@@ -1,0 +1,253 @@
+"""Learned heads over the target's last hidden state (Medusa-1 style) and the proposer that drafts with them.
+
+Head i (i = 1..n) reads the target's last hidden state h_t (the final norm's output, what the output head reads) and
+predicts the token t+1+i: one residual block r_i = SiLU(W_i h_t + b_i) + h_t, then the target's own output head
+restricted to a candidate vocabulary (the V tokens the target emitted most often in the training continuations) plus a
+learned bias per candidate. The target's head row gives token t+1 (the round's bonus or correction token), so after a
+verify the heads propose the k tokens after it from the hidden state that produced it: the proposal is two small
+matrix products, one of them over V rows instead of the whole vocabulary (docs/heads.md: the cost argument).
+
+Only W, b and the candidate bias are trained (rakv.experiments.heads: self-distillation on the target's greedy
+continuations); the projection is read from the target at load time, so a trained set is a few MB and is tied to
+its target by fingerprint. A trained set is two files in one folder (`rakv.runtime.run_layout.HeadsLayout`): a typed
+record with its provenance (`HeadsRecord`) and the tensors (torch.save, fp16). The proposer keeps one thing per
+request: the target's last hidden states of the latest verify, rolled back with the round, so it is rollback-safe
+and has nothing for the prefix store to keep.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from rakv.runtime.decoding import Proposer, Sampling, probabilities
+from rakv.runtime.errors import RakvError
+from rakv.runtime.json_records import read_record, write_record
+from rakv.runtime.kernels import compact_of
+from rakv.runtime.run_layout import HeadsLayout
+
+FORMAT = 1  # part of the key: a set trained by another version of the training is another set
+
+
+@dataclass(frozen=True)
+class HeadsSettings:
+    """What a set of heads is trained from and how (conf/heads/*.yaml; every field is part of the set's key)."""
+
+    pair: str = "smollm2"
+    heads: int = 4  # candidates one proposal can offer
+    vocab: int = 4096  # candidate vocabulary: at most this many of the continuations' most frequent tokens
+    dataset: str = "wikitext2"
+    split: str = "validation"  # the bundled WikiText-2 has test (held out for the measurements) and validation
+    source: str = "bundled"
+    prompts: int = 160  # paragraphs whose greedy continuations are the training data
+    prompt_tokens: int = 48  # each paragraph's first tokens are the prompt
+    new_tokens: int = 128  # greedy continuation length per prompt
+    holdout: float = 0.1  # share of the prompts held out for the record's per-head accuracy
+    epochs: int = 6
+    batch: int = 256
+    lr: float = 2e-3
+    weight_decay: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.heads < 1 or self.vocab < 2 or self.prompts < 2 or self.new_tokens < self.heads + 2:
+            raise RakvError("heads settings: need heads >= 1, vocab >= 2, prompts >= 2 and new_tokens >= heads + 2")
+        if not 0.0 < self.holdout < 1.0 or self.epochs < 1 or self.batch < 1 or self.lr <= 0:
+            raise RakvError("heads settings: need 0 < holdout < 1, epochs >= 1, batch >= 1 and lr > 0")
+
+
+@dataclass(frozen=True)
+class HeadsRecord:
+    """A trained set's provenance, beside its tensors: what it was trained from, by which commit, how it went."""
+
+    key: str  # digest of (format, target fingerprint, data digest, settings): the cache's and the folder's name
+    settings: HeadsSettings
+    target: dict[str, str]  # the target's fingerprint (rakv.runtime.models.Fingerprint) less its kernels
+    data_digest: str  # of the prompts' token ids
+    commit: str  # the repository's commit that trained it
+    positions: int  # training positions (hidden states)
+    vocab_size: int  # candidates actually kept (<= settings.vocab)
+    coverage: float  # share of the training labels inside the candidate vocabulary
+    loss_curve: list[list[float]]  # per epoch, each head's mean training loss
+    holdout_accuracy: list[float]  # each head's top-1 agreement with the target's greedy token, held-out prompts
+    train_seconds: float  # wall time of generation and training (the machine's load not controlled)
+
+
+def target_identity(pair) -> dict:
+    """The target's fingerprint as the heads depend on it (the kernels that compute it do not change the weights)."""
+    identity = asdict(pair.target.fingerprint)
+    identity.pop("kernels", None)
+    return identity
+
+
+def heads_key(pair, settings: HeadsSettings, data_digest: str) -> str:
+    blob = json.dumps({"format": FORMAT, "target": target_identity(pair), "data": data_digest,
+                       "settings": asdict(settings)}, sort_keys=True).encode()
+    return hashlib.blake2b(blob, digest_size=10).hexdigest()
+
+
+def output_rows(module: torch.nn.Module, vocab: torch.Tensor) -> torch.Tensor:
+    """The target's output-head rows of the `vocab` tokens, [V, hidden] fp32 (the compact forward's packed head or
+    the transformers module's)."""
+    compact = compact_of(module)
+    if compact is not None:
+        return compact.lm_head.embed(vocab).float().contiguous()
+    return module.get_output_embeddings().weight.detach()[vocab].float().contiguous()
+
+
+def head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, vocab_bias: torch.Tensor,
+                rows: torch.Tensor) -> torch.Tensor:
+    """Every head's candidate logits [B, n, V] from hidden states [B, d]: SiLU(W_i h + b_i) + h, then the rows."""
+    n, d, _ = weight.shape
+    inner = F.linear(hidden, weight.reshape(n * d, d), bias.reshape(n * d)).view(-1, n, d)
+    return F.linear(F.silu(inner) + hidden[:, None, :], rows) + vocab_bias
+
+
+@dataclass
+class Heads:
+    """A trained set on its target: the heads' weights and the target's output rows of their vocabulary."""
+
+    weight: torch.Tensor  # [n, d, d]
+    bias: torch.Tensor  # [n, d]
+    vocab_bias: torch.Tensor  # [n, V]
+    vocab: torch.Tensor  # [V] token ids
+    rows: torch.Tensor  # [V, d] the target's output-head rows of `vocab`
+    vocab_size: int  # the target's whole vocabulary
+    record: HeadsRecord | None = None
+
+    @property
+    def count(self) -> int:
+        return int(self.weight.shape[0])
+
+    def logits(self, hidden: torch.Tensor, n: int) -> torch.Tensor:
+        """The first n heads' candidate logits [n, V] from one hidden state [d]."""
+        return head_logits(hidden.reshape(1, -1).float(), self.weight[:n], self.bias[:n], self.vocab_bias[:n],
+                           self.rows)[0]
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """What is saved (fp16 weights: half the bytes; they are computed with in fp32)."""
+        return {"weight": self.weight.half(), "bias": self.bias.half(), "vocab_bias": self.vocab_bias.half(),
+                "vocab": self.vocab.clone()}
+
+    @classmethod
+    def on_target(cls, module: torch.nn.Module, state: dict, vocab_size: int, record: HeadsRecord | None = None,
+                  device: torch.device | str = "cpu") -> Heads:
+        vocab = state["vocab"].to(device=device, dtype=torch.long)
+        weight = state["weight"].to(device=device, dtype=torch.float32).contiguous()
+        if weight.dim() != 3 or weight.shape[1] != weight.shape[2]:
+            raise RakvError("heads: the weight tensor is not [heads, hidden, hidden]")
+        rows = output_rows(module, vocab).to(device)
+        if rows.shape[1] != weight.shape[1]:
+            raise RakvError(f"heads: trained for hidden size {weight.shape[1]}, the target has {rows.shape[1]}")
+        return cls(weight, state["bias"].to(device=device, dtype=torch.float32).contiguous(),
+                   state["vocab_bias"].to(device=device, dtype=torch.float32).contiguous(), vocab, rows, vocab_size,
+                   record)
+
+
+def save_heads(heads: Heads, record: HeadsRecord, layout: HeadsLayout) -> None:
+    """The tensors and then the record (a folder with a record is complete)."""
+    layout.root.mkdir(parents=True, exist_ok=True)
+    tmp = layout.tensors.with_suffix(".tmp")
+    torch.save(heads.state(), tmp)
+    tmp.replace(layout.tensors)
+    write_record(record, layout.record)
+
+
+def read_heads_record(layout: HeadsLayout) -> HeadsRecord:
+    return read_record(HeadsRecord, layout.record, when_missing=f"no trained heads in {layout.root}")
+
+
+def load_heads(pair, layout: HeadsLayout) -> Heads:
+    """The set in `layout` on `pair`'s target; refused (RakvError) when it was trained for another target."""
+    record = read_heads_record(layout)
+    if record.target != target_identity(pair):
+        raise RakvError(f"the heads in {layout.root} were trained for another target than pair '{pair.name}'s; "
+                        f"retrain them: ./reproduce.sh stages=heads heads={pair.name}")
+    try:
+        state = torch.load(layout.tensors, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError) as exc:
+        raise RakvError(f"cannot read {layout.tensors}: {exc}") from None
+    return Heads.on_target(pair.target.module, state, pair.vocab_size, record, pair.device)
+
+
+_LOADED: dict[tuple[int, Path], tuple[object, Heads]] = {}
+
+
+def shipped_heads(pair) -> Heads:
+    """The heads the repository ships for `pair` (data/heads/<pair>/), loaded once per loaded target."""
+    layout = HeadsLayout.shipped(pair.name)
+    slot = (id(pair.target.module), layout.root)
+    held = _LOADED.get(slot)
+    if held is None or held[0] is not pair.target.module:
+        if not layout.record.exists():
+            raise RakvError(f"no trained heads for pair '{pair.name}' ({layout.root}); train them with "
+                            f"./reproduce.sh stages=heads heads={pair.name}")
+        held = (pair.target.module, load_heads(pair, layout))
+        _LOADED[slot] = held
+    return held[1]
+
+
+@dataclass
+class HeadsProposer(Proposer):
+    """Drafts k tokens from the target's last hidden state with the learned heads (one per candidate position)."""
+
+    name: ClassVar[str] = "heads"
+    needs_target_hidden: ClassVar[bool] = True
+
+    heads: Heads
+    hidden: torch.Tensor | None = None  # the target's last hidden states of the latest verify, [rows, d] ...
+    first: int = 0  # ... from this context position on (rolled back with the round)
+    offered: list[int] = field(default_factory=list)  # the last proposal, for the tests
+
+    @classmethod
+    def for_pair(cls, pair) -> HeadsProposer:
+        return cls(shipped_heads(pair))
+
+    def start(self, context, kv=None):
+        self.reset()
+
+    def resume(self, context, kv=None):
+        self.reset()
+
+    def reset(self) -> None:
+        self.hidden, self.first = None, 0
+
+    def observe_target_hidden(self, first_position: int, hidden: torch.Tensor) -> None:
+        self.hidden, self.first = hidden, first_position
+
+    def rollback(self, confirmed_length: int) -> None:
+        """Keep the hidden states of confirmed positions only (that of position p depends on tokens 0..p)."""
+        if self.hidden is not None:
+            keep = confirmed_length - self.first
+            self.hidden = self.hidden[:max(keep, 0)] if keep > 0 else None
+
+    def hidden_at(self, position: int) -> torch.Tensor | None:
+        if self.hidden is None or not self.first <= position < self.first + self.hidden.shape[0]:
+            return None
+        return self.hidden[position - self.first]
+
+    def propose(self, context, k, sampling: Sampling, generator):
+        """Up to min(k, heads) candidates after the context's last token, read from the hidden state that produced
+        it (position len - 2); none before the first verify has given one (a request's first round)."""
+        hidden = self.hidden_at(len(context) - 2)
+        n = min(k, self.heads.count)
+        if hidden is None or n <= 0:
+            self.offered = []
+            return [], None
+        logits = self.heads.logits(hidden, n)
+        if sampling.greedy:
+            tokens = self.heads.vocab[logits.argmax(-1)].tolist()
+            self.offered = tokens
+            return tokens, None
+        full = logits.new_full((n, self.heads.vocab_size), float("-inf"))
+        full[:, self.heads.vocab] = logits
+        dists = probabilities(full, sampling)
+        tokens = [int(torch.multinomial(dist, 1, generator=generator)) for dist in dists]
+        self.offered = tokens
+        return tokens, dists

@@ -1,0 +1,248 @@
+"""Learned heads (rakv.runtime.heads) and their stage (rakv.experiments.heads) on the tiny seeded pair: trained in
+seconds, greedy output identical to AR alone and served, rollback-safe, sampled output distributed as AR's, cached
+by content, and refused with one line when they do not fit."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from rakv.experiments.heads import ensure_heads, settings_of, train, training_prompts
+from rakv.runtime import heads as heads_module
+from rakv.runtime.actions import Action
+from rakv.runtime.cache import PrefixKVStore
+from rakv.runtime.decoding import Sampling
+from rakv.runtime.engine import Engine
+from rakv.runtime.errors import RakvError
+from rakv.runtime.heads import HeadsProposer, HeadsSettings, load_heads, read_heads_record, target_identity
+from rakv.runtime.proposers import PROPOSERS
+from rakv.runtime.run_layout import HeadsLayout
+
+PROMPTS = ("The history of the city begins in", "def fibonacci(n):\n    if n < 2:\n        return n\n",
+           "In 1998 the band released its second album,")
+SMALL = HeadsSettings(pair="tiny", heads=3, vocab=512, prompts=4, prompt_tokens=8, new_tokens=30, epochs=30, batch=32,
+                      lr=0.01, seed=0)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_pair):
+    return Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30), proposer="heads")
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_pair, engine):
+    """Heads fitted to the target's continuations of PROMPTS (so that rounds accept some candidates and reject
+    others on them)."""
+    prompts = [engine.encode(p) for p in PROMPTS]
+    heads, record = train(tiny_pair, SMALL, prompts + prompts[:1], "test", log=lambda *_: None)
+    return heads
+
+
+def test_heads_are_registered_and_ask_for_the_targets_hidden_states():
+    assert PROPOSERS["heads"] is HeadsProposer and HeadsProposer.needs_target_hidden
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_greedy_output_equals_ar_and_rounds_accept_and_reject(engine, trained, k):
+    accepted = rejections = 0
+    for text in PROMPTS:  # 40 tokens: past the 30 the heads were fitted to, where they guess
+        ids = engine.encode(text)
+        ar = engine.run(ids, Action(False, 0), 40, ignore_eos=True)
+        spec = engine.run(ids, Action(False, k), 40, ignore_eos=True, proposer=HeadsProposer(trained))
+        assert spec.token_ids == ar.token_ids
+        assert all(proposed <= min(k, trained.count) for proposed, _ in spec.round_log)
+        accepted, rejections = accepted + spec.accepted, rejections + spec.rejections
+    assert accepted > 0 and rejections > 0  # both branches of a round ran
+
+
+def test_reuse_and_an_exact_repeat_change_no_output(tiny_pair, trained):
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30), proposer="heads")
+    ids = engine.encode(PROMPTS[0])
+    ar = engine.run(ids, Action(False, 0), 20, ignore_eos=True).token_ids
+    for prompt in (ids, ids, ids[:-2] + ids[-1:]):  # miss, exact repeat, partial hit
+        out = engine.run(prompt, Action(True, 3), 20, ignore_eos=True, proposer=HeadsProposer(trained))
+        assert out.token_ids == engine.run(prompt, Action(False, 0), 20, ignore_eos=True).token_ids
+    assert engine.run(ids, Action(True, 3), 20, ignore_eos=True, proposer=HeadsProposer(trained)).token_ids == ar
+
+
+class OffByOne(HeadsProposer):
+    """The positive control: reads the hidden state one position too early, as a proposer that mistook which verify
+    row belongs to the last confirmed token would."""
+
+    def hidden_at(self, position):
+        return super().hidden_at(position - 1)
+
+
+def test_the_hidden_state_of_the_last_confirmed_token_is_the_one_read(engine, trained):
+    """Trained heads accept on their training prompts from the right row; reading a neighbouring row accepts less
+    (the check can fail), while greedy output stays the target's either way."""
+    right = wrong = 0
+    for text in PROMPTS:
+        ids = engine.encode(text)
+        right += engine.run(ids, Action(False, 3), 24, ignore_eos=True, proposer=HeadsProposer(trained)).accepted
+        wrong += engine.run(ids, Action(False, 3), 24, ignore_eos=True, proposer=OffByOne(trained)).accepted
+    assert right > wrong
+
+
+def test_rollback_keeps_only_confirmed_positions(trained):
+    proposer = HeadsProposer(trained)
+    width = trained.weight.shape[1]
+    rows = torch.arange(5, dtype=torch.float32)[:, None].expand(5, width)
+    proposer.observe_target_hidden(10, rows)  # positions 10..14
+    assert float(proposer.hidden_at(12)[0]) == 2.0 and proposer.hidden_at(15) is None
+    proposer.rollback(13)  # positions 13 and 14 withdrawn
+    assert proposer.hidden_at(13) is None and float(proposer.hidden_at(12)[0]) == 2.0
+    proposer.rollback(10)
+    assert proposer.hidden_at(10) is None and proposer.propose(list(range(12)), 3, Sampling(), None) == ([], None)
+
+
+def test_a_sampled_proposal_is_a_distribution_over_the_candidate_vocabulary(trained):
+    proposer = HeadsProposer(trained)
+    proposer.observe_target_hidden(0, torch.randn(3, trained.weight.shape[1]))
+    tokens, dists = proposer.propose([1, 2, 3], 3, Sampling(temperature=0.7, seed=1), torch.Generator().manual_seed(1))
+    assert dists.shape == (3, trained.vocab_size) and torch.allclose(dists.sum(-1), torch.ones(3))
+    outside = torch.ones(trained.vocab_size, dtype=torch.bool)
+    outside[trained.vocab] = False
+    assert float(dists[:, outside].sum()) == 0.0 and all(dists[i, t] > 0 for i, t in enumerate(tokens))
+
+
+def test_served_greedy_output_equals_alone_with_the_same_rounds(tiny_pair, trained, tmp_path, monkeypatch):
+    from rakv.runtime.workloads import dataset_texts
+    from rakv.serving.server import ServeOptions, serve
+    from rakv.serving.trace import generate_trace
+
+    monkeypatch.setattr(heads_module, "shipped_heads", lambda pair: trained)
+    trace = generate_trace(dataset_texts("wikitext2"), requests=5, rate=400.0, kind="shared-prefix",
+                           max_new_tokens=10, prompt_words=20, groups=2, system_words=20, seed=4)
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30), proposer="heads")
+    serve(engine, trace, tmp_path, ServeOptions.default(ignore_eos=True, strategy="spec-k4", token_budget=64,
+                                                       max_batch=4), progress=False)
+    from rakv.runtime.run_layout import ServedRunLayout
+
+    records = [json.loads(line) for line in ServedRunLayout(tmp_path).requests.read_text().splitlines()]
+    alone = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30), proposer="heads")
+    assert len(records) == len(trace) and all(r["status"] == "ok" for r in records)
+    by_id = {r.id: r for r in trace}
+    for record in records:
+        result = alone.run(alone.encode(by_id[record["id"]].prompt), Action(False, 4), 10, ignore_eos=True)
+        assert record["token_ids"] == result.token_ids
+        assert record["rounds"] == result.rounds
+
+
+def test_shipped_tiny_heads_fit_the_tiny_target(tiny_pair):
+    layout = HeadsLayout.shipped("tiny")
+    record = read_heads_record(layout)
+    assert record.target == target_identity(tiny_pair) and len(record.loss_curve) == record.settings.epochs
+    heads = load_heads(tiny_pair, layout)
+    assert heads.count == record.settings.heads and len(heads.vocab) == record.vocab_size
+
+
+def test_heads_for_another_target_are_refused_with_one_line(tiny_pair, tmp_path):
+    layout = HeadsLayout(tmp_path / "other")
+    shipped = HeadsLayout.shipped("tiny")
+    layout.root.mkdir()
+    record = json.loads(shipped.record.read_text())
+    record["target"]["weights"] = "another"
+    layout.record.write_text(json.dumps(record))
+    layout.tensors.write_bytes(shipped.tensors.read_bytes())
+    with pytest.raises(RakvError, match="another target"):
+        load_heads(tiny_pair, layout)
+
+
+def test_the_stage_trains_once_then_finds_its_key_in_the_cache(tiny_pair, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAKV_CACHE_DIR", str(tmp_path))
+    settings = HeadsSettings(pair="tiny", heads=2, vocab=64, prompts=3, prompt_tokens=8, new_tokens=6, epochs=1,
+                             batch=16)
+    lines: list[str] = []
+    first = ensure_heads(tiny_pair, settings, "test", install=False, log=lines.append)
+    assert any("training" in line for line in lines)
+    lines.clear()
+    assert ensure_heads(tiny_pair, settings, "test", install=False, log=lines.append) == first
+    assert not any("training" in line for line in lines) and any("cache" in line for line in lines)
+    other = ensure_heads(tiny_pair, HeadsSettings(**{**settings.__dict__, "seed": 1}), "test", install=False,
+                         log=lines.append)
+    assert other != first  # the seed is part of the key
+    record = read_heads_record(first)
+    assert record.positions > 0 and 0 < record.coverage <= 1 and len(record.holdout_accuracy) == 2
+
+
+def test_training_is_seeded(tiny_pair):
+    settings = HeadsSettings(pair="tiny", heads=2, vocab=64, prompts=3, prompt_tokens=8, new_tokens=6, epochs=2,
+                             batch=16)
+    prompts = training_prompts(tiny_pair.tokenizer.encode, settings)
+    a, _ = train(tiny_pair, settings, prompts, "test", log=lambda *_: None)
+    b, _ = train(tiny_pair, settings, prompts, "test", log=lambda *_: None)
+    assert torch.equal(a.weight, b.weight) and torch.equal(a.vocab, b.vocab)
+
+
+@pytest.mark.parametrize("node, message", [({"pair": "tiny", "heds": 3}, "unknown setting"),
+                                           ({"pair": "tiny", "heads": 0}, "heads >= 1"),
+                                           ({"pair": "tiny", "holdout": 1.5}, "holdout")])
+def test_bad_settings_fail_with_one_line(node, message):
+    with pytest.raises(RakvError, match=message):
+        settings_of(node)
+
+
+def test_the_stage_refuses_a_bad_override_with_one_line():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "scripts/run_stage.py", "heads", "heads=tiny", "heads.heads=0"],
+                          capture_output=True, text=True)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "heads >= 1" in done.stderr.strip().splitlines()[-1]
+
+
+
+# The distribution tests (tests/test_sampling_engine.py's design): at positions sampled after a rejection, the token's
+# marginal over many seeds is AR sampling's, under both verification rules; the positive control is a proposer that
+# samples from its heads but claims a point mass (hides its distribution from the verifier), which must be seen.
+RUNS = 240
+NEW_TOKENS = 5
+POSITIONS = (2, 3, 4)
+SAMPLING = dict(temperature=0.6, top_p=0.95)
+
+
+class HidesItsDistribution(HeadsProposer):
+    def propose(self, context, k, sampling, generator):
+        tokens, _ = super().propose(context, k, sampling, generator)
+        return tokens, None
+
+
+def sampled(engine, k, make, verify="token", seed0=0):
+    ids = engine.encode(PROMPTS[0])
+    out, rejected_before = [], []
+    for seed in range(seed0, seed0 + RUNS):
+        result = engine.run(ids, Action(False, k), NEW_TOKENS, ignore_eos=True, proposer=make() if k else None,
+                            sampling=Sampling(seed=seed, verify=verify, **SAMPLING))
+        out.append(result.token_ids)
+        confirmed, first = 1, None
+        for proposed, accepted in result.round_log:
+            if accepted < proposed and first is None:
+                first = confirmed + accepted
+            confirmed += accepted + 1
+        rejected_before.append(first)
+    return np.array(out), rejected_before
+
+
+@pytest.fixture(scope="module")
+def ar_samples(engine):
+    return sampled(engine, 0, None)[0]
+
+
+@pytest.mark.parametrize("verify", ["token", "block"])
+def test_sampled_heads_follow_ar_sampling_after_rejections(engine, trained, ar_samples, verify):
+    from test_sampling_engine import two_sample_pvalue
+
+    spec, rejected_before = sampled(engine, 3, lambda: HeadsProposer(trained), verify, seed0=10_000)
+    for position in POSITIONS:
+        assert sum(r is not None and r <= position for r in rejected_before) >= RUNS // 6
+        assert two_sample_pvalue(ar_samples[:, position], spec[:, position]) > 0.001
+
+
+def test_the_distribution_test_sees_a_proposer_that_hides_its_distribution(engine, trained, ar_samples):
+    from test_sampling_engine import two_sample_pvalue
+
+    wrong, _ = sampled(engine, 3, lambda: HidesItsDistribution(trained), seed0=20_000)
+    assert min(two_sample_pvalue(ar_samples[:, p], wrong[:, p]) for p in POSITIONS) < 1e-4
