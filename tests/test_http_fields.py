@@ -110,14 +110,18 @@ def test_stop_strings_cut_completions_and_chat_streamed_or_not(served):
 def test_a_list_of_prompts_and_n_choices_are_indexed_and_seeded_as_openai_and_vllm(served):
     engine, client = served.engine, served.openai
     prompts = [PROMPT, "x = [1, 2, 3]\n"]
-    greedy = client.completions.create(model="tiny", prompt=prompts, n=2, max_tokens=6,
-                                       extra_body={"ignore_eos": True})
-    assert [c.index for c in greedy.choices] == [0, 1, 2, 3]
-    for i, prompt in enumerate(prompts):  # greedy: each prompt's n choices are its one output
-        expected = engine.pair.tokenizer.decode(alone(engine, prompt, 6), skip_special_tokens=True)
-        assert greedy.choices[2 * i].text == greedy.choices[2 * i + 1].text == expected
+    greedy = client.completions.create(model="tiny", prompt=prompts, max_tokens=6, extra_body={"ignore_eos": True})
+    assert [c.index for c in greedy.choices] == [0, 1]
+    for choice, prompt in zip(greedy.choices, prompts):  # each prompt's output is its own, alone
+        assert choice.text == engine.pair.tokenizer.decode(alone(engine, prompt, 6), skip_special_tokens=True)
     prompt_tokens = sum(len(engine.pair.tokenizer.encode(p, add_special_tokens=False)) for p in prompts)
-    assert greedy.usage.prompt_tokens == prompt_tokens and greedy.usage.completion_tokens == 24
+    assert greedy.usage.prompt_tokens == prompt_tokens and greedy.usage.completion_tokens == 12
+    refused = served.post({"prompt": PROMPT, "n": 2, "temperature": 0})  # greedy n > 1: refused, as vLLM
+    assert refused.status_code == 400 and "greedy" in refused.json()["error"]["message"]
+    two = client.completions.create(model="tiny", prompt=prompts, n=2, temperature=1.0, seed=3, max_tokens=4)
+    assert [c.index for c in two.choices] == [0, 1, 2, 3]  # choice j of prompt i: i * n + j
+    assert two.choices[2].text == client.completions.create(model="tiny", prompt=prompts[1], temperature=1.0, seed=3,
+                                                            max_tokens=4).choices[0].text
     kw = dict(model="tiny", prompt=PROMPT, max_tokens=8, temperature=1.0, extra_body={"ignore_eos": True})
     sampled = client.completions.create(n=3, seed=11, **kw)
     alone_seeded = [client.completions.create(seed=11 + j, **kw).choices[0].text for j in range(3)]
@@ -184,7 +188,7 @@ def test_bad_values_of_the_new_fields_are_one_line_400s_while_the_server_serves_
            {"prompt": PROMPT, "logprobs": 1, "stream": True}, {"prompt": PROMPT, "max_tokens": 0},
            {"prompt": [[1], []]}, {"prompt": [PROMPT] * 65}, {"prompt": [[1, 2], "x"]},
            ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "/v1/chat/completions")]
-    good = [{"prompt": [PROMPT, PROMPT + "1"], "max_tokens": 4, "stop": ["\n\n"], "n": 2}]
+    good = [{"prompt": [PROMPT, PROMPT + "1"], "max_tokens": 4, "stop": ["\n\n"], "n": 2, "temperature": 0.5}]
     results = {}
 
     def post(i, body):
@@ -290,3 +294,24 @@ def test_metrics_count_the_controller_s_actions_and_preemptions_and_the_dashboar
     assert {"vllm:num_preemptions_total", "rakv:request_actions_total",
             "rakv:predicted_service_seconds_bucket"} <= queried
     assert not metric_names('rate(vllm:num_preemptions[5m])') <= exported_names()  # positive control: no _total
+
+
+def test_the_served_fields_table_in_docs_is_the_one_the_models_give():
+    import importlib.util
+    from pathlib import Path
+
+    from rakv.serving.protocol import FIELD_DOCS, honoured_fields
+
+    script = Path(__file__).parents[1] / "scripts" / "write_serving_fields.py"
+    spec = importlib.util.spec_from_file_location("write_serving_fields", script)
+    writer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(writer)
+    text = writer.DOC.read_text()
+    assert writer.rendered(text) == text, "docs/serving.md's field table is stale: run scripts/write_serving_fields.py"
+    assert writer.rendered(text.replace("| `stop` |", "| `stops` |")) != text.replace("| `stop` |", "| `stops` |")
+    removed = FIELD_DOCS.pop("echo")  # positive control: a field without a line is caught
+    try:
+        with pytest.raises(ValueError, match="echo"):
+            honoured_fields()
+    finally:
+        FIELD_DOCS["echo"] = removed

@@ -245,6 +245,8 @@ class Api:
         """Submit each prompt's n choices, then answer: the whole completion, or a stream once the first event is
         in. A request refused or failed before its first token is answered with its status instead (its other
         choices aborted). `texts`: the prompts as text, for echo."""
+        if body.n > 1 and body.sampling(self.options.sampling).greedy:  # as vLLM's SamplingParams refuses it
+            raise ApiError(400, f"n must be 1 when using greedy sampling, got {body.n}")
         if getattr(body, "max_tokens", None) == 0:  # echo alone: the prompts scored, nothing generated
             return await self.echoed(body, prompts, texts)
         stop_at_eos, kind = body.stops_at_eos(self.options.ignore_eos), "chatcmpl" if chat else "cmpl"

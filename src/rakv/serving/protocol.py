@@ -304,6 +304,55 @@ class Health(BaseModel):
     reason: str | None = None
 
 
+# Every request field the server honours, as docs/serving.md's table shows it (`honoured_fields`; a field of the
+# request models missing here fails tests/test_http_fields.py): (request models, its values, what it does)
+FIELD_DOCS = {
+    "model": ("all", "string", "the served name (`--served-model-name`); another is 404"),
+    "prompt": ("completions, tokenize", f"string, token ids, or a list of 1 to {MAX_PROMPTS} of either (completions)",
+               "the prompt(s); each prompt's choices follow one another in `choices`"),
+    "messages": ("chat, tokenize", "list of {role, content}", "rendered by the model's chat template"),
+    "max_tokens": ("completions, chat", "integer >= 1 (completions: 0 with `echo`)",
+                   "tokens to generate at most (completions' default 16); 0 with `echo`: the prompt scored only"),
+    "max_completion_tokens": ("chat", "integer >= 1", "the newer name of `max_tokens`"),
+    "temperature": ("completions, chat", f"0 or [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}]",
+                    "0: greedy; absent: the server's `--temperature`"),
+    "top_p": ("completions, chat", "(0, 1]", "nucleus sampling"),
+    "seed": ("completions, chat", "64-bit integer", "the sampler's seed; choice j of `n` gets seed + j (as vLLM)"),
+    "stream": ("completions, chat", "boolean", "server-sent events, one chunk per iteration that confirmed text"),
+    "stream_options": ("completions, chat", "{include_usage: boolean}", "the usage in a last chunk"),
+    "n": ("completions, chat", f"1 to {MAX_N}", "choices per prompt, when sampling (greedy: 400, as vLLM refuses it)"),
+    "best_of": ("completions, chat", "1 or null", "accepted as 1 only"),
+    "stop": ("completions, chat", f"string or up to {MAX_STOPS} strings of 1 to {MAX_STOP_CHARS} characters",
+             "the output ends where the first stop begins (excluded), checked as tokens are confirmed; "
+             "finish_reason `stop`, `stop_reason` the string"),
+    "ignore_eos": ("completions, chat", "boolean", "vLLM's extension: generate exactly `max_tokens`"),
+    "logprobs": ("completions", f"0 to {MAX_LOGPROBS}",
+                 "each token's log-probability under the target (one fp32 forward) and this many alternatives; "
+                 "not with `stream`"),
+    "echo": ("completions", "boolean", "the prompt's text before the output (with `logprobs`: its log-probabilities "
+                                       "too, the first null); not with `stream`"),
+    "add_special_tokens": ("tokenize", "boolean", "as vLLM's: default true for a prompt, false for messages"),
+    "add_generation_prompt": ("tokenize", "boolean", "messages: the assistant's turn opened (default true)"),
+    "return_token_strs": ("tokenize", "boolean", "also each token as the tokenizer spells it"),
+    "tokens": ("detokenize", "token ids", "back to text"),
+}
+
+
+def honoured_fields() -> str:
+    """docs/serving.md's table of the request fields the server honours (from the models and FIELD_DOCS)."""
+    names = [name for model in (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)
+             for name in model.model_fields]
+    missing = [name for name in dict.fromkeys(names) if name not in FIELD_DOCS]
+    if missing:
+        raise ValueError(f"protocol.FIELD_DOCS has no line for {', '.join(missing)}")
+    rows = ["| field | requests | values | what it does |", "|---|---|---|---|"]
+    rows += [f"| `{name}` | {where} | {values} | {what} |" for name, (where, values, what) in FIELD_DOCS.items()
+             if name in names]
+    refused = ", ".join(f"`{name}`" for name in UNSUPPORTED)
+    return "\n".join(rows) + (f"\n\nRefused by name (400) rather than ignored: {refused}; on chat also `logprobs` and "
+                              "`top_logprobs`.")
+
+
 class ErrorInfo(BaseModel):
     message: str
     type: str
