@@ -31,7 +31,7 @@ from rakv.serving.http_options import HttpOptions
 from rakv.serving.http_server import make_server, serve_http
 from rakv.serving.server import ServeOptions
 
-EXAMPLES = 240  # about 50 per operation and mode for the two POST operations (the GET ones have one case each)
+EXAMPLES = 240  # about 30 per operation and mode for the four POST operations (the GET ones have one case each)
 
 
 @pytest.fixture()

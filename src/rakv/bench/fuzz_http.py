@@ -3,15 +3,17 @@ own OpenAPI schema, then the bad inputs of docs/serving.md's "Over HTTP" sent ra
 
 - `generate`: property-based cases for every operation of the live /openapi.json, positive and negative data
   (hypothesis through schemathesis's `as_strategy`, seeded). `cap` lowers a generated `max_tokens` /
-  `max_completion_tokens` that the server would admit (within the context) to `CAP_TOKENS`, so that a thousand
-  requests take minutes, not hours; values beyond the context are sent as generated (they are refused at once).
+  `max_completion_tokens` that the server would admit (within the context) to `CAP_TOKENS`, and a valid `n` or list of
+  prompts to `CAP_CHOICES` of them, so that a thousand requests take minutes, not hours; values beyond the limits
+  are sent as generated (they are refused at once).
 - `send`: one case with a client-side timeout; its answer tallied (`Tally`): its status; a 5xx other than a 503 with
   Retry-After (overload or drain) as a server error; a timeout as hung; a connection closed without an answer as
   dropped; schemathesis's conformance checks (status code documented, content type, body schema; negative data
   refused) and, for a stream, well-formed server-sent events ending in [DONE], as non-conforming.
 - `bad_inputs`: the inputs that could stop the old server (an out-of-range seed, a tiny temperature, JSON Infinity
-  / NaN, huge, negative or non-numeric Content-Length, 10^6-token prompts), sent over a raw socket; each must be
-  answered 4xx (a malformed head may instead be closed) and a good request served after it.
+  / NaN, huge, negative or non-numeric Content-Length, 10^6-token prompts) and bad values of the evaluation tools'
+  fields (`stop`, `n`, a list of prompts, `logprobs`, `echo`, /tokenize, /detokenize), sent over a raw socket; each
+  must be answered 4xx (a malformed head may instead be closed) and a good request served after it.
 - `check_records`: after the server stopped, requests.jsonl has one line per request that reached the engine (as
   many as /metrics counted), no id twice, every answered completion among them; summary.json written.
 """
@@ -36,9 +38,11 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 from rakv.runtime.run_layout import ServedRunLayout
+from rakv.serving.protocol import MAX_N, MAX_PROMPTS
 from rakv.serving.records import read_records
 
 CAP_TOKENS = 32  # a generated max_tokens the server would admit is lowered to this (a cost cap, not a validity one)
+CAP_CHOICES = 2  # ... and a valid n, or a valid list of prompts, to this many
 TIMEOUT_S = 60.0  # a request not answered within this is hung
 GOOD = {"prompt": "def fibonacci(n):", "max_tokens": 4, "temperature": 0}
 ENDED = re.compile(r'^(?:vllm:request_success_total|rakv:requests_ended_total)\{[^}]*\} ([0-9.eE+]+)$', re.M)
@@ -122,6 +126,12 @@ def cap(case, max_context: int) -> bool:
             value = body.get(name)
             if type(value) is int and CAP_TOKENS < value <= max_context:
                 body[name], capped = CAP_TOKENS, True
+        n, prompt = body.get("n"), body.get("prompt")
+        if type(n) is int and CAP_CHOICES < n <= MAX_N:
+            body["n"], capped = CAP_CHOICES, True
+        if isinstance(prompt, list) and CAP_CHOICES < len(prompt) <= MAX_PROMPTS \
+                and all(isinstance(p, (str, list)) for p in prompt):
+            body["prompt"], capped = prompt[:CAP_CHOICES], True
     return capped
 
 
@@ -261,6 +271,22 @@ def bad_input_requests() -> dict[str, tuple[bytes, bool]]:
         "prompt of 10^6 token ids": (http_request(json.dumps({"prompt": [1] * 10 ** 6})), False),
         "chat message of 10^6 tokens": (http_request(json.dumps({"messages": [{"role": "user", "content": long_text}]}),
                                                      path="/v1/chat/completions"), False),
+        "stop: 10^5 strings": (http_request(json.dumps({"prompt": "hi", "stop": ["a"] * 10 ** 5})), False),
+        "stop: one of 10^6 characters": (http_request(json.dumps({"prompt": "hi", "stop": "x" * 10 ** 6})), False),
+        "stop: an empty string": (http_request('{"prompt": "hi", "stop": [""]}'), False),
+        "n 10^9": (http_request('{"prompt": "hi", "n": 1000000000, "temperature": 1}'), False),
+        "n 2, greedy": (http_request('{"prompt": "hi", "n": 2, "temperature": 0}'), False),
+        "10^5 prompts": (http_request(json.dumps({"prompt": ["hi"] * 10 ** 5})), False),
+        "logprobs 10^9": (http_request('{"prompt": "hi", "logprobs": 1000000000}'), False),
+        "logprobs with stream": (http_request('{"prompt": "hi", "logprobs": 1, "stream": true}'), False),
+        "echo, max_tokens 0, 10^6 token ids": (http_request(json.dumps(
+            {"prompt": [1] * 10 ** 6, "echo": True, "max_tokens": 0, "logprobs": 1})), False),
+        "max_tokens 0 without echo": (http_request('{"prompt": "hi", "max_tokens": 0}'), False),
+        "chat logprobs": (http_request('{"messages": [{"role": "user", "content": "hi"}], "logprobs": true}',
+                                       path="/v1/chat/completions"), False),
+        "/tokenize of 10^6 tokens": (http_request(json.dumps({"prompt": long_text}), path="/tokenize"), False),
+        "/detokenize of ids outside the vocabulary": (http_request('{"tokens": [1000000000, 5]}',
+                                                                   path="/detokenize"), False),
     }
 
 
