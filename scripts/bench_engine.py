@@ -7,7 +7,12 @@ ratios. The measurements are rakv.bench.engine's.
     .venv/bin/python scripts/bench_engine.py --load   # only memory and start-up (fresh processes)
     .venv/bin/python scripts/bench_engine.py --draft-reuse   # only the draft's prefill with and without its stored
                                                              # state
-    pip install -e '.[peers]'   # optional: llama.cpp beside us (llama-cpp-python builds from source, 10-15 min)
+    .venv/bin/python scripts/bench_engine.py --precision-peer   # only ours at fp32 / int8 / q4_1 beside llama.cpp on
+                                                                # the same GGUF, 1 and 2 threads, with the floors
+    ./scripts/setup_llama_cpp_peer.sh   # optional: llama.cpp beside us in .venv-llama (builds from source, 10-30 min)
+
+`--precision` runs our target at fp32, int8 or q4_1 (rakv.runtime.models.PRECISIONS) in every measurement; the
+transformers side stays fp32.
 
 Our engine runs the pair with `--kernels` (rakv.runtime.kernels; default compact); transformers' `generate` and
 assisted generation run a second copy of the pair loaded with stock kernels, i.e. transformers as shipped. With
@@ -46,9 +51,26 @@ import argparse
 import json
 import sys
 
-from rakv.bench.engine import SIDES, bench, draft_reuse_rows, gemm_table, load_sides, make_sides, reuse_prompts
+from rakv.bench.engine import (
+    SIDES,
+    bench,
+    draft_reuse_rows,
+    gemm_table,
+    load_sides,
+    make_sides,
+    precision_peer,
+    reuse_prompts,
+)
 from rakv.bench.engine_load import load_report, peak_increase_mib, rss_probe
-from rakv.bench.engine_report import DraftReuse, EngineReport, GemmTable, LoadReport, MemoryRow, StartupRow
+from rakv.bench.engine_report import (
+    DraftReuse,
+    EngineReport,
+    GemmTable,
+    LoadReport,
+    MemoryRow,
+    PrecisionPeerTable,
+    StartupRow,
+)
 from rakv.bench.goals import (
     AR_OVER_FLOOR,
     BATCH_GOALS,
@@ -61,6 +83,7 @@ from rakv.bench.goals import (
     LLAMA_CPP_DECODE,
     LLAMA_CPP_PREFILL,
     MEMORY,
+    PRECISION_PEER_GOALS,
     PREFILL_FASTER,
     SERVE_STARTUP_WARM,
     STARTUP_WARM,
@@ -108,7 +131,7 @@ def print_gemm_table(table: GemmTable) -> None:
 
 def parse_args(argv=None) -> tuple[EngineBenchOptions, argparse.Namespace]:
     """The measurement's options, and the script's own flags (what to run and print)."""
-    parser = argparse.ArgumentParser(description=__doc__, epilog=goals_text(ENGINE_GOALS),
+    parser = argparse.ArgumentParser(description=__doc__, epilog=goals_text(ENGINE_GOALS + PRECISION_PEER_GOALS),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(parser, EngineBenchOptions)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -116,6 +139,9 @@ def parse_args(argv=None) -> tuple[EngineBenchOptions, argparse.Namespace]:
     parser.add_argument("--draft-reuse", action="store_true",
                         help="only the draft's prefill before a joint-k4 request's first round, with and without "
                              "the draft's state in the store")
+    parser.add_argument("--precision-peer", action="store_true",
+                        help="only our target at each precision beside llama.cpp on the same GGUF (decode, prefill "
+                             "of --long-prompt-tokens, 1 and 2 threads) with each precision's floor")
     parser.add_argument("--load", action="store_true",
                         help="only memory and start-up (fresh processes: peak RSS; `rakv generate` to its first "
                              "token with the packed weights' cache cold and warm)")
@@ -131,14 +157,35 @@ def show(args, record, printer) -> int:
     return 0
 
 
+def print_precision_peer(table: PrecisionPeerTable) -> None:
+    print(f"{table.pair} at each precision beside llama.cpp on the same GGUF (q4_1: the shipped file; fp32: its F32 "
+          f"conversion): decode after the first token ({table.new_tokens} tokens), prefill of {table.prefill_tokens} "
+          f"tokens, medians of {table.repeats}")
+    print("floors (the bytes a decode step streams / " f"{table.bandwidth_gb_s:.1f} GB/s measured): " + ", ".join(
+        f"{f.precision} {f.weight_bytes / 1e6:.0f} MB = {f.floor_ms:.2f} ms" for f in table.floors))
+    print(f"{'who':<10} {'precision':<9} {'threads':>7} {'decode ms/tok':>13} {'/ floor':>8} {'prefill tok/s':>13}")
+    for s in table.sides:
+        if s.error:  # (an absent field is falsy)
+            print(f"{s.who:<10} {s.precision:<9} {s.threads:>7} not measured: {s.error}")
+            continue
+        print(f"{s.who:<10} {s.precision:<9} {s.threads:>7} {s.decode_ms_per_token:>13.2f} "
+              f"{s.decode_over_floor:>8.2f} {s.prefill_tokens_per_s:>13.0f}")
+    for r in table.ratios:
+        print(f"ours / llama.cpp at {r.precision}, {r.threads} threads: decode {r.decode_over_llama_cpp:.3f}x "
+              f"({r.decode_verdict}), prefill time {r.prefill_over_llama_cpp:.3f}x ({r.prefill_verdict})")
+    if not table.ratios:
+        print("llama.cpp: not installed (./scripts/setup_llama_cpp_peer.sh) or --no-peer: our rows alone")
+
+
 def gemm_only(options: EngineBenchOptions, args) -> int:
-    pair = load_pair(options.pair, device=options.device, threads=options.threads, kernels="compact")
+    pair = load_pair(options.pair, device=options.device, threads=options.threads, kernels="compact",
+                     precision=options.precision)
     return show(args, gemm_table(pair, options.repeats * 2), print_gemm_table)
 
 
 def draft_reuse_only(options: EngineBenchOptions, args) -> int:
-    engine = Engine(load_pair(options.pair, device=options.device, threads=options.threads, kernels=options.kernels),
-                    PrefixKVStore(budget_bytes=1 << 30))
+    engine = Engine(load_pair(options.pair, device=options.device, threads=options.threads, kernels=options.kernels,
+                              precision=options.precision), PrefixKVStore(budget_bytes=1 << 30))
     long_ids, other = reuse_prompts(engine, load_humaneval(), options.long_prompt_tokens)
     engine.run(long_ids, Action.of_strategy(JOINT_K4), 2)  # warm-up of every path
     rows = draft_reuse_rows(engine, long_ids, other, options.repeats)
@@ -264,6 +311,8 @@ def main() -> int:
             return draft_reuse_only(options, args)
         if args.load:
             return show(args, load_report(options), print_load)
+        if args.precision_peer:
+            return show(args, precision_peer(options), print_precision_peer)
         pair, stock, engine, ids = load_sides(options)
     except RakvError as exc:
         print(f"bench_engine: error: {exc}", file=sys.stderr)

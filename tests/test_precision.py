@@ -2,6 +2,9 @@
 definition bit for bit and is batch-invariant on every build, the GGUF's blocks are kept as shipped, and greedy output
 at a precision is the same under AR and speculation."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -133,3 +136,57 @@ def test_smollm2_at_q4_1_streams_the_ggufs_blocks_and_computes_the_fp32_targets_
     assert size["q4_1"] * 5 < size["fp32"]
     ids = torch.tensor([1, 504, 3250, 314, 260, 1345, 30])
     assert torch.equal(run_logits(q4, ids), run_logits(smollm2_pair, ids))
+
+
+def test_the_precision_peer_table_reads_back_what_it_writes():
+    from rakv.bench.engine_report import PrecisionFloor, PrecisionPeerTable, PrecisionRatio, PrecisionSide
+    from rakv.runtime.json_records import load_record, to_json
+
+    table = PrecisionPeerTable("smollm2", 16, 512, 3, 10.0, [PrecisionFloor("q4_1", 97, 9.7)],
+                               [PrecisionSide("ours", "q4_1", 2, 12.0, 900.0, 1.24),
+                                PrecisionSide("llama.cpp", "q4_1", 2, error="died with signal 4")],
+                               [PrecisionRatio("q4_1", 2, 1.2, "missed", 0.9, "met")])
+    written = json.loads(json.dumps(to_json(table)))
+    assert load_record(PrecisionPeerTable, written, "table") == table
+    assert written["sides"][1] == {"who": "llama.cpp", "precision": "q4_1", "threads": 2, "error": "died with signal 4"}
+
+
+@pytest.mark.parametrize("child, expected", [
+    ("import json, sys; json.load(sys.stdin); print(json.dumps({'version': '9', 'ms_per_token': 2.0, "
+     "'prefill_tokens_per_s': 5.0, 'prefill_tokens': 7, 'tokens': [1, 2]}))", None),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGILL)", "died with signal 4"),
+    ("raise SystemExit('llama.cpp could not convert the GGUF to F32')", "could not convert"),
+])
+def test_the_peer_child_answers_in_json_and_a_crash_is_one_line(tmp_path, child, expected):
+    """llama.cpp runs in its own venv's interpreter (rakv.bench.llama_cpp.run_child): its measure comes back as
+    JSON; a child that dies (SIGILL, as llama.cpp's AMX kernels did) or fails is an error line, not a traceback."""
+    import sys
+
+    from rakv.bench.llama_cpp import run_child
+
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"{child}\"\n")
+    python.chmod(0o755)
+    got = run_child(str(python), "q4_1", tmp_path / "m.gguf", tmp_path / "m.gguf", "a", "b", 4, 1, 1)
+    if expected is None:
+        assert got.error is None and got.ms_per_token == 2.0 and got.tokens == [1, 2]
+    else:
+        assert expected in got.error and got.ms_per_token == 0.0
+
+
+def test_the_peer_module_imports_only_the_standard_library_at_its_top():
+    """The peer's venv holds llama-cpp-python alone: the child (this module run as a script) must not need torch or
+    rakv before it measures."""
+    import ast
+    import sys
+
+    from rakv.bench import engine, llama_cpp
+
+    def beyond_stdlib(module) -> set[str]:
+        tree = ast.parse(Path(module.__file__).read_text())
+        top = {alias.name.split(".")[0] for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+               for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])}
+        return top - set(sys.stdlib_module_names) - {"__future__"}
+
+    assert beyond_stdlib(llama_cpp) == set()
+    assert {"torch", "rakv"} <= beyond_stdlib(engine)  # positive control: the check sees a module that does import

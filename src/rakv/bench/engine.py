@@ -31,6 +31,10 @@ from rakv.bench.engine_report import (
     GemmSide,
     GemmTable,
     GenerationRow,
+    PrecisionFloor,
+    PrecisionPeerTable,
+    PrecisionRatio,
+    PrecisionSide,
     PrefillRow,
     PrefillSeconds,
     TtftRow,
@@ -43,6 +47,8 @@ from rakv.bench.goals import (
     DRAFT_OVER_FLOOR,
     DRAFT_OVER_TARGET,
     GENERATION_GOALS,
+    PEER_Q4_DECODE,
+    PEER_Q4_PREFILL,
     VERIFY_OVER_STEP,
     judge,
 )
@@ -63,6 +69,7 @@ from rakv.runtime.compact import Segment
 from rakv.runtime.costmodel import CostTable, acceptance_estimate, read_cost_table
 from rakv.runtime.decoding import crop_cache, forward, forward_rows, synchronize
 from rakv.runtime.engine import Engine
+from rakv.runtime.errors import RakvError
 from rakv.runtime.kernels import compact_of, new_kv_cache
 from rakv.runtime.models import load_pair
 from rakv.runtime.run_layout import RunLayout
@@ -244,7 +251,8 @@ def previous_prefill(pair_name: str) -> CostTable | None:
 
 def load_sides(options: EngineBenchOptions):
     """Our pair (with `options.kernels`), a stock copy for transformers, our engine and the prompt (HumanEval/2)."""
-    pair = load_pair(options.pair, device=options.device, threads=options.threads, kernels=options.kernels)
+    pair = load_pair(options.pair, device=options.device, threads=options.threads, kernels=options.kernels,
+                     precision=options.precision)
     stock = load_pair(options.pair, device=options.device, threads=options.threads, kernels="stock")
     engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30))
     return pair, stock, engine, engine.encode(load_humaneval()[2]["prompt"])
@@ -427,3 +435,85 @@ def bench(options: EngineBenchOptions, pair, stock, engine, ids) -> EngineReport
         prefill=prefill_row(kernels.prefill, previous_prefill(options.pair), long_ids, prefill_tps, kernels.lengths),
         memory=fresh_rss(options), startup=startup(options),
         llama_cpp=llama_cpp_row(peer, measured.outputs[side("ours", AR)].token_ids, measured.decode_ms, prefill_tps))
+
+
+def greedy_decode_and_prefill(model, device, ids: list[int], long_ids: list[int], n: int,
+                              repeats: int) -> tuple[float, float, list[int]]:
+    """Our target alone, as llama.cpp's side is measured (rakv.bench.llama_cpp): greedy decode ms/token after the
+    first token (`n` tokens after `ids`) and prefill tokens/s of `long_ids` on an empty cache, medians of `repeats`
+    after a warm-up; and the tokens decoded."""
+    decode, prefill, tokens = [], [], []
+    prompt, long_prompt = torch.tensor([ids], device=device), torch.tensor([long_ids], device=device)
+    with torch.inference_mode():
+        for repeat in range(repeats + 1):
+            cache = new_kv_cache(model)
+            token = forward(model, prompt, cache, keep=1)[-1].argmax()
+            tokens = [int(token)]
+            synchronize(device)
+            start = time.perf_counter()
+            for _ in range(n - 1):
+                token = forward(model, token.view(1, 1), cache, keep=1)[-1].argmax()
+                tokens.append(int(token))
+            synchronize(device)
+            decode_s = (time.perf_counter() - start) / (n - 1)
+            start = time.perf_counter()
+            forward(model, long_prompt, new_kv_cache(model), keep=1)
+            synchronize(device)
+            if repeat:
+                decode.append(decode_s * 1e3)
+                prefill.append(len(long_ids) / (time.perf_counter() - start))
+    return statistics.median(decode), statistics.median(prefill), tokens
+
+
+def precision_peer(options: EngineBenchOptions, thread_counts=(1, 2)) -> PrecisionPeerTable:
+    """Our engine's target at each precision (rakv.runtime.models.PRECISIONS) beside llama.cpp on the same GGUF
+    (q4_1: the shipped file; fp32: its F32 conversion), at each thread count: decode after the first token and
+    prefill of `options.long_prompt_tokens` tokens, with each precision's floor (the bytes a decode step streams /
+    the measured stream bandwidth, rakv.bench.roofline). llama.cpp runs in its own venv (rakv.bench.llama_cpp);
+    without it, our rows alone."""
+    from rakv.bench.llama_cpp import f32_path, peer_python, run_child
+    from rakv.runtime.models import PRECISIONS, smollm2_gguf_path
+
+    if options.pair != "smollm2":
+        raise RakvError("--precision-peer compares the smollm2 pair with llama.cpp on its GGUF: use --pair smollm2")
+    pairs = {p: load_pair("smollm2", device=options.device, threads=max(thread_counts), precision=p)
+             for p in PRECISIONS}
+    device = pairs["fp32"].device
+    engine = Engine(pairs["fp32"], PrefixKVStore(budget_bytes=1 << 20))
+    prompt = load_humaneval()[2]["prompt"]
+    ids = engine.encode(prompt)
+    long_ids, _ = reuse_prompts(engine, load_humaneval(), options.long_prompt_tokens)
+    bandwidth = streaming_bandwidth(device)
+    step_bytes = {p: distinct_bytes(compact_of(pair.target.module).projection_tensors()) for p, pair in pairs.items()}
+    floors = {p: PrecisionFloor(p, step_bytes[p], step_bytes[p] / bandwidth * 1e3) for p in pairs}
+    python = None if options.no_peer else peer_python()
+    sides, ratios = [], []
+    for threads in thread_counts:
+        torch.set_num_threads(threads)
+        ours = {}
+        for p, pair in pairs.items():
+            decode, prefill, _ = greedy_decode_and_prefill(pair.target.module, device, ids, long_ids,
+                                                           options.new_tokens, options.repeats)
+            ours[p] = (decode, prefill)
+            sides.append(PrecisionSide("ours", p, threads, decode, prefill, decode / floors[p].floor_ms))
+        if python is None:
+            continue
+        q4 = smollm2_gguf_path()
+        for p, path in (("q4_1", q4), ("fp32", f32_path(q4))):
+            got = run_child(python, "q4_1" if p == "q4_1" else "f32", q4, path, prompt,
+                            pairs["fp32"].tokenizer.decode(long_ids), options.new_tokens, options.repeats, threads)
+            if got.error is not None:
+                sides.append(PrecisionSide("llama.cpp", p, threads, error=got.error))
+                continue
+            sides.append(PrecisionSide("llama.cpp", p, threads, got.ms_per_token, got.prefill_tokens_per_s,
+                                       got.ms_per_token / floors[p].floor_ms))
+            decode_ratio = ours[p][0] / got.ms_per_token
+            prefill_ratio = got.prefill_tokens_per_s / ours[p][1]  # our time over theirs
+            judged = p == "q4_1"  # the goals are at the precision users run; fp32's ratios are context
+            ratios.append(PrecisionRatio(p, threads, decode_ratio,
+                                         judge(PEER_Q4_DECODE, decode_ratio) if judged else "context, not judged",
+                                         prefill_ratio,
+                                         judge(PEER_Q4_PREFILL, prefill_ratio) if judged else "context, not judged"))
+    return PrecisionPeerTable(pair=options.pair, new_tokens=options.new_tokens, prefill_tokens=len(long_ids),
+                              repeats=options.repeats, bandwidth_gb_s=bandwidth / 1e9, floors=list(floors.values()),
+                              sides=sides, ratios=ratios)

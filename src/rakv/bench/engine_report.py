@@ -236,6 +236,64 @@ class LlamaCppMeasure:
 
 
 @dataclass(frozen=True)
+class LlamaCppRun:
+    """Both llama.cpp models as measured (rakv.bench.llama_cpp.llama_cpp_peer)."""
+
+    f32: LlamaCppMeasure
+    q4_1: LlamaCppMeasure
+
+
+@dataclass(frozen=True)
+class PrecisionFloor:
+    """One precision's bandwidth floor of a decode step: the bytes a step streams / the measured stream rate."""
+
+    precision: str
+    weight_bytes: int
+    floor_ms: float
+
+
+@dataclass(frozen=True)
+class PrecisionSide:
+    """One engine at one thread count: ours at a precision, or llama.cpp on a file (q4_1: the shipped GGUF; fp32:
+    its F32 conversion); decode ms/token after the first token and prefill tokens/s, or why not measured."""
+
+    who: str
+    precision: str
+    threads: int
+    decode_ms_per_token: float = optional()
+    prefill_tokens_per_s: float = optional()
+    decode_over_floor: float = optional()
+    error: str = optional()
+
+
+@dataclass(frozen=True)
+class PrecisionRatio:
+    """Ours over llama.cpp at the same precision and thread count: decode time, and prefill time (their tokens/s
+    over ours), each with its goal's verdict."""
+
+    precision: str
+    threads: int
+    decode_over_llama_cpp: float
+    decode_verdict: str
+    prefill_over_llama_cpp: float
+    prefill_verdict: str
+
+
+@dataclass(frozen=True)
+class PrecisionPeerTable:
+    """scripts/bench_engine.py --precision-peer: our engine at each precision beside llama.cpp on the same GGUF."""
+
+    pair: str
+    new_tokens: int
+    prefill_tokens: int
+    repeats: int
+    bandwidth_gb_s: float
+    floors: list[PrecisionFloor]
+    sides: list[PrecisionSide]
+    ratios: list[PrecisionRatio]
+
+
+@dataclass(frozen=True)
 class LlamaCppModel:
     """One llama.cpp model's row: its figures, or only `error` where its process died."""
 

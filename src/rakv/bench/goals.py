@@ -107,6 +107,11 @@ SERVE_STARTUP_WARM = replace(STARTUP_WARM, name="a fresh `rakv serve --http` to 
 LLAMA_CPP_DECODE = Goal("our AR decode after the first token / llama.cpp F32's", "llama_cpp.ar_over_f32", 1.0,
                         AT_MOST)
 LLAMA_CPP_PREFILL = Goal("our prefill tokens/s / llama.cpp F32's", "llama_cpp.prefill_over_f32", 1.5, AT_LEAST)
+# scripts/bench_engine.py --precision-peer (issue 62): ours at q4_1 against llama.cpp on the same Q4_1 file
+PEER_Q4_DECODE = Goal("our q4_1 decode after the first token / llama.cpp Q4_1's", "ratios.decode_over_llama_cpp",
+                      1.0, AT_MOST)
+PEER_Q4_PREFILL = Goal("our q4_1 prefill time / llama.cpp Q4_1's", "ratios.prefill_over_llama_cpp", 1.0, AT_MOST)
+PRECISION_PEER_GOALS = [PEER_Q4_DECODE, PEER_Q4_PREFILL]
 
 ENGINE_GOALS = [AR_VS_TRANSFORMERS, SPEC_VS_TRANSFORMERS, LLAMA_CPP_DECODE, LLAMA_CPP_PREFILL, AR_OVER_FLOOR,
                 DRAFT_OVER_TARGET, DRAFT_OVER_FLOOR, VERIFY_OVER_STEP, *BATCH_GOALS.values(), CHUNK_BESIDE_DECODES,

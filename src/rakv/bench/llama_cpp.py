@@ -1,60 +1,72 @@
 """llama.cpp beside our engine (scripts/bench_engine.py, docs/engine.md): llama-cpp-python on the shipped Q4_1 GGUF and
-on its F32 conversion (the same dequantised fp32 weights as our target), decode ms/token and prefill tokens/s,
+on its F32 conversion (the same dequantised fp32 weights as our fp32 target), decode ms/token and prefill tokens/s,
 each model in a child process of its own.
+
+The child runs in the peer's own venv when there is one (`peer_python`: $RAKV_LLAMA_PYTHON, else .venv-llama made by
+scripts/setup_llama_cpp_peer.sh, else this interpreter where it imports llama_cpp), as `python llama_cpp.py` with
+its arguments as JSON on stdin and its measure as JSON on stdout: this module imports only the standard library at
+its top, so the peer's venv needs neither torch nor rakv. A crash inside llama.cpp (its AMX kernels on a guest that
+lists AMX without granting it died with SIGILL) is one line of the report, not the end of the benchmark.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import multiprocessing
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from rakv.bench.engine_report import LlamaCppMeasure, LlamaCppModel, LlamaCppRow
-from rakv.bench.goals import LLAMA_CPP_DECODE, LLAMA_CPP_PREFILL
+PEER_VENV = ".venv-llama"  # scripts/setup_llama_cpp_peer.sh's default
+CHILD_TIMEOUT_S = 1800
 
 
-@dataclass(frozen=True)
-class LlamaCppRun:
-    """Both llama.cpp models as measured."""
-
-    f32: LlamaCppMeasure
-    q4_1: LlamaCppMeasure
-
-
-def llama_cpp_peer(prompt: str, long_prompt: str, n: int, repeats: int, threads: int) -> LlamaCppRun | None:
-    """llama.cpp (llama-cpp-python) on the shipped Q4_1 GGUF and on its F32 conversion: decode ms/token (greedy,
-    `n` tokens) and prefill tokens/s on `long_prompt`; None when llama-cpp-python is not
-    installed. Each model runs in a child process of its own, so that a crash inside llama.cpp (its Q4_1 kernels
-    built with GGML_NATIVE on a Sapphire Rapids guest die with SIGSEGV in 0.3.36) is one line of the report (its
-    `error`), not the end of the benchmark."""
-    if importlib.util.find_spec("llama_cpp") is None:
-        return None
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
-
-    from rakv.runtime.models import derived_files_dir, file_hash, smollm2_gguf_path
-
-    q4 = smollm2_gguf_path()
-    f32 = derived_files_dir() / "gguf" / f"{file_hash(q4)}-f32.gguf"
-    out = {}
-    for label, path in (("f32", f32), ("q4_1", q4)):
-        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as child:
-            try:
-                out[label] = child.submit(_llama_cpp_model, label, str(q4), str(path), prompt, long_prompt, n,
-                                          repeats, threads).result()
-            except BrokenProcessPool:
-                out[label] = LlamaCppMeasure(error="llama.cpp's process died (a crash inside llama.cpp)")
-            except RuntimeError as exc:
-                out[label] = LlamaCppMeasure(error=str(exc))
-    return LlamaCppRun(**out)
+def peer_python() -> str | None:
+    """The interpreter that runs llama.cpp: $RAKV_LLAMA_PYTHON, the repository's .venv-llama, or this one where it
+    has llama_cpp; None when none has it."""
+    given = os.environ.get("RAKV_LLAMA_PYTHON")
+    if given:
+        return given
+    venv = Path(__file__).resolve().parents[3] / PEER_VENV / "bin" / "python"
+    if venv.exists():
+        return str(venv)
+    return sys.executable if importlib.util.find_spec("llama_cpp") is not None else None
 
 
-def _llama_cpp_model(label: str, q4: str, path: str, prompt: str, long_prompt: str, n: int, repeats: int,
-                     threads: int) -> LlamaCppMeasure:
-    """One model of llama_cpp_peer, in its child process (the F32 file converted from the Q4_1 one first, once)."""
+def f32_path(q4: Path) -> Path:
+    """Where the F32 conversion of the Q4_1 GGUF is kept (made by the first child that needs it)."""
+    from rakv.runtime.models import derived_files_dir, file_hash
+
+    return derived_files_dir() / "gguf" / f"{file_hash(q4)}-f32.gguf"
+
+
+def run_child(python: str, label: str, q4: Path, path: Path, prompt: str, long_prompt: str, n: int, repeats: int,
+              threads: int):
+    """One model measured by a fresh peer process (`_measure`): its LlamaCppMeasure, or one with only `error`."""
+    from rakv.bench.engine_report import LlamaCppMeasure
+
+    request = {"label": label, "q4": str(q4), "path": str(path), "prompt": prompt, "long_prompt": long_prompt,
+               "n": n, "repeats": repeats, "threads": threads}
+    try:
+        done = subprocess.run([python, str(Path(__file__).resolve())], input=json.dumps(request), text=True,
+                              capture_output=True, timeout=CHILD_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return LlamaCppMeasure(error=f"llama.cpp's process did not finish: {type(exc).__name__}")
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1][:200]
+        died = f"died with signal {-done.returncode}" if done.returncode < 0 else last
+        return LlamaCppMeasure(error=f"llama.cpp's process: {died}")
+    return LlamaCppMeasure(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _measure(label: str, q4: str, path: str, prompt: str, long_prompt: str, n: int, repeats: int,
+             threads: int) -> dict:
+    """In the peer's process: one model's decode ms/token after the first token (greedy, `n` tokens) and prefill
+    tokens/s of `long_prompt`, medians of `repeats` after a warm-up (the F32 file converted from the Q4_1 one first,
+    once)."""
     import llama_cpp
 
     if label == "f32" and not Path(path).exists():  # the same dequantised fp32 weights as our target
@@ -86,12 +98,28 @@ def _llama_cpp_model(label: str, q4: str, path: str, prompt: str, long_prompt: s
             decode.append((end - first) / (n - 1) * 1e3)
             prefill.append(len(long_tokens) / long_s)
         text = produced
-    return LlamaCppMeasure(version=getattr(llama_cpp, "__version__", "?"), ms_per_token=statistics.median(decode),
-                           prefill_tokens_per_s=statistics.median(prefill), prefill_tokens=len(long_tokens),
-                           tokens=text)
+    return {"version": getattr(llama_cpp, "__version__", "?"), "ms_per_token": statistics.median(decode),
+            "prefill_tokens_per_s": statistics.median(prefill), "prefill_tokens": len(long_tokens),
+            "tokens": [int(t) for t in text]}
 
 
-def model_row(measured: LlamaCppMeasure, ours_tokens: list[int]) -> LlamaCppModel:
+def llama_cpp_peer(prompt: str, long_prompt: str, n: int, repeats: int, threads: int):
+    """llama.cpp on the shipped Q4_1 GGUF and on its F32 conversion, `threads` threads, each model in a fresh peer
+    process (a LlamaCppRun); None when no interpreter has llama_cpp."""
+    from rakv.bench.engine_report import LlamaCppRun
+    from rakv.runtime.models import smollm2_gguf_path
+
+    python = peer_python()
+    if python is None:
+        return None
+    q4 = smollm2_gguf_path()
+    return LlamaCppRun(**{label: run_child(python, label, q4, path, prompt, long_prompt, n, repeats, threads)
+                          for label, path in (("f32", f32_path(q4)), ("q4_1", q4))})
+
+
+def model_row(measured, ours_tokens: list[int]):
+    from rakv.bench.engine_report import LlamaCppModel
+
     if measured.error is not None:
         return LlamaCppModel(error=measured.error)
     return LlamaCppModel(version=measured.version, ms_per_token=measured.ms_per_token,
@@ -99,9 +127,11 @@ def model_row(measured: LlamaCppMeasure, ours_tokens: list[int]) -> LlamaCppMode
                          same_first_tokens_as_ours=measured.tokens[:16] == ours_tokens[:16])
 
 
-def llama_cpp_row(peer: LlamaCppRun | None, ours_tokens: list[int], ours_decode_ms: float,
-                  prefill_tps: float) -> LlamaCppRow | None:
+def llama_cpp_row(peer, ours_tokens: list[int], ours_decode_ms: float, prefill_tps: float):
     """Each llama.cpp model's row (only its error where its process died), and ours against F32 where F32 ran."""
+    from rakv.bench.engine_report import LlamaCppRow
+    from rakv.bench.goals import LLAMA_CPP_DECODE, LLAMA_CPP_PREFILL
+
     if peer is None:
         return None
     f32 = peer.f32
@@ -112,3 +142,7 @@ def llama_cpp_row(peer: LlamaCppRun | None, ours_tokens: list[int], ours_decode_
                        goal=LLAMA_CPP_DECODE.threshold,
                        prefill_over_f32=prefill_tps / f32.prefill_tokens_per_s if ran else None,
                        prefill_goal=LLAMA_CPP_PREFILL.threshold)
+
+
+if __name__ == "__main__":  # the peer's child process: JSON in, JSON out
+    print(json.dumps(_measure(**json.loads(sys.stdin.read()))))

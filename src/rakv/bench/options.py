@@ -18,6 +18,7 @@ from types import NoneType, UnionType
 
 from rakv.runtime.actions import AR
 from rakv.runtime.kernels import KERNEL_MODES
+from rakv.runtime.models import PRECISIONS
 from rakv.runtime.paths import conf_file
 
 
@@ -85,12 +86,14 @@ class EngineBenchOptions:
     threads: int | None = flag(default=None)
     device: str = flag(default="cpu")
     kernels: str = flag("our side's kernels", default="compact", choices=KERNEL_MODES)
+    precision: str = flag("our target's weights (rakv.runtime.models.PRECISIONS; transformers' side stays fp32)",
+                          default="fp32", choices=PRECISIONS)
     no_peer: bool = flag("skip llama.cpp even when it is installed", default=False)
 
     def process_flags(self) -> list[str]:
         """The flags a fresh process of the benchmark (or `rakv generate` / `rakv serve`) runs the same pair with."""
-        return ["--pair", self.pair, "--device", self.device, "--kernels", self.kernels] + (
-            ["--threads", str(self.threads)] if self.threads else [])
+        return ["--pair", self.pair, "--device", self.device, "--kernels", self.kernels,
+                "--precision", self.precision] + (["--threads", str(self.threads)] if self.threads else [])
 
 
 @dataclass(frozen=True)
