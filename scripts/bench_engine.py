@@ -266,7 +266,8 @@ def print_kernels(report: EngineReport) -> None:
 def print_llama_cpp(report: EngineReport) -> None:
     peer_row = report.llama_cpp
     if peer_row is None:
-        print("llama.cpp: not installed (pip install -e '.[peers]', builds from source in 10-15 min) or --no-peer")
+        print("llama.cpp: not installed (./scripts/setup_llama_cpp_peer.sh: builds from source, 10-30 min) or "
+              "--no-peer")
         return
     for label, row in peer_row.models():
         if row.error:
