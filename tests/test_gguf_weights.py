@@ -114,3 +114,24 @@ def test_smollm2_packed_straight_from_the_gguf_is_bitwise_the_transformers_path(
             ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
             assert torch.equal(_logits(target, ids), _logits(reference, ids))
             assert torch.equal(_logits(draft, ids), _logits(reference_draft, ids))
+
+
+def test_the_ggufs_blocks_are_kept_mapped_and_a_damaged_file_rebuilt(tmp_path, tiny_pair, monkeypatch, capsys):
+    """kept_block_linears (a q4_1 target's blocks, rakv.runtime.models.load_pair): read once, then mapped by the
+    next call with the same bytes; a damaged file is rebuilt with one line."""
+    target = compact_of(tiny_pair.target.module)
+    made = {"blocks.0.qkv": target.blocks[0].qkv.in_blocks("q4_1"), "lm_head": target.lm_head.in_blocks("q8_0")}
+    built = []
+    monkeypatch.setattr(gguf_weights, "block_linears", lambda path, config: built.append(path) or made)
+    cache = tmp_path / "blocks.pt"
+    first = gguf_weights.kept_block_linears(tmp_path / "m.gguf", target.config, cache)
+    again = gguf_weights.kept_block_linears(tmp_path / "m.gguf", target.config, cache)
+    assert len(built) == 1 and list(tmp_path.iterdir()) == [cache]
+    for name, linear in made.items():
+        assert again[name].blocks == linear.blocks and torch.equal(again[name].weight, linear.weight)
+        assert (again[name].out_features, again[name].in_features) == (linear.out_features, linear.in_features)
+        assert first[name] is linear
+    cache.write_bytes(cache.read_bytes()[:200])
+    capsys.readouterr()
+    gguf_weights.kept_block_linears(tmp_path / "m.gguf", target.config, cache)
+    assert len(built) == 2 and "unreadable" in capsys.readouterr().err

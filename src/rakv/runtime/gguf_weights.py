@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from rakv.runtime import kernels
-from rakv.runtime.compact import CompactLM, Linear, Rotary
+from rakv.runtime.compact import CompactLM, Linear, Rotary, _state_linear
 from rakv.runtime.errors import RakvError
 
 LAYOUT_VERSION = 1  # bump when the file's contents change in a way the digested sources below do not show
@@ -175,6 +175,43 @@ def block_linears(path: Path, config) -> dict[str, Linear]:
         out["lm_head"] = Linear(kernels.pack_blocks(weights, fmt), weights.shape[0],
                                 weights.shape[1] * kernels.QBLOCK, blocks=fmt)
     return out
+
+
+def blocks_digest() -> str:
+    """What a kept file of `block_linears` depends on besides the GGUF: the reading and packing code, the readers'
+    versions."""
+    sources = [inspect.getsource(f) for f in (block_linears, kernels.pack_blocks, _blocks_state)]
+    versions = [importlib.metadata.version(name) for name in ("gguf", "transformers", "torch")]
+    blob = json.dumps([LAYOUT_VERSION, kernels.PANEL, kernels.BLOCK_FORMATS, sources, versions]).encode()
+    return hashlib.blake2b(blob, digest_size=6).hexdigest()
+
+
+def _blocks_state(linears: dict[str, Linear]) -> dict[str, torch.Tensor]:
+    return {f"{name}.{key}": t for name, p in linears.items() for key, t in (
+        ("weight", p.weight), ("shape", torch.tensor([p.out_features, p.in_features])),
+        ("blocks", torch.tensor(kernels.BLOCK_FORMATS[p.blocks][0])))}
+
+
+def kept_block_linears(path: Path, config, cache: Path) -> dict[str, Linear]:
+    """`block_linears`, memory-mapped from `cache` when it holds them (written by `blocks_digest`'s code), else read
+    from the GGUF and written there for the next process (atomically), as `compact_pair` keeps the packed target."""
+    try:
+        saved = torch.load(cache, mmap=True, weights_only=True, map_location="cpu") if cache.exists() else None
+        if saved is not None and saved.get("layout") == blocks_digest():
+            return {name: _state_linear(saved["state"], name) for name in saved["names"]}
+    except (RuntimeError, OSError, EOFError, ValueError, KeyError, TypeError, pickle.UnpicklingError,
+            zipfile.BadZipFile) as exc:
+        print(f"rakv: kept GGUF blocks {cache} are unreadable ({type(exc).__name__}); rebuilding them",
+              file=sys.stderr, flush=True)
+    linears = block_linears(path, config)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(f"{cache.name}.tmp{os.getpid()}")
+    try:
+        torch.save({"layout": blocks_digest(), "names": list(linears), "state": _blocks_state(linears)}, tmp)
+        os.replace(tmp, cache)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return linears
 
 
 def _config_of(saved: dict):

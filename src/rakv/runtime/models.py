@@ -415,7 +415,9 @@ def load_pair(name: str, device: str = "cpu", dtype: str = "float32", threads: i
     if precision != "fp32":
         blocks = None
         if name == "smollm2":  # the GGUF's own blocks, not a requantisation of their de-quantised values
-            blocks = gguf_weights.block_linears(smollm2_gguf_path(), target.module.config)
+            gguf = smollm2_gguf_path()
+            kept = derived_files_dir() / "packed" / f"{file_hash(gguf)}-{gguf_weights.blocks_digest()}-blocks.pt"
+            blocks = gguf_weights.kept_block_linears(gguf, target.module.config, kept)
         target = at_precision(target, precision, blocks)
     return ModelPair(name=name, target=target, draft=draft, tokenizer=tokenizer, device=torch_device)
 
