@@ -198,10 +198,10 @@ def test_the_stage_refuses_a_bad_override_with_one_line():
 # The distribution tests (tests/test_sampling_engine.py's design): at positions sampled after a rejection, the token's
 # marginal over many seeds is AR sampling's, under both verification rules; the positive control is a proposer that
 # samples from its heads but claims a point mass (hides its distribution from the verifier), which must be seen.
-RUNS = 240
+RUNS = 200
 NEW_TOKENS = 5
 POSITIONS = (2, 3, 4)
-SAMPLING = dict(temperature=0.6, top_p=0.95)
+SAMPLING = dict(temperature=0.6, top_p=1.0)  # (top-p: tests/test_sampling_engine.py; a sort per row here)
 
 
 class HidesItsDistribution(HeadsProposer):
@@ -246,3 +246,90 @@ def test_the_distribution_test_sees_a_proposer_that_hides_its_distribution(engin
 
     wrong, _ = sampled(engine, 3, lambda: HidesItsDistribution(trained), seed0=20_000)
     assert min(two_sample_pvalue(ar_samples[:, p], wrong[:, p]) for p in POSITIONS) < 1e-4
+
+
+# The proposer chosen per request (rakv.runtime.controller.ProposerChoice, rakv.runtime.strategies).
+
+
+def test_one_proposers_choice_decides_exactly_as_its_controller():
+    from test_costmodel import configured, table
+
+    from rakv.runtime.cache import Hit
+    from rakv.runtime.controller import Controller, ProposerChoice
+
+    for alpha in (0.1, 0.6, 0.95):
+        alone = Controller(table(alpha=alpha), configured(k_set=(0, 1, 2, 4, 8)))
+        choice = ProposerChoice({"draft": Controller(table(alpha=alpha), configured(k_set=(0, 1, 2, 4, 8)))})
+        for prompt, hit in ((200, Hit(prompt_length=200)), (300, Hit(prompt_length=300, prefix_length=250))):
+            expected = alone.decide(prompt, hit, 64)
+            name, decision = choice.decide(prompt, hit, 64)
+            assert name == "draft" and decision.action == expected.action
+            assert decision.predictions == expected.predictions
+
+
+def test_the_cheapest_proposer_wins_and_the_heads_get_no_deeper_k_than_they_have():
+    from test_costmodel import configured, table
+
+    from rakv.runtime.cache import Hit
+    from rakv.runtime.controller import Controller, ProposerChoice
+
+    k_set = configured(k_set=(0, 1, 2, 4, 6, 8))
+    controllers = {"draft": Controller(table(alpha=0.5, propose_per_token=0.004), k_set),
+                   "heads": Controller(table(alpha=0.9, propose_per_token=0.0001), k_set)}
+    name, decision = ProposerChoice(controllers, {"heads": 4}).decide(100, Hit(prompt_length=100), 64)
+    assert name == "heads" and 0 < decision.action.k <= 4
+    assert any(label.startswith("draft:") for label in decision.predictions)
+    name, _ = ProposerChoice(controllers).decide(100, Hit(prompt_length=100), 64)
+    assert name == "heads"
+    slow = {"draft": Controller(table(alpha=0.9, propose_per_token=0.0001), k_set),
+            "heads": Controller(table(alpha=0.05, propose_per_token=0.004), k_set)}
+    assert ProposerChoice(slow, {"heads": 4}).decide(100, Hit(prompt_length=100), 64)[0] == "draft"
+    hopeless = {"heads": Controller(table(alpha=0.01, propose_per_token=0.01), k_set)}
+    assert ProposerChoice(hopeless, {"heads": 4}).decide(100, Hit(prompt_length=100), 64)[1].action.k == 0
+
+
+def test_choosing_the_proposer_per_request_keeps_greedy_output_and_learns_per_proposer(tiny_pair, trained,
+                                                                                       monkeypatch):
+    from test_costmodel import configured, table
+
+    from rakv.runtime.controller import Controller, ProposerChoice
+    from rakv.runtime.strategies import run_choosing_proposer
+
+    monkeypatch.setattr(heads_module, "shipped_heads", lambda pair: trained)
+    k_set = configured(k_set=(0, 2, 4))
+    choice = ProposerChoice({"draft": Controller(table(alpha=0.6, propose_per_token=0.003), k_set),
+                             "prompt-lookup": Controller(table(alpha=0.3, propose_per_token=0.0), k_set),
+                             "heads": Controller(table(alpha=0.8, propose_per_token=0.0002), k_set)},
+                            {"heads": trained.count})
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30), proposer="draft")
+    reference = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30))
+    ran = []
+    for text in PROMPTS * 2:
+        ids = engine.encode(text)
+        result = run_choosing_proposer(engine, choice, ids, 16, ignore_eos=True)
+        assert result.token_ids == reference.run(ids, Action(False, 0), 16, ignore_eos=True).token_ids
+        ran.append(result.proposer)
+    assert "heads" in ran and choice.controllers["heads"].tracker.alpha != 0.8  # its rounds taught it
+    assert choice.controllers["draft"].tracker.alpha == 0.6 or "draft" in ran
+
+
+def test_calibration_prices_the_heads_proposal_from_a_hidden_state(tiny_pair, trained, tmp_path, monkeypatch):
+    from rakv.runtime.calibration import CalibrationPlan, calibrate
+
+    monkeypatch.setattr(heads_module, "shipped_heads", lambda pair: trained)
+    offered = []
+    original = HeadsProposer.propose
+
+    def counting(self, context, k, sampling, generator):
+        out = original(self, context, k, sampling, generator)
+        offered.append((k, len(out[0])))
+        return out
+
+    monkeypatch.setattr(HeadsProposer, "propose", counting)
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30), proposer="heads")
+    quick = CalibrationPlan(prefill_lengths=(16,), contexts=(32,), k_values=(1, 2, 4), copy_lengths=(16,), repeats=1,
+                            acceptance_prompts=1, acceptance_new_tokens=8, refuse_spread=100.0)
+    cost = calibrate(engine, [engine.encode(PROMPTS[0])], quick, progress=False)
+    timed = [(k, n) for k, n in offered if k in (1, 2)]  # (the acceptance rounds propose k = 4)
+    assert len(timed) >= 4 and all(n == k for k, n in timed)  # every timed proposal offered its candidates
+    assert set(cost.propose) == {1, 2, 4} and cost.proposer_kv_bytes_per_token == 0.0

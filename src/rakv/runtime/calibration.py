@@ -284,6 +284,9 @@ def model_points(engine, filler: torch.Tensor, plan: CalibrationPlan) -> dict[tu
             # steady state: the last confirmed token is new to the proposer, as after every round
             proposer = engine.make_proposer()
             proposer.start(context)
+            if proposer.needs_target_hidden:  # as after a verify: the hidden states of the context's positions
+                proposer.observe_target_hidden(0, forward(target, filler[:, :ctx], new_kv_cache(target),
+                                                          return_hidden=True)[1])
             points["propose", k, ctx] = Point(
                 lambda p=proposer, c=context, k=k: p.propose(c, k, sampling, None),
                 lambda p=proposer, n=ctx: p.rollback(n - 1))

@@ -300,3 +300,56 @@ class Controller:
         for c, state in (by_match_state or {}).items():
             learned.by_match[c].restore(state)
         learned.decisions = decisions
+
+
+@dataclass
+class ProposerChoice:
+    """RAKV-ASD over several proposers of one target (docs/heads.md): per request, the (reuse, proposer, k) of least
+    estimated latency. Each proposer keeps its own controller (its own calibration and learnt acceptance); every
+    controller prices the request's feasible actions and the least estimate wins, k = 0 included (the target's own
+    costs; a tie goes to the first proposer listed). With one proposer it decides exactly as that proposer's
+    controller does. `max_k`: a proposer that offers at most so many candidates a round (the heads) is offered no
+    deeper k."""
+
+    controllers: dict[str, Controller]
+    max_k: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.controllers:
+            raise RakvError("a per-request proposer choice needs at least one proposer's controller")
+
+    def decide(self, prompt_tokens: int, hit: Hit, new_tokens: int,
+               temperature: float = 0.0) -> tuple[str, Decision]:
+        """The proposer and its controller's decision, restricted to the k it can offer; the decision's
+        predictions name every proposer's actions as `proposer:r1k4`."""
+        start = time.perf_counter()
+        best: tuple[str, Decision] | None = None
+        everything: dict[str, float] = {}
+        for name, controller in self.controllers.items():
+            limit = self.max_k.get(name)
+            decision = (controller.decide(prompt_tokens, hit, new_tokens, temperature=temperature) if limit is None
+                        else self._decide_within(controller, limit, prompt_tokens, hit, new_tokens, temperature))
+            everything.update({f"{name}:{label}": v for label, v in decision.predictions.items()})
+            if best is None or decision.predicted_latency_s < best[1].predicted_latency_s:
+                best = (name, decision)
+        name, decision = best
+        if len(self.controllers) > 1:
+            decision.predictions = everything
+            decision.decision_s = time.perf_counter() - start
+        return name, decision
+
+    @staticmethod
+    def _decide_within(controller: Controller, limit: int, prompt_tokens, hit, new_tokens, temperature) -> Decision:
+        config = controller.config
+        within = tuple(k for k in config.k_set if k <= limit) or (0,)
+        if within == config.k_set:
+            return controller.decide(prompt_tokens, hit, new_tokens, temperature=temperature)
+        narrowed = Controller(controller.table, ControllerConfig(**{**{f: getattr(config, f) for f in config.FIELDS},
+                                                                    "k_set": within}))
+        narrowed.learned, narrowed.noise = controller.learned, controller.noise  # the same learnt acceptance
+        return narrowed.decide(prompt_tokens, hit, new_tokens, temperature=temperature)
+
+    def observe(self, proposer: str, round_log: list[tuple[int, int]], empty_rounds: int = 0,
+                depth: RoundDepth | None = None, temperature: float = 0.0) -> None:
+        """The rounds of a request that ran with `proposer` teach that proposer's acceptance only."""
+        self.controllers[proposer].observe(round_log, empty_rounds, depth, temperature)

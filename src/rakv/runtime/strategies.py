@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 
 from rakv.runtime.actions import ADAPTIVE, Action
 from rakv.runtime.cache import Hit
-from rakv.runtime.controller import Controller, Decision
+from rakv.runtime.controller import Controller, Decision, ProposerChoice
 from rakv.runtime.costmodel import RequestFeatures
 from rakv.runtime.engine import Engine, RequestResult
 from rakv.runtime.errors import RakvError
-from rakv.runtime.proposers import Proposer
+from rakv.runtime.proposers import Proposer, proposer_type
 
 if TYPE_CHECKING:
     from rakv.runtime.depth import RoundDepth
@@ -93,5 +93,33 @@ def run_strategy(engine: Engine, strategy: str, token_ids: list[int], new_tokens
         result = engine.run(token_ids, choice.action, new_tokens, **run_kwargs)
         result.predicted_latency_s = predicted
     result.strategy, result.available_hit_tokens = strategy, hit.reused_tokens
+    result.available_draft_tokens = hit.draft_tokens
+    return result
+
+
+def run_choosing_proposer(engine: Engine, choice: ProposerChoice, token_ids: list[int], new_tokens: int,
+                          **run_kwargs) -> RequestResult:
+    """rakv-asd over several proposers of one target (rakv.runtime.controller.ProposerChoice): peek, choose
+    (reuse, proposer, k), run with a fresh proposer of the chosen kind on `engine`'s pair, and teach the chosen
+    proposer's controller its rounds; the result's `proposer` names the kind that ran ("none" for k = 0)."""
+    start = time.perf_counter()
+    hit = engine.peek(token_ids, run_kwargs.get("salt"))
+    sampling = run_kwargs.get("sampling")
+    temperature = sampling.temperature if sampling is not None else 0.0
+    name, decision = choice.decide(len(token_ids), hit, new_tokens, temperature)
+    decision.decision_s = time.perf_counter() - start
+    controller, kind = choice.controllers[name], proposer_type(name)
+    depth = controller.round_depth(kind, temperature) if decision.action.k else None
+    proposer = kind.for_pair(engine.pair) if decision.action.k else None
+    result = engine.run(token_ids, decision.action, new_tokens, depth=depth, proposer=proposer, **run_kwargs)
+    result.ttft_s += decision.decision_s
+    result.latency_s += decision.decision_s
+    result.tokens_per_s = result.new_tokens / result.latency_s
+    choice.observe(name, result.round_log, result.empty_rounds, depth, temperature)
+    tracker = controller.tracker_at(temperature)
+    decision.alpha_after, decision.tracker_after = tracker.alpha, tracker.state
+    decision.by_match_after = controller.by_match_state_at(temperature)
+    result.decision, result.predicted_latency_s = decision, decision.predicted_latency_s
+    result.strategy, result.available_hit_tokens = ADAPTIVE, hit.reused_tokens
     result.available_draft_tokens = hit.draft_tokens
     return result

@@ -1,0 +1,150 @@
+"""The learned heads' goals (docs/heads.md), measured side by side in one run on held-out text and printed with 95 %
+intervals (bootstrap over prompts):
+
+- each head's top-1 agreement with the target's greedy continuation (head 1 = the token after the target's own), on
+  WikiText-2 test paragraphs (the heads train on the validation split), teacher-forced over the AR output;
+- the acceptance by head position in real greedy rounds (k = heads): the share of rounds reaching position i that
+  accept it;
+- the proposal's cost (k candidates) over one target step at the prompt's context, both timed here, medians;
+- the batch-one speedup over AR of spec-k with the heads and with the int8 self-draft (--draft), per prompt.
+
+    .venv/bin/python scripts/bench_heads.py [--pair smollm2] [--prompts 12] [--new-tokens 64] [--draft]
+
+Timings depend on the machine and its load: read them as ratios measured in the same run, not as results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+from rakv.runtime.actions import Action
+from rakv.runtime.cache import PrefixKVStore
+from rakv.runtime.decoding import forward
+from rakv.runtime.engine import Engine
+from rakv.runtime.errors import RakvError
+from rakv.runtime.heads import HeadsProposer, shipped_heads
+from rakv.runtime.kernels import new_kv_cache
+from rakv.runtime.models import load_pair
+from rakv.runtime.workloads import dataset_texts
+
+
+def bootstrap(values, statistic=np.mean, seed: int = 0, draws: int = 2000) -> tuple[float, float, float]:
+    values = np.asarray(values, float)
+    if len(values) == 0:
+        return float("nan"), float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    stats = [statistic(values[rng.integers(0, len(values), len(values))]) for _ in range(draws)]
+    return float(statistic(values)), float(np.percentile(stats, 2.5)), float(np.percentile(stats, 97.5))
+
+
+def shown(ci, digits: int = 3) -> str:
+    value, low, high = ci
+    return f"{value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def held_out_prompts(encode, count: int, tokens: int, seed: int) -> list[list[int]]:
+    texts = dataset_texts("wikitext2", "bundled", "test")
+    encoded = [ids[:tokens] for ids in (encode(t) for _, t in texts) if len(ids) >= tokens]
+    rng = np.random.default_rng(seed)
+    return [encoded[i] for i in sorted(rng.choice(len(encoded), size=min(count, len(encoded)), replace=False))]
+
+
+@torch.inference_mode()
+def agreement(pair, heads, prompt: list[int], output: list[int]) -> list[tuple[int, int]]:
+    """Per head: (agreements, positions) of its argmax with the greedy output, teacher-forced."""
+    ids = torch.tensor([prompt + output], dtype=torch.long, device=pair.device)
+    _, hidden = forward(pair.target.module, ids, new_kv_cache(pair.target.module), return_hidden=True)
+    first = len(prompt) - 1  # hidden[first + j] produced output[j]
+    hits, totals = [0] * heads.count, [0] * heads.count
+    for j in range(len(output) - 1):
+        predicted = heads.vocab[heads.logits(hidden[first + j], heads.count).argmax(-1)].tolist()
+        for i in range(1, heads.count + 1):
+            if j + i < len(output):
+                hits[i - 1] += predicted[i - 1] == output[j + i]
+                totals[i - 1] += 1
+    return list(zip(hits, totals))
+
+
+@torch.inference_mode()
+def cost_ratio(pair, heads, prompt: list[int], repeats: int = 30) -> float:
+    """Median time of a k = heads proposal over the median time of one target step at this context."""
+    target = pair.target.module
+    cache = new_kv_cache(target)
+    ids = torch.tensor([prompt], dtype=torch.long, device=pair.device)
+    _, hidden = forward(target, ids, cache, return_hidden=True)
+    step, propose = [], []
+    token = torch.tensor([[prompt[-1]]], dtype=torch.long, device=pair.device)
+    for _ in range(repeats):
+        start = time.perf_counter()
+        forward(target, token, cache, keep=1)
+        step.append(time.perf_counter() - start)
+        cache.crop(len(prompt))
+        start = time.perf_counter()
+        heads.vocab[heads.logits(hidden[-1], heads.count).argmax(-1)].tolist()
+        propose.append(time.perf_counter() - start)
+    return statistics.median(propose) / statistics.median(step)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pair", default="smollm2")
+    parser.add_argument("--prompts", type=int, default=12)
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--draft", action="store_true", help="also time spec-k with the int8 self-draft")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.prompts < 2 or args.new_tokens < 8:
+        raise RakvError("--prompts must be >= 2 and --new-tokens >= 8")
+    pair = load_pair(args.pair, threads=args.threads)
+    heads = shipped_heads(pair)
+    k = heads.count
+    engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30), proposer="draft")
+    prompts = held_out_prompts(engine.encode, args.prompts, args.prompt_tokens, args.seed)
+    per_head = [[] for _ in range(k)]
+    reached, passed = np.zeros(k), np.zeros(k)
+    speedup, draft_speedup, ratios = [], [], []
+    for ids in prompts:
+        ar = engine.run(ids, Action(False, 0), args.new_tokens, ignore_eos=True)
+        spec = engine.run(ids, Action(False, k), args.new_tokens, ignore_eos=True, proposer=HeadsProposer(heads))
+        if spec.token_ids != ar.token_ids:
+            raise RakvError("the heads changed a greedy output: a bug")
+        for i, (hits, total) in enumerate(agreement(pair, heads, ids, ar.token_ids)):
+            per_head[i].append(hits / max(total, 1))
+        for proposed, accepted in spec.round_log:
+            for i in range(min(proposed, accepted + 1)):
+                reached[i] += 1
+                passed[i] += i < accepted
+        speedup.append(ar.latency_s / spec.latency_s)
+        if args.draft:
+            draft = engine.run(ids, Action(False, k), args.new_tokens, ignore_eos=True)
+            draft_speedup.append(ar.latency_s / draft.latency_s)
+        ratios.append(cost_ratio(pair, heads, ids))
+    record = heads.record
+    print(f"bench_heads: pair {args.pair}, heads {record.key if record else '?'} ({k} heads, vocabulary "
+          f"{len(heads.vocab)}), {len(prompts)} WikiText-2 test prompts of {args.prompt_tokens} tokens, "
+          f"{args.new_tokens} new tokens, greedy; 95 % bootstrap intervals over prompts")
+    for i in range(k):
+        print(f"  head {i + 1} top-1 agreement with the target (teacher-forced): {shown(bootstrap(per_head[i]))}")
+    print("  acceptance by position in spec-k rounds (accepted / reached): "
+          + ", ".join(f"{i + 1}: {passed[i] / max(reached[i], 1):.3f} ({int(reached[i])})" for i in range(k)))
+    print(f"  proposal ({k} candidates) / target step, median per prompt: {shown(bootstrap(ratios, np.median), 4)}")
+    print(f"  speedup over AR, heads spec-k{k}: {shown(bootstrap(speedup))}")
+    if draft_speedup:
+        print(f"  speedup over AR, int8 self-draft spec-k{k}: {shown(bootstrap(draft_speedup))}")
+        print(f"  heads / self-draft speed: {shown(bootstrap(np.asarray(speedup) / np.asarray(draft_speedup)))}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except RakvError as exc:
+        print(f"bench_heads: error: {exc}", file=sys.stderr)
+        sys.exit(2)
