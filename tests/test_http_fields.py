@@ -315,3 +315,15 @@ def test_the_served_fields_table_in_docs_is_the_one_the_models_give():
             honoured_fields()
     finally:
         FIELD_DOCS["echo"] = removed
+
+
+def test_scoring_in_chunks_gives_the_whole_forward_s_log_probabilities(tiny_pair, stock_tiny, monkeypatch):
+    from rakv.serving import scoring
+
+    ids = list(range(5, 45))
+    whole = scoring.score(tiny_pair.target.module, ids, 2)
+    monkeypatch.setattr(scoring, "CHUNK", 7)  # 40 positions in 6 forwards on one cache
+    chunked = scoring.score(tiny_pair.target.module, ids, 2)
+    assert chunked == whole and len(whole.logprobs) == len(ids) and whole.logprobs[0] is None
+    reference, _ = direct_logprobs(stock_tiny, ids)
+    assert max(abs(a - b) for a, b in zip(whole.logprobs[1:], reference)) < 1e-4

@@ -17,6 +17,7 @@ from rakv.runtime.decoding import forward
 from rakv.runtime.kernels import new_kv_cache
 
 MAX_LOGPROBS = 20  # top alternatives per position at most (vLLM's default --max-logprobs)
+CHUNK = 256  # positions per forward: the logits held at once (rows x vocabulary, fp32)
 
 
 @dataclass(frozen=True)
@@ -30,16 +31,21 @@ class Scored:
 
 @torch.inference_mode()
 def score(model: torch.nn.Module, ids: list[int], top: int, device: torch.device | str = "cpu") -> Scored:
-    """`ids` scored by `model` (fp32 log-softmax over one forward), with the `top` alternatives at each position."""
+    """`ids` scored by `model` (fp32 log-softmax over one forward, run in chunks of CHUNK positions on one cache so
+    that no more than CHUNK rows of logits are held at once), with the `top` alternatives at each position."""
     assert ids and 0 <= top <= MAX_LOGPROBS, "score: a non-empty sequence and 0..MAX_LOGPROBS alternatives"
     tokens = torch.tensor(ids, dtype=torch.long, device=device)
-    logits = forward(model, tokens.unsqueeze(0), new_kv_cache(model), keep=0)[:-1]  # rows predicting 1..n-1
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    chosen = logprobs.gather(1, tokens[1:].unsqueeze(1)).squeeze(1).tolist()
+    cache = new_kv_cache(model)
+    chosen: list[float] = []
     alternatives: list[list[tuple[int, float]] | None] = [None]
-    if top:
-        values, indices = logprobs.topk(top, dim=-1)
-        alternatives += [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
-    else:
-        alternatives += [[] for _ in chosen]
+    for start in range(0, len(ids) - 1, CHUNK):  # rows start.. predict tokens start+1..
+        end = min(start + CHUNK, len(ids) - 1)
+        logits = forward(model, tokens[start:end].unsqueeze(0), cache, keep=0)
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        chosen += logprobs.gather(1, tokens[start + 1:end + 1].unsqueeze(1)).squeeze(1).tolist()
+        if top:
+            values, indices = logprobs.topk(top, dim=-1)
+            alternatives += [list(zip(i, v)) for i, v in zip(indices.tolist(), values.tolist())]
+        else:
+            alternatives += [[] for _ in range(end - start)]
     return Scored([None, *chosen], alternatives)
