@@ -39,8 +39,9 @@
 // bytes and, with VNNI, a quarter of its arithmetic (a draft prefill is compute-bound).
 //
 // Block-quantised GEMM (a target at precision q4_1: the GGUF's Q4_1 / Q8_0 blocks, fp32 activations): each 32 x 32
-// block dequantised exactly (gemm_blocks says how) and run through the fp32 micro-kernels, so a row's result is
-// bitwise the fp32 GEMM's over the dequantised weights, batch-invariant by the same argument.
+// block dequantised exactly (gemm_blocks says how; in registers for few rows) with the fp32 micro-kernels' FMA
+// chains, so a row's result is bitwise the fp32 GEMM's over the dequantised weights, batch-invariant by the same
+// argument.
 //
 // Attention: per (query row, head) a fixed order over the keys 0 .. position (scores in groups of four keys, one
 // reduction tree per key; softmax sums in eight lanes, then one tree), so a chunked prefill's rows equal a whole
@@ -676,6 +677,68 @@ inline void micro_blocks16_rows(int64_t rows, int format, const uint8_t* blocks,
     case 6: micro_blocks16<6>(format, blocks, nb, bytes, x, ldx, acc); break;
   }
 }
+#else
+// One or two rows (a decode step, a verify of k = 1) with AVX2: the same in-register dequantisation with eight-lane
+// vectors, the scales read from the block (sixteen registers hold the accumulators and a vector's work, not the
+// scales as well). Each output's values and chain of FMAs are dequant_block's and micro's: the same bits.
+template <int R>
+inline void micro_blocks8(int format, const uint8_t* blocks, int64_t nb, int64_t bytes, const float* x, int64_t ldx,
+                          float* acc) {
+  __m256 a[R][4];
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) a[r][v] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi32(15);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* block = blocks + b * bytes;
+    const __m128i* h = reinterpret_cast<const __m128i*>(block);
+    const float* xb = x + b * kQBlock;
+    if (format == kQ4_1) {
+      const uint8_t* q = block + 128;
+      for (int64_t t = 0; t < kQBlock; ++t) {
+        __m256 w[4];
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; ++half) {  // bytes 0-7: outputs 0-7 and 16-23; bytes 8-15: 8-15 and 24-31
+          const __m256i bq = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(
+              q + t * 16 + half * 8)));
+          w[half] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(bq, low)),
+                                                _mm256_cvtph_ps(_mm_loadu_si128(h + half))),
+                                  _mm256_cvtph_ps(_mm_loadu_si128(h + 4 + half)));
+          w[2 + half] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(bq, 4)),
+                                                    _mm256_cvtph_ps(_mm_loadu_si128(h + 2 + half))),
+                                      _mm256_cvtph_ps(_mm_loadu_si128(h + 6 + half)));
+        }
+#pragma GCC unroll 2
+        for (int r = 0; r < R; ++r) {
+          const __m256 xv = _mm256_broadcast_ss(xb + r * ldx + t);
+#pragma GCC unroll 4
+          for (int v = 0; v < 4; ++v) a[r][v] = _mm256_fmadd_ps(xv, w[v], a[r][v]);
+        }
+      }
+    } else {
+      const int8_t* q = reinterpret_cast<const int8_t*>(block + 64);
+      for (int64_t t = 0; t < kQBlock; ++t) {
+        __m256 w[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v)
+          w[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                   reinterpret_cast<const __m128i*>(q + t * 32 + v * 8)))),
+                               _mm256_cvtph_ps(_mm_loadu_si128(h + v)));
+#pragma GCC unroll 2
+        for (int r = 0; r < R; ++r) {
+          const __m256 xv = _mm256_broadcast_ss(xb + r * ldx + t);
+#pragma GCC unroll 4
+          for (int v = 0; v < 4; ++v) a[r][v] = _mm256_fmadd_ps(xv, w[v], a[r][v]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) _mm256_storeu_ps(acc + r * kPanel + v * 8, a[r][v]);
+}
 #endif
 
 // y[M, N] = (x[M, K] @ W^T + bias) + residual, W in quantised panels [G][K / 32][block_bytes(format)]
@@ -690,13 +753,16 @@ void gemm_blocks(const float* X, const uint8_t* P, int format, int64_t M, int64_
     float* acc = acc_buffer.data();
     for (int64_t g = g0; g < g1; ++g) {
       const uint8_t* panel = P + g * blocks * bytes;
-#if defined(__AVX512F__)
       if (M <= kRowsFew) {  // one pass over the panel's blocks, dequantised in registers
+#if defined(__AVX512F__)
         micro_blocks16_rows(M, format, panel, blocks, bytes, X, K, acc);
+#else
+        if (M == 1) micro_blocks8<1>(format, panel, blocks, bytes, X, K, acc);
+        else micro_blocks8<2>(format, panel, blocks, bytes, X, K, acc);
+#endif
         epilogue(acc, M, g * kPanel, N, nullptr, nullptr, bias, residual, Y);
         continue;
       }
-#endif
       for (int64_t k0 = 0; k0 < K; k0 += kc) {
         const int64_t kn = std::min(kc, K - k0);
         for (int64_t b = 0; b < kn / kQBlock; ++b)
