@@ -4,6 +4,11 @@
 #   ./reproduce.sh                                   # profile=offline: SmolLM2 pairs, every stage
 #   ./reproduce.sh profile=smoke                     # tiny random pair, a few minutes
 #   ./reproduce.sh profile=offline controller.k_set=[0,2,4] cache.budget_mib=64
+#   ./reproduce.sh profile=smoke jobs=4              # study and serving as 4 jobs each (docs/cluster.md)
+# jobs=N [launcher=local|slurm|<conf/local site>]: the study and serving stages run as N shards through
+# hydra-submitit-launcher (local: subprocesses of this machine), each on the calibrate stage's tables, then a merge
+# that loads no model; study.learning=per_block is then set for every stage, so the decisions are those of a
+# one-process run with it.
 set -euo pipefail
 cd "$(dirname "$0")"
 ./scripts/setup_venv.sh
@@ -13,9 +18,13 @@ stage_list=$(.venv/bin/python -m rakv.experiments.stages --list)
 read -r -a ALL_STAGES <<< "$stage_list"
 stages=("${ALL_STAGES[@]}")
 overrides=()
+jobs=1
+launcher=local
 for arg in "$@"; do
     case "$arg" in
         stages=*) IFS=, read -r -a stages <<< "${arg#stages=}" ;;
+        jobs=*) jobs=${arg#jobs=} ;;
+        launcher=*) launcher=${arg#launcher=} ;;
         *) overrides+=("$arg") ;;
     esac
 done
@@ -28,6 +37,17 @@ for arg in "${overrides[@]+"${overrides[@]}"}"; do
     esac
 done
 results_dir=${results_dir:-results/$profile}
+case "$jobs" in ''|*[!0-9]*|0) echo "reproduce: jobs must be a whole number >= 1, got '$jobs'" >&2; exit 2 ;; esac
+if [ "$jobs" -gt 1 ]; then
+    case " ${overrides[*]+"${overrides[*]}"} " in *" study.learning="*) ;; *) overrides+=(study.learning=per_block) ;; esac
+fi
+# a stage as `jobs` shards of a Hydra multirun, then the merge (reads what the shards wrote and the tables only)
+stage_jobs() {
+    .venv/bin/python scripts/run_stage.py "$1" -m "hydra/launcher=$launcher" "${overrides[@]+"${overrides[@]}"}" \
+        "study.num_shards=$jobs" "study.shard_index=range($jobs)" \
+    && .venv/bin/python scripts/run_stage.py "$1" "${overrides[@]+"${overrides[@]}"}" "study.num_shards=$jobs" \
+        study.merge_only=true
+}
 
 # Each stage's wall time is kept in results/<profile>/stage_times.tsv: printed as the estimate before the
 # stage runs again, and as a table at the end.
@@ -44,7 +64,12 @@ for stage in "${stages[@]}"; do
     previous=$(last_time "$stage")
     echo "reproduce: stage $stage ($(date +%H:%M:%S))${previous:+; it took ${previous} s last time}"
     stage_start=$(date +%s)
-    if ! .venv/bin/python scripts/run_stage.py "$stage" "${overrides[@]+"${overrides[@]}"}"; then
+    if [ "$jobs" -gt 1 ] && { [ "$stage" = study ] || [ "$stage" = serving ]; }; then
+        run=(stage_jobs "$stage")
+    else
+        run=(.venv/bin/python scripts/run_stage.py "$stage" "${overrides[@]+"${overrides[@]}"}")
+    fi
+    if ! "${run[@]}"; then
         echo "reproduce: stage '$stage' failed; fix the cause and rerun the same command to resume" >&2
         exit 1
     fi

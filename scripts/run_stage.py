@@ -2,7 +2,9 @@
     .venv/bin/python scripts/run_stage.py STAGE profile=smoke [Hydra overrides]
 STAGE is one of `python -m rakv.experiments.stages --list`; the stage's primary config in conf/ is composed
 (rakv.experiments.stages.PRIMARY_CONFIGS, else config.yaml) onto its schema (rakv.experiments.schema). Overrides
-that do not compose (a misspelt key, a value of the wrong type) stop here with one line and exit status 2."""
+that do not compose (a misspelt key, a value of the wrong type) stop here with one line and exit status 2.
+Site settings in conf/local/ (git-ignored; docs/cluster.md), when that folder exists, are on Hydra's search path:
+conf/local/hydra/launcher/<site>.yaml is then `hydra/launcher=<site>`."""
 
 import sys
 
@@ -18,6 +20,9 @@ def main() -> None:
         print(f"usage: {sys.argv[0]} STAGE [Hydra overrides] (stages: {' '.join(STAGES)})", file=sys.stderr)
         sys.exit(2)
     stage = sys.argv.pop(1)  # the rest are Hydra's
+    site = CONF_DIR / "local"
+    if site.is_dir() and not any(a.startswith("hydra.searchpath") for a in sys.argv[1:]):
+        sys.argv.append(f"hydra.searchpath=[file://{site}]")
     config_name = PRIMARY_CONFIGS.get(stage, "config")
     register_schemas()
     error = composition_error(str(CONF_DIR), config_name, sys.argv[1:])

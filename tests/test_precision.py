@@ -190,3 +190,15 @@ def test_the_peer_module_imports_only_the_standard_library_at_its_top():
 
     assert beyond_stdlib(llama_cpp) == set()
     assert {"torch", "rakv"} <= beyond_stdlib(engine)  # positive control: the check sees a module that does import
+
+
+def test_every_configuration_states_a_precision_the_engine_runs_and_the_shipped_ones_are_fp32():
+    """`precision` is a configuration field (conf/configuration/*.yaml, rakv.experiments.schema.ConfigurationEntry)
+    that reaches the engine's options; the shipped configurations keep every existing result (fp32)."""
+    from dataclasses import fields
+
+    from rakv.experiments.config import configuration, configuration_names
+    from rakv.runtime.engine_options import EngineOptions
+
+    assert {configuration(name).precision for name in configuration_names()} == {"fp32"}
+    assert next(f for f in fields(EngineOptions) if f.name == "precision").metadata["choices"] == PRECISIONS

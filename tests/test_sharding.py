@@ -1,6 +1,7 @@
 """A study as independent jobs (docs/cluster.md): calibrate once, shards that read the tables and decide as one
 process does (study.learning=per_block), and a merge that loads no model. On the tiny seeded pair, in-process."""
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -14,7 +15,7 @@ from rakv.experiments.config import CONF_DIR, configuration, engine_for, validat
 from rakv.experiments.study import run_main_study
 from rakv.runtime.costmodel import CostTable, Curve
 from rakv.runtime.errors import RakvError
-from rakv.runtime.run_layout import RunLayout
+from rakv.runtime.run_layout import RunLayout, ServedRunLayout
 
 # a small grid: 3 prompts (3 blocks), two scenarios, rakv-asd and the sweep of k in {0, 2}
 GRID = ["profile=smoke", "configurations=[tiny]", "datasets=[humaneval]", "profile.study.prompts_per_bin=3",
@@ -121,3 +122,95 @@ def test_merge_refuses_runs_decided_under_two_tables(one_process, tmp_path):
     journal.write_text("\n".join(lines) + "\n")
     with pytest.raises(RakvError, match="different calibration tables"):
         run_main_study(composed(f"results_dir={tmp_path}", "study.merge_only=true"))
+
+
+def test_compare_sharded_reports_a_differing_decision(tmp_path):
+    import subprocess
+    import sys
+
+    rows = [{"run_id": f"r{i}", "kind": "strategy", "action": "r1k2", "alpha_before": 0.5 + i / 100,
+             "alpha_after": 0.6, "calibration_digest": "abc", "host": "node1"} for i in range(3)]
+    rows.append({**rows[0], "run_id": "s0", "kind": "sweep", "action": "r0k0"})
+    script = [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "compare_sharded.py"), "--compare"]
+    for name, changed in (("one", {}), ("same", {}), ("other", {"action": "r1k0"})):
+        frame = pd.DataFrame(rows)
+        for column, value in changed.items():
+            frame.loc[1, column] = value
+        RunLayout.of(tmp_path / name).study.root.mkdir(parents=True)
+        frame.to_parquet(RunLayout.of(tmp_path / name).study.runs)
+    same = subprocess.run([*script, tmp_path / "one", tmp_path / "same"], capture_output=True, text=True)
+    assert same.returncode == 0 and "3 of 3 rakv-asd decisions identical" in same.stdout, same.stdout + same.stderr
+    other = subprocess.run([*script, tmp_path / "one", tmp_path / "other"], capture_output=True, text=True)
+    assert other.returncode == 1 and "2 of 3" in other.stdout and "differs: r1" in other.stdout, other.stdout
+
+
+SERVING = ["~profile.serving.rates.chunking", "~profile.serving.rates.speculation",
+           "~profile.serving.rates.speculation-draft", "profile.serving.rates.acceptance=[16]",
+           "profile.serving.repeats=2", "profile.serving.requests=3",
+           "profile.serving.pilot=null"]
+
+
+def serving_cfg(*overrides):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="serving_study", overrides=["profile=smoke", *SERVING, *overrides])
+    validate(cfg)
+    return cfg
+
+
+def write_seeded_batch_cost(folder, cfg) -> None:
+    """A batch cost table and a cost table for the serving configuration, as write_seeded_table."""
+    from dataclasses import replace
+
+    from rakv.experiments.serving import serving_configurations
+    from rakv.serving.batchcost import BatchCost, batch_cost_key, batch_cost_path
+
+    for name in serving_configurations(cfg):
+        engine = engine_for(cfg, configuration(name))
+        key = calibration.calibration_key(engine.pair, engine.proposer)
+        table = replace(write_seeded_table(folder), key=key)
+        calibration.save_table(table, Path(folder) / calibration.calibration_path(key).name)
+        batch = BatchCost(key=batch_cost_key(engine), rows=Curve([2e-4, 4e-3], 1.0, 0.0), segment_s=2e-4, kv_s=1e-6,
+                          attend_s=1e-8, proposer=engine.proposer, proposer_step=Curve([1e-4, 2e-4], 1.0, 0.0))
+        (Path(folder) / batch_cost_path(batch.key).name).write_text(json.dumps(batch.to_json()))
+
+
+def served_outputs(results) -> pd.DataFrame:
+    """Every served request's output tokens, by cell, repeat and request id (from each run's requests.jsonl)."""
+    from rakv.serving.records import read_records
+
+    serving = RunLayout.of(results).serving
+    rows = [{"run": str(run.root.relative_to(serving.root)), "id": r.id, "status": r.status,
+             "tokens": json.dumps(r.token_ids)}
+            for run in ServedRunLayout.found_under(serving.cells_dir) for r in read_records(run.requests)]
+    return pd.DataFrame(rows).sort_values(["run", "id"]).reset_index(drop=True)
+
+
+def test_serving_cells_as_jobs_serve_what_one_process_serves(tmp_path, monkeypatch):
+    from rakv.experiments.serving import run_serving
+
+    tables = tmp_path / "calibrations"
+    tables.mkdir()
+    monkeypatch.setenv("RAKV_CALIBRATION_DIR", str(tables))
+    one, jobs = tmp_path / "one", tmp_path / "jobs"
+    write_seeded_batch_cost(tables, serving_cfg(f"results_dir={one}"))
+    run_serving(serving_cfg(f"results_dir={one}"))
+    shard = [f"results_dir={jobs}", "study.learning=per_block", "study.num_shards=2"]
+    with pytest.raises(RakvError, match="run the calibration job first"):
+        run_serving(serving_cfg(*shard, "study.shard_index=0"))
+    stages.calibrate(composed(f"results_dir={jobs}", "configurations=[tiny-lookup]", *SERVING))
+    for index in range(2):
+        run_serving(serving_cfg(*shard, f"study.shard_index={index}"))
+    assert not RunLayout.of(jobs).serving.requests.exists()  # a shard never merges
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the merge loaded a model or calibrated")
+
+    monkeypatch.setattr(engine_module, "load_pair", refuse)
+    monkeypatch.setattr(calibration, "calibrate", refuse)
+    run_serving(serving_cfg(*shard, "study.merge_only=true"))
+    mine, theirs = served_outputs(jobs), served_outputs(one)
+    assert len(mine) == len(theirs) > 0 and (mine.status == "ok").all()
+    pd.testing.assert_frame_equal(mine, theirs)  # every served output, token for token
+    cells = pd.read_parquet(RunLayout.of(jobs).serving.cells)
+    assert len(cells) == len(pd.read_parquet(RunLayout.of(one).serving.cells))
+    assert cells.outputs_equal_ar.sum() == len(mine)

@@ -28,6 +28,11 @@ fresh controller. The repeats' spread is thus the workload's as well as the cloc
 output) and `cells.parquet` (one row per run: its summary.json) and `iterations.parquet` (every iteration's
 features, measured and predicted time) are written. Traces are in `traces/`; the batch cost table used in
 `batch_cost-<configuration>.json`.
+
+As jobs (docs/cluster.md: `study.num_shards`, `study.shard_index`, `study.merge_only`, the study's keys): the
+calibrate stage writes the cost and batch cost tables (`calibrate_serving`), each shard serves whole (repeat,
+family, rate) groups (every policy of a trace on one machine, back to back, as in one process) on those tables,
+never measuring or writing one, and the merge builds the tables from the finished runs and the kept tables alone.
 """
 
 from __future__ import annotations
@@ -42,20 +47,21 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from rakv.experiments.calibrations import shared_table
 from rakv.experiments.config import configuration, cost_table_for, engine_for, run_layout
 from rakv.experiments.metadata import serving_metadata, write_serving_metadata
 from rakv.experiments.records import exclusive, write_atomic, write_parquet
-from rakv.experiments.schema import ServingSection, section
+from rakv.experiments.schema import ServingSection, ShardOptions, section
 from rakv.experiments.serving_runs import StudyRunSummary, read_study_run
 from rakv.runtime.actions import Action
 from rakv.runtime.calibration import calibration_key, load_table
-from rakv.runtime.costmodel import RequestFeatures, acceptance_estimate, estimate_latency
+from rakv.runtime.costmodel import RequestFeatures, acceptance_estimate, estimate_latency, read_cost_table
 from rakv.runtime.errors import RakvError
 from rakv.runtime.json_records import read_record, to_json
 from rakv.runtime.proposers import Proposer
 from rakv.runtime.run_layout import ServedRunLayout, ServingStudyLayout
 from rakv.runtime.workloads import dataset_texts
-from rakv.serving.batchcost import load_or_calibrate_batch
+from rakv.serving.batchcost import BatchCost, batch_cost_key, load_or_calibrate_batch
 from rakv.serving.records import RequestRecord, read_iterations, read_records
 from rakv.serving.replay import lookup_rounds, outputs_alone
 from rakv.serving.server import CONF_FIELDS, ServeOptions, serve, serve_parts
@@ -201,8 +207,76 @@ def run_serving(cfg: DictConfig) -> Path:
     validate_serving(cfg)
     out = run_layout(cfg).serving
     out.root.mkdir(parents=True, exist_ok=True)
-    with exclusive(out.lock):
-        return _run(cfg, out)
+    shards: ShardOptions = section(cfg.study)
+    with exclusive(out.lock if shards.num_shards <= 1 else out.shard_lock(shards.shard_index)):
+        if shards.merge_only:
+            return merge_serving(cfg, out)
+        return _run(cfg, out, shards)
+
+
+def serving_configurations(cfg: DictConfig) -> list[str]:
+    """The configurations the profile's serving study serves on (its families' and the default)."""
+    grid: ServingSection = section(cfg.profile.serving)
+    return list(dict.fromkeys(family_configuration(cfg, family) for family, rates in grid.rates.items() if rates))
+
+
+def calibrate_serving(cfg: DictConfig) -> None:
+    """The calibration job's part for the serving study: each serving configuration's cost table (kept in the
+    results folder's calibration/) and batch cost table (kept as serving/batch_cost-<configuration>.json), which
+    sharded serving jobs read; nothing without a serving section."""
+    if cfg.profile.get("serving") is None:
+        return
+    out = run_layout(cfg).serving
+    out.root.mkdir(parents=True, exist_ok=True)
+    for name in serving_configurations(cfg):
+        engine = engine_for(cfg, configuration(name))
+        cost_table_for(cfg, engine)
+        batch_cost = load_or_calibrate_batch(engine, recalibrate=cfg.calibration.recalibrate)
+        write_atomic(out.batch_cost(name), json.dumps(batch_cost.to_json(), indent=1))
+        print(f"calibration {name} (serving): batch cost table, one-request decode step "
+              f"{decode_step_s(batch_cost) * 1e3:.1f} ms", flush=True)
+
+
+def shared_batch_cost(out: ServingStudyLayout, name: str, engine) -> BatchCost:
+    """The batch cost table the calibration job kept for configuration `name`, read only (a serving shard)."""
+    path = out.batch_cost(name)
+    if not path.exists():
+        raise RakvError(f"{path} is missing: sharded serving jobs read the calibration tables and never write them; "
+                        "run the calibration job first (scripts/run_stage.py calibrate with the same overrides)")
+    table = BatchCost.from_json(json.loads(path.read_text()))
+    key = batch_cost_key(engine)
+    differs = [name for name in ("pair", "proposer", "method") if table.key.get(name) != key[name]]
+    if differs:
+        raise RakvError(f"{path} was measured for another {'/'.join(differs)}; rerun the calibration job")
+    return table
+
+
+def shard_of_runs(runs: list[tuple[int, dict]], shards: ShardOptions) -> list[tuple[int, dict]]:
+    """This shard's runs: whole (repeat, family, rate) groups, dealt in the run order, so every policy of a trace
+    is served on one machine back to back, as in one process."""
+    if shards.num_shards <= 1:
+        return runs
+    groups = list(dict.fromkeys((repeat, cell["family"], cell["rate"]) for repeat, cell in runs))
+    mine = {group for i, group in enumerate(groups) if i % shards.num_shards == shards.shard_index}
+    return [(repeat, cell) for repeat, cell in runs if (repeat, cell["family"], cell["rate"]) in mine]
+
+
+def merge_serving(cfg: DictConfig, out: ServingStudyLayout) -> Path:
+    """study.merge_only: the tables from every finished run and the kept cost tables; loads no model."""
+    grid: ServingSection = section(cfg.profile.serving)
+    plan = cells(cfg)
+    missing = [(r, c) for r, c in run_order(plan, grid.repeats, cfg.seed) if not cell_dir(out, c, r).complete.exists()]
+    if missing:
+        raise RakvError(f"{len(missing)} serving runs are not finished (other shards?); merge once every shard is "
+                        "done")
+    tables = {}
+    for name in dict.fromkeys(c["configuration"] for c in plan):
+        chosen = configuration(name)
+        path = run_layout(cfg).calibration(chosen.pair, chosen.proposer)
+        if not path.exists():
+            raise RakvError(f"{path} is missing: run the calibration job first")
+        tables[name] = read_cost_table(path)
+    return collect(cfg, out, tables, plan)
 
 
 @dataclass
@@ -215,8 +289,13 @@ class Served:
     slos_ms: dict
 
 
-def _setup(cfg: DictConfig, out: ServingStudyLayout, name: str) -> Served:
+def _setup(cfg: DictConfig, out: ServingStudyLayout, name: str, shared: bool = False) -> Served:
+    """One configuration's engine and tables: measured or loaded (one process), or the calibration job's (`shared`:
+    a serving shard, which never writes a table)."""
     engine = engine_for(cfg, configuration(name))
+    if shared:
+        table, batch_cost = shared_table(cfg.results_dir, engine), shared_batch_cost(out, name, engine)
+        return Served(engine, table, batch_cost, slos_of(cfg, decode_step_s(batch_cost)))
     table = _study_table(cfg, engine)
     batch_cost = load_or_calibrate_batch(engine, recalibrate=cfg.calibration.recalibrate)
     write_atomic(out.batch_cost(name), json.dumps(batch_cost.to_json(), indent=1))
@@ -241,13 +320,15 @@ def run_order(plan: list[dict], repeats: int, seed: int) -> list[tuple[int, dict
     return order
 
 
-def _run(cfg: DictConfig, out: ServingStudyLayout) -> Path:
+def _run(cfg: DictConfig, out: ServingStudyLayout, shards: ShardOptions) -> Path:
     grid: ServingSection = section(cfg.profile.serving)
     plan = cells(cfg)
-    served = {name: _setup(cfg, out, name) for name in dict.fromkeys(c["configuration"] for c in plan)}
-    runs = run_order(plan, grid.repeats, cfg.seed)
+    sharded = shards.num_shards > 1
+    runs = shard_of_runs(run_order(plan, grid.repeats, cfg.seed), shards)
+    served = {name: _setup(cfg, out, name, sharded) for name in dict.fromkeys(c["configuration"] for _, c in runs)}
     todo = [(r, c) for r, c in runs if not cell_dir(out, c, r).complete.exists()]
-    write_atomic(out.plan, _plan_text(cfg, plan, served, len(runs), len(todo)))
+    if not sharded:  # a shard's plan would be its share: the merge's plan.txt is the one-process plan
+        write_atomic(out.plan, _plan_text(cfg, plan, served, len(runs), len(todo)))
     print(f"serving: {len(plan)} cells x {grid.repeats} repeats = {len(runs)} runs on {', '.join(served)}, "
           f"{len(todo)} to go" + _eta(out, len(todo)), flush=True)
     references: dict = {}
@@ -294,6 +375,10 @@ def _run(cfg: DictConfig, out: ServingStudyLayout) -> Path:
               f"goodput {measured.goodput or 0:5.2f}/s, concurrency {run.concurrency:4.1f}, "
               f"equal to AR {equal}/{len(records)} "
               f"({run.wall_s:.0f} s; {finished}/{len(todo)}, about {left / 60:.0f} min left)", flush=True)
+    if sharded:
+        print(f"serving: shard {shards.shard_index} of {shards.num_shards} done; merge with study.merge_only=true "
+              "once every shard is", flush=True)
+        return out.root
     return collect(cfg, out, {name: s.table for name, s in served.items()}, plan)
 
 

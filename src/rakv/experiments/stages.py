@@ -32,6 +32,9 @@ def calibrate(cfg: DictConfig) -> None:
         table = cost_table_for(cfg, engine)
         print(f"calibration {configuration.name}: alpha = {table.acceptance:.3f}, target step "
               f"{table.target_step(256) * 1e3:.1f} ms at 256 tokens of context", flush=True)
+    from rakv.experiments.serving import calibrate_serving
+
+    calibrate_serving(cfg)  # the serving study's tables too: its jobs read them, never write them (docs/cluster.md)
 
 
 def study(cfg: DictConfig) -> None:

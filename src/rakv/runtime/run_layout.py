@@ -164,6 +164,10 @@ class ServingStudyLayout:
     def lock(self) -> Path:
         return self.root / ".lock"
 
+    def shard_lock(self, shard: int) -> Path:
+        """One writer per shard of a sharded serving study (docs/cluster.md)."""
+        return self.root / f".lock.shard{shard}"
+
     def batch_cost(self, configuration: str) -> Path:
         """The batch cost table the serving study used for a configuration (rakv.serving.batchcost.BatchCost)."""
         return self.root / f"batch_cost-{configuration}.json"

@@ -1,0 +1,113 @@
+"""The study as N jobs against one process (docs/cluster.md): both decide under one calibration table, every rakv-asd
+action and learned acceptance compared run by run, and the study stage's wall time printed for both.
+
+    .venv/bin/python scripts/compare_sharded.py --jobs 4 profile=smoke          # runs both, then compares
+    .venv/bin/python scripts/compare_sharded.py --compare ONE_DIR SHARDED_DIR  # compares two finished results folders
+
+It runs the calibrate stage into <out>/one/, the study there as one process, copies the table to <out>/jobs/, and runs
+the study there as a Hydra multirun of N jobs through hydra-submitit-launcher's local executor (`--launcher`) and the
+merge, both with study.learning=per_block. Exit status 0 when every rakv-asd decision is identical, 1 when one is not,
+2 on bad input. The wall times are this machine's at this moment: with N jobs on fewer free cores than N they show
+the overhead of jobs, not a cluster's speed-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from rakv.runtime.run_layout import RunLayout  # noqa: E402
+
+DECIDED = ["action", "alpha_before", "alpha_after"]  # what the controller chose and what it had learned
+
+
+def rakv_asd_rows(results: Path) -> pd.DataFrame:
+    path = RunLayout.of(results).study.runs
+    if not path.exists():
+        raise SystemExit(f"compare_sharded: error: {path} is missing (the study of {results} did not finish)")
+    runs = pd.read_parquet(path)
+    return runs[runs.kind == "strategy"].set_index("run_id").sort_index()
+
+
+def differing(one: pd.DataFrame, sharded: pd.DataFrame) -> list[str]:
+    """Run ids whose decision differs, or that one side lacks."""
+    ids = sorted(set(one.index) | set(sharded.index))
+    out = []
+    for run_id in ids:
+        if run_id not in one.index or run_id not in sharded.index:
+            out.append(run_id)
+        elif any(one.at[run_id, c] != sharded.at[run_id, c] for c in DECIDED):
+            out.append(run_id)
+    return out
+
+
+def compare(one_dir: Path, sharded_dir: Path) -> int:
+    one, sharded = rakv_asd_rows(one_dir), rakv_asd_rows(sharded_dir)
+    if one.empty:
+        print(f"compare_sharded: error: {one_dir} has no rakv-asd runs to compare", file=sys.stderr)
+        return 2
+    bad = differing(one, sharded)
+    digests = set(one.get("calibration_digest", pd.Series(dtype=str)).dropna()) | set(
+        sharded.get("calibration_digest", pd.Series(dtype=str)).dropna())
+    print(f"compare_sharded: {len(one) - len(bad)} of {len(one)} rakv-asd decisions identical (action, alpha before "
+          f"and after); calibration tables used: {len(digests)}; hosts: "
+          f"{', '.join(sorted(set(sharded.get('host', pd.Series(dtype=str)).dropna()))) or 'unrecorded'}")
+    for run_id in bad[:10]:
+        print(f"  differs: {run_id}")
+    return 1 if bad or len(digests) > 1 else 0
+
+
+def stage(name: str, overrides: list[str], *extra: str) -> float:
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_stage.py"), name, *extra, *overrides])
+    if done.returncode != 0:
+        raise SystemExit(f"compare_sharded: error: the {name} stage failed (status {done.returncode}; see above)")
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=4, help="shards of the multirun (default 4)")
+    parser.add_argument("--launcher", default="local", help="conf/hydra/launcher/ option (default local)")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "compare_sharded", help="results folders")
+    parser.add_argument("--compare", nargs=2, type=Path, metavar=("ONE", "SHARDED"),
+                        help="only compare two finished results folders")
+    args, overrides = parser.parse_known_args()
+    if args.compare:
+        return compare(*args.compare)
+    if args.jobs < 2:
+        print("compare_sharded: error: --jobs must be >= 2", file=sys.stderr)
+        return 2
+    if any(o.startswith(("results_dir=", "study.")) for o in overrides):
+        print("compare_sharded: error: results_dir and study.* are set by this script", file=sys.stderr)
+        return 2
+    one, sharded = args.out / "one", args.out / "jobs"
+    for folder in (one, sharded):
+        if folder.exists():
+            shutil.rmtree(folder)
+    common = [*overrides, "study.learning=per_block"]
+    stage("calibrate", [*common, f"results_dir={one}"])
+    one_s = stage("study", [*common, f"results_dir={one}"])
+    shutil.copytree(RunLayout.of(one).calibration_dir, RunLayout.of(sharded).calibration_dir)  # one table
+    jobs = [*common, f"results_dir={sharded}", f"study.num_shards={args.jobs}"]
+    jobs_s = stage("study", [*jobs, f"study.shard_index=range({args.jobs})", f"hydra/launcher={args.launcher}",
+                             f"hydra.sweep.dir={args.out / 'multirun'}"], "-m")
+    merge_s = stage("study", [*jobs, "study.merge_only=true"])
+    status = compare(one, sharded)
+    print(f"compare_sharded: study wall time: one process {one_s:.1f} s; {args.jobs} jobs "
+          f"({args.launcher} launcher) {jobs_s:.1f} s + merge {merge_s:.1f} s = "
+          f"{(jobs_s + merge_s) / one_s:.2f} x one process")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
