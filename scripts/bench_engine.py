@@ -170,6 +170,9 @@ def print_precision_peer(table: PrecisionPeerTable) -> None:
             continue
         print(f"{s.who:<10} {s.precision:<9} {s.threads:>7} {s.decode_ms_per_token:>13.2f} "
               f"{s.decode_over_floor:>8.2f} {s.prefill_tokens_per_s:>13.0f}")
+    print("draft step / target step at 256 positions: " + "; ".join(
+        f"{d.precision}, {d.threads} threads: {d.draft_step_ms:.1f} / {d.target_step_ms:.1f} ms = "
+        f"{d.draft_over_step:.2f}" for d in table.drafts))
     for r in table.ratios:
         print(f"ours / llama.cpp at {r.precision}, {r.threads} threads: decode {r.decode_over_llama_cpp:.3f}x "
               f"({r.decode_verdict}), prefill time {r.prefill_over_llama_cpp:.3f}x ({r.prefill_verdict})")

@@ -139,13 +139,20 @@ def test_smollm2_at_q4_1_streams_the_ggufs_blocks_and_computes_the_fp32_targets_
 
 
 def test_the_precision_peer_table_reads_back_what_it_writes():
-    from rakv.bench.engine_report import PrecisionFloor, PrecisionPeerTable, PrecisionRatio, PrecisionSide
+    from rakv.bench.engine_report import (
+        PrecisionDraft,
+        PrecisionFloor,
+        PrecisionPeerTable,
+        PrecisionRatio,
+        PrecisionSide,
+    )
     from rakv.runtime.json_records import load_record, to_json
 
     table = PrecisionPeerTable("smollm2", 16, 512, 3, 10.0, [PrecisionFloor("q4_1", 97, 9.7)],
                                [PrecisionSide("ours", "q4_1", 2, 12.0, 900.0, 1.24),
                                 PrecisionSide("llama.cpp", "q4_1", 2, error="died with signal 4")],
-                               [PrecisionRatio("q4_1", 2, 1.2, "missed", 0.9, "met")])
+                               [PrecisionRatio("q4_1", 2, 1.2, "missed", 0.9, "met")],
+                               [PrecisionDraft("q4_1", 2, 10.0, 4.0, 0.4)])
     written = json.loads(json.dumps(to_json(table)))
     assert load_record(PrecisionPeerTable, written, "table") == table
     assert written["sides"][1] == {"who": "llama.cpp", "precision": "q4_1", "threads": 2, "error": "died with signal 4"}

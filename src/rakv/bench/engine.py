@@ -31,6 +31,7 @@ from rakv.bench.engine_report import (
     GemmSide,
     GemmTable,
     GenerationRow,
+    PrecisionDraft,
     PrecisionFloor,
     PrecisionPeerTable,
     PrecisionRatio,
@@ -469,7 +470,8 @@ def precision_peer(options: EngineBenchOptions, thread_counts=(1, 2)) -> Precisi
     """Our engine's target at each precision (rakv.runtime.models.PRECISIONS) beside llama.cpp on the same GGUF
     (q4_1: the shipped file; fp32: its F32 conversion), at each thread count: decode after the first token and
     prefill of `options.long_prompt_tokens` tokens, with each precision's floor (the bytes a decode step streams /
-    the measured stream bandwidth, rakv.bench.roofline). llama.cpp runs in its own venv (rakv.bench.llama_cpp);
+    the measured stream bandwidth, rakv.bench.roofline), and the pair's draft step over its target step (256
+    positions of context). llama.cpp runs in its own venv (rakv.bench.llama_cpp);
     without it, our rows alone."""
     from rakv.bench.llama_cpp import f32_path, peer_python, run_child
     from rakv.runtime.models import PRECISIONS, smollm2_gguf_path
@@ -483,11 +485,12 @@ def precision_peer(options: EngineBenchOptions, thread_counts=(1, 2)) -> Precisi
     prompt = load_humaneval()[2]["prompt"]
     ids = engine.encode(prompt)
     long_ids, _ = reuse_prompts(engine, load_humaneval(), options.long_prompt_tokens)
+    context = (long_ids * (256 // len(long_ids) + 1))[:257]  # a step at 256 positions (step_ms: the last is new)
     bandwidth = streaming_bandwidth(device)
     step_bytes = {p: distinct_bytes(compact_of(pair.target.module).projection_tensors()) for p, pair in pairs.items()}
     floors = {p: PrecisionFloor(p, step_bytes[p], step_bytes[p] / bandwidth * 1e3) for p in pairs}
     python = None if options.no_peer else peer_python()
-    sides, ratios = [], []
+    sides, ratios, drafts = [], [], []
     for threads in thread_counts:
         torch.set_num_threads(threads)
         ours = {}
@@ -496,6 +499,10 @@ def precision_peer(options: EngineBenchOptions, thread_counts=(1, 2)) -> Precisi
                                                            options.new_tokens, options.repeats)
             ours[p] = (decode, prefill)
             sides.append(PrecisionSide("ours", p, threads, decode, prefill, decode / floors[p].floor_ms))
+            steps = {who: step_ms(model, device, context, (1,), options.repeats)[1]
+                     for who, model in (("target", pair.target.module), ("draft", pair.draft.module))}
+            drafts.append(PrecisionDraft(p, threads, steps["target"], steps["draft"],
+                                         steps["draft"] / steps["target"]))
         if python is None:
             continue
         q4 = smollm2_gguf_path()
@@ -516,4 +523,4 @@ def precision_peer(options: EngineBenchOptions, thread_counts=(1, 2)) -> Precisi
                                          judge(PEER_Q4_PREFILL, prefill_ratio) if judged else "context, not judged"))
     return PrecisionPeerTable(pair=options.pair, new_tokens=options.new_tokens, prefill_tokens=len(long_ids),
                               repeats=options.repeats, bandwidth_gb_s=bandwidth / 1e9, floors=list(floors.values()),
-                              sides=sides, ratios=ratios)
+                              sides=sides, ratios=ratios, drafts=drafts)

@@ -267,6 +267,17 @@ class PrecisionSide:
 
 
 @dataclass(frozen=True)
+class PrecisionDraft:
+    """The pair's draft against its target at a precision: one decode step each at 256 positions of context."""
+
+    precision: str
+    threads: int
+    target_step_ms: float
+    draft_step_ms: float
+    draft_over_step: float
+
+
+@dataclass(frozen=True)
 class PrecisionRatio:
     """Ours over llama.cpp at the same precision and thread count: decode time, and prefill time (their tokens/s
     over ours), each with its goal's verdict."""
@@ -291,6 +302,7 @@ class PrecisionPeerTable:
     floors: list[PrecisionFloor]
     sides: list[PrecisionSide]
     ratios: list[PrecisionRatio]
+    drafts: list[PrecisionDraft]
 
 
 @dataclass(frozen=True)
