@@ -21,7 +21,9 @@ The architecture's differences (Llama: RMSNorm, RoPE, SiLU-gated MLP; GPT-2: Lay
 biases) are data chosen once at load (`Norm`, `Rotary`, the activation), not branches in the forward. The int8 draft
 (`int8_draft`) is the target with int8 projections, one scale per output row, whose inputs are quantised to int8
 per row and multiplied with integer dot products (rakv.runtime.kernels.linear_int8): a quarter of the target's
-bytes per step, and a quarter of its arithmetic where the CPU has VNNI. transformers stays the reference
+bytes per step, and a quarter of its arithmetic where the CPU has VNNI. A target at `precision: int8 | q4_1`
+(`at_precision`) streams int8 or the GGUF's Q4_1 / Q8_0 blocks instead (docs/engine.md, "Precision"). transformers
+stays the reference
 (`kernels=stock`); the tests hold the two within fp32 tolerance and to the same greedy output. A CompactLM is built
 from a transformers module or, with no module at all, from its packed tensors (`state` / `from_state`): SmolLM2's
 come straight from its GGUF or from the packed file a previous process wrote (rakv.runtime.gguf_weights).
