@@ -21,6 +21,10 @@ from rakv.runtime.run_layout import RunLayout, ServedRunLayout
 GRID = ["profile=smoke", "configurations=[tiny]", "datasets=[humaneval]", "profile.study.prompts_per_bin=3",
         "profile.study.sweep_repeats=1", "profile.study.model_warmup_requests=0", "experiment.scenarios=[cold,exact]",
         "experiment.strategies=[rakv-asd]", "controller.k_set=[0,2]", "calibration.recalibrate=auto"]
+SERVING = ["~profile.serving.rates.chunking", "~profile.serving.rates.speculation",
+           "~profile.serving.rates.speculation-draft", "profile.serving.rates.acceptance=[16]",
+           "profile.serving.repeats=2", "profile.serving.requests=3",
+           "profile.serving.pilot=null"]  # the serving test's grid
 DECISIONS = ["run_id", "action", "predictions", "alpha_before", "alpha_after", "ewma_accepted", "ewma_by_match",
              "calibration_digest"]
 
@@ -57,7 +61,9 @@ def seeded_table(tmp_path_factory):
     folder = tmp_path_factory.mktemp("calibrations")
     patch = pytest.MonkeyPatch()
     patch.setenv("RAKV_CALIBRATION_DIR", str(folder))
-    yield write_seeded_table(folder)
+    table = write_seeded_table(folder)
+    write_seeded_batch_cost(folder, serving_cfg(f"results_dir={folder}"))  # the calibrate stage's serving part
+    yield table
     patch.undo()
 
 
@@ -78,7 +84,7 @@ def test_shards_decide_as_one_process_and_merge_without_models(one_process, tmp_
     shard = [f"results_dir={sharded}", "study.learning=per_block", "study.num_shards=3"]
     with pytest.raises(RakvError, match="run the calibration job first"):  # shards never calibrate
         run_main_study(composed(*shard, "study.shard_index=0"))
-    stages.calibrate(composed(f"results_dir={sharded}"))  # the calibration job: writes the shared table
+    stages.calibrate(composed(f"results_dir={sharded}", *SERVING))  # the calibration job: writes the shared table
     table_file = RunLayout.of(sharded).calibration("tiny", "draft")
     written = table_file.stat().st_mtime_ns
     for index in range(3):
@@ -142,12 +148,6 @@ def test_compare_sharded_reports_a_differing_decision(tmp_path):
     assert same.returncode == 0 and "3 of 3 rakv-asd decisions identical" in same.stdout, same.stdout + same.stderr
     other = subprocess.run([*script, tmp_path / "one", tmp_path / "other"], capture_output=True, text=True)
     assert other.returncode == 1 and "2 of 3" in other.stdout and "differs: r1" in other.stdout, other.stdout
-
-
-SERVING = ["~profile.serving.rates.chunking", "~profile.serving.rates.speculation",
-           "~profile.serving.rates.speculation-draft", "profile.serving.rates.acceptance=[16]",
-           "profile.serving.repeats=2", "profile.serving.requests=3",
-           "profile.serving.pilot=null"]
 
 
 def serving_cfg(*overrides):
