@@ -54,7 +54,8 @@ def paper_sources() -> str:
 
 def test_every_table_and_figure_is_labelled_and_referenced():
     source = paper_sources()
-    floats = re.findall(r"\\begin\{(table|figure)\}(.*?)\\end\{\1\}", source, re.S)
+    floats = re.findall(r"\\begin\{(rakvtable|table|figure|longtable)\}(.*?)\\end\{\1\}", source, re.S)
+    floats = [(kind, body) for kind, body in floats if body.strip() != "\\BODY"]  # main.tex's rakvtable definition
     assert len(floats) >= 20
     for kind, body in floats:
         caption = re.search(r"\\caption\{(.{0,60})", body)
@@ -130,3 +131,89 @@ def test_the_abstracts_comparative_words_come_from_the_interval(triple, word):
     from rakv.experiments.prose_abstract import versus
 
     assert versus(triple).startswith(word), versus(triple)
+
+
+def crafted_pdf(path, pages: list[tuple[str, list[str]]], destinations: dict[str, int]):
+    """A tiny PDF for the layout checks' positive controls: each page a content stream and the named destinations
+    its links point at; `destinations`: name -> page index (from 0) it stands on."""
+    from pypdf import PdfWriter
+    from pypdf.generic import (
+        ArrayObject,
+        DecodedStreamObject,
+        DictionaryObject,
+        FloatObject,
+        NameObject,
+        TextStringObject,
+    )
+
+    writer = PdfWriter()
+    font = writer._add_object(DictionaryObject({NameObject("/Type"): NameObject("/Font"),
+                                               NameObject("/Subtype"): NameObject("/Type1"),
+                                               NameObject("/BaseFont"): NameObject("/Helvetica")}))
+    for content, links in pages:
+        page = writer.add_blank_page(612, 792)
+        page[NameObject("/Resources")] = DictionaryObject(
+            {NameObject("/Font"): DictionaryObject({NameObject("/F1"): font})})
+        stream = DecodedStreamObject()
+        stream.set_data(content.encode())
+        page[NameObject("/Contents")] = writer._add_object(stream)
+        if links:
+            page[NameObject("/Annots")] = ArrayObject(writer._add_object(DictionaryObject({
+                NameObject("/Type"): NameObject("/Annot"), NameObject("/Subtype"): NameObject("/Link"),
+                NameObject("/Rect"): ArrayObject([FloatObject(v) for v in (72, 700, 120, 712)]),
+                NameObject("/A"): DictionaryObject({NameObject("/S"): NameObject("/GoTo"),
+                                                    NameObject("/D"): TextStringObject(name)})})) for name in links)
+    for name, index in destinations.items():
+        writer.add_named_destination(name, index)
+    with open(path, "wb") as out:
+        writer.write(out)
+    return path
+
+
+def test_the_type_size_check_reads_a_font_size_through_its_scaling(tmp_path):
+    """Positive control: 5 pt type, and 10 pt type shrunk by half (a table under \\adjustbox), both read as 5 pt;
+    a one-character run (a subscript) is not type."""
+    from rakv.experiments.pdf_layout import smallest_type
+
+    pdf = crafted_pdf(tmp_path / "type.pdf", [
+        ("BT /F1 10 Tf 72 720 Td (Body text) Tj ET", []),
+        ("BT /F1 5 Tf 72 720 Td (tiny type) Tj ET", []),
+        ("q 0.5 0 0 0.5 0 0 cm BT /F1 10 Tf 72 720 Td (shrunk table) Tj ET Q", []),
+        ("BT /F1 10 Tf 72 720 Td (Body) Tj /F1 4 Tf (k) Tj ET", [])], {})
+    assert smallest_type(pdf) == [10.0, 5.0, 5.0, 10.0]
+
+
+def test_no_page_of_the_built_paper_prints_type_under_7pt():
+    """The paper stage's account of the shipped PDF (layout.json): every page's smallest effective type."""
+    from rakv.experiments.pdf_layout import MIN_TYPE_PT, read_pdf_layout
+
+    layout = read_pdf_layout(LAYOUT)
+    assert layout.smallest_type_pt, "layout.json has no smallest_type_pt: rebuild the paper stage"
+    # to a tenth of a point: a 7 pt superscript reads 6.97 through the matrices' rounding
+    small = {page: size for page, size in enumerate(layout.smallest_type_pt, start=1)
+             if 0 < round(size, 1) < MIN_TYPE_PT}
+    assert not small, f"pages printing type under {MIN_TYPE_PT} pt (page: pt): {small}"
+
+
+def test_the_float_distance_check_finds_a_float_far_from_its_reference(tmp_path):
+    """Positive control: a table on page 4 whose only link stands on page 1 is 3 pages away; a float never linked
+    has no distance."""
+    from rakv.experiments.pdf_layout import float_placements
+
+    pdf = crafted_pdf(tmp_path / "floats.pdf", [("BT /F1 10 Tf 72 720 Td (see Table 1) Tj ET", ["table.1"]),
+                                                 ("BT /F1 10 Tf 72 720 Td (text) Tj ET", ["figure.1"]),
+                                                 ("BT /F1 10 Tf 72 720 Td (text) Tj ET", []),
+                                                 ("BT /F1 10 Tf 72 720 Td (Table 1) Tj ET", ["table.1"])],
+                      {"table.1": 3, "figure.1": 1, "figure.2": 2})
+    placed = {f.name: f for f in float_placements(pdf)}
+    assert placed["table.1"].distance() == 3 and placed["figure.1"].distance() == 0
+    assert placed["figure.2"].first_reference is None and placed["figure.2"].distance() is None
+
+
+def test_every_float_of_the_built_paper_stands_near_its_first_reference():
+    from rakv.experiments.pdf_layout import MAX_FLOAT_DISTANCE, read_pdf_layout
+
+    layout = read_pdf_layout(LAYOUT)
+    assert layout.floats, "layout.json has no floats: rebuild the paper stage"
+    far = [f for f in layout.floats if f.distance() is None or f.distance() > MAX_FLOAT_DISTANCE]
+    assert not far, f"floats more than {MAX_FLOAT_DISTANCE} pages from their first reference: {far}"

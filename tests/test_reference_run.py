@@ -80,23 +80,55 @@ def test_the_shipped_ablation_csv_is_todays_replay(ablations):
     assert LAYOUT.ablation.read_text() == ablations.to_csv(index=False), REGENERATE
 
 
-def test_the_readme_claims_table_is_the_reference_runs(shipped):
-    readme = (ROOT / "README.md").read_text()
-    table = readme.split("<!-- claims -->\n")[1].split("<!-- /claims -->")[0]
-    assert table == readme_writer.claims_markdown(shipped), f"README's claims table is stale; {REGENERATE}"
+def generated_text() -> str:
+    """README.md and docs/results.md, the files whose generated blocks the analysis stage refreshes."""
+    return "\n".join((ROOT / name).read_text() for name in readme_writer.GENERATED_DOCS)
+
+
+def block(text: str, name: str) -> str:
+    assert text.count(f"<!-- {name} -->") == 1, f"expected one <!-- {name} --> in README.md and docs/results.md"
+    return text.split(f"<!-- {name} -->")[1].split(f"<!-- /{name} -->")[0]
+
+
+def test_the_claims_table_is_the_reference_runs(shipped):
+    table = block((ROOT / "docs" / "results.md").read_text(), "claims").removeprefix("\n")
+    assert table == readme_writer.claims_markdown(shipped), f"docs/results.md's claims table is stale; {REGENERATE}"
     rows, _ = formatting.headline_claims(shipped)  # pooled over the shipped runs of the commit where there are several
     assert len(table.splitlines()) == 2 + len(rows) > 2
 
 
+def test_the_readmes_generated_blocks_are_the_reference_runs(shipped):
+    """The bottom line, the map with its times and the serving goals stand between markers and equal what today's
+    code writes from the shipped run."""
+    blocks, _ = readme_writer.generated_blocks(shipped, REFERENCE)
+    text = generated_text()
+    for name, body in blocks.items():
+        assert block(text, name).removeprefix("\n") == body, f"the {name} block is stale; {REGENERATE}"
+    assert "faster" in blocks["bottom-line"] or "slower" in blocks["bottom-line"] or "not distinguishable" in \
+        blocks["bottom-line"]
+
+
 def test_the_readme_sizes_and_times_are_the_reference_runs():
-    """Every size and time the README quotes for the reference run stands between markers and equals what its files
-    give (tracked bytes, stage_times.tsv)."""
-    readme = (ROOT / "README.md").read_text()
+    """Every size and time the README and docs/results.md quote for the reference run stands between markers and
+    equals what its files give (tracked bytes, stage_times.tsv, stage_rss.tsv)."""
+    text = generated_text()
     facts = readme_writer.readme_facts(REFERENCE)
     for name, value in facts.items():
-        shown = readme.split(f"<!-- {name} -->")[1].split(f"<!-- /{name} -->")[0]
-        assert shown == value, f"README's {name} is {shown!r}, the shipped files give {value!r}; {REGENERATE}"
+        shown = [part.split(f"<!-- /{name} -->")[0] for part in text.split(f"<!-- {name} -->")[1:]]
+        assert shown, f"no <!-- {name} --> in README.md or docs/results.md"
+        assert set(shown) == {value}, f"the {name} is {shown!r}, the shipped files give {value!r}; {REGENERATE}"
     assert facts["reference-raw-mb"] != "0.0 MB" and facts["reference-total-min"] != "0.0 min"
+    assert facts["reference-peak-memory"] != "not recorded"
+
+
+def test_the_readme_is_short_and_says_how_to_set_up_first():
+    """README.md at most 150 lines, its prerequisites and set-up within its first 40 (issue 60)."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 150, len(lines)
+    head = "\n".join(lines[:40])
+    for needed in ("Prerequisites", "Python >= 3.11", "C++ compiler", "download.pytorch.org/whl/cpu",
+                   "./reproduce.sh", "./scripts/test.sh", "reference-peak-memory"):
+        assert needed in head, needed
 
 
 def test_the_reference_run_ships_its_raw_tables_and_outputs_and_nothing_else():

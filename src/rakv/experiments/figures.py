@@ -103,7 +103,7 @@ def strategy_latency_throughput(runs: pd.DataFrame, out_dir: Path):
     table = study_stats.strategy_means(runs)
     names = sorted(table.configuration.unique())
     order = [s for s in STRATEGY_ORDER if s in set(table.strategy)]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.6))
     width = 0.8 / max(len(names), 1)
     for ax, metric, label in ((axes[0], "latency_s", "latency per request (s)"),
                               (axes[1], "tokens_per_s", "throughput (tokens/s)")):
@@ -368,7 +368,7 @@ def _errorbars(ax, rows: pd.DataFrame, x: str, metric: str, label: str, **style)
 
 def serving_chunking(cells: pd.DataFrame, slo_ms: float, out_dir: Path):
     """p99 ITL and median TTFT vs arrival rate, one line per chunking policy (CIs over repeats)."""
-    fig, (left, right) = panels(2)
+    fig, (left, right) = panels(2, width=3.9, height=3.3)
     part = cells[cells.family == "chunking"]
     for policy, rows in part.groupby("policy", sort=False):
         _errorbars(left, rows, "rate", "p99_itl_ms", policy)
@@ -439,7 +439,7 @@ def serving_chosen_k(chosen: pd.DataFrame, out_dir: Path):
 
 def serving_break_even(break_even: pd.DataFrame, acceptance: float | None, out_dir: Path):
     """Break-even acceptance vs batch size per k, from the batch cost table; ^ at the top = never pays."""
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = plt.subplots(figsize=(4.2, 3.2))
     colors = k_colors()
     for k, rows in break_even.groupby("k"):
         alpha = rows.break_even_alpha.astype(float)
@@ -459,7 +459,7 @@ def serving_mape(latency: dict[str, LatencyMape], iteration_mape: dict[str, Iter
     """Admission's service-time prediction under load, per family (and the batch-one prediction where there is
     one), and the batch cost model's per-iteration prediction (online-scaled and the table's alone): MAPE with CIs
     over repeats, the goal's threshold dashed."""
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    fig, ax = plt.subplots(figsize=(4.4, 3.3))
     labels, triples = [], []
     for family, stats in latency.items():
         labels.append(f"service, {family}")

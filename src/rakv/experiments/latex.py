@@ -34,11 +34,12 @@ from rakv.experiments.prose import (
 )
 from rakv.experiments.prose_abstract import abstract
 from rakv.experiments.prose_machines import across_machines, regime_text, run_to_run, substitutions
-from rakv.experiments.prose_sampling import sampling_text
+from rakv.experiments.prose_sampling import sampling_tables, sampling_text
 from rakv.experiments.prose_serving import SCENARIO_TEXT, joint_reuse_text, peer_folder, peer_section, serving_text
 from rakv.experiments.replication import pooled_summary
 from rakv.experiments.study_stats import BASELINES, strategy_means
 from rakv.experiments.summary import AcceptanceRow, PeakKv, Summary
+from rakv.experiments.verdicts import ClaimVerdict
 from rakv.runtime.actions import AR, BEST_FIXED, JOINT_K4, KV_ONLY, ORACLE, SPEC_K4
 from rakv.runtime.run_layout import INTERVAL_COVERAGE, RunLayout
 
@@ -120,22 +121,39 @@ def statistics_table(summary: Summary) -> str:
     return "\n".join(lines) + "\n"
 
 
-def claims_table(summary: Summary) -> str:
+def claims_table(summary: Summary, part: int = 0, parts: int = 2) -> str:
+    """The claims table, or its `part` of `parts` (the configurations' groups in turn, about as many rows in each, so
+    that each part prints at a readable size): each reference claim beside this run's value and verdicts, grouped
+    by configuration (its name heads its rows once, not in every row); the rules by kind are stated once, in Section
+    "Claims"."""
     rows, across = headline_claims(summary)
+    counts = pd.Series([row.configuration for row in rows]).value_counts(sort=False)
+    before = counts.cumsum() - counts  # rows ahead of each group: a group goes to the part where its first row falls
+    chosen = {name for name, ahead in before.items()
+              if int((ahead + counts[name] / 2) * parts // max(len(rows), 1)) == part}
     pooled = " (runs)" if across else ""
-    lines = [r"\begin{tabular}{p{5.2cm}llrp{3.6cm}rcc}", r"\toprule",
-             r"Claim & Configuration & Kind & Reference & Reproduced [95\% CI] & Band & "
-             f"Direction{pooled} & Magnitude{pooled} \\\\", r"\midrule"]
+    lines = [r"\begin{tabular}{>{\raggedright\arraybackslash}p{5.6cm}r>{\raggedright\arraybackslash}p{3.7cm}rll}",
+             r"\toprule",
+             r"Claim [kind] & Reference & Reproduced [95\% CI] & Band & "
+             f"Direction{pooled} & Magnitude{pooled} \\\\"]
+    configuration = None
     for row in rows:
+        if row.configuration not in chosen:
+            continue
+        if row.configuration != configuration:
+            configuration = row.configuration
+            lines += [r"\midrule", f"\\multicolumn{{6}}{{@{{}}l}}{{\\texttt{{{tex_escape(configuration)}}}}} \\\\"]
         fmt = (lambda v: pct(v)) if row.unit == "%" else (lambda v: num(v))
         reference, reproduced, band = claim_cells(row, fmt)
         if row.key.startswith("crossover_alpha") and row.reproduced.value == 0:  # explained where it is printed
             reproduced += " (pays at any acceptance: Section~\\ref{sec:regime})"
-        direction, magnitude = verdict_cells(row, across)
-        lines.append(f"{tex_escape(row.claim)} & \\texttt{{{tex_escape(row.configuration)}}} & "
-                     f"{row.kind} & {reference} & "
+        # "inc.": inconclusive, as the table's caption says
+        direction, magnitude = (cell.replace(ClaimVerdict.INCONCLUSIVE, "inc.") for cell in verdict_cells(row, across))
+        lines.append(f"{tex_escape(row.claim)} [{row.kind}] & {reference} & "
                      f"{tex_escape(reproduced) if shows_text(row) else reproduced} & "
                      f"{band} & {direction} & {magnitude} \\\\")
+    if not chosen:
+        lines.append("\\midrule\n\\multicolumn{6}{l}{no further configuration} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
@@ -207,18 +225,43 @@ def write_ablation(frame: pd.DataFrame, out_dir: Path) -> Path:
     return path
 
 
+SERVING_GOALS_CAPTION = (
+    "The serving study's goals with 95\\,\\% CIs over repeats (each repeat its own trace; paired by repeat for a "
+    "difference); each goal's rule is stated once, under the table, and named by its letter; where a goal is "
+    "underpowered or missing, why. The verdicts are family-wise (Holm); the baselines and margins were named in the "
+    "design before the run.")
+
+
+def rule_letters(goals) -> dict[str, str]:
+    """Each distinct rule of the serving goals, in the order first met, named by a letter (A, B, ...)."""
+    letters: dict[str, str] = {}
+    for g in goals:
+        letters.setdefault(g.rule or "", chr(ord("A") + len(letters)))
+    return letters
+
+
 def serving_goals_table(summary: Summary) -> str:
+    """The serving goals as a longtable (it breaks across pages at the text's size instead of shrinking): one row
+    per goal with its rule's letter, and each rule once, at the foot."""
     goals = summary.serving.goals if summary.serving else []
-    lines = ["\\begin{tabular}{p{6.2cm}rrlp{4.2cm}}", "\\toprule",
-             "Goal & Value & 95\\,\\% CI & Verdict & Rule \\\\", "\\midrule"]
+    letters = rule_letters(goals)
+    head = "Goal & Value & 95\\,\\% CI & Verdict & Rule & Why \\\\"
+    ragged = "\\raggedright\\arraybackslash"
+    lines = [f"\\begin{{longtable}}{{@{{}}>{{{ragged}}}p{{5.6cm}}rrlc>{{{ragged}}}p{{3.6cm}}@{{}}}}",
+             f"\\caption{{\\label{{tab:serving-goals}}{SERVING_GOALS_CAPTION}}}\\\\", "\\toprule", head,
+             "\\midrule", "\\endfirsthead", "\\toprule", head, "\\midrule", "\\endhead",
+             "\\bottomrule", "\\endfoot"]
     for g in goals:
         value, interval = goal_value(g)
-        why = f" ({g.reason})" if g.reason else ""  # why underpowered or missing
-        lines.append(f"{tex_escape(g.goal)} & {value} & {interval} & {g.verdict} & "
-                     f"{{\\footnotesize {tex_escape((g.rule or '') + why)}}} \\\\")
+        why = tex_escape(g.reason) if g.reason else ""  # why underpowered or missing
+        lines.append(f"{tex_escape(g.goal)} & {value} & {interval} & {g.verdict} & {letters[g.rule or '']} & "
+                     f"{why} \\\\")
     if not goals:
-        lines.append("\\multicolumn{5}{l}{the serving stage did not run} \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}"]
+        lines.append("\\multicolumn{6}{l}{the serving stage did not run} \\\\")
+    lines.append("\\end{longtable}")
+    if goals:  # each rule once, under the table
+        lines.append("\\noindent Rules of Table~\\ref{tab:serving-goals}. " + " ".join(
+            f"\\textbf{{{letter}}}: {tex_escape(rule)}." for rule, letter in letters.items()))
     return "\n".join(lines) + "\n"
 
 
@@ -259,7 +302,8 @@ def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path
         "limitations.tex": limitations(summary, meta),
         "introduction.tex": introduction_findings(summary),
         "reproducibility.tex": reproducibility(summary, meta, stage_times(results)),
-        "claims_table.tex": claims_table(summary),
+        "claims_table.tex": claims_table(summary, 0),
+        "claims_table_more.tex": claims_table(summary, 1),
         "statistics_table.tex": statistics_table(summary),
         "statistics_note.tex": mape_note(summary),
         "coverage_table.tex": coverage_table(),
@@ -275,6 +319,7 @@ def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path
         "peer.tex": peer_section(peer_folder(results)),
         "regime.tex": regime_text(summary, results),
         "sampling.tex": sampling_text(summary),
+        "sampling_tables.tex": sampling_tables(summary),
     }
     paths = []
     for name, text in files.items():

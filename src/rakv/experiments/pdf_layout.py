@@ -1,11 +1,13 @@
-"""What the built paper draws outside its text area: from LaTeX's log each overfull line and each float too large
-for the page, and from the PDF (pypdfium2) every character outside the margins main.tex sets;
+"""What a reader of the built paper meets that the sources do not show: from LaTeX's log each overfull line and
+each float too large for the page; from the PDF every character outside the margins main.tex sets (pypdfium2), the
+smallest effective type on every page and each float's page against its first reference's (pypdf);
 paper/build/<name>/layout.json keeps it beside the PDF (`PdfLayout`, tests/test_paper_text.py).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,23 @@ class OutsideRun:
     box: list[float]
 
 
+MIN_TYPE_PT = 7.0  # the smallest effective type a page may print (issue 60: "no page under 7 pt")
+MAX_FLOAT_DISTANCE = 2  # the most pages a float may stand from its first reference
+SHORTEST_RUN = 2  # characters: a shorter run (a sub- or superscript in a formula) is not read as type
+
+
+@dataclass(frozen=True)
+class FloatPlacement:
+    """A float (hyperref's destination: table.N, figure.N), the page it prints on and the page of its first
+    reference (None: never referenced by a link), pages from 1."""
+    name: str
+    page: int
+    first_reference: int | None
+
+    def distance(self) -> int | None:
+        return None if self.first_reference is None else abs(self.page - self.first_reference)
+
+
 @dataclass(frozen=True)
 class PdfLayout:
     """layout.json: each overfull line's excess width and each float too large for the page (pt, from LaTeX's log)
@@ -31,16 +50,68 @@ class PdfLayout:
     overfull_hbox_pt: list[float]
     float_too_large_pt: list[float]
     words_outside: list[OutsideRun] = optional()  # absent: the report was made from the log alone
+    smallest_type_pt: list[float] = optional()  # per page (from 1); 0.0 on a page without text
+    floats: list[FloatPlacement] = optional()
 
 
 def layout_report(log: str, pdf: Path | None = None) -> PdfLayout:
     """What runs outside the text area: LaTeX's log (each overfull line's excess width and each float too large
-    for the page, pt) and, given the built `pdf`, every character drawn outside it (`words_outside`)."""
+    for the page, pt) and, given the built `pdf`, every character drawn outside it (`words_outside`), each page's
+    smallest type (`smallest_type`) and where each float stands from its first reference (`float_placements`)."""
     overfull = [float(x) for x in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)]
     too_large = [float(x) for x in re.findall(r"Float too large for page by ([\d.]+)pt", log)]
     if pdf is None:
         return PdfLayout(overfull, too_large)
-    return PdfLayout(overfull, too_large, words_outside(pdf))
+    return PdfLayout(overfull, too_large, words_outside(pdf), smallest_type(pdf), float_placements(pdf))
+
+
+def _times(a: list[float], b: list[float]) -> list[float]:
+    """The product of two PDF matrices [a b c d e f]."""
+    return [a[0] * b[0] + a[1] * b[2], a[0] * b[1] + a[1] * b[3], a[2] * b[0] + a[3] * b[2],
+            a[2] * b[1] + a[3] * b[3], a[4] * b[0] + a[5] * b[2] + b[4], a[4] * b[1] + a[5] * b[3] + b[5]]
+
+
+def smallest_type(pdf: Path, shortest_run: int = SHORTEST_RUN) -> list[float]:
+    """Each page's smallest effective type size (pt): a text run's font size times the scale of its text matrix
+    and of the transformation in force (a table shrunk by \\adjustbox prints its 8 pt type smaller), over the runs of
+    at least `shortest_run` characters; 0.0 for a page without text."""
+    from pypdf import PdfReader
+
+    sizes = []
+    for page in PdfReader(str(pdf)).pages:
+        found: list[float] = []
+
+        def visit(text, cm, tm, font, size, found=found):
+            if len(text.strip()) < shortest_run or not size:
+                return
+            m = _times(list(tm), list(cm))
+            found.append(float(size) * math.sqrt(abs(m[0] * m[3] - m[1] * m[2])))
+
+        page.extract_text(visitor_text=visit)
+        sizes.append(round(min(found), 2) if found else 0.0)
+    return sizes
+
+
+def float_placements(pdf: Path) -> list[FloatPlacement]:
+    """Every float of the PDF (hyperref's named destinations table.N and figure.N) with its page and the page of
+    the first link that points at it."""
+    from pypdf import PdfReader
+
+    reader = PdfReader(str(pdf))
+    pages = {}
+    for name, destination in reader.named_destinations.items():
+        if re.fullmatch(r"(table|figure)\.\d+", str(name)):
+            pages[str(name)] = reader.get_destination_page_number(destination) + 1
+    first: dict[str, int] = {}
+    for number, page in enumerate(reader.pages, start=1):
+        for annotation in page.get("/Annots") or []:
+            annotation = annotation.get_object()
+            action = annotation.get("/A")
+            target = action.get_object().get("/D") if action is not None else annotation.get("/Dest")
+            if isinstance(target, str) and target in pages:
+                first.setdefault(target, number)
+    key = lambda name: (name.split(".")[0], int(name.split(".")[1]))  # noqa: E731
+    return [FloatPlacement(name, pages[name], first.get(name)) for name in sorted(pages, key=key)]
 
 
 def write_pdf_layout(layout: PdfLayout, path: Path) -> PdfLayout:

@@ -268,7 +268,7 @@ def introduction_findings(summary: Summary) -> str:
                                 for b in (JOINT_K4, KV_ONLY, BEST_FIXED))
         verdicts = f"{first}, {second}, and {third}"
         text.append(f"On \\texttt{{{tex_escape(name)}}}, RAKV-ASD is {verdicts} (95\\% CIs in "
-                    "Table~\\ref{tab:statistics}), and the regime of speculation against $k=0$ is "
+                    "Section~\\ref{sec:results}), and the regime of speculation against $k=0$ is "
                     f"{regime_word(claim_of(summary, 'spec_regime', name))} (Section~\\ref{{sec:regime}}).")
     if not rows.empty:
         text.append(counts_sentence(claim_counts(summary.claims)) + " (Section~\\ref{sec:claims}).")

@@ -63,8 +63,53 @@ def substitutions(summary: Summary, meta: RunMetadata, results: Path) -> str:
     if other_tokens and other_tokens != study_tokens:
         text.append(f"The study generates {study_tokens} new tokens per request, the sensitivity and feasibility "
                     f"stages {other_tokens}: their break-even statements differ in part for that reason.")
-    text.append("Every claim row names the configuration it was reproduced on.")
-    return " ".join(text) + "\n"
+    text.append("Every claim row names the configuration it was reproduced on; Table~\\ref{tab:substitutions} sets "
+                "the reference's setting beside this run's.")
+    return " ".join(text) + "\n" + substitutions_table(summary, meta)
+
+
+def reference_grid() -> dict:
+    """The reference study's grid, as conf/profile/paper.yaml mirrors it (prompts per dataset, repeats, new
+    tokens): the design the paper profile would run, not a measurement."""
+    from rakv.runtime.paths import conf_file
+
+    study = conf_file("profile/paper.yaml").profile.study
+    return {"prompts": study.prompts_per_bin * len(study.length_bins), "repeats": study.repeats,
+            "new_tokens": study.new_tokens}
+
+
+def substitutions_table(summary: Summary, meta: RunMetadata) -> str:
+    """Table tab:substitutions: the reference's setting beside this run's, row by row (models, draft, hardware and
+    cores, engine, prompts, timed runs, tokens, what a GPU run would and would not claim)."""
+    grid, hardware, ref = summary.grid, meta.hardware, reference_grid()
+    cores = f"{hardware.cores} cores, {hardware.threads} threads" if isinstance(hardware.cores, int) else "--"
+    prompts = " + ".join(f"{n} {tex_escape(d)}" for d, n in grid.prompts.items())
+    rows = [
+        ("target", "GPT-2, GPT-2 Medium, GPT-2 Large", "SmolLM2-135M-Instruct (GGUF Q4\\_1, de-quantised to fp32); "
+         "the GPT-2 pairs only as architecture twins (random weights: cost side only)"),
+        ("draft", "DistilGPT-2, GPT-2, GPT-2 Medium (smaller models)", "an int8 copy of the target (self-draft); "
+         "prompt lookup (no model)"),
+        ("hardware", "an 8\\,GB laptop GPU", f"{tex_escape(hardware.processor)} {tex_escape(hardware.device.upper())}, "
+         f"{cores}"),
+        ("engine", "--", f"\\texttt{{{tex_escape(meta.kernels)}}} kernels (batch-invariant C++), torch "
+         f"{tex_escape(meta.packages.torch)}"),
+        ("prompts per configuration", f"{ref['prompts']} per dataset, 2 datasets", prompts),
+        ("timed runs", f"{2 * 2 * 5 * ref['prompts'] * ref['repeats'] * 5:,} strategy runs (2 pairs, 2 datasets, 5 "
+         f"scenarios, {ref['repeats']} repeats, 5 strategies)", f"{summary.runs:,} (every feasible action measured, "
+         "the controller's runs among them)"),
+        ("new tokens per request", f"{ref['new_tokens']} (\\texttt{{profile=paper}})", str(grid.new_tokens)),
+        ("on a GPU", "its only setting", "the code runs unchanged on CUDA, but no GPU measurement is part of this "
+         "run, and batch invariance (a row's logits whatever the batch) is claimed for the CPU kernels only, not on "
+         "CUDA"),
+    ]
+    lines = ["\\begin{rakvtable}\\centering\\small",
+             "\\caption{\\label{tab:substitutions}The reference's setting and this run's (the reference's grid as "
+             "\\texttt{conf/profile/paper.yaml} mirrors it).}",
+             "\\fittable{\\begin{tabular}{>{\\raggedright\\arraybackslash}p{2.6cm}>{\\raggedright\\arraybackslash}"
+             "p{4.4cm}>{\\raggedright\\arraybackslash}p{7.6cm}}", "\\toprule", "& Reference & This run \\\\",
+             "\\midrule", *[f"{a} & {b} & {c} \\\\" for a, b, c in rows], "\\bottomrule", "\\end{tabular}}",
+             "\\end{rakvtable}"]
+    return "\n".join(lines) + "\n"
 
 
 OTHER_MACHINES = analysis.OTHER_MACHINES
@@ -123,14 +168,14 @@ def machines_table(labels: dict, context_run: Path) -> str:
             rows.append(f"{label} & \\texttt{{{commit}}} & \\texttt{{{tex_escape(kernels)}}} & "
                         f"\\texttt{{{tex_escape(name)}}} & {num(cost['step_ms'], 1)} & "
                         f"{num(cost['verify4'], 2)} & {num(cost['draft'], 2)} \\\\")
-    table = ["\\begin{table}[!htbp]\\centering\\scriptsize",
+    table = ["\\begin{rakvtable}\\centering\\scriptsize",
              f"\\caption{{\\label{{tab:machines}}Each run's machine, commit and kernels (their source's hash: one "
              f"hash, one batch-one engine), and its calibrated prices at {analysis.price_context(context_run):g} "
              "positions of context: the target's decode step, verifying $k=4$ candidates and one draft step, the "
              "last two relative to the decode step.}",
              "\\fittable{\\begin{tabular}{lllrrrr}", "\\toprule",
              "Run & Commit & Kernels & Pair & Decode step (ms) & Verify 4 / step & Draft step / step \\\\",
-             "\\midrule", *rows, "\\bottomrule", "\\end{tabular}}", "\\end{table}"]
+             "\\midrule", *rows, "\\bottomrule", "\\end{tabular}}", "\\end{rakvtable}"]
     return "\n".join(table) + "\n"
 
 
@@ -216,7 +261,7 @@ def conclusions_table(folders: list[Path], labels: dict) -> str:
         rows.append(f"\\texttt{{{tex_escape(name)}}} & regime & " + " & ".join(regimes) + " \\\\")
     columns = " & ".join(labels.get(p, tex_escape(p.name)) for p in folders)
     return "\n".join([
-        "\\begin{table}[!htbp]\\centering\\scriptsize",
+        "\\begin{rakvtable}\\centering\\scriptsize",
         "\\caption{\\label{tab:conclusions}The headline conclusions of every shipped run, each from its own 95\\,\\% "
         "CIs: RAKV-ASD's latency against each baseline (faster, slower, or n.d.: not distinguishable, the CI "
         "includes zero), and the regime (the best $k>0$ against the best $k=0$ over all scenarios: reversed, the "
@@ -224,7 +269,7 @@ def conclusions_table(folders: list[Path], labels: dict) -> str:
         "as well as machine (Table~\\ref{tab:machines}).}",
         "\\fittable{\\begin{tabular}{ll" + "l" * len(folders) + "}", "\\toprule",
         f"Configuration & Conclusion & {columns} \\\\", "\\midrule", *rows, "\\bottomrule",
-        "\\end{tabular}}", "\\end{table}"]) + "\n"
+        "\\end{tabular}}", "\\end{rakvtable}"]) + "\n"
 
 
 def prediction_rows(results: Path | None, runs: list[Path], labels: dict) -> list:
@@ -276,7 +321,7 @@ def prediction_section(results: Path | None, runs: list[Path], labels: dict) -> 
     wide = frame.pivot_table(index=["run", "configuration"], columns="comparison", values="cell", aggfunc="first",
                              sort=False)
     columns = list(prediction.COMPARISONS)
-    lines = ["\\begin{table}[!htbp]\\centering\\scriptsize",
+    lines = ["\\begin{rakvtable}\\centering\\scriptsize",
              "\\caption{\\label{tab:predicted}Each shipped run's headline comparisons as its calibration alone "
              "predicts them (point [95\\,\\% interval], \\texttt{scripts/predict\\_headlines.py}) / as its study "
              "measured them; $\\times$: outside what the prediction allows (its interval widened by the "
@@ -286,7 +331,7 @@ def prediction_section(results: Path | None, runs: list[Path], labels: dict) -> 
     for (run, configuration), row in wide.iterrows():
         lines.append(f"{run} & \\texttt{{{tex_escape(configuration)}}} & "
                      + " & ".join(row.get(c, "--") for c in columns) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}}", "\\end{table}"]
+    lines += ["\\bottomrule", "\\end{tabular}}", "\\end{rakvtable}"]
     sentence = (f"From its calibration alone, before its study runs, each machine's cost model predicts the four "
                 "headline comparisons (Table~\\ref{tab:predicted}; the interval allows for a calibrated curve's "
                 f"run-to-run shift on one machine class, {pct(run_sd, 0)} in log terms between two shipped runs' "
@@ -325,7 +370,7 @@ def run_to_run(results: Path) -> str:
             f"on): {flips}. {len(varying)} of {len(rep.statistics)} statistics show a run-level variance component "
             "above zero (DerSimonian--Laird's, a lower bound where the runs share their prompts), which the pooled "
             "intervals of the abstract and "
-            "Table~\\ref{tab:claims} include. " + coverage_sentence(rep)
+            "the claims table (Section~\\ref{sec:claims}) include. " + coverage_sentence(rep)
             + decisions_sentence(rep.decisions_same, rep.decisions_tied or {}) + "\n")
 
 
@@ -381,7 +426,7 @@ def zero_crossover_note(name: str, results: Path) -> str | None:
         return None
     first = zero.sort_values(["prompt_tokens", "k"]).iloc[0]
     prompt, k = int(first.prompt_tokens), int(first.k)
-    return (f"\\texttt{{{tex_escape(name)}}}'s least break-even acceptance is 0 (Table~\\ref{{tab:claims}}): at a "
+    return (f"\\texttt{{{tex_escape(name)}}}'s least break-even acceptance is 0 (Section~\\ref{{sec:claims}}): at a "
             f"{prompt}-token prompt ({tex_escape(first.scenario)}) its calibration prices a verify of {k + 1} tokens "
             "at "
             f"{1e3 * table.verify[k](prompt):.1f} ms and one decode step at {1e3 * table.target_step(prompt):.1f} ms, "
@@ -433,7 +478,7 @@ def regime_text(summary: Summary, results: Path) -> str:
             f"{prompt_tokens} prompt tokens and {new_tokens} new tokens, read at "
             f"{analysis.price_context(results):g} positions of context. The reference's best $k>0$ was slower "
             f"than $k=0$ in every scenario, by {pct(REFERENCE['spec_slowdown_min'], 0)} to "
-            f"{pct(REFERENCE['spec_slowdown_max'], 0)} (Table~\\ref{{tab:claims}})."]
+            f"{pct(REFERENCE['spec_slowdown_max'], 0)} (Section~\\ref{{sec:claims}})."]
     for name in summary.configurations:
         s = summary.per_configuration[name]
         clause = regime_clause(claim_of(summary, "spec_regime", name))

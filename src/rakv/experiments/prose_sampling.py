@@ -4,6 +4,8 @@ sentences, each worded by its verdict, and the tables the section prints after t
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from rakv.experiments.formatting import ci_text, missing, num, pct, tex_escape
@@ -39,9 +41,35 @@ def temperature_label(t: float) -> str:
     return "greedy" if t == 0 else f"$T={t:g}$"
 
 
+TABLE_SENTENCES = {
+    "tab:sampling": "Table~\\ref{tab:sampling} gives speculation by temperature.",
+    "tab:acceptance-checks": "Table~\\ref{tab:acceptance-checks} has every check of the measured acceptance against "
+                             "what its rule must accept.",
+    "tab:sampling-tests": "Table~\\ref{tab:sampling-tests} gives the distribution tests and block verification "
+                          "against token-wise verification.",
+    "tab:workloads": "Table~\\ref{tab:workloads} gives the structured-output workload.",
+    "tab:long-context": "Table~\\ref{tab:long-context} gives the long retrieved contexts.",
+}
+
+
 def sampling_tables(summary: Summary) -> str:
+    """The sampling stage's tables (the paper's appendix "Sampling and workloads: the tables"), each after the
+    sentence that introduces it, so that a table stands beside its first reference."""
+    if not summary.sampling:
+        return ""
+    blocks = _sampling_tables(summary).split("\\begin{rakvtable}")
+    out = [blocks[0]]
+    for block in blocks[1:]:
+        label = re.search(r"\\label\{(tab:[^}]*)\}", block)
+        sentence = TABLE_SENTENCES.get(label.group(1), "") if label else ""
+        out.append((sentence + "\n" if sentence else "") + "\\begin{rakvtable}" + block.rstrip("\n")
+                   + "\n\\FloatBarrier\n")  # placeins: the table is out before the next sentence
+    return "".join(out)
+
+
+def _sampling_tables(summary: Summary) -> str:
     s = summary.sampling
-    lines = ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\fittable{%",
+    lines = ["\\begin{rakvtable}\\centering\\scriptsize", "\\fittable{%",
              "\\begin{tabular}{llrrlllll}", "\\toprule",
              "Configuration & Decoding & $\\alpha$ measured [95\\,\\% CI] & closed form & check & "
              "spec-k4 / AR & RAKV-ASD / AR & RAKV-ASD / best fixed & best fixed \\\\", "\\midrule"]
@@ -60,7 +88,7 @@ def sampling_tables(summary: Summary) -> str:
               "0; identity: greedy, where measured equals its closed form by construction, a check that cannot "
               "fail; Table~\\ref{tab:acceptance-checks} has every cell). Latency ratios: geometric means over "
               "prompts of paired (prompt, seed) ratios with 95\\,\\% t CIs; below 1 is faster.}"
-              "\\label{tab:sampling}", "\\end{table}"]
+              "\\label{tab:sampling}", "\\end{rakvtable}"]
     return ("\n".join(lines) + "\n" + acceptance_checks_table(s) + sampling_tests_table(s) + workloads_table(s))
 
 
@@ -80,7 +108,7 @@ def acceptance_checks_table(s) -> str:
     if not checks:
         return ""
     three = lambda v: num(v, 3)  # noqa: E731
-    lines = ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\fittable{%", "\\begin{tabular}{llrrrrrlrll}",
+    lines = ["\\begin{rakvtable}\\centering\\scriptsize", "\\fittable{%", "\\begin{tabular}{llrrrrrlrll}",
              "\\toprule", "Configuration & rows & $T$, rule, $k$ & requests & measured & expected & "
              "difference [95\\,\\% CI] & df & verdict & $-$ token-wise's [95\\,\\% CI] \\\\", "\\midrule"]
     for c in checks:
@@ -99,7 +127,7 @@ def acceptance_checks_table(s) -> str:
               "the difference has no variance (greedy: $\\alpha_j$ is 1 exactly where a candidate passes), so the "
               "check cannot fail and is not counted as agreement; the biased control must differ. Last column "
               "(block): measured minus token-wise's expected count on the same drafts; where it excludes 0 the "
-              "check told the two rules apart.}\\label{tab:acceptance-checks}", "\\end{table}"]
+              "check told the two rules apart.}\\label{tab:acceptance-checks}", "\\end{rakvtable}"]
     return "\n".join(lines) + "\n"
 
 
@@ -107,7 +135,7 @@ def sampling_tests_table(s) -> str:
     """The distribution tests and block against token-wise verification."""
     lines = []
     if s.block_vs_token or s.distribution:
-        lines += ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\fittable{%", "\\begin{tabular}{llrrrlll}",
+        lines += ["\\begin{rakvtable}\\centering\\scriptsize", "\\fittable{%", "\\begin{tabular}{llrrrlll}",
                   "\\toprule",
                   "Configuration & Rule (arm) & samples & tests & min.\\ Holm $p$ & rejected & "
                   "rejections on halves & \\\\", "\\midrule"]
@@ -140,7 +168,7 @@ def sampling_tests_table(s) -> str:
                   "$k$ candidates the two rules verify alike, CI over the pairs; given the draft: on every round of "
                   "the distribution samples' token-wise and block arms, both rules' expected accepted count given "
                   "that round's draft, CI over the requests).}\\label{tab:sampling-tests}",
-                  "\\end{table}"]
+                  "\\end{rakvtable}"]
     return "\n".join(lines) + "\n" if lines else ""
 
 
@@ -148,16 +176,16 @@ def workloads_table(s) -> str:
     """Structured outputs and long retrieved contexts."""
     lines = []
     if s.structured:
-        lines += ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\begin{tabular}{llrrrl}", "\\toprule",
+        lines += ["\\begin{rakvtable}\\centering\\scriptsize", "\\begin{tabular}{llrrrl}", "\\toprule",
                   "Configuration & Strategy & parses & valid & latency (s) & same tokens as AR \\\\", "\\midrule"]
         for r in s.structured:
             lines.append(f"{tex_escape(r.configuration)} & {tex_escape(r.strategy)} & {pct(r.parse_rate, 0)} & "
                          f"{pct(r.valid_rate, 0)} & {r.latency_s:.2f} & {'yes' if r.same_as_ar else 'no'} \\\\")
         lines += ["\\bottomrule", "\\end{tabular}",
                   "\\caption{Structured outputs (JSON following a schema; greedy).}\\label{tab:workloads}",
-                  "\\end{table}"]
+                  "\\end{rakvtable}"]
     if s.long_context:
-        lines += ["\\begin{table}[!htbp]\\centering\\scriptsize", "\\fittable{%",
+        lines += ["\\begin{rakvtable}\\centering\\scriptsize", "\\fittable{%",
                   "\\begin{tabular}{llllrrrlll}", "\\toprule",
                   "Configuration & Strategy & store & document & reused tokens & evictions & TTFT (s) & "
                   "latency / AR & latency / kv-only & df \\\\", "\\midrule"]
@@ -176,7 +204,7 @@ def workloads_table(s) -> str:
                   "(documents $-$ 1; a document's questions averaged first); latency / kv-only is speculation on top "
                   "of reuse. AR never reads the store: "
                   "measured under the first budget, its rows stand for both (evictions: --).}\\label{tab:long-context}",
-                  "\\end{table}"]
+                  "\\end{rakvtable}"]
     return "\n".join(lines) + "\n" if lines else ""
 
 
@@ -235,7 +263,7 @@ def acceptance_sentences(s) -> list[str]:
     checks = acceptance_checks(s)
     tally = agreement_tally(checks)
     text = [f"Measured acceptance agrees with what its rule must accept in {tally.agree} of the {tally.judged} "
-            "checks that can fail, at 95\\,\\% each (Table~\\ref{tab:acceptance-checks}): token-wise cells against "
+            "checks that can fail, at 95\\,\\% each (Appendix~\\ref{app:sampling}): token-wise cells against "
             "the closed form (a normal interval with the variance it implies), block cells against the block rule's "
             "expected accepted count given each round's draft (a t interval over the requests)"
             + ("." if tally.agree == tally.judged else
@@ -287,7 +315,8 @@ def sampling_text(summary: Summary) -> str:
                 "section), so every result of this paper is for greedy decoding on code and prose.\n")
     text = acceptance_sentences(s)
     if s.temperatures:
-        text.append("Table~\\ref{tab:sampling} gives speculation by temperature.")
+        text.append("Appendix~\\ref{app:sampling} gives speculation by temperature and every table of this "
+                    "section.")
     for t in s.temperatures:
         text.append(f"At {temperature_label(t.temperature)}, {tex_escape(t.configuration)}'s spec-k4 is "
                     f"{ratio_words(t.spec_k4_vs_ar, 'AR')}, and RAKV-ASD is {ratio_words(t.vs_ar, 'AR')} and "
@@ -305,7 +334,7 @@ def sampling_text(summary: Summary) -> str:
                     + ", ".join(f"{'rejected' if d.rejected else 'not rejected'} for {tex_escape(d.configuration)} "
                                 f"(power {pct(d.half_sample_rejection_rate, 0)} at half this size, a lower bound "
                                 "of its power at this size)" for d in controls)
-                    + " (Table~\\ref{tab:sampling-tests}).")
+                    + " (Appendix~\\ref{app:sampling}).")
     for b in s.block_vs_token:
         words = BLOCK_WORDS[b.verdict]
         where = {FIRST_ROUNDS: f"over {b.requests} paired first rounds of the distribution samples",
@@ -316,4 +345,4 @@ def sampling_text(summary: Summary) -> str:
                     f"{words} token-wise verification {where} ({b.block_per_round:.3f} vs {b.token_per_round:.3f}; "
                     f"difference {ci_text(b.difference, fmt=lambda v: num(v, 3))}).")
     text += long_context_sentences(s.long_context)
-    return " ".join(text) + "\n\n" + sampling_tables(summary)
+    return " ".join(text) + "\n"

@@ -264,14 +264,14 @@ def peer_section(folder: Path | None) -> str:
                if any(a.failed for a in agreed) else "")
             + ". rakv / vLLM per repeat, read from the CIs of the geometric mean of the paired ratios "
             "(docs/peers.md gives every ratio): " + " ".join(tex_escape(x) for x in pt.serve_sentences(serve)) + "\n")
-    table = ("\\begin{table}[!htbp]\\centering\\scriptsize\n\\fittable{\\begin{tabular}{lllrr" + "r" * len(PEER_COLUMNS)
+    table = ("\\begin{rakvtable}\\centering\\scriptsize\n\\fittable{\\begin{tabular}{lllrr" + "r" * len(PEER_COLUMNS)
              + "r}\\toprule\nworkload & req/s & engine & done & failed & "
              + " & ".join(m.label for m in PEER_COLUMNS) + " & hits \\\\\n\\midrule\n" + "\n".join(rows)
              + "\n\\bottomrule\\end{tabular}}\n"
              f"\\caption{{rakv serve and vLLM under vLLM's benchmark client: means over {repeats} repeats $\\pm$ the "
              "half-width of their 95\\,\\% t interval (times in ms; done / failed: requests over all repeats; hits: "
              "prompt tokens reused, vLLM in blocks of 16 tokens, rakv at token granularity).}\\label{tab:peer}\n"
-             "\\end{table}\n")
+             "\\end{rakvtable}\n")
     return text + table + batch_peer_text(pt.batch_reports(folder)) + tune_text(folder)
 
 
@@ -315,9 +315,9 @@ def tune_text(folder: Path) -> str:
             f"{tune.alpha:.2f} and n-gram match rate {tune.match_rate:.2f}: "
             + ", ".join(f"$k={k}$ for batches {a}--{b if b < 1024 else 'up'}" for a, b, k in tune.schedule)
             + ". Table~\\ref{tab:tune} serves the same requests through vLLM with it, with fixed $k$ and with a "
-            "hand-set table.\n\\begin{table}[!htbp]\\centering\\scriptsize\n"
+            "hand-set table.\n\\begin{rakvtable}\\centering\\scriptsize\n"
             "\\fittable{\\begin{tabular}{l" + "r" * len(cs)
             + "}\\toprule\nschedule & " + " & ".join(f"$c={c}$" for c in cs) + " \\\\\n\\midrule\n"
             + "\n".join(rows) + "\n\\bottomrule\\end{tabular}}\n\\caption{vLLM's output tokens/s with each "
             "speculation schedule, batches of $c$ requests (n-gram drafts, real acceptance).}\\label{tab:tune}\n"
-            "\\end{table}\n" + tex_escape(pt.tune_sentence(pt.tune_reading(tune))) + "\n")
+            "\\end{rakvtable}\n" + tex_escape(pt.tune_sentence(pt.tune_reading(tune))) + "\n")

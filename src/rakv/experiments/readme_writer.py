@@ -1,10 +1,12 @@
-"""README.md's generated parts, each between its <!-- name --> and <!-- /name --> markers: the claims table, the
-serving study's goals, and the shipped run's sizes and times (tests/test_reference_run.py holds them to the shipped
-files; the paper stage rewrites them, rakv.experiments.stages).
+"""README.md's and docs/results.md's generated parts, each between its <!-- name --> and <!-- /name --> markers: the
+bottom line, the reviewer's map with its times, the claims table, the serving study's goals, and the shipped run's
+sizes, times and peak memory (tests/test_reference_run.py holds them to the shipped files; the analysis stage
+rewrites them, rakv.experiments.stages).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from rakv.experiments.formatting import claim_cells, goal_value, headline_claims, isa_label, missing, verdict_cells
@@ -76,13 +78,10 @@ def tracked_bytes(paths: list[str]) -> int:
     return sum((ROOT / name).stat().st_size for name in files if (ROOT / name).is_file())
 
 
-BATCH_ONE_STAGES = ("calibrate", "study", "sensitivity", "feasibility", "analysis", "paper")
-
-
 def readme_facts(results: Path) -> dict[str, str]:
     """The README's sizes and times of a shipped run, from its files: the raw tables' and the outputs' tracked bytes
-    (MB), and from its stage_times.tsv the whole run, the batch-one stages, the serving and sampling stages
-    (minutes), the regeneration from the shipped tables (analysis + paper, seconds) and each stage's seconds."""
+    (MB), and from its stage_times.tsv the whole run (minutes), the regeneration from the shipped tables (analysis +
+    paper, seconds) and each stage's seconds; its machine; its largest stage's peak memory (stage_rss.tsv)."""
     results = Path(results).resolve()
     times = stage_times(results)
     relative = str(results.relative_to(ROOT))
@@ -91,13 +90,82 @@ def readme_facts(results: Path) -> dict[str, str]:
     facts = {"reference-raw-mb": f"{tracked_bytes([relative]) / 1e6:.1f} MB",
              "reference-outputs-mb": f"{tracked_bytes(outputs) / 1e6:.1f} MB",
              "reference-total-min": f"{sum(times.values()) / 60:.1f} min",
-             "reference-batch-one-min": f"{sum(times.get(s, 0) for s in BATCH_ONE_STAGES) / 60:.1f} min",
-             "reference-serving-min": f"{times.get('serving', 0) / 60:.1f} min",
-             "reference-sampling-min": f"{times.get('sampling', 0) / 60:.1f} min",
              "reference-regeneration-s": f"{times.get('analysis', 0) + times.get('paper', 0)} s",
              "reference-stage-times": ", ".join(f"{stage} {seconds:,} s" for stage, seconds in times.items()),
-             "reference-machine": machine_words(results)}
+             "reference-machine": machine_words(results),
+             "reference-peak-memory": peak_memory(results)}
     return facts
+
+
+def peak_memory(results: Path) -> str:
+    """The largest peak resident memory of the run's stages (stage_rss.tsv: the stage or a worker), in words."""
+    path = RunLayout.of(results).stage_rss
+    peaks: dict[str, int] = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        fields = line.split("\t")
+        if len(fields) == 2 and fields[1].isdigit():
+            peaks[fields[0]] = max(peaks.get(fields[0], 0), int(fields[1]))
+    if not peaks:
+        return "not recorded"
+    stage = max(peaks, key=peaks.get)
+    return f"{peaks[stage] / 1e9:.1f} GB ({stage} stage)"
+
+
+# The reviewer's map: each result of the paper, what it is, the command that regenerates it from scratch and the
+# stages whose shipped wall times (stage_times.tsv) that command runs.
+MAP_ROWS = (
+    ("Tables of strategies, statistics, acceptance; Figures 1-2", "the controller against the oracle, the cost "
+     "model's error and ranking, acceptance against break-even", "./reproduce.sh stages=calibrate,study,analysis,paper",
+     ("calibrate", "study", "analysis", "paper")),
+    ("speculation on top of reuse, cache budget, speedup against acceptance", "the sensitivity stage",
+     "./reproduce.sh stages=sensitivity,analysis,paper", ("sensitivity", "analysis", "paper")),
+    ("the larger pair's claim row and figure", "GPT-2 Large/Medium's cost side on architecture twins",
+     "./reproduce.sh stages=feasibility,analysis,paper", ("feasibility", "analysis", "paper")),
+    ('Section "Serving under load"', "the serving study: goals, figures",
+     "./reproduce.sh stages=serving,analysis,paper", ("serving", "analysis", "paper")),
+    ('Section "Sampling and workloads"', "temperatures, distribution tests, structured outputs, long contexts",
+     "./reproduce.sh stages=sampling,analysis,paper", ("sampling", "analysis", "paper")),
+    ("every table, figure and the PDF, from the shipped tables", "the analysis and paper stages alone",
+     "./reproduce.sh stages=analysis,paper results_dir=data/reference/offline", ("analysis", "paper")),
+    ("everything", "the whole pipeline", "./reproduce.sh", None),
+)
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def map_markdown(results: Path) -> str:
+    """The reviewer's map as a Markdown table, each row's time the shipped run's stage_times.tsv sum of its stages."""
+    times = stage_times(results)
+    lines = ["| paper | what | command | time (shipped run) |", "|---|---|---|---|"]
+    for paper, what, command, stages in MAP_ROWS:
+        seconds = sum(times.values()) if stages is None else sum(times.get(stage, 0) for stage in stages)
+        lines.append(f"| {paper} | {what} | `{command}` | {minutes(seconds) if times else 'not recorded'} |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown(tex: str) -> str:
+    """A generated LaTeX sentence as Markdown: \\texttt{x} as `x`, $...$ as its text, LaTeX's escapes undone."""
+    text = re.sub(r"\\texttt\{([^}]*)\}", r"`\1`", tex)
+    text = re.sub(r"\$([^$]*)\$", lambda m: m.group(1).replace("\\ge", ">=").replace(">", " > ").replace(
+        "=", " = ").replace("  ", " "), text)
+    return text.replace("\\,", " ").replace("\\%", "%").replace("\\_", "_").replace("\\ ", " ").replace("~", " ")
+
+
+def bottom_line(summary: Summary, results: Path) -> str:
+    """The README's bottom line in three sentences, from the paper's abstract (rakv.experiments.prose_abstract):
+    against fixed Joint-k4 and KV-only, speculation against k = 0, and what sets the regime."""
+    from rakv.experiments.metadata import read_run_metadata
+    from rakv.experiments.prose_abstract import abstract
+
+    sentences = re.split(r"(?<=[.?])\s+(?=[A-Z])", abstract(summary, read_run_metadata(RunLayout.of(results)),
+                                                         results).strip())
+    findings = [s for s in sentences if s.startswith(("Against fixed Joint-k4", "Where the reference's best"))]
+    cause = [s for s in sentences if s.startswith("What sets the regime")]
+    against_kv = next((s for s in sentences if s.startswith("Against KV-only")), "")
+    first = findings[0].rstrip(".") + ("; a" + against_kv[1:] if against_kv else ".")
+    return " ".join(markdown(s) for s in [first, *findings[1:], *cause]) + "\n"
 
 
 def machine_words(results: Path) -> str:
@@ -115,14 +183,35 @@ def machine_words(results: Path) -> str:
     return f"{cores}{(machine.processor if machine else None) or 'machine'} with {sets}"
 
 
+GENERATED_DOCS = ("README.md", "docs/results.md")  # the files whose generated blocks refresh_readme writes
+
+
+def generated_blocks(summary: Summary, results: Path | None) -> tuple[dict[str, str], dict[str, str]]:
+    """Every generated block (name -> body on lines of its own) and inline fact (name -> text) of GENERATED_DOCS."""
+    blocks = {"claims": claims_markdown(summary), "serving-goals": serving_goals_markdown(summary)}
+    if results is not None:
+        blocks |= {"map": map_markdown(results), "bottom-line": bottom_line(summary, results)}
+    return blocks, (readme_facts(results) if results is not None else {})
+
+
 def refresh_readme(summary: Summary, readme: Path, results: Path | None = None) -> bool:
-    """Write the claims table and the serving goals of `summary`, and the sizes and times of the run in `results`
-    (`readme_facts`), into the README between their markers; True when it changed."""
-    text = Path(readme).read_text()
-    updated = between_markers(text, "claims", claims_markdown(summary))
-    updated = between_markers(updated, "serving-goals", serving_goals_markdown(summary))
-    for name, value in (readme_facts(results) if results is not None else {}).items():
-        updated = between_markers(updated, name, value, inline=True)
-    if updated != text:
-        Path(readme).write_text(updated)
-    return updated != text
+    """Write the generated blocks and facts (`generated_blocks`) of `summary` and of the run in `results` between
+    their markers, in the README and in docs/results.md beside it (each file holds the markers it names); True when
+    a file changed."""
+    blocks, facts = generated_blocks(summary, results)
+    changed = False
+    for path in (Path(readme), Path(readme).parent / "docs" / "results.md"):
+        if not path.exists():
+            continue
+        text = path.read_text()
+        updated = text
+        for name, body in blocks.items():
+            if f"<!-- {name} -->" in updated:
+                updated = between_markers(updated, name, body)
+        for name, value in facts.items():
+            if f"<!-- {name} -->" in updated:
+                updated = between_markers(updated, name, value, inline=True)
+        if updated != text:
+            path.write_text(updated)
+            changed = True
+    return changed
