@@ -1,6 +1,7 @@
 // The CPU kernels of the compact forward (rakv.runtime.compact): one GEMM for every row count, attention per query
 // row, and the row-wise RMSNorm / LayerNorm / RoPE / SiLU*up / GELU. Compiled on first use for the machine it runs on
-// (rakv.runtime.kernels.native); AVX2 + FMA are required, AVX-512 and VNNI used where the build's -march has them.
+// (rakv.runtime.kernels.native); AVX2 + FMA + F16C are required, AVX-512 and VNNI used where the build's -march has
+// them.
 //
 // Why hand-written: every row of every batched forward must come out bit-identical to the same row computed alone
 // (a decode step alone, inside a verify of k + 1 rows, beside other requests' rows, or as one row of a prefill chunk
@@ -61,8 +62,8 @@
 #include <type_traits>
 #include <vector>
 
-#if !defined(__AVX2__) || !defined(__FMA__)
-#error "rakv's compact kernels need AVX2 and FMA (use kernels=stock on this machine)"
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "rakv's compact kernels need AVX2, FMA and F16C (use kernels=stock on this machine)"
 #endif
 
 namespace {

@@ -180,7 +180,7 @@ def native():
         lines = str(exc).strip().splitlines() or [type(exc).__name__]
         reason = next((line.strip() for line in lines if "error" in line.lower() and "build" not in line.lower()),
                       lines[-1].strip())
-        raise RakvError(f"kernels=compact needs its C++ kernels compiled (a C++ compiler, ninja, AVX2 and FMA), "
+        raise RakvError(f"kernels=compact needs its C++ kernels compiled (a C++ compiler, ninja, AVX2, FMA and F16C), "
                         f"which failed: {reason}; run with kernels=stock instead") from None
 
 
