@@ -176,7 +176,7 @@ def print_precision_peer(table: PrecisionPeerTable) -> None:
     for r in table.ratios:
         print(f"ours / llama.cpp at {r.precision}, {r.threads} threads: decode {r.decode_over_llama_cpp:.3f}x "
               f"({r.decode_verdict}), prefill time {r.prefill_over_llama_cpp:.3f}x ({r.prefill_verdict})")
-    if not table.ratios:
+    if not any(s.who == "llama.cpp" for s in table.sides):
         print("llama.cpp: not installed (./scripts/setup_llama_cpp_peer.sh) or --no-peer: our rows alone")
 
 

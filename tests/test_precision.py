@@ -209,3 +209,33 @@ def test_every_configuration_states_a_precision_the_engine_runs_and_the_shipped_
 
     assert {configuration(name).precision for name in configuration_names()} == {"fp32"}
     assert next(f for f in fields(EngineOptions) if f.name == "precision").metadata["choices"] == PRECISIONS
+
+
+FAKE_LLAMA_CPP = '''
+__version__ = "fake"
+class Llama:
+    def __init__(self, **kwargs): pass
+    def tokenize(self, text, add_bos=False): return list(range(len(text)))
+    def reset(self): pass
+    def generate(self, tokens, **kwargs):
+        while True:
+            yield 7
+    def eval(self, tokens): pass
+'''
+
+
+def test_the_real_peer_child_imports_llama_cpp_not_itself(tmp_path):
+    """The child is rakv/bench/llama_cpp.py run as a script: it must import the peer's llama_cpp package, not
+    itself (its own folder first on the path did exactly that); here a stand-in llama_cpp on PYTHONPATH answers."""
+    import sys
+
+    from rakv.bench.llama_cpp import run_child
+
+    (tmp_path / "fake").mkdir()
+    (tmp_path / "fake" / "llama_cpp.py").write_text(FAKE_LLAMA_CPP)
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'fake'} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    got = run_child(str(python), "q4_1", tmp_path / "m.gguf", tmp_path / "m.gguf", "abc", "abcdef", 4, 1, 1)
+    assert got.error is None, got.error
+    assert got.version == "fake" and got.tokens == [7, 7, 7, 7] and got.prefill_tokens == 6

@@ -3,10 +3,11 @@ on its F32 conversion (the same dequantised fp32 weights as our fp32 target), de
 each model in a child process of its own.
 
 The child runs in the peer's own venv when there is one (`peer_python`: $RAKV_LLAMA_PYTHON, else .venv-llama made by
-scripts/setup_llama_cpp_peer.sh, else this interpreter where it imports llama_cpp), as `python llama_cpp.py` with
-its arguments as JSON on stdin and its measure as JSON on stdout: this module imports only the standard library at
-its top, so the peer's venv needs neither torch nor rakv. A crash inside llama.cpp (its AMX kernels on a guest that
-lists AMX without granting it died with SIGILL) is one line of the report, not the end of the benchmark.
+scripts/setup_llama_cpp_peer.sh, else this interpreter where it imports llama_cpp), this file run as a script
+(`CHILD`) with its arguments as JSON on stdin and its measure as JSON on stdout: this module imports only the
+standard library at its top, so the peer's venv needs neither torch nor rakv. A crash inside llama.cpp (its AMX
+kernels on a guest that lists AMX without granting it died with SIGILL) is one line of the report, not the end of
+the benchmark.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from pathlib import Path
 
 PEER_VENV = ".venv-llama"  # scripts/setup_llama_cpp_peer.sh's default
 CHILD_TIMEOUT_S = 1800
+# the child: this file run as __main__ without its folder on the path (run as `python llama_cpp.py`, its folder
+# would come first and `import llama_cpp` would import this very file instead of llama-cpp-python)
+CHILD = "import runpy, sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; " \
+        "runpy.run_path({path!r}, run_name='__main__')"
 
 
 def peer_python() -> str | None:
@@ -51,8 +56,8 @@ def run_child(python: str, label: str, q4: Path, path: Path, prompt: str, long_p
     request = {"label": label, "q4": str(q4), "path": str(path), "prompt": prompt, "long_prompt": long_prompt,
                "n": n, "repeats": repeats, "threads": threads}
     try:
-        done = subprocess.run([python, str(Path(__file__).resolve())], input=json.dumps(request), text=True,
-                              capture_output=True, timeout=CHILD_TIMEOUT_S)
+        done = subprocess.run([python, "-c", CHILD.format(path=str(Path(__file__).resolve()))],
+                              input=json.dumps(request), text=True, capture_output=True, timeout=CHILD_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return LlamaCppMeasure(error=f"llama.cpp's process did not finish: {type(exc).__name__}")
     if done.returncode != 0:
