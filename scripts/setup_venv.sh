@@ -12,6 +12,12 @@ want=$(cat pyproject.toml requirements-nodeps.txt | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "setup: installing rakv and its pinned dependencies into .venv (first time: a few minutes)"
     .venv/bin/python -m pip install --quiet --upgrade pip
+    # torch's CPU build on a machine without CUDA (PyPI's Linux x86-64 wheel of the pin is the multi-GB CUDA one);
+    # a torch already installed that meets the pin is kept
+    if ! .venv/bin/python -c "import torch" 2>/dev/null && ! command -v nvidia-smi >/dev/null 2>&1; then
+        torch_pin=$(grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')
+        .venv/bin/python -m pip install --quiet "$torch_pin" --index-url https://download.pytorch.org/whl/cpu
+    fi
     .venv/bin/python -m pip install --quiet -e '.[test,dev]'  # the tests' and the linter's extras too
     .venv/bin/python -m pip install --quiet --no-deps -r requirements-nodeps.txt
     echo "$want" > "$stamp"

@@ -98,7 +98,7 @@ def paper(cfg: DictConfig) -> None:
     from rakv.experiments.config import run_layout
 
     layout = run_layout(cfg)
-    name = layout.name
+    name = layout.outputs_name  # generated/<name>/ and ../figures/<name>/ as main.tex reads them
     if not (layout.generated / "macros.tex").exists():
         raise RakvError(f"{layout.generated} is empty: run the analysis stage of profile {cfg.profile.name} first")
     if not shutil.which("latexmk") or not shutil.which("pdflatex"):

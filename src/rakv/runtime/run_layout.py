@@ -364,18 +364,26 @@ class RunLayout:
 
     # -- outside the folder: figures, LaTeX, the PDF ----------------------------------------------------------------
     @property
+    def outputs_name(self) -> str:
+        """The name of this run's figures, generated LaTeX and paper build: the run's own, but <name>-own for a run
+        that shares its name with a shipped run without being it (results/offline/ beside data/reference/offline/),
+        so that a user's run never overwrites the shipped outputs the tests hold to the shipped tables."""
+        shipped = REFERENCE_DIR / self.name
+        return f"{self.name}-own" if shipped.exists() and shipped.resolve() != self.root else self.name
+
+    @property
     def figures(self) -> Path:
-        return self.figures_dir or FIGURES_DIR / self.name
+        return self.figures_dir or FIGURES_DIR / self.outputs_name
 
     @property
     def generated(self) -> Path:
         """The paper's macros, tables and generated text for this run."""
-        return self.generated_dir or GENERATED_DIR / self.name
+        return self.generated_dir or GENERATED_DIR / self.outputs_name
 
     @property
     def build(self) -> Path:
         """latexmk's output folder for this run's paper."""
-        return BUILD_DIR / self.name
+        return BUILD_DIR / self.outputs_name
 
     @property
     def pdf(self) -> Path:
