@@ -25,7 +25,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from rakv.runtime.run_layout import RunLayout  # noqa: E402
+from rakv.runtime.run_layout import RESULTS_DIR, RunLayout  # noqa: E402
 
 DECIDED = ["action", "alpha_before", "alpha_after"]  # what the controller chose and what it had learned
 
@@ -78,7 +78,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=4, help="shards of the multirun (default 4)")
     parser.add_argument("--launcher", default="local", help="conf/hydra/launcher/ option (default local)")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "compare_sharded", help="results folders")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "compare_sharded", help="results folders")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("ONE", "SHARDED"),
                         help="only compare two finished results folders")
     args, overrides = parser.parse_known_args()
