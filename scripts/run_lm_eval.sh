@@ -4,6 +4,7 @@
 # same tasks through lm-eval's HF backend on the same fp32 weights, then scripts/compare_lm_eval.py: every choice's
 # log-likelihood within 1e-3 of the HF backend's, every generated answer equal to batch-one AR's.
 #   scripts/run_lm_eval.sh [LIMIT]     (LIMIT: documents per task, default all; OUT=results/lm_eval, PORT=8391)
+#   SHIP=data/lm_eval/run scripts/run_lm_eval.sh 12     (the shipped run: comparison.json and lm-eval's two results)
 # Offline: the tasks read local files, the hub is never asked (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,3 +43,10 @@ echo "run_lm_eval: lm-eval hf on $WEIGHTS (fp32) ..."
     > "$OUT/hf.log" 2>&1
 tail -n 8 "$OUT/hf.log"
 .venv/bin/python scripts/compare_lm_eval.py "$OUT/served" "$OUT/hf" "$OUT/comparison.json"
+if [ -n "${SHIP:-}" ]; then
+    mkdir -p "$SHIP"
+    cp "$OUT/comparison.json" "$SHIP/comparison.json"
+    cp "$(ls "$OUT"/served/*/results_*.json | tail -n 1)" "$SHIP/results_served.json"
+    cp "$(ls "$OUT"/hf/*/results_*.json | tail -n 1)" "$SHIP/results_hf.json"
+    echo "run_lm_eval: shipped in $SHIP"
+fi

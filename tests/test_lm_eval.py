@@ -150,3 +150,25 @@ def test_lm_eval_itself_on_a_slice_equals_its_hf_backend_and_batch_one_ar(served
         for stop in request["arg_1"]["until"]:
             reference = reference.split(stop)[0]
         assert sample["resps"][0][0] == reference
+
+
+def test_the_shipped_lm_eval_run_meets_its_goals():
+    """data/lm_eval/run/comparison.json (scripts/run_lm_eval.sh with SHIP): a typed record whose log-likelihoods are
+    within the tolerance and whose generations all equal batch-one AR's."""
+    import dataclasses
+    import importlib.util
+
+    from rakv.runtime.json_records import read_record
+
+    spec = importlib.util.spec_from_file_location("compare_lm_eval", ROOT / "scripts" / "compare_lm_eval.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    shipped = read_record(module.LmEvalComparison, ROOT / "data" / "lm_eval" / "run" / "comparison.json")
+
+    def meets(run) -> bool:
+        return (run.loglikelihoods > 0 and run.max_abs_loglikelihood_diff <= run.atol <= 1e-3
+                and run.generations > 0 and run.generations_equal_ar == run.generations)
+
+    assert meets(shipped) and shipped.served_metrics == pytest.approx(shipped.hf_metrics)
+    assert not meets(dataclasses.replace(shipped, generations_equal_ar=shipped.generations - 1))  # positive control
+    assert not meets(dataclasses.replace(shipped, max_abs_loglikelihood_diff=2e-3))
