@@ -25,7 +25,7 @@ import torch
 
 from rakv.runtime.actions import Action
 from rakv.runtime.cache import PrefixKVStore
-from rakv.runtime.decoding import forward
+from rakv.runtime.decoding import crop_cache, forward
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
 from rakv.runtime.heads import HeadsProposer, shipped_heads
@@ -84,7 +84,7 @@ def cost_ratio(pair, heads, prompt: list[int], repeats: int = 30) -> float:
         start = time.perf_counter()
         forward(target, token, cache, keep=1)
         step.append(time.perf_counter() - start)
-        cache.crop(len(prompt))
+        crop_cache(cache, len(prompt))
         start = time.perf_counter()
         heads.vocab[heads.logits(hidden[-1], heads.count).argmax(-1)].tolist()
         propose.append(time.perf_counter() - start)
