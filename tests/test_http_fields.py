@@ -127,6 +127,12 @@ def test_a_list_of_prompts_and_n_choices_are_indexed_and_seeded_as_openai_and_vl
     alone_seeded = [client.completions.create(seed=11 + j, **kw).choices[0].text for j in range(3)]
     assert [c.text for c in sampled.choices] == alone_seeded  # choice j: the request's seed + j
     assert len(set(alone_seeded)) > 1  # (distinct seeds give distinct samples here: the check above can fail)
+    messages = [{"role": "user", "content": "Name a prime."}]
+    chat = dict(model="tiny", messages=messages, max_tokens=4, temperature=1.0)
+    two_chats = client.chat.completions.create(n=2, seed=5, **chat)
+    assert [c.index for c in two_chats.choices] == [0, 1]
+    assert two_chats.choices[1].message.content == client.chat.completions.create(
+        seed=6, **chat).choices[0].message.content
     streamed = list(client.completions.create(n=3, seed=11, stream=True, **kw))
     texts = ["", "", ""]
     for chunk in streamed:
