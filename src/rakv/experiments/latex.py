@@ -37,6 +37,7 @@ from rakv.experiments.prose_machines import across_machines, regime_text, run_to
 from rakv.experiments.prose_sampling import sampling_tables, sampling_text
 from rakv.experiments.prose_serving import SCENARIO_TEXT, joint_reuse_text, peer_folder, peer_section, serving_text
 from rakv.experiments.replication import pooled_summary
+from rakv.experiments.speculate_accuracy import speculate_table
 from rakv.experiments.study_stats import BASELINES, strategy_means
 from rakv.experiments.summary import AcceptanceRow, PeakKv, Summary
 from rakv.experiments.verdicts import ClaimVerdict
@@ -320,6 +321,7 @@ def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path
         "regime.tex": regime_text(summary, results),
         "sampling.tex": sampling_text(summary),
         "sampling_tables.tex": sampling_tables(summary),
+        "speculate_table.tex": speculate_table(summary, results),
     }
     paths = []
     for name, text in files.items():

@@ -153,9 +153,21 @@ def machine_prices_sentence(labels: dict) -> str:
             prices.append(f"{label}: verifying four candidates {num(min(verify), 2)}--{num(max(verify), 2)} decode "
                           f"steps" + (f", a draft step {num(draft, 2)}" if draft is not None else ""))
     return ("Table~\\ref{tab:machines} gives the prices that set the regime on each machine, from each run's "
-            "calibration (" + "; ".join(prices) + "): where the price of a speculative round differs between "
-            "two machines and the draft's relative price does not, it is the verify pass, not the draft, that "
-            "moves a conclusion about speculation.")
+            "calibration (" + "; ".join(prices) + "). " + calibration_band_sentence(next(iter(labels), None)))
+
+
+def calibration_band_sentence(folder: Path | None) -> str:
+    """The within-run band of a price: one run calibrates the same target once per configuration, so the spread of
+    its verify-4 / step over those calibrations is what a difference between machines must exceed to be the
+    machine's ("" without two calibrations)."""
+    costs = machine_costs(folder) if folder is not None else {}
+    verify = sorted(c["verify4"] for c in costs.values())
+    if len(verify) < 2:
+        return ""
+    return (f"Within one run the same target is calibrated once per configuration, and in the first run listed those "
+            f"calibrations put verifying four candidates at {num(verify[0], 2)} and {num(verify[-1], 2)} decode "
+            f"steps: a difference between machines inside that band of {num(verify[-1] - verify[0], 2)} is not the "
+            "machine's.")
 
 
 def machines_table(labels: dict, context_run: Path) -> str:
