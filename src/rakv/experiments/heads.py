@@ -60,7 +60,7 @@ def data_digest(prompts: list[list[int]]) -> str:
 
 
 @torch.inference_mode()
-def continuations(pair, prompts: list[list[int]], new_tokens: int) -> list[tuple[torch.Tensor, list[int]]]:
+def continuations(pair, prompts: list[list[int]], new_tokens: int, log=None) -> list[tuple[torch.Tensor, list[int]]]:
     """Per prompt, the target's greedy continuation (stopped after an end of sequence) and the hidden states that
     produced each of its tokens ([n, d]: row j is the hidden state whose output head gave token j)."""
     target, device, eos = pair.target.module, pair.device, pair.eos_token_id
@@ -84,6 +84,8 @@ def continuations(pair, prompts: list[list[int]], new_tokens: int) -> list[tuple
             if not alive:
                 break
         out.extend((torch.stack(h), t) for h, t in zip(hiddens, tokens))
+        if log is not None:
+            log(f"heads: continued {len(out)}/{len(prompts)} prompts")
     return out
 
 
@@ -125,7 +127,7 @@ def train(pair, settings: HeadsSettings, prompts: list[list[int]], commit: str,
           log=print) -> tuple[Heads, HeadsRecord]:
     """Generate the continuations, choose the vocabulary, fit the heads; seeded (torch CPU)."""
     started = time.perf_counter()
-    data = continuations(pair, prompts, settings.new_tokens)
+    data = continuations(pair, prompts, settings.new_tokens, log)
     cut = max(1, int(round(len(data) * (1 - settings.holdout))))
     train_data, held = data[:cut], data[cut:] or data[-1:]
     vocab = candidate_vocabulary([t for _, t in train_data], settings.vocab)

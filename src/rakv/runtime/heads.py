@@ -45,9 +45,9 @@ class HeadsSettings:
     dataset: str = "wikitext2"
     split: str = "validation"  # the bundled WikiText-2 has test (held out for the measurements) and validation
     source: str = "bundled"
-    prompts: int = 160  # paragraphs whose greedy continuations are the training data
+    prompts: int = 48  # paragraphs whose greedy continuations are the training data
     prompt_tokens: int = 48  # each paragraph's first tokens are the prompt
-    new_tokens: int = 128  # greedy continuation length per prompt
+    new_tokens: int = 64  # greedy continuation length per prompt
     holdout: float = 0.1  # share of the prompts held out for the record's per-head accuracy
     epochs: int = 6
     batch: int = 256
