@@ -187,13 +187,32 @@ def test_echo_and_logprobs_are_the_target_s_own_as_lm_eval_reads_them(served, st
     assert "".join(lp.tokens) == generated.choices[0].text  # (byte-level pieces join into the text)
 
 
+def test_chat_logprobs_are_the_target_s_own(served, stock_tiny):
+    pair = stock_tiny
+    messages = [{"role": "user", "content": "Name a prime."}]
+    answer = served.openai.chat.completions.create(model="tiny", messages=messages, max_tokens=5, logprobs=True,
+                                                   top_logprobs=2, extra_body={"ignore_eos": True})
+    content = answer.choices[0].logprobs.content
+    rendered = pair.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prompt = pair.tokenizer.encode(rendered, add_special_tokens=False)
+    output = alone(served.engine, rendered, 5)
+    expected, table = direct_logprobs(pair, prompt + output)
+    assert len(content) == 5 and [c.logprob for c in content] == pytest.approx(expected[len(prompt) - 1:], abs=1e-4)
+    assert all(len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob >= c.logprob - 1e-6 for c in content)
+    assert "".join(c.token for c in content) == answer.choices[0].message.content
+    plain = served.openai.chat.completions.create(model="tiny", messages=messages, max_tokens=5)
+    assert plain.choices[0].logprobs is None  # (not asked: none)
+
+
 def test_bad_values_of_the_new_fields_are_one_line_400s_while_the_server_serves_on(served):
     bad = [{"prompt": PROMPT, "stop": [""]}, {"prompt": PROMPT, "stop": ["a"] * 17}, {"prompt": PROMPT, "stop": 5},
            {"prompt": PROMPT, "stop": "x" * 300}, {"prompt": PROMPT, "n": 17}, {"prompt": PROMPT, "n": True},
            {"prompt": PROMPT, "logprobs": 21}, {"prompt": PROMPT, "logprobs": -1}, {"prompt": PROMPT, "echo": "yes"},
            {"prompt": PROMPT, "logprobs": 1, "stream": True}, {"prompt": PROMPT, "max_tokens": 0},
            {"prompt": [[1], []]}, {"prompt": [PROMPT] * 65}, {"prompt": [[1, 2], "x"]},
-           ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "/v1/chat/completions")]
+           ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "/v1/chat/completions"),
+           ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "stream": True},
+            "/v1/chat/completions")]
     good = [{"prompt": [PROMPT, PROMPT + "1"], "max_tokens": 4, "stop": ["\n\n"], "n": 2, "temperature": 0.5}]
     results = {}
 

@@ -282,8 +282,9 @@ def bad_input_requests() -> dict[str, tuple[bytes, bool]]:
         "echo, max_tokens 0, 10^6 token ids": (http_request(json.dumps(
             {"prompt": [1] * 10 ** 6, "echo": True, "max_tokens": 0, "logprobs": 1})), False),
         "max_tokens 0 without echo": (http_request('{"prompt": "hi", "max_tokens": 0}'), False),
-        "chat logprobs": (http_request('{"messages": [{"role": "user", "content": "hi"}], "logprobs": true}',
-                                       path="/v1/chat/completions"), False),
+        "chat top_logprobs 10^9": (http_request(
+            '{"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 1000000000}',
+            path="/v1/chat/completions"), False),
         "/tokenize of 10^6 tokens": (http_request(json.dumps({"prompt": long_text}), path="/tokenize"), False),
         "/detokenize of ids outside the vocabulary": (http_request('{"tokens": [1000000000, 5]}',
                                                                    path="/detokenize"), False),

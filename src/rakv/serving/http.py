@@ -55,6 +55,7 @@ from rakv.serving.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
+    ChatLogprobs,
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
@@ -69,6 +70,8 @@ from rakv.serving.protocol import (
     SamplingFields,
     TokenizeRequest,
     TokenizeResponse,
+    TokenLogprob,
+    TopLogprob,
     Usage,
     VersionResponse,
     error_body,
@@ -370,6 +373,20 @@ class Api:
             offset += len(token)
         return out
 
+    def chat_logprobs(self, ids: list[int], scored: Scored, start: int) -> ChatLogprobs:
+        """OpenAI's chat logprobs of positions `start`.. of `ids` (the generated tokens)."""
+        decode = self.tokenizing.decode
+
+        def entry(token: int, logprob: float) -> TopLogprob:
+            text = decode([token])
+            return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode()))
+
+        content = []
+        for i in range(start, len(ids)):
+            own = entry(ids[i], scored.logprobs[i])
+            content.append(TokenLogprob(**own.model_dump(), top_logprobs=[entry(t, lp) for t, lp in scored.top[i]]))
+        return ChatLogprobs(content=content)
+
     async def echoed(self, body: CompletionRequest, prompts: list[list[int]], texts: list[str] | None):
         """max_tokens 0 with echo: each prompt's text (and with logprobs, its log-probabilities), n times."""
         scored = await self.scores(prompts, body.logprobs) if body.logprobs is not None else [None] * len(prompts)
@@ -388,9 +405,14 @@ class Api:
         n, usage = body.n, usage_of(served, prompts)
         outputs = [output_text(r.state, self.tokenizing.decode(r.state.tokens)) for r in served]
         if chat:
+            scored = [None] * len(served)
+            if body.logprobs:
+                scored = await self.scores([r.tokens for r in served], body.top_logprobs or 0)
             return ChatCompletionResponse(id=served[0].id, model=self.served_name, usage=usage, choices=[
                 ChatChoice(index=i, message=AssistantMessage(content=text), finish_reason=finish_reason(r),
-                           stop_reason=stop_reason(r)) for i, (r, text) in enumerate(zip(served, outputs))])
+                           stop_reason=stop_reason(r),
+                           logprobs=None if result is None else self.chat_logprobs(r.tokens, result, len(r.prompt)))
+                for i, (r, text, result) in enumerate(zip(served, outputs, scored))])
         scored = [None] * len(served)
         if body.logprobs is not None:
             scored = await self.scores([r.tokens for r in served], body.logprobs)

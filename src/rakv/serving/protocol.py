@@ -156,7 +156,16 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions: the messages, rendered by the model's chat template."""
 
-    unsupported: ClassVar[tuple[str, ...]] = (*UNSUPPORTED, "logprobs", "top_logprobs")
+    logprobs: StrictBool = False
+    top_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
+
+    @model_validator(mode="after")
+    def logprobs_whole(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        if self.stream and self.logprobs:
+            raise ValueError("logprobs are answered whole: not with stream")
+        return self
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: MaxTokens | None = None  # the older name; either one
@@ -247,10 +256,26 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    """OpenAI's chat logprobs: per generated token, its text, log-probability, UTF-8 bytes and top alternatives."""
+
+    content: list[TokenLogprob]
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: Literal["stop", "length", "abort"]
     stop_reason: str | None = None
 
@@ -326,9 +351,10 @@ FIELD_DOCS = {
              "the output ends where the first stop begins (excluded), checked as tokens are confirmed; "
              "finish_reason `stop`, `stop_reason` the string"),
     "ignore_eos": ("completions, chat", "boolean", "vLLM's extension: generate exactly `max_tokens`"),
-    "logprobs": ("completions", f"0 to {MAX_LOGPROBS}",
-                 "each token's log-probability under the target (one fp32 forward) and this many alternatives; "
-                 "not with `stream`"),
+    "logprobs": ("completions, chat", f"completions: 0 to {MAX_LOGPROBS}; chat: boolean",
+                 "each token's log-probability under the target (one fp32 forward) and (completions) this many "
+                 "alternatives; not with `stream`"),
+    "top_logprobs": ("chat", f"0 to {MAX_LOGPROBS}", "with `logprobs`: this many alternatives per token"),
     "echo": ("completions", "boolean", "the prompt's text before the output (with `logprobs`: its log-probabilities "
                                        "too, the first null); not with `stream`"),
     "add_special_tokens": ("tokenize", "boolean", "as vLLM's: default true for a prompt, false for messages"),
@@ -349,8 +375,7 @@ def honoured_fields() -> str:
     rows += [f"| `{name}` | {where} | {values} | {what} |" for name, (where, values, what) in FIELD_DOCS.items()
              if name in names]
     refused = ", ".join(f"`{name}`" for name in UNSUPPORTED)
-    return "\n".join(rows) + (f"\n\nRefused by name (400) rather than ignored: {refused}; on chat also `logprobs` and "
-                              "`top_logprobs`.")
+    return "\n".join(rows) + f"\n\nRefused by name (400) rather than ignored: {refused}."
 
 
 class ErrorInfo(BaseModel):
