@@ -6,7 +6,7 @@
 
 - `POST /v1/completions`, `POST /v1/chat/completions` (the model's chat template), streaming as server-sent events
   (`stream_options.include_usage` as OpenAI's); the bodies are rakv.serving.protocol's pydantic models.
-  Completions honour `stop`, a list of prompts, `n`, `echo` and `logprobs` (docs/serving.md lists every field).
+  Both honour `stop`, `n` and `logprobs`; completions also a list of prompts and `echo` (docs/serving.md lists them).
 - `GET /v1/models`, `GET /health` (200 while the engine runs; 503 draining or stopped), `GET /metrics`
   (Prometheus, vLLM's names: rakv.serving.prometheus), `POST /tokenize`, `POST /detokenize`, `GET /version`
   (vLLM's bodies), `GET /openapi.json`, `GET /docs`. With --api-key (or $RAKV_API_KEY), every /v1 route needs

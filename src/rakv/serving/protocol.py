@@ -5,7 +5,7 @@ extension), so that the official `openai` client and `vllm bench serve` drive th
 request is validated here, field by field and before anything is tokenised or reaches the engine: types are strict
 (no "5" for 5, no true for 1, no NaN or Infinity), every number is bounded (rakv.serving.http_options: the
 temperature, the seed's 64-bit range; `max_tokens` against the context in rakv.serving.http), and a feature this
-server does not implement (tools, logit_bias, penalties, chat's logprobs, ...) is refused by name instead of
+server does not implement (tools, logit_bias, penalties, suffix, ...) is refused by name instead of
 ignored. A violation is a 400 whose body is OpenAI's error shape (`ErrorResponse`) with a one-line message.
 docs/serving.md's table of honoured fields is generated from these models (`honoured_fields`).
 """
