@@ -75,7 +75,9 @@ def run_cost_side(cfg: DictConfig, feas: FeasibilitySection, layout: RunLayout, 
           f"twins of {', '.join(side.pairs)}", flush=True)
     plan = CalibrationPlan(prefill_lengths=tuple(side.calibration.prefill_lengths),
                            contexts=tuple(side.calibration.contexts), repeats=side.calibration.repeats,
-                           acceptance_prompts=0)  # random weights: their acceptance means nothing
+                           acceptance_prompts=0,  # random weights: their acceptance means nothing
+                           **({} if cfg.calibration.refuse_spread is None
+                              else {"refuse_spread": cfg.calibration.refuse_spread}))
     rows, controlled = [], []
     for pair in side.pairs:
         twin = Configuration(twin_of(pair), twin_of(pair), "draft")

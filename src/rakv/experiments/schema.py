@@ -169,6 +169,7 @@ class DatasetEntry:
 @dataclass
 class CalibrationOptions:
     recalibrate: str = MISSING  # auto, always or never
+    refuse_spread: float | None = None  # None: CalibrationPlan's own gate
 
 
 @dataclass
