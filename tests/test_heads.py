@@ -197,17 +197,19 @@ def test_the_stage_refuses_a_bad_override_with_one_line():
 
 # The distribution tests (tests/test_sampling_engine.py's design): at positions sampled after a rejection, the token's
 # marginal over many seeds is AR sampling's, under both verification rules; the positive control is a proposer that
-# samples from its heads but claims a point mass (hides its distribution from the verifier), which must be seen.
+# draws from its heads but tells the verifier another distribution (uniform, so nearly every candidate passes), whose
+# output follows the heads instead of the target, which must be seen. (Hiding the distribution, i.e. claiming a point
+# mass, would not do: verification against a point mass is exact whatever chose the candidate.)
 RUNS = 200
 NEW_TOKENS = 5
 POSITIONS = (2, 3, 4)
 SAMPLING = dict(temperature=0.6, top_p=1.0)  # (top-p: tests/test_sampling_engine.py; a sort per row here)
 
 
-class HidesItsDistribution(HeadsProposer):
+class MisstatesItsDistribution(HeadsProposer):
     def propose(self, context, k, sampling, generator):
-        tokens, _ = super().propose(context, k, sampling, generator)
-        return tokens, None
+        tokens, dists = super().propose(context, k, sampling, generator)
+        return tokens, (torch.full_like(dists, 1.0 / dists.shape[-1]) if dists is not None else None)
 
 
 def sampled(engine, k, make, verify="token", seed0=0):
@@ -241,10 +243,10 @@ def test_sampled_heads_follow_ar_sampling_after_rejections(engine, trained, ar_s
         assert two_sample_pvalue(ar_samples[:, position], spec[:, position]) > 0.001
 
 
-def test_the_distribution_test_sees_a_proposer_that_hides_its_distribution(engine, trained, ar_samples):
+def test_the_distribution_test_sees_a_proposer_that_misstates_its_distribution(engine, trained, ar_samples):
     from test_sampling_engine import two_sample_pvalue
 
-    wrong, _ = sampled(engine, 3, lambda: HidesItsDistribution(trained), seed0=20_000)
+    wrong, _ = sampled(engine, 3, lambda: MisstatesItsDistribution(trained), seed0=20_000)
     assert min(two_sample_pvalue(ar_samples[:, p], wrong[:, p]) for p in POSITIONS) < 1e-4
 
 
