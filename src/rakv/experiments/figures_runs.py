@@ -17,14 +17,15 @@ import pandas as pd
 from rakv.experiments import runcompare
 from rakv.experiments.figures import save, style
 from rakv.experiments.metadata import read_about
+from rakv.runtime.actions import JOINT_K4, KV_ONLY
 from rakv.runtime.run_layout import RunLayout
 
 FOREST = "headline_forest"
 # statistic shown -> (the summary's path to a [value, low, high] triple, its sign: +1 where positive means RAKV-ASD
 # or speculation is faster)
 STATISTICS = {
-    "RAKV-ASD vs Joint-k4": (("latency_reduction", "joint-k4"), 1),
-    "RAKV-ASD vs KV-only": (("latency_reduction", "kv-only"), 1),
+    "RAKV-ASD vs Joint-k4": (("latency_reduction", JOINT_K4), 1),
+    "RAKV-ASD vs KV-only": (("latency_reduction", KV_ONLY), 1),
 }
 REGIME = "best k>0 vs best k=0"
 

@@ -22,6 +22,7 @@ from rakv.experiments.prose import claim_of
 from rakv.experiments.replication import pooled_summary
 from rakv.experiments.summary import Summary
 from rakv.experiments.verdicts import Side, ci_side
+from rakv.runtime.actions import JOINT_K4
 from rakv.runtime.paths import ROOT, conf_file
 from rakv.runtime.run_layout import RunLayout
 
@@ -101,7 +102,7 @@ def joint_k4_of(folder: Path, configuration: str):
     summary predates today's record), None where absent."""
     data = json.loads(RunLayout.of(folder).summary.read_text())
     reductions = data.get("per_configuration", {}).get(configuration, {}).get("latency_reduction", {})
-    triple = reductions.get("joint-k4", reductions.get("joint_k4"))
+    triple = reductions.get(JOINT_K4, reductions.get(JOINT_K4.replace("-", "_")))
     return tuple(triple) if triple else None
 
 
