@@ -135,10 +135,12 @@ def test_compare_sharded_reports_a_differing_decision(tmp_path):
     import sys
 
     rows = [{"run_id": f"r{i}", "kind": "strategy", "action": "r1k2", "alpha_before": 0.5 + i / 100,
-             "alpha_after": 0.6, "calibration_digest": "abc", "host": "node1"} for i in range(3)]
+             "alpha_after": 0.6, "configuration": "tiny" if i else "tiny-lookup", "calibration_digest": f"abc{i > 0}",
+             "host": "node1"} for i in range(3)]
     rows.append({**rows[0], "run_id": "s0", "kind": "sweep", "action": "r0k0"})
     script = [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "compare_sharded.py"), "--compare"]
-    for name, changed in (("one", {}), ("same", {}), ("other", {"action": "r1k0"})):
+    for name, changed in (("one", {}), ("same", {}), ("other", {"action": "r1k0"}),
+                          ("table", {"calibration_digest": "abcother"})):
         frame = pd.DataFrame(rows)
         for column, value in changed.items():
             frame.loc[1, column] = value
@@ -148,6 +150,8 @@ def test_compare_sharded_reports_a_differing_decision(tmp_path):
     assert same.returncode == 0 and "3 of 3 rakv-asd decisions identical" in same.stdout, same.stdout + same.stderr
     other = subprocess.run([*script, tmp_path / "one", tmp_path / "other"], capture_output=True, text=True)
     assert other.returncode == 1 and "2 of 3" in other.stdout and "differs: r1" in other.stdout, other.stdout
+    table = subprocess.run([*script, tmp_path / "one", tmp_path / "table"], capture_output=True, text=True)
+    assert table.returncode == 1 and "3 of 3" in table.stdout and "no: tiny" in table.stdout, table.stdout
 
 
 def serving_cfg(*overrides):
