@@ -46,7 +46,9 @@ def _pins(lines):
 
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 EXTRAS = PROJECT["optional-dependencies"]
-TEST_TOOLS = {"pytest", "pytest-xdist", "hypothesis", "pypdf", "openai", "schemathesis", "locust", "ruff", "gevent",
+# pypdf is not among them: the paper stage's layout check reads type sizes and float pages with it
+# (rakv.experiments.pdf_layout), so it is a runtime dependency like pypdfium2.
+TEST_TOOLS = {"pytest", "pytest-xdist", "hypothesis", "openai", "schemathesis", "locust", "ruff", "gevent",
               "requests", "httpx", "pyyaml", "jupyterlab"}
 
 

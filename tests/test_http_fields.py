@@ -10,10 +10,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_http import PROMPT, Served, alone
 
 from rakv.runtime.decoding import DecodeState
 from rakv.serving.stops import StopState, first_stop, output_text, visible
-from tests.test_http import PROMPT, Served, alone
 
 # --- the stop check alone, on a fake tokenizer whose tokens are multi-character pieces ---
 

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from tests.test_http import Served, alone
+from test_http import Served, alone
 
 ROOT = Path(__file__).resolve().parents[1]
 LM_EVAL = ROOT / ".venv-lm-eval" / "bin" / "lm_eval"
