@@ -23,7 +23,7 @@ import time
 import numpy as np
 import torch
 
-from rakv.runtime.actions import Action
+from rakv.runtime.actions import Action, spec
 from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.decoding import crop_cache, forward
 from rakv.runtime.engine import Engine
@@ -113,16 +113,16 @@ def main() -> None:
     speedup, draft_speedup, ratios = [], [], []
     for ids in prompts:
         ar = engine.run(ids, Action(False, 0), args.new_tokens, ignore_eos=True)
-        spec = engine.run(ids, Action(False, k), args.new_tokens, ignore_eos=True, proposer=HeadsProposer(heads))
-        if spec.token_ids != ar.token_ids:
+        guessed = engine.run(ids, Action(False, k), args.new_tokens, ignore_eos=True, proposer=HeadsProposer(heads))
+        if guessed.token_ids != ar.token_ids:
             raise RakvError("the heads changed a greedy output: a bug")
         for i, (hits, total) in enumerate(agreement(pair, heads, ids, ar.token_ids)):
             per_head[i].append(hits / max(total, 1))
-        for proposed, accepted in spec.round_log:
+        for proposed, accepted in guessed.round_log:
             for i in range(min(proposed, accepted + 1)):
                 reached[i] += 1
                 passed[i] += i < accepted
-        speedup.append(ar.latency_s / spec.latency_s)
+        speedup.append(ar.latency_s / guessed.latency_s)
         if args.draft:
             draft = engine.run(ids, Action(False, k), args.new_tokens, ignore_eos=True)
             draft_speedup.append(ar.latency_s / draft.latency_s)
@@ -136,9 +136,9 @@ def main() -> None:
     print("  acceptance by position in spec-k rounds (accepted / reached): "
           + ", ".join(f"{i + 1}: {passed[i] / max(reached[i], 1):.3f} ({int(reached[i])})" for i in range(k)))
     print(f"  proposal ({k} candidates) / target step, median per prompt: {shown(bootstrap(ratios, np.median), 4)}")
-    print(f"  speedup over AR, heads spec-k{k}: {shown(bootstrap(speedup))}")
+    print(f"  speedup over AR, heads {spec(k)}: {shown(bootstrap(speedup))}")
     if draft_speedup:
-        print(f"  speedup over AR, int8 self-draft spec-k{k}: {shown(bootstrap(draft_speedup))}")
+        print(f"  speedup over AR, int8 self-draft {spec(k)}: {shown(bootstrap(draft_speedup))}")
         print(f"  heads / self-draft speed: {shown(bootstrap(np.asarray(speedup) / np.asarray(draft_speedup)))}")
 
 
