@@ -217,3 +217,40 @@ def test_every_float_of_the_built_paper_stands_near_its_first_reference():
     assert layout.floats, "layout.json has no floats: rebuild the paper stage"
     far = [f for f in layout.floats if f.distance() is None or f.distance() > MAX_FLOAT_DISTANCE]
     assert not far, f"floats more than {MAX_FLOAT_DISTANCE} pages from their first reference: {far}"
+
+
+def test_a_regime_point_is_labelled_by_what_its_run_measured(tmp_path):
+    """Figure fig:regime and its text: where the cost model finds no k that pays, the label says what the run
+    measured (read from the points), and the within-run band comes from the run's own calibrations."""
+    import pandas as pd
+
+    from rakv.experiments.figures import calibration_band, regime_map
+    from rakv.experiments.prose_machines import measured_faster
+
+    points = pd.DataFrame({"machine": ["a", "a", "a", "b"], "pair": ["t-draft", "t-lookup", "twin", "t-draft"],
+                           "context": 144.0, "draft_ratio": [0.3, 0.02, 0.5, 0.3],
+                           "verify4_ratio": [1.11, 1.47, 1.9, 1.3], "crossover": [0.6, 0.1, 0.8, float("nan")],
+                           "crossover_k": [2, 1, 2, None], "measured_alpha": [0.9, 0.5, float("nan"), 0.9],
+                           "faster_scenarios": [40, 40, None, 27], "scenarios": [40, 40, None, 40]})
+    assert calibration_band(points) == (1.11, 1.47)  # the twin (not run by the study) is outside the band
+    assert calibration_band(points[points.pair != "t-lookup"]) is None  # control: one calibration, no band
+    row = next(points[points.machine == "b"].itertuples())
+    assert measured_faster(row) == (", yet that run measured the best $k>0$ faster than the best $k=0$ in 27 of 40 "
+                                    "scenarios")
+    assert measured_faster(next(points[points.pair == "twin"].itertuples())) == ""  # control: not measured
+    assert regime_map(points, tmp_path)[0].exists()
+
+
+def test_the_machines_table_carries_the_measured_regime_and_the_band():
+    """Table tab:machines, from the shipped runs: each pair's measured count of scenarios where the best k>0 won
+    equals its summary's, and the band's ends are this run's two calibrations."""
+    from rakv.experiments import analysis
+    from rakv.experiments.prose_machines import across_machines, calibration_band
+
+    results = REFERENCE.root
+    text = across_machines(results)
+    points = analysis.regime_points(analysis.regime_folders(results))
+    low, high = calibration_band(results)
+    assert f"{low:.2f}--{high:.2f}" in text
+    for p in points.dropna(subset=["faster_scenarios"]).itertuples():
+        assert f"{int(p.faster_scenarios)}/{int(p.scenarios)}" in text

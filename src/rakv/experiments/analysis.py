@@ -103,7 +103,9 @@ def regime_points(folders: dict[str, Path]) -> pd.DataFrame:
     """The regime map's points: per results folder (`folders`: machine label -> folder, this run's and the shipped
     runs of other machines) and calibrated pair, the draft step's and the verify of k + 1 = 5 tokens' prices in
     target steps, the pair's crossover (least break-even alpha over k, the full cost model at `cost_request`) and
-    the acceptance the study measured for it (mean over datasets; none for the twins, whose weights are random)."""
+    the acceptance the study measured for it (mean over datasets; none for the twins, whose weights are random), and
+    in how many of its scenarios the study measured the best k>0 faster than the best k=0 (faster_scenarios of
+    scenarios; none for the twins)."""
     from rakv.experiments.config import configuration
     from rakv.experiments.summary import read_summary
 
@@ -112,6 +114,12 @@ def regime_points(folders: dict[str, Path]) -> pd.DataFrame:
         context = price_context(folder)
         summary = read_summary(folder)
         measured: dict[str, list[float]] = {}
+        faster: dict[str, tuple[int, int]] = {}  # pair -> (scenarios where the best k>0 beat the best k=0, scenarios)
+        for name, stats in summary.per_configuration.items():
+            share = stats.spec_slowdown.share_slower
+            if share is not None and stats.scenarios:
+                chosen = configuration(name)
+                faster[f"{chosen.pair}-{chosen.proposer}"] = (round((1 - share) * stats.scenarios), stats.scenarios)
         for row in summary.acceptance:
             chosen = configuration(row.configuration)
             if row.acceptance is not None:
@@ -128,7 +136,9 @@ def regime_points(folders: dict[str, Path]) -> pd.DataFrame:
                          else float("nan"),
                          "crossover": float("nan") if least is None else float(least.break_even_alpha),
                          "crossover_k": None if least is None else int(least.k),
-                         "measured_alpha": float(sum(alphas) / len(alphas)) if alphas else float("nan")})
+                         "measured_alpha": float(sum(alphas) / len(alphas)) if alphas else float("nan"),
+                         "faster_scenarios": faster.get(pair, (None, None))[0],
+                         "scenarios": faster.get(pair, (None, None))[1]})
     return pd.DataFrame(rows)
 
 

@@ -290,34 +290,60 @@ def feasibility_gap(gap: pd.DataFrame | None, feas: Feasibility, out_dir: Path):
 REFERENCE_CROSSOVER = (0.894, 0.973)  # the reference's crossover acceptance over its settings (claims.REFERENCE)
 
 
+def calibration_band(points: pd.DataFrame) -> tuple[float, float] | None:
+    """The within-run band of verify-4 / step: on the first machine of `points` (this run), the spread of that price
+    over the calibrations of the pairs the study ran (one target, calibrated once per configuration); None without
+    two such calibrations. A difference between machines inside it is not the machine's."""
+    if points.empty or "faster_scenarios" not in points:
+        return None
+    first = points[(points.machine == points.machine.iloc[0]) & points.faster_scenarios.notna()]
+    verify = first.verify4_ratio.dropna()
+    return (float(verify.min()), float(verify.max())) if len(verify) >= 2 else None
+
+
 def regime_map(points: pd.DataFrame, out_dir: Path):
     """The regime map: break-even acceptance over the draft step's price (in target steps). Lines: the decode
     part's break-even (rakv.runtime.costmodel.decode_break_even, least over k) at a few prices of verifying 5 tokens,
-    a verify of k + 1 read linearly between 1 step at k = 0 and that price; band: the reference's crossover range
+    a verify of k + 1 read linearly between 1 step at k = 0 and that price; hatched: the same break-even over this
+    run's within-run calibration band of that price (`calibration_band`); band: the reference's crossover range
     over its settings. Points: every calibrated pair on every machine at its own draft price and its crossover from
     the full cost model (least over k; the draft's prefill and the copies included, so a point lies above its
-    verify price's line), drawn at the top where no k pays; stars: the acceptance the study measured for the pair
-    on that machine. Speculation pays where a star lies above its pair's point.
+    verify price's line), drawn at the top where the model finds no k that pays at that request; stars: the
+    acceptance the study measured for the pair on that machine. Each point the study ran is labelled with what it
+    measured: in how many scenarios the best k>0 was faster than the best k=0. Speculation pays where a star lies
+    above its pair's point.
 
     `points`: rakv.experiments.analysis.regime_points (machine, pair, draft_ratio, verify4_ratio, crossover,
-    measured_alpha)."""
+    measured_alpha, faster_scenarios, scenarios)."""
     from rakv.runtime.costmodel import decode_break_even
+
+    def decode_line(verify: float) -> list[float]:
+        alpha = [decode_break_even(c, {k: 1 + (verify - 1) * k / 4 for k in SPEC_K})[0] for c in draft]
+        return [np.nan if a is None else a for a in alpha]
 
     fig, ax = plt.subplots(figsize=(9.0, 4.6))
     ax.axhspan(*REFERENCE_CROSSOVER, color="grey", alpha=0.25, label="reference's crossover range")
     draft = np.linspace(0.0, 0.8, 161)
     for verify, style in zip((1.0, 1.2, 1.4), ("solid", "dashed", "dotted")):
-        alpha = [decode_break_even(c, {k: 1 + (verify - 1) * k / 4 for k in SPEC_K})[0] for c in draft]
-        ax.plot(draft, [np.nan if a is None else a for a in alpha], color="black", linewidth=0.8, linestyle=style,
+        ax.plot(draft, decode_line(verify), color="black", linewidth=0.8, linestyle=style,
                 label=f"decode part, verify of 5 = {verify:g} steps")
+    band = calibration_band(points)
+    if band is not None:
+        ax.fill_between(draft, decode_line(band[0]), decode_line(band[1]), facecolor="none", edgecolor="C3",
+                        hatch="///", linewidth=0.0, label=f"decode part over this run's calibrations\n"
+                                                          f"(verify of 5 = {band[0]:.2f}-{band[1]:.2f} steps)")
     machines = list(dict.fromkeys(points.machine))
     markers = dict(zip(machines, ("o", "s", "D", "^", "v")))
     pairs = list(dict.fromkeys(points.pair))
     colours = dict(zip(pairs, sns.color_palette("colorblind", len(pairs))))
+    top = 1.04  # where a point goes when the cost model finds no k that pays at the request
     for row in points.itertuples():
-        y = row.crossover if np.isfinite(row.crossover) else 1.04  # no k pays at this request
+        y = row.crossover if np.isfinite(row.crossover) else top
         ax.scatter(row.draft_ratio, y, marker=markers[row.machine], color=colours[row.pair], edgecolor="black",
                    s=50, zorder=3)
+        if not np.isfinite(row.crossover) and pd.notna(getattr(row, "faster_scenarios", None)):
+            ax.annotate(f"measured: k>0 faster in {int(row.faster_scenarios)}/{int(row.scenarios)}",
+                        (row.draft_ratio, y), xytext=(8, 0), textcoords="offset points", fontsize=7, va="center")
         if np.isfinite(row.measured_alpha):
             ax.scatter(row.draft_ratio, row.measured_alpha, marker="*", color=colours[row.pair], edgecolor="black",
                        s=110, zorder=4)
@@ -327,7 +353,7 @@ def regime_map(points: pd.DataFrame, out_dir: Path):
         ax.scatter([], [], marker=markers[machine], color="white", edgecolor="black", label=machine)
     ax.scatter([], [], marker="*", color="white", edgecolor="black", s=110, label="acceptance measured in the study")
     ax.axhline(1.0, color="grey", linewidth=0.5)
-    ax.text(0.79, 1.045, "no k pays", fontsize=7, ha="right", va="center")
+    ax.text(0.79, top + 0.005, "cost model: no k pays at this request", fontsize=7, ha="right", va="bottom")
     ax.set(xlabel="draft step / target step", ylabel="acceptance (crossover or measured)", xlim=(-0.02, 0.8),
            ylim=(-0.02, 1.08))
     legend_beside(ax)

@@ -156,37 +156,71 @@ def machine_prices_sentence(labels: dict) -> str:
             "calibration (" + "; ".join(prices) + "). " + calibration_band_sentence(next(iter(labels), None)))
 
 
+def calibration_band(folder: Path | None) -> tuple[float, float] | None:
+    """The within-run band of verify-4 / step in `folder`'s run: the least and the largest over its calibrations of
+    the one target (once per configuration); None without two calibrations."""
+    costs = machine_costs(folder) if folder is not None else {}
+    verify = sorted(c["verify4"] for c in costs.values())
+    return (verify[0], verify[-1]) if len(verify) >= 2 else None
+
+
 def calibration_band_sentence(folder: Path | None) -> str:
     """The within-run band of a price: one run calibrates the same target once per configuration, so the spread of
     its verify-4 / step over those calibrations is what a difference between machines must exceed to be the
     machine's ("" without two calibrations)."""
-    costs = machine_costs(folder) if folder is not None else {}
-    verify = sorted(c["verify4"] for c in costs.values())
-    if len(verify) < 2:
+    band = calibration_band(folder)
+    if band is None:
         return ""
     return (f"Within one run the same target is calibrated once per configuration, and in the first run listed those "
-            f"calibrations put verifying four candidates at {num(verify[0], 2)} and {num(verify[-1], 2)} decode "
-            f"steps: a difference between machines inside that band of {num(verify[-1] - verify[0], 2)} is not the "
+            f"calibrations put verifying four candidates at {num(band[0], 2)} and {num(band[1], 2)} decode "
+            f"steps: a difference between machines inside that band of {num(band[1] - band[0], 2)} is not the "
             "machine's.")
 
 
+def faster_by_pair(folder: Path) -> dict[str, str]:
+    """Per calibrated pair a run's study measured: in how many scenarios the best k>0 beat the best k=0 ("n/N")."""
+    from rakv.experiments.config import configuration
+    from rakv.experiments.summary import read_summary
+
+    out = {}
+    for name, stats in read_summary(folder).per_configuration.items():
+        share = stats.spec_slowdown.share_slower
+        if share is not None and stats.scenarios:
+            chosen = configuration(name)
+            out[f"{chosen.pair}-{chosen.proposer}"] = f"{round((1 - share) * stats.scenarios)}/{stats.scenarios}"
+    return out
+
+
 def machines_table(labels: dict, context_run: Path) -> str:
-    """Table tab:machines: each run's machine, commit and kernels, and its calibrated prices at the context length
-    the regime is read at."""
+    """Table tab:machines: each run's machine, commit and kernels, its calibrated prices at the context length the
+    regime is read at, and in how many scenarios it measured speculation (the best k>0) faster than the best k=0; a
+    verify-4 / step inside the first run's within-run calibration band (`calibration_band`) is marked."""
+    first = next(iter(labels), None)
+    band = calibration_band(first)
     rows = []
     for p, label in labels.items():
         commit, kernels = (runcompare.commit_of(p) or "")[:7], kernels_of(p) or "--"
+        faster = faster_by_pair(p)
         for name, cost in machine_costs(p).items():
+            inside = (band is not None and p != first
+                      and round(band[0], 2) <= round(cost["verify4"], 2) <= round(band[1], 2))
+            mark = "$^\\dagger$" if inside else ""
             rows.append(f"{label} & \\texttt{{{commit}}} & \\texttt{{{tex_escape(kernels)}}} & "
                         f"\\texttt{{{tex_escape(name)}}} & {num(cost['step_ms'], 1)} & "
-                        f"{num(cost['verify4'], 2)} & {num(cost['draft'], 2)} \\\\")
+                        f"{num(cost['verify4'], 2)}{mark} & {num(cost['draft'], 2)} & "
+                        f"{faster.get(name, '--')} \\\\")
+    band_words = ("" if band is None else
+                  f" $\\dagger$: inside the within-run band, {num(band[0], 2)}--{num(band[1], 2)}, that the first "
+                  "run's calibrations of the same target span, so not told from it.")
     table = ["\\begin{rakvtable}\\centering\\scriptsize",
              f"\\caption{{\\label{{tab:machines}}Each run's machine, commit and kernels (their source's hash: one "
              f"hash, one batch-one engine), and its calibrated prices at {analysis.price_context(context_run):g} "
              "positions of context: the target's decode step, verifying $k=4$ candidates and one draft step, the "
-             "last two relative to the decode step.}",
-             "\\fittable{\\begin{tabular}{lllrrrr}", "\\toprule",
-             "Run & Commit & Kernels & Pair & Decode step (ms) & Verify 4 / step & Draft step / step \\\\",
+             "last two relative to the decode step; last column: the scenarios in which the run measured the best "
+             f"$k>0$ faster than the best $k=0$.{band_words}}}",
+             "\\fittable{\\begin{tabular}{lllrrrrr}", "\\toprule",
+             "Run & Commit & Kernels & Pair & Decode step (ms) & Verify 4 / step & Draft step / step & $k>0$ faster "
+             "\\\\",
              "\\midrule", *rows, "\\bottomrule", "\\end{tabular}}", "\\end{rakvtable}"]
     return "\n".join(table) + "\n"
 
@@ -447,6 +481,15 @@ def zero_crossover_note(name: str, results: Path) -> str | None:
             "calibrated lengths interpolated between their measured points), not of acceptance.")
 
 
+def measured_faster(point) -> str:
+    """What a run measured beside a regime point (rakv.experiments.analysis.regime_points' row) whose cost model
+    finds no k that pays: ", yet that run measured the best k>0 faster in n of N scenarios" ("" if not measured)."""
+    if pd.isna(getattr(point, "faster_scenarios", None)):
+        return ""
+    return (f", yet that run measured the best $k>0$ faster than the best $k=0$ in {int(point.faster_scenarios)} "
+            f"of {int(point.scenarios)} scenarios")
+
+
 def pair_price_sentences(summary: Summary, name: str, points: pd.DataFrame, own) -> list[str]:
     """Configuration `name`'s pair in this run's prices (`points`: that pair's regime points, `own` this run's
     machine): its crossover, the measured acceptance against the break-even, and the crossover on other machines."""
@@ -469,8 +512,9 @@ def pair_price_sentences(summary: Summary, name: str, points: pd.DataFrame, own)
             text.append("The same pair's crossover on the other machines: " + "; ".join(
                 f"{tex_escape(r.machine)}: {num(r.crossover)} (draft {num(r.draft_ratio, 2)}, verify of 5 "
                 f"{num(r.verify4_ratio, 2)} steps)" if pd.notna(r.crossover) else
-                f"{tex_escape(r.machine)}: no $k$ pays (draft {num(r.draft_ratio, 2)}, verify of 5 "
-                f"{num(r.verify4_ratio, 2)} steps)" for r in others.itertuples()) + ".")
+                f"{tex_escape(r.machine)}: no $k$ pays for that request in the cost model (draft "
+                f"{num(r.draft_ratio, 2)}, verify of 5 {num(r.verify4_ratio, 2)} steps)" + measured_faster(r)
+                for r in others.itertuples()) + ".")
     return text
 
 
