@@ -238,6 +238,11 @@ JSON_PARSING = {
     "scripts/compare_served.py": "compares two versions' requests.jsonl / iterations.jsonl key by key, as written",
     "scripts/tune_vllm.py": "--hand: a schedule given on the command line as JSON",
     "scripts/locustfile_http.py": "the prompts file (a JSON list, input data)",
+    "src/rakv/bench/llama_cpp.py": "the llama.cpp peer's child process, in another venv without rakv: JSON in and out",
+    "scripts/compare_lm_eval.py": "lm-evaluation-harness's own output files (another program's)",
+    # shipped runs of earlier engines, whose summary.json predates today's Summary record: read field by field
+    "src/rakv/experiments/figures_runs.py": "earlier engines' summary.json (before today's Summary record)",
+    "src/rakv/experiments/prose_abstract.py": "earlier engines' summary.json (before today's Summary record)",
 }
 
 
@@ -300,6 +305,7 @@ DICT_RETURNS = {
     "experiments/sensitivity.py:replay_rows": "pandas-ready rows (the sensitivity stage's tables)",
     "experiments/serving.py:cells": "the serving design's cells as the Hydra config names them",
     "experiments/serving.py:run_order": "the serving design's cells as the Hydra config names them, by repeat",
+    "experiments/serving.py:shard_of_runs": "the serving design's cells as the Hydra config names them, by repeat",
     "experiments/serving_runs.py:StudyRunSummary.to_json": "JSON of a record (a study run's summary.json)",
     "experiments/serving_runs.py:StudyRunSummary.row": "a pandas-ready row (cells.parquet)",
     "experiments/serving_stats.py:judged_by": "the serving design's Hydra sections a run is judged by",

@@ -499,10 +499,9 @@ def precision_peer(options: EngineBenchOptions, thread_counts=(1, 2)) -> Precisi
                                                            options.new_tokens, options.repeats)
             ours[p] = (decode, prefill)
             sides.append(PrecisionSide("ours", p, threads, decode, prefill, decode / floors[p].floor_ms))
-            steps = {who: step_ms(model, device, context, (1,), options.repeats)[1]
-                     for who, model in (("target", pair.target.module), ("draft", pair.draft.module))}
-            drafts.append(PrecisionDraft(p, threads, steps["target"], steps["draft"],
-                                         steps["draft"] / steps["target"]))
+            target_ms, draft_ms = (step_ms(model, device, context, (1,), options.repeats)[1]
+                                   for model in (pair.target.module, pair.draft.module))
+            drafts.append(PrecisionDraft(p, threads, target_ms, draft_ms, draft_ms / target_ms))
         if python is None:
             continue
         q4 = smollm2_gguf_path()

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from rakv.experiments.records import write_atomic
 from rakv.experiments.schema import ConfigurationEntry, StudySection, one_line, section
 from rakv.runtime.actions import ADAPTIVE, spec
-from rakv.runtime.calibration import CalibrationPlan, calibration_for, calibration_prompts, load_or_calibrate
+from rakv.runtime.calibration import CalibrationPlan, calibration_prompts, load_or_calibrate
 from rakv.runtime.controller import ControllerConfig
 from rakv.runtime.costmodel import CostTable
 from rakv.runtime.engine import Engine
@@ -99,12 +99,16 @@ def engine_for(cfg: DictConfig, configuration: Configuration) -> Engine:
 def cost_table_for(cfg: DictConfig, engine: Engine) -> CostTable:
     """The calibration of this configuration on this machine (measured now if missing or stale), with a copy
     in the results folder."""
-    spread, recalibrate = cfg.calibration.refuse_spread, cfg.calibration.recalibrate
-    if spread is None:
-        return keep_calibration(cfg, engine, calibration_for(engine, recalibrate))
-    plan = CalibrationPlan(refuse_spread=spread)  # a noise gate set in the config (a test fixture's, say)
     return keep_calibration(cfg, engine, load_or_calibrate(engine, calibration_prompts(engine.encode),
-                                                           recalibrate=recalibrate, plan=plan))
+                                                           recalibrate=cfg.calibration.recalibrate,
+                                                           plan=noise_gate(cfg)))
+
+
+def noise_gate(cfg: DictConfig) -> CalibrationPlan:
+    """The calibrations' noise gate: CalibrationPlan's, or one set in the config (`calibration.refuse_spread`: a
+    test fixture on a machine its own workers load opens it for itself, explicitly)."""
+    spread = cfg.calibration.refuse_spread
+    return CalibrationPlan() if spread is None else CalibrationPlan(refuse_spread=spread)
 
 
 def keep_calibration(cfg: DictConfig, engine: Engine, table: CostTable) -> CostTable:

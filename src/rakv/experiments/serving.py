@@ -48,7 +48,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from rakv.experiments.calibrations import shared_table
-from rakv.experiments.config import configuration, cost_table_for, engine_for, run_layout
+from rakv.experiments.config import configuration, cost_table_for, engine_for, noise_gate, run_layout
 from rakv.experiments.metadata import serving_metadata, write_serving_metadata
 from rakv.experiments.records import exclusive, write_atomic, write_parquet
 from rakv.experiments.schema import ServingSection, ShardOptions, section
@@ -61,7 +61,7 @@ from rakv.runtime.json_records import read_record, to_json
 from rakv.runtime.proposers import Proposer
 from rakv.runtime.run_layout import ServedRunLayout, ServingStudyLayout
 from rakv.runtime.workloads import dataset_texts
-from rakv.serving.batchcost import BatchCost, batch_cost_key, load_or_calibrate_batch
+from rakv.serving.batchcost import BatchCost, batch_cost_key, load_or_calibrate_batch, read_batch_cost
 from rakv.serving.records import RequestRecord, read_iterations, read_records
 from rakv.serving.replay import lookup_rounds, outputs_alone
 from rakv.serving.server import CONF_FIELDS, ServeOptions, serve, serve_parts
@@ -231,7 +231,7 @@ def calibrate_serving(cfg: DictConfig) -> None:
     for name in serving_configurations(cfg):
         engine = engine_for(cfg, configuration(name))
         cost_table_for(cfg, engine)
-        batch_cost = load_or_calibrate_batch(engine, recalibrate=cfg.calibration.recalibrate)
+        batch_cost = load_or_calibrate_batch(engine, recalibrate=cfg.calibration.recalibrate, noise=noise_gate(cfg))
         write_atomic(out.batch_cost(name), json.dumps(batch_cost.to_json(), indent=1))
         print(f"calibration {name} (serving): batch cost table, one-request decode step "
               f"{decode_step_s(batch_cost) * 1e3:.1f} ms", flush=True)
@@ -243,7 +243,7 @@ def shared_batch_cost(out: ServingStudyLayout, name: str, engine) -> BatchCost:
     if not path.exists():
         raise RakvError(f"{path} is missing: sharded serving jobs read the calibration tables and never write them; "
                         "run the calibration job first (scripts/run_stage.py calibrate with the same overrides)")
-    table = BatchCost.from_json(json.loads(path.read_text()))
+    table = read_batch_cost(path)
     key = batch_cost_key(engine)
     differs = [name for name in ("pair", "proposer", "method") if table.key.get(name) != key[name]]
     if differs:
@@ -297,7 +297,7 @@ def _setup(cfg: DictConfig, out: ServingStudyLayout, name: str, shared: bool = F
         table, batch_cost = shared_table(cfg.results_dir, engine), shared_batch_cost(out, name, engine)
         return Served(engine, table, batch_cost, slos_of(cfg, decode_step_s(batch_cost)))
     table = _study_table(cfg, engine)
-    batch_cost = load_or_calibrate_batch(engine, recalibrate=cfg.calibration.recalibrate)
+    batch_cost = load_or_calibrate_batch(engine, recalibrate=cfg.calibration.recalibrate, noise=noise_gate(cfg))
     write_atomic(out.batch_cost(name), json.dumps(batch_cost.to_json(), indent=1))
     return Served(engine, table, batch_cost, slos_of(cfg, decode_step_s(batch_cost)))
 

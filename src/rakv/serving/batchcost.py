@@ -243,24 +243,29 @@ def batch_cost_path(key: dict) -> Path:
     return calibration_dir() / f"{key['pair']['pair']}-{key['proposer']}-batch-{key_digest(key)}.json"
 
 
+def read_batch_cost(path: Path) -> BatchCost:
+    """A kept batch cost table (a one-line error when unreadable)."""
+    try:
+        return BatchCost.from_json(json.loads(Path(path).read_text()))
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise RakvError(f"cannot read batch cost table {path}: {exc}") from None
+
+
 def load_or_calibrate_batch(engine, *, recalibrate: str = "auto", plan: BatchPlan = BatchPlan(),
-                            progress: bool = True) -> BatchCost:
+                            progress: bool = True, noise: CalibrationPlan = CalibrationPlan()) -> BatchCost:
     """The batch cost table for this pair, proposer and machine (the calibration folder); measured when missing
-    or stale. recalibrate: auto, always, never (a one-line error instead)."""
+    or stale, under the noise gate `noise`. recalibrate: auto, always, never (a one-line error instead)."""
     key = batch_cost_key(engine)
     path = batch_cost_path(key)
     if recalibrate != "always" and path.exists():
-        try:
-            table = BatchCost.from_json(json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            raise RakvError(f"cannot read batch cost table {path}: {exc}") from None
+        table = read_batch_cost(path)
         if table.key == key:
             return table
         if recalibrate == "never":
             raise RakvError(f"batch cost table {path} was measured for another pair, proposer or machine")
     elif recalibrate == "never":
         raise RakvError(f"no batch cost table for {engine.pair.name}/{engine.proposer} on this machine ({path})")
-    table = calibrate_batch(engine, plan, progress=progress)
+    table = calibrate_batch(engine, plan, progress=progress, noise=noise)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(table.to_json(), indent=1))
     tmp.replace(path)
