@@ -8,10 +8,15 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.rakv-installed
-want=$(cat pyproject.toml requirements-nodeps.txt | sha256sum | cut -d' ' -f1)
+want=$( (cat pyproject.toml requirements-nodeps.txt requirements-lock.txt; echo "locked=${RAKV_LOCKED:-0}") | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "setup: installing rakv and its pinned dependencies into .venv (first time: a few minutes)"
     .venv/bin/python -m pip install --quiet --upgrade pip
+    if [ "${RAKV_LOCKED:-0}" = 1 ]; then
+        # the exact files of requirements-lock.txt (scripts/write_lock.py), each checked against its sha256
+        .venv/bin/python -m pip install --quiet --require-hashes --no-deps -r requirements-lock.txt
+        .venv/bin/python -m pip install --quiet --no-deps -e .
+    fi
     # torch's CPU build on a machine without CUDA (PyPI's Linux x86-64 wheel of the pin is the multi-GB CUDA one);
     # a torch already installed that meets the pin is kept
     if ! .venv/bin/python -c "import torch" 2>/dev/null && ! command -v nvidia-smi >/dev/null 2>&1; then

@@ -127,3 +127,39 @@ def test_the_import_check_fails_on_an_undeclared_package():
     assert declared_for("numpy", PROJECT["dependencies"])
     assert not declared_for("numpy", EXTRAS["test"])
     assert not declared_for("pytest", PROJECT["dependencies"])
+
+
+def lock_disagreements(lock_text: str, pins: list[str]) -> list[str]:
+    """Each pin of pyproject.toml that requirements-lock.txt lacks or locks at another version (a local version
+    label such as torch's +cpu aside), and each lock line without a sha256."""
+    locked = {}
+    problems = []
+    for line in lock_text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        requirement, _, hashes = line.partition(" --hash=sha256:")
+        if len(hashes.strip()) != 64:
+            problems.append(f"{requirement}: no sha256")
+        name, _, version = requirement.partition("==")
+        locked[_name(name)] = version.split("+")[0]
+    for pin in pins:
+        name, _, version = pin.partition("==")
+        if locked.get(_name(name)) != version.strip():
+            problems.append(f"{pin}: locked at {locked.get(_name(name))}")
+    return problems
+
+
+def test_the_lock_file_locks_every_pin_with_its_hash():
+    """requirements-lock.txt (scripts/write_lock.py) holds every pin of pyproject.toml, dependencies and the test and
+    dev extras, at the pinned version, each with a sha256: regenerate it when a pin changes."""
+    pins = [p.split(";")[0] for p in PROJECT["dependencies"] + EXTRAS["test"] + EXTRAS["dev"]]
+    assert not lock_disagreements((ROOT / "requirements-lock.txt").read_text(), pins)
+
+
+def test_the_lock_check_fails_on_a_stale_or_unhashed_lock():
+    """Positive control: a pin locked at another version, a missing pin and a line without a hash are caught."""
+    good = "numpy==2.4.6 --hash=sha256:" + "0" * 64 + "\ntorch==2.13.0+cpu --hash=sha256:" + "1" * 64 + "\n"
+    assert not lock_disagreements(good, ["numpy==2.4.6", "torch==2.13.0"])
+    assert lock_disagreements(good.replace("2.4.6", "2.4.5"), ["numpy==2.4.6"])
+    assert lock_disagreements(good, ["scipy==1.17.1"])
+    assert lock_disagreements("numpy==2.4.6\n", ["numpy==2.4.6"])
