@@ -254,3 +254,36 @@ def test_the_machines_table_carries_the_measured_regime_and_the_band():
     assert f"{low:.2f}--{high:.2f}" in text
     for p in points.dropna(subset=["faster_scenarios"]).itertuples():
         assert f"{int(p.faster_scenarios)}/{int(p.scenarios)}" in text
+
+
+def test_the_page_fill_check_finds_a_near_empty_page_and_exempts_a_sections_last(tmp_path):
+    """Positive control: a page with one line at its top is under a third full and flagged; the same page before
+    a page whose outline entry (a heading) stands at the text area's top ends a section and is exempt, as is the
+    last page; a page with text at its top and its bottom is full."""
+    from pypdf import PdfWriter
+    from pypdf.generic import Fit
+
+    from rakv.experiments.pdf_layout import PdfLayout, page_fill, text_margin_pt
+
+    line = "BT /F1 10 Tf 72 720 Td (one line at the top) Tj ET"
+    plain = crafted_pdf(tmp_path / "plain.pdf", [(line + " BT /F1 10 Tf 72 80 Td (and one at the bottom) Tj ET", []),
+                                                 (line, []), (line, []), (line, [])], {})
+    writer = PdfWriter(clone_from=plain)
+    writer.add_outline_item("A heading", 3, fit=Fit.xyz(left=72, top=792 - text_margin_pt(), zoom=0))
+    headed = tmp_path / "headed.pdf"
+    writer.write(headed)
+    fills = page_fill(plain)
+    assert fills[0].fill > 0.9 and fills[1].fill < 0.1
+    assert [p.page for p in PdfLayout([], [], page_fill=fills).sparse_pages()] == [2, 3]
+    assert [p.ends_section for p in page_fill(headed)] == [False, False, True, True]
+    assert [p.page for p in PdfLayout([], [], page_fill=page_fill(headed)).sparse_pages()] == [2]
+
+
+def test_no_page_of_the_built_paper_is_under_a_third_full_unless_it_ends_a_section():
+    from rakv.experiments.pdf_layout import MIN_PAGE_FILL, read_pdf_layout
+
+    layout = read_pdf_layout(LAYOUT)
+    assert layout.page_fill, "layout.json has no page_fill: rebuild the paper stage"
+    assert any(p.ends_section for p in layout.page_fill[:-1])  # the outline's headings were found
+    sparse = [(p.page, p.fill) for p in layout.sparse_pages()]
+    assert not sparse, f"pages under {MIN_PAGE_FILL:.2f} full that end no section (page, fill): {sparse}"

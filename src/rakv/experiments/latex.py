@@ -33,9 +33,22 @@ from rakv.experiments.prose import (
     stage_times,
 )
 from rakv.experiments.prose_abstract import abstract
-from rakv.experiments.prose_machines import across_machines, regime_text, run_to_run, substitutions
+from rakv.experiments.prose_machines import (
+    across_machines,
+    machine_pairs_table,
+    regime_text,
+    run_to_run,
+    substitutions,
+)
 from rakv.experiments.prose_sampling import sampling_tables, sampling_text
-from rakv.experiments.prose_serving import SCENARIO_TEXT, joint_reuse_text, peer_folder, peer_section, serving_text
+from rakv.experiments.prose_serving import (
+    SCENARIO_TEXT,
+    joint_reuse_text,
+    peer_folder,
+    peer_section,
+    serving_tables,
+    serving_text,
+)
 from rakv.experiments.replication import pooled_summary
 from rakv.experiments.speculate_accuracy import speculate_table
 from rakv.experiments.study_stats import BASELINES, strategy_means
@@ -309,12 +322,14 @@ def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path
         "statistics_note.tex": mape_note(summary),
         "coverage_table.tex": coverage_table(),
         "across_machines.tex": across_machines(results),
+        "machine_pairs_table.tex": machine_pairs_table(results),
         "run_to_run.tex": run_to_run(results),
         "acceptance_table.tex": acceptance_table(summary.acceptance),
         "memory_table.tex": memory_table(summary.peak_kv),
         "strategy_table.tex": strategy_table(runs),
         "serving.tex": serving_text(summary),
         "serving_goals_table.tex": serving_goals_table(summary),
+        "serving_tables.tex": serving_tables(summary),
         "joint_reuse_table.tex": joint_reuse_table(summary),
         "joint_reuse.tex": joint_reuse_text(summary),
         "peer.tex": peer_section(peer_folder(results)),

@@ -29,6 +29,16 @@ class OutsideRun:
 MIN_TYPE_PT = 7.0  # the smallest effective type a page may print (issue 60: "no page under 7 pt")
 MAX_FLOAT_DISTANCE = 2  # the most pages a float may stand from its first reference
 SHORTEST_RUN = 2  # characters: a shorter run (a sub- or superscript in a formula) is not read as type
+MIN_PAGE_FILL = 1 / 3  # the least share of the text area's height a page fills, unless it ends a section
+
+
+@dataclass(frozen=True)
+class PageFill:
+    """A page (from 1): the share of the text area's height its text and pictures span (`page_fill`), and whether
+    it ends a section (the next page starts with a heading of the outline, or it is the last page)."""
+    page: int
+    fill: float
+    ends_section: bool
 
 
 @dataclass(frozen=True)
@@ -52,17 +62,24 @@ class PdfLayout:
     words_outside: list[OutsideRun] = optional()  # absent: the report was made from the log alone
     smallest_type_pt: list[float] = optional()  # per page (from 1); 0.0 on a page without text
     floats: list[FloatPlacement] = optional()
+    page_fill: list[PageFill] = optional()
+
+    def sparse_pages(self, minimum: float = MIN_PAGE_FILL) -> list[PageFill]:
+        """The pages under `minimum` full that do not end a section."""
+        return [p for p in self.page_fill or [] if p.fill < minimum and not p.ends_section]
 
 
 def layout_report(log: str, pdf: Path | None = None) -> PdfLayout:
     """What runs outside the text area: LaTeX's log (each overfull line's excess width and each float too large
     for the page, pt) and, given the built `pdf`, every character drawn outside it (`words_outside`), each page's
-    smallest type (`smallest_type`) and where each float stands from its first reference (`float_placements`)."""
+    smallest type (`smallest_type`), where each float stands from its first reference (`float_placements`) and
+    how full each page is (`page_fill`)."""
     overfull = [float(x) for x in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)]
     too_large = [float(x) for x in re.findall(r"Float too large for page by ([\d.]+)pt", log)]
     if pdf is None:
         return PdfLayout(overfull, too_large)
-    return PdfLayout(overfull, too_large, words_outside(pdf), smallest_type(pdf), float_placements(pdf))
+    return PdfLayout(overfull, too_large, words_outside(pdf), smallest_type(pdf), float_placements(pdf),
+                     page_fill(pdf))
 
 
 def _times(a: list[float], b: list[float]) -> list[float]:
@@ -168,3 +185,51 @@ def words_outside(pdf: Path, margin_pt: float | None = None, tolerance_pt: float
     finally:
         document.close()
     return [OutsideRun(r["page"], r["text"], [round(v, 1) for v in r["box"]]) for r in found]
+
+
+def page_fill(pdf: Path, margin_pt: float | None = None, heading_pt: float = 12.0) -> list[PageFill]:
+    """Each page's fill: the vertical extent of its characters (pypdfium2's boxes; the page number in the footer
+    left out) and of its pictures (image and form objects: the figures), clipped to the text area (the page less
+    `margin_pt` on each side), over the text area's height; and whether the page ends a section: the last page, or
+    the next page has an outline entry (a section or subsection heading) within `heading_pt` of its text area's
+    top."""
+    import pypdfium2 as pdfium
+    import pypdfium2.raw as pdfium_c
+
+    margin = text_margin_pt() if margin_pt is None else margin_pt
+    document = pdfium.PdfDocument(str(pdf))
+    try:
+        starts = set()  # pages (from 0) that start with a heading
+        for entry in document.get_toc():
+            destination = entry.get_dest()
+            if destination is None:
+                continue
+            index, (_, position) = destination.get_index(), destination.get_view()
+            height = document[index].get_size()[1]
+            if position and position[1] >= height - margin - heading_pt:
+                starts.add(index)
+        fills = []
+        for number in range(len(document)):
+            page = document[number]
+            width, height = page.get_size()
+            low, high = height - margin, margin
+            text = page.get_textpage()
+            for i in range(text.count_chars()):
+                char = text.get_text_range(i, 1)
+                if not char.strip():
+                    continue
+                left, bottom, right, top = text.get_charbox(i)
+                if top < margin - 10 and char.isdigit() and abs((left + right) / 2 - width / 2) < 20:
+                    continue  # the page number
+                low, high = min(low, bottom), max(high, top)
+            for picture in page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_IMAGE, pdfium_c.FPDF_PAGEOBJ_FORM],
+                                            max_depth=1):
+                _, bottom, _, top = picture.get_bounds()
+                low, high = min(low, bottom), max(high, top)
+            low, high = max(low, margin), min(high, height - margin)
+            extent = max(high - low, 0.0) / (height - 2 * margin)
+            fills.append(PageFill(number + 1, round(extent, 3),
+                                  number == len(document) - 1 or (number + 1) in starts))
+    finally:
+        document.close()
+    return fills

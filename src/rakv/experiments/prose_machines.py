@@ -7,6 +7,7 @@ the prices measured here and on the shipped other machines), this run against th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -68,14 +69,21 @@ def substitutions(summary: Summary, meta: RunMetadata, results: Path) -> str:
     return " ".join(text) + "\n" + substitutions_table(summary, meta)
 
 
-def reference_grid() -> dict:
-    """The reference study's grid, as conf/profile/paper.yaml mirrors it (prompts per dataset, repeats, new
-    tokens): the design the paper profile would run, not a measurement."""
+class ReferenceGrid(NamedTuple):
+    """The reference study's grid: prompts per dataset, repeats, new tokens."""
+
+    prompts: int
+    repeats: int
+    new_tokens: int
+
+
+def reference_grid() -> ReferenceGrid:
+    """The reference study's grid, as conf/profile/paper.yaml mirrors it: the design the paper profile would run,
+    not a measurement."""
     from rakv.runtime.paths import conf_file
 
     study = conf_file("profile/paper.yaml").profile.study
-    return {"prompts": study.prompts_per_bin * len(study.length_bins), "repeats": study.repeats,
-            "new_tokens": study.new_tokens}
+    return ReferenceGrid(study.prompts_per_bin * len(study.length_bins), study.repeats, study.new_tokens)
 
 
 def substitutions_table(summary: Summary, meta: RunMetadata) -> str:
@@ -93,11 +101,11 @@ def substitutions_table(summary: Summary, meta: RunMetadata) -> str:
          f"{cores}"),
         ("engine", "--", f"\\texttt{{{tex_escape(meta.kernels)}}} kernels (batch-invariant C++), torch "
          f"{tex_escape(meta.packages.torch)}"),
-        ("prompts per configuration", f"{ref['prompts']} per dataset, 2 datasets", prompts),
-        ("timed runs", f"{2 * 2 * 5 * ref['prompts'] * ref['repeats'] * 5:,} strategy runs (2 pairs, 2 datasets, 5 "
-         f"scenarios, {ref['repeats']} repeats, 5 strategies)", f"{summary.runs:,} (every feasible action measured, "
+        ("prompts per configuration", f"{ref.prompts} per dataset, 2 datasets", prompts),
+        ("timed runs", f"{2 * 2 * 5 * ref.prompts * ref.repeats * 5:,} strategy runs (2 pairs, 2 datasets, 5 "
+         f"scenarios, {ref.repeats} repeats, 5 strategies)", f"{summary.runs:,} (every feasible action measured, "
          "the controller's runs among them)"),
-        ("new tokens per request", f"{ref['new_tokens']} (\\texttt{{profile=paper}})", str(grid.new_tokens)),
+        ("new tokens per request", f"{ref.new_tokens} (\\texttt{{profile=paper}})", str(grid.new_tokens)),
         ("on a GPU", "its only setting", "the code runs unchanged on CUDA, but no GPU measurement is part of this "
          "run, and batch invariance (a row's logits whatever the batch) is claimed for the CPU kernels only, not on "
          "CUDA"),
@@ -143,17 +151,13 @@ def _statistic_words(name: str) -> str:
 
 
 def machine_prices_sentence(labels: dict) -> str:
-    """The prices that set the regime on each machine in `labels` (folder -> shown name), in words."""
-    prices = []
-    for p, label in labels.items():
-        costs = machine_costs(p)
-        if costs:
-            verify = [c["verify4"] for c in costs.values()]
-            draft = costs.get("smollm2-draft", {}).get("draft")
-            prices.append(f"{label}: verifying four candidates {num(min(verify), 2)}--{num(max(verify), 2)} decode "
-                          f"steps" + (f", a draft step {num(draft, 2)}" if draft is not None else ""))
-    return ("Table~\\ref{tab:machines} gives the prices that set the regime on each machine, from each run's "
-            "calibration (" + "; ".join(prices) + "). " + calibration_band_sentence(next(iter(labels), None)))
+    """The prices that set the regime on the machines in `labels` (folder -> shown name): their range over the runs
+    (each run's in Table tab:machines) beside the first run's within-run band."""
+    verify = [c["verify4"] for p in labels for c in machine_costs(p).values()]
+    if not verify:
+        return ""
+    return (f"Over the shipped runs, verifying four candidates costs {num(min(verify), 2)}--{num(max(verify), 2)} "
+            "decode steps (Table~\\ref{tab:machines}). " + calibration_band_sentence(next(iter(labels), None)))
 
 
 def calibration_band(folder: Path | None) -> tuple[float, float] | None:
@@ -205,7 +209,8 @@ def machines_table(labels: dict, context_run: Path) -> str:
             inside = (band is not None and p != first
                       and round(band[0], 2) <= round(cost["verify4"], 2) <= round(band[1], 2))
             mark = "$^\\dagger$" if inside else ""
-            rows.append(f"{label} & \\texttt{{{commit}}} & \\texttt{{{tex_escape(kernels)}}} & "
+            run = label if commit in label else f"{label} \\texttt{{{commit}}}"
+            rows.append(f"{run} & \\texttt{{{tex_escape(kernels)}}} & "
                         f"\\texttt{{{tex_escape(name)}}} & {num(cost['step_ms'], 1)} & "
                         f"{num(cost['verify4'], 2)}{mark} & {num(cost['draft'], 2)} & "
                         f"{faster.get(name, '--')} \\\\")
@@ -218,9 +223,8 @@ def machines_table(labels: dict, context_run: Path) -> str:
              "positions of context: the target's decode step, verifying $k=4$ candidates and one draft step, the "
              "last two relative to the decode step; last column: the scenarios in which the run measured the best "
              f"$k>0$ faster than the best $k=0$.{band_words}}}",
-             "\\fittable{\\begin{tabular}{lllrrrrr}", "\\toprule",
-             "Run & Commit & Kernels & Pair & Decode step (ms) & Verify 4 / step & Draft step / step & $k>0$ faster "
-             "\\\\",
+             "\\fittable{\\begin{tabular}{lllrrrr}", "\\toprule",
+             "Run & Kernels & Pair & Step (ms) & Verify 4/step & Draft/step & $k>0$ faster \\\\",
              "\\midrule", *rows, "\\bottomrule", "\\end{tabular}}", "\\end{rakvtable}"]
     return "\n".join(table) + "\n"
 
@@ -231,21 +235,77 @@ def kernels_of(folder: Path) -> str | None:
     return meta.study_kernels if meta else None
 
 
-def machine_comparison(a: Path, b: Path, a_label: str, b_label: str) -> str:
-    """One sentence: run B against run A, as one engine on two machines or, with other kernels, confounded."""
+def machine_comparison(a: Path, b: Path, a_label: str, b_label: str) -> dict:
+    """Run B against run A (rakv.experiments.runcompare.agreement): what the two runs share (commit, kernels), the
+    headline statistics whose difference is significant and the conclusions that differ."""
     from rakv.experiments.summary import read_summary
 
     got = runcompare.agreement(read_summary(a), read_summary(b))
     same_engine = kernels_of(a) is not None and kernels_of(a) == kernels_of(b)
-    flips = "; ".join(tex_escape(_statistic_words(n)) for n in got.flipped) or "none"
-    moved = "; ".join(tex_escape(_statistic_words(n)) for n in got.significant) or "none"
     same_commit = runcompare.commit_of(a) is not None and runcompare.commit_of(a) == runcompare.commit_of(b)
-    kind = ("the same commit, so a difference is the machine's" if same_commit else
-            "the same kernels at another commit: a difference is the machine's or the code's outside the kernels"
-            if same_engine else "other kernels, so machine and code are confounded")
-    return (f"{b_label} against {a_label} ({kind}): {len(got.significant)} of {got.total} headline statistics "
-            f"differ significantly (Holm, 5\\,\\%: {moved}), and {got.same_conclusion} draw the same conclusion "
-            f"(conclusions that differ: {flips}).")
+    return {"a": a_label, "b": b_label, "total": got.total, "same": got.same_conclusion,
+            "kind": "same commit" if same_commit else "same kernels" if same_engine else "other kernels",
+            "significant": [_statistic_words(n) for n in got.significant],
+            "flipped": [_statistic_words(n) for n in got.flipped]}
+
+
+def machine_pairs_sentence(pairs: list[dict]) -> str:
+    """The comparisons of Table tab:machine-pairs in one sentence: the most significant differences and the fewest
+    shared conclusions over the pairs, and how many pairs confound machine with code."""
+    if not pairs:
+        return ""
+    most = max(pairs, key=lambda r: len(r["significant"]) / max(r["total"], 1))
+    fewest = min(pairs, key=lambda r: r["same"] / max(r["total"], 1))
+    confounded = sum(r["kind"] == "other kernels" for r in pairs)
+    return (f"Over the {len(pairs)} comparisons between shipped runs (Appendix~\\ref{{sec:machine-pairs}}, Holm over "
+            "the "
+            f"headline statistics, 5\\,\\%), at most {len(most['significant'])} of {most['total']} headline "
+            f"statistics differ significantly and at least {fewest['same']} of {fewest['total']} draw the same "
+            f"conclusion; {confounded} of the {len(pairs)} compare runs of other kernels, where machine and code "
+            "are confounded.")
+
+
+def machine_pairs_table(results: Path | None = None, folder: Path = OTHER_MACHINES) -> str:
+    """Table tab:machine-pairs (the paper's appendix): every comparison of `across_machines`, a row each, with the
+    statistics that differ significantly and the conclusions that differ, then what each run's calibration predicted
+    for its headline comparisons (Table tab:predicted, `prediction_section`); "" without runs of other machines."""
+    labels, pairs = machine_pairs(results, folder)
+    if not pairs:
+        return ""
+    others = [p for p in labels if results is None or p != Path(results)]  # labels: this run first, if given
+    predicted = prediction_section(results, others, labels)
+    rows = [f"{r['b']} & {r['a']} & {r['kind']} & {len(r['significant'])}/{r['total']} & "
+            f"{tex_escape('; '.join(r['significant']) or 'none')} & {r['same']}/{r['total']} & "
+            f"{tex_escape('; '.join(r['flipped']) or 'none')} \\\\" for r in pairs]
+    columns = "p{0.12\\textwidth}p{0.12\\textwidth}p{0.07\\textwidth}rp{0.2\\textwidth}rp{0.2\\textwidth}"
+    head = "Run & Against & Shared & Signif. & Which & Same & Which differ \\\\"
+    return "\n".join([  # a longtable: the rows run on over pages rather than shrink
+        "{\\scriptsize", f"\\begin{{longtable}}{{{columns}}}",
+        "\\caption{\\label{tab:machine-pairs}Each shipped run against another (Section~\\ref{sec:machines}): what "
+        "they share (same commit: a difference is the machine's; same kernels: the machine's or the code's outside "
+        "the kernels; other kernels: machine and code confounded), the headline statistics whose difference is "
+        "significant (Holm, 5\\,\\%) and the conclusions (the side of zero each CI lies on) that differ.}\\\\",
+        "\\toprule", head, "\\midrule", "\\endfirsthead", "\\toprule", head, "\\midrule", "\\endhead",
+        *rows, "\\bottomrule", "\\end{longtable}}"]) + "\n" + predicted
+
+
+def machine_pairs(results: Path | None, folder: Path = OTHER_MACHINES) -> tuple[dict, list[dict]]:
+    """The shipped runs of other machines labelled (folder -> shown name, this run first where given) and the
+    comparisons: this run against each, and each two other-machine runs of one engine."""
+    shipped = RunLayout.other_machines(folder)
+    runs = [run.root for run in shipped]
+    about = {run.root: read_about(run) for run in shipped}
+    labels = {p: f"{tex_escape(about[p].label)} \\texttt{{{about[p].commit}}}" for p in runs}
+    pairs = []
+    if results is not None and RunLayout.of(results).summary.exists():
+        meta = read_run_metadata(RunLayout.of(results))
+        labels = {Path(results): f"this run ({isa_label(meta.hardware.isa or None)})", **labels}
+        pairs += [machine_comparison(Path(results), p, labels[Path(results)], labels[p]) for p in runs]
+    for i, a in enumerate(runs):
+        for b in runs[i + 1:]:
+            if kernels_of(a) is not None and kernels_of(a) == kernels_of(b):
+                pairs.append(machine_comparison(a, b, labels[a], labels[b]))
+    return labels, pairs
 
 
 def across_machines(results: Path | None = None, folder: Path = OTHER_MACHINES) -> str:
@@ -258,26 +318,19 @@ def across_machines(results: Path | None = None, folder: Path = OTHER_MACHINES) 
     if not shipped:
         return "No run of another machine is shipped (\\texttt{data/reference/other-machines/}).\n"
     runs = [run.root for run in shipped]
-    about = {run.root: read_about(run) for run in shipped}
-    labels = {p: f"{tex_escape(about[p].label)} \\texttt{{{about[p].commit}}}" for p in runs}
-    text = []
-    if results is not None and RunLayout.of(results).summary.exists():
-        meta = read_run_metadata(RunLayout.of(results))
-        labels = {Path(results): f"this run ({isa_label(meta.hardware.isa or None)})", **labels}
-        text += [machine_comparison(Path(results), p, labels[Path(results)], f"The {labels[p]} run ("
-                                    f"{tex_escape(about[p].machine)}, \\texttt{{{about[p].commit}}})")
-                 for p in runs]
-    for i, a in enumerate(runs):
-        for b in runs[i + 1:]:
-            if kernels_of(a) is not None and kernels_of(a) == kernels_of(b):
-                text.append(machine_comparison(a, b, f"the {labels[a]} run", f"The {labels[b]} run"))
+    labels, pairs = machine_pairs(results, folder)
+    text = [machine_pairs_sentence(pairs)]
     text.append(machine_prices_sentence(labels))
     own = [Path(results), *runcompare.sibling_runs(Path(results))] if results is not None else []
     shown_runs = {**{p: "rerun" for p in own[1:]}, **labels}
     text.append("Table~\\ref{tab:conclusions} sets the headline conclusions of every shipped run side by side.")
-    predicted = prediction_section(results, runs, labels)
+    measured = [r for r in prediction_rows(results, runs, labels) if r.inside is not None]
+    if measured:
+        text.append(f"From its calibration alone, each run's cost model predicts its headline comparisons: "
+                    f"{sum(bool(r.inside) for r in measured)} of {len(measured)} measured comparisons lie inside "
+                    "the predicted interval widened by their own CI (Appendix~\\ref{sec:machine-pairs}).")
     return (" ".join(text) + "\n" + machines_table(labels, results or runs[0])
-            + conclusions_table([*own, *runs], shown_runs) + predicted)
+            + conclusions_table([*own, *runs], shown_runs))
 
 
 CONCLUSIONS = ((JOINT_K4, "vs Joint-k4"), (KV_ONLY, "vs KV-only"), (BEST_FIXED, "vs best fixed"))

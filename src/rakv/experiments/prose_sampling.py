@@ -50,29 +50,43 @@ TABLE_SENTENCES = {
     "tab:workloads": "Table~\\ref{tab:workloads} gives the structured-output workload.",
     "tab:long-context": "Table~\\ref{tab:long-context} gives the long retrieved contexts.",
 }
+# the tables in groups, each group's sentences in one paragraph before its tables and a float barrier after them:
+# the first wide (sideways) table on a float page of its own beside the section's opening; the narrow tables then
+# share the second paragraph's text page, and the other two wide ones follow on the next two pages, so no page holds
+# a sentence alone and each table stands within two pages of its sentence
+TABLE_GROUPS = (("tab:sampling",), ("tab:workloads", "tab:long-context", "tab:acceptance-checks", "tab:sampling-tests"))
 
 
 def sampling_tables(summary: Summary) -> str:
-    """The sampling stage's tables (the paper's appendix "Sampling and workloads: the tables"), each after the
-    sentence that introduces it, so that a table stands beside its first reference."""
+    """The sampling stage's tables (the paper's appendix "Sampling and workloads: the tables") in the groups of
+    TABLE_GROUPS: each group's introducing sentences in one paragraph, then its tables, then a float barrier (a
+    table whose label no group names comes last, in a group of its own)."""
     if not summary.sampling:
         return ""
     blocks = _sampling_tables(summary).split("\\begin{rakvtable}")
-    out = [blocks[0]]
+    by_label: dict[str, str] = {}
     for block in blocks[1:]:
         label = re.search(r"\\label\{(tab:[^}]*)\}", block)
-        sentence = TABLE_SENTENCES.get(label.group(1), "") if label else ""
-        out.append((sentence + "\n" if sentence else "") + "\\begin{rakvtable}" + block.rstrip("\n")
-                   + "\n\\FloatBarrier\n")  # placeins: the table is out before the next sentence
+        by_label[label.group(1) if label else f"unlabelled-{len(by_label)}"] = "\\begin{rakvtable}" + block.rstrip(
+            "\n") + "\n"
+    named = {label for group in TABLE_GROUPS for label in group}
+    groups = [[label for label in group if label in by_label] for group in TABLE_GROUPS]
+    groups.append([label for label in by_label if label not in named])
+    out = [blocks[0]] if blocks[0].strip() else []
+    for group in (g for g in groups if g):
+        sentences = " ".join(TABLE_SENTENCES[label] for label in group if label in TABLE_SENTENCES)
+        out.append((sentences + "\n\n" if sentences else "") + "".join(by_label[label] for label in group)
+                   + "\\FloatBarrier\n")  # placeins: the group's tables are out before the next sentences
     return "".join(out)
 
 
 def _sampling_tables(summary: Summary) -> str:
     s = summary.sampling
     lines = ["\\begin{rakvtable}\\centering\\scriptsize", "\\fittable{%",
-             "\\begin{tabular}{llrrlllll}", "\\toprule",
+             "\\begin{tabular}{llrrllllll}", "\\toprule",
              "Configuration & Decoding & $\\alpha$ measured [95\\,\\% CI] & closed form & check & "
-             "spec-k4 / AR & RAKV-ASD / AR & RAKV-ASD / best fixed & best fixed \\\\", "\\midrule"]
+             "spec-k4 / AR & RAKV-ASD / AR & RAKV-ASD / best fixed & best fixed & $\\alpha_0$ / break-even \\\\",
+             "\\midrule"]
     checks = {(c.configuration, c.temperature, c.k): c for c in s.closed_form if c.verify in ("token", "greedy")}
     for t in s.temperatures:
         check = checks.get((t.configuration, t.temperature, 4))
@@ -80,14 +94,17 @@ def _sampling_tables(summary: Summary) -> str:
         closed = num(check.closed_form, 3) if check else "--"
         lines.append(f"{tex_escape(t.configuration)} & {temperature_label(t.temperature)} & {measured} & {closed} & "
                      f"{check.verdict if check else '--'} & {ratio_text(t.spec_k4_vs_ar)} & {ratio_text(t.vs_ar)} & "
-                     f"{ratio_text(t.vs_best_fixed)} & {tex_escape(t.best_fixed)} \\\\")
+                     f"{ratio_text(t.vs_best_fixed)} & {tex_escape(t.best_fixed)} & {t.controller_alpha0:.3f} / "
+                     + (f"{t.break_even_alpha:.3f}" if t.break_even_alpha is not None else "--") + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}}",
               "\\caption{Speculation by temperature (sampling stage). $\\alpha$: spec-k4's accepted candidates per "
               "position reached, token-wise verification (greedy: the target's argmax), with the mean of its closed "
               "form $\\sum_x\\min(p(x),q(x))$ over the same positions (agrees: the CI of the difference includes "
               "0; identity: greedy, where measured equals its closed form by construction, a check that cannot "
               "fail; Table~\\ref{tab:acceptance-checks} has every cell). Latency ratios: geometric means over "
-              "prompts of paired (prompt, seed) ratios with 95\\,\\% t CIs; below 1 is faster.}"
+              "prompts of paired (prompt, seed) ratios with 95\\,\\% t CIs; below 1 is faster. $\\alpha_0$: the "
+              "acceptance RAKV-ASD's controller started from, measured at that temperature, beside the break-even "
+              "acceptance of $k=4$.}"
               "\\label{tab:sampling}", "\\end{rakvtable}"]
     return ("\n".join(lines) + "\n" + acceptance_checks_table(s) + sampling_tests_table(s) + workloads_table(s))
 
@@ -208,23 +225,6 @@ def workloads_table(s) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
-def long_context_sentences(rows) -> list[str]:
-    """Per (configuration, store budget, document length): reuse against AR and speculation on top of reuse, each
-    worded by its CI, with the store's evictions."""
-    by = {(r.configuration, r.budget_mib, r.length_bin, r.strategy): r for r in rows}
-    out = []
-    for (name, budget, length_bin, strategy), r in by.items():
-        asd = by.get((name, budget, length_bin, ADAPTIVE))
-        if strategy != KV_ONLY or asd is None or not length_bin:
-            continue
-        out.append(f"On documents of {length_bin} tokens ({r.documents}, t intervals on {long_context_freedom(r)} "
-                   f"degrees of freedom) with a {budget:g} MiB store, "
-                   f"{tex_escape(name)}'s reuse (kv-only, {r.hit_tokens:.0f} tokens reused per request) is "
-                   f"{ratio_words(r.vs_ar, 'AR')} and RAKV-ASD is {ratio_words(asd.vs_reuse, KV_ONLY)} "
-                   f"({r.evictions} evictions under kv-only).")
-    return out
-
-
 def long_context_freedom(r) -> str:
     """A long-context row's t intervals' degrees of freedom (documents - 1), both ratios' where they differ; '--'
     without an interval, '?' for a run analysed before they were recorded."""
@@ -314,16 +314,10 @@ def sampling_text(summary: Summary) -> str:
         return ("The sampling stage did not run for this results folder (its profile has no \\texttt{sampling} "
                 "section), so every result of this paper is for greedy decoding on code and prose.\n")
     text = acceptance_sentences(s)
+    paragraphs = [" ".join(text)]
+    text = []
     if s.temperatures:
-        text.append("Appendix~\\ref{app:sampling} gives speculation by temperature and every table of this "
-                    "section.")
-    for t in s.temperatures:
-        text.append(f"At {temperature_label(t.temperature)}, {tex_escape(t.configuration)}'s spec-k4 is "
-                    f"{ratio_words(t.spec_k4_vs_ar, 'AR')}, and RAKV-ASD is {ratio_words(t.vs_ar, 'AR')} and "
-                    f"{ratio_words(t.vs_best_fixed, 'the best fixed strategy (' + tex_escape(t.best_fixed) + ')')}; "
-                    f"its controller started from $\\alpha={t.controller_alpha0:.3f}$ measured at this temperature"
-                    + (f" against a break-even acceptance of {t.break_even_alpha:.3f} for $k=4$"
-                       if t.break_even_alpha is not None else "") + ".")
+        text.append(temperature_sentence(s.temperatures))
     controls = [d for d in s.distribution if d.control]
     others = [d for d in s.distribution if not d.control]
     if s.distribution:
@@ -335,14 +329,62 @@ def sampling_text(summary: Summary) -> str:
                                 f"(power {pct(d.half_sample_rejection_rate, 0)} at half this size, a lower bound "
                                 "of its power at this size)" for d in controls)
                     + " (Appendix~\\ref{app:sampling}).")
-    for b in s.block_vs_token:
-        words = BLOCK_WORDS[b.verdict]
-        where = {FIRST_ROUNDS: f"over {b.requests} paired first rounds of the distribution samples",
-                 EXPECTED_GIVEN_DRAFT: (f"in expectation given the draft, on every round of {b.requests} distribution "
-                                        "samples (both rules judged on the same drafts, without their coin flips)")
-                 }.get(b.source, f"over {b.requests} requests")
-        text.append(f"At $T={b.temperature:g}$, $k={b.k}$, block verification on {tex_escape(b.configuration)} "
-                    f"{words} token-wise verification {where} ({b.block_per_round:.3f} vs {b.token_per_round:.3f}; "
-                    f"difference {ci_text(b.difference, fmt=lambda v: num(v, 3))}).")
-    text += long_context_sentences(s.long_context)
-    return " ".join(text) + "\n"
+    if s.block_vs_token:
+        text.append(block_sentence(s.block_vs_token))
+    paragraphs.append(" ".join(text))
+    if s.long_context:
+        paragraphs.append(long_context_sentence(s.long_context))
+    return "\n\n".join(p for p in paragraphs if p) + "\n"
+
+
+def _faster(triple) -> int:
+    """-1, 0 or 1: the latency ratio's CI lies below 1 (faster), across it, or above it (slower), as `ratio_words`
+    reads it."""
+    side = ci_side(triple, 1.0, point_if_no_interval=False)
+    return -1 if side == Side.BELOW else 1 if side == Side.ABOVE else 0
+
+
+def _cells(rows) -> str:
+    return ", ".join(f"{tex_escape(r.configuration)} at {temperature_label(r.temperature)}" for r in rows) or "none"
+
+
+def temperature_sentence(rows) -> str:
+    """Speculation by temperature in one sentence: over Table tab:sampling's cells, how often spec-k4 and RAKV-ASD
+    are faster than AR (each from its CI) and RAKV-ASD against the best fixed strategy, naming the cells where
+    spec-k4 is not faster."""
+    spec = [_faster(t.spec_k4_vs_ar) for t in rows]
+    asd = [_faster(t.vs_ar) for t in rows]
+    fixed = [_faster(t.vs_best_fixed) for t in rows]
+    return (f"Over the {len(rows)} configurations and temperatures tested (Appendix~\\ref{{app:sampling}}), spec-k4 is "
+            "faster "
+            f"than AR in {spec.count(-1)} and slower in {spec.count(1)}, RAKV-ASD is faster than AR in "
+            f"{asd.count(-1)} and slower in {asd.count(1)}, and RAKV-ASD is not distinguishable from the best fixed "
+            f"strategy in {fixed.count(0)} (faster in {fixed.count(-1)}, slower in {fixed.count(1)}); spec-k4 is "
+            f"not faster than AR in: {_cells([t for t, v in zip(rows, spec) if v != -1])}.")
+
+
+def block_sentence(rows) -> str:
+    """Block against token-wise verification in one sentence, from the verdicts of Table tab:sampling-tests."""
+    words = [BLOCK_WORDS[b.verdict] for b in rows]
+    counts = "; ".join(f"in {words.count(w)}, block verification {w} token-wise verification"
+                       for w in dict.fromkeys(words))
+    return (f"Of {len(rows)} comparisons of block with token-wise verification (Appendix~\\ref{{app:sampling}}): "
+            f"{counts}.")
+
+
+def long_context_sentence(rows) -> str:
+    """Long retrieved contexts in one sentence: how often reuse beats AR and speculation on top of reuse beats
+    reuse, over Table tab:long-context's (configuration, store budget, document length) cells."""
+    by = {(r.configuration, r.budget_mib, r.length_bin, r.strategy): r for r in rows}
+    cells = [(r, by.get((r.configuration, r.budget_mib, r.length_bin, ADAPTIVE))) for r in rows
+             if r.strategy == KV_ONLY and r.length_bin]
+    cells = [(r, asd) for r, asd in cells if asd is not None]
+    if not cells:
+        return ""
+    reuse = [_faster(r.vs_ar) for r, _ in cells]
+    on_top = [_faster(asd.vs_reuse) for _, asd in cells]
+    return (f"On long retrieved contexts (Appendix~\\ref{{app:sampling}}, {len(cells)} cells of configuration, "
+            f"store budget and document length), reuse (kv-only) is faster than AR in {reuse.count(-1)}, not "
+            f"distinguishable in {reuse.count(0)} and slower in {reuse.count(1)}; RAKV-ASD on top of it is faster "
+            f"than kv-only in {on_top.count(-1)}, not distinguishable in {on_top.count(0)} and slower in "
+            f"{on_top.count(1)}.")

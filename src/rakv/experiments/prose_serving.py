@@ -21,6 +21,7 @@ from rakv.runtime.run_layout import PeerLayout, RunLayout
 
 METRIC_NAMES = {"p99_itl_ms": "p99 inter-token latency", "median_ttft_ms": "median time to first token",
                 "goodput": "goodput"}
+SHORT_METRIC_NAMES = {"p99_itl_ms": "p99 ITL", "median_ttft_ms": "median TTFT", "goodput": "goodput"}  # in tables
 
 
 def signed_change(row: Comparison) -> str:
@@ -45,8 +46,6 @@ def serving_text(summary: Summary) -> str:
         return ("The serving stage did not run for this results folder (\\texttt{./reproduce.sh stages=serving}); "
                 "its section is empty.\n")
     steps = serving.slo_steps
-    slos = "; ".join(f"\\texttt{{{tex_escape(name)}}}: ITL {v.slo_itl_ms:.0f}\\,ms, TTFT {v.slo_ttft_ms:.0f}\\,ms, "
-                     f"TPOT {v.slo_tpot_ms:.0f}\\,ms" for name, v in serving.slos_ms.items())
     text = [f"The serving study ran {serving.runs} served traces ({serving.repeats} repeats per cell, "
             f"{serving.requests} requests) on "
             + ", ".join(f"\\texttt{{{tex_escape(c)}}}" for c in serving.configurations)
@@ -54,39 +53,26 @@ def serving_text(summary: Summary) -> str:
             "request's batch-one greedy AR output. Each repeat ran a cell's policies back to back in a shuffled order; "
             "intervals are 95\\,\\% Student-t intervals over repeats of per-run values (paired by repeat for a "
             "difference). The SLOs are multiples of the machine's calibrated one-request decode step "
-            f"(ITL {steps.itl}, TTFT {steps.ttft}, TPOT {steps.tpot} steps): {slos}. "
+            f"(ITL {steps.itl}, TTFT {steps.ttft}, TPOT {steps.tpot} steps; Appendix~\\ref{{app:serving-tables}}). "
             f"The serving stage ran at commit \\texttt{{{tex_escape((serving.commit or 'unknown')[:12])}}}."]
-    concurrency = {}
-    for cell in serving.cells:
-        concurrency.setdefault((cell.family, cell.rate), []).append(cell.concurrency)
-    spans = "; ".join(f"{family} at {rate:g} req/s {min(v):.1f}--{max(v):.1f}"
-                      for (family, rate), v in sorted(concurrency.items()) if family.startswith("speculation")
-                      and all(x is not None for x in v))
-    if spans:
-        text.append(f"Measured mean concurrency (requests in the system, over policies): {spans}.")
+    findings = []
     for family, name in FAMILY_TEXT.items():
         rows = [r for r in serving.comparisons if r.family == family]
         if rows:
-            parts = [f"at {r.rate:g} requests/s, \\texttt{{{tex_escape(r.policy)}}} against "
-                     f"\\texttt{{{tex_escape(r.against)}}} {signed_change(r)}" for r in rows]
-            text.append(f"{name}, " + "; ".join(parts) + ".")
+            words = [signed_change(r).split(" ", 1)[0] for r in rows]
+            metrics = sorted({METRIC_NAMES[r.metric] for r in rows})
+            findings.append(f"{name}, of {len(rows)} comparisons of a policy against its baseline "
+                            f"({' and '.join(metrics)}), {words.count('lowered')} lowered the metric, "
+                            f"{words.count('raised')} raised it and {words.count('did')} did not measurably "
+                            "change it (Appendix~\\ref{app:serving-tables}).")
     mape = serving.iteration_mape.get(ALL_ITERATIONS)
     if mape:
-        text.append(f"The batch cost model predicted the time of {mape.iterations} served iterations with a "
-                    f"MAPE of {ci_text(mape.scaled)} with its online scale and {ci_text(mape.table)} from the "
-                    "table alone.")
-    for family, stats in serving.latency.items():
-        text.append(f"Admission's service-time prediction under load ({tex_escape(family)}, {stats.requests} "
-                    f"requests) had a MAPE of {ci_text(stats.served)}"
-                    + (f", the batch-one prediction {ci_text(stats.batch_one)}"
-                       if not missing(stats.batch_one[0]) else "") + ".")
-    for name, stats in serving.acceptance.items():
-        text.append(f"With the {tex_escape(name)} acceptance the mean $|\\alpha$ at admission $-$ realised$|$ was "
-                    f"{num(stats.acceptance_error[0])} [{num(stats.acceptance_error[1])}, "
-                    f"{num(stats.acceptance_error[2])}]"
-                    + (f" and the ex-post regret {ci_text(stats.regret)}" if not missing(stats.regret[0])
-                       else "") + ".")
-    text.append(f"Of the {len(serving.goals)} goals in Table~\\ref{{tab:serving-goals}}, "
+        findings.append(f"The batch cost model predicted the time of {mape.iterations} served iterations with a "
+                        f"MAPE of {ci_text(mape.scaled)} with its online scale and {ci_text(mape.table)} from the "
+                        "table alone; admission's predictions under load are in Appendix~\\ref{app:serving-tables}.")
+    text = [" ".join(text), " ".join(findings)] if findings else [" ".join(text)]
+    goals = []
+    goals.append(f"Of the {len(serving.goals)} goals in Table~\\ref{{tab:serving-goals}}, "
                 f"{goal_tally(serving.goals)}, "
                 "family-wise at 95\\,\\% (Holm's step-down within each family; a goal met at some load of several "
                 "read with its CIs Bonferroni-corrected for its loads). Goodput goals are judged only at loads where "
@@ -94,9 +80,55 @@ def serving_text(summary: Summary) -> str:
                 "policy); each goal's rule, with its margin, is in the table. " + unanswered_sentence(serving) + " "
                 f"Exactness is checked beside the goals, not counted among them: {serving.exact.equal} of "
                 f"{serving.exact.total} served outputs were identical to the request decoded alone.")
-    text.append(serving_power_sentence(serving))
-    text.append(met_but_lower_sentence(serving))
-    return " ".join(text) + "\n"
+    goals.append(serving_power_sentence(serving))
+    goals.append(met_but_lower_sentence(serving))
+    return "\n\n".join([*text, " ".join(g for g in goals if g)]) + "\n"
+
+
+def serving_tables(summary: Summary) -> str:
+    """The serving section's enumerations as the appendix's tables: every policy comparison with its 95 % CI and
+    the cell's measured concurrency (Table tab:serving-comparisons), and admission's predictions under load
+    (Table tab:serving-predictions), in one float; "" without a serving stage."""
+    serving = summary.serving
+    if not serving:
+        return ""
+    concurrency: dict = {}
+    for cell in serving.cells:
+        if cell.concurrency is not None:
+            concurrency.setdefault((cell.family, cell.rate), []).append(cell.concurrency)
+    rows = []
+    for r in serving.comparisons:
+        held = concurrency.get((r.family, r.rate))
+        rows.append(f"{tex_escape(r.family)} & {r.rate:g} & \\texttt{{{tex_escape(r.policy)}}} & "
+                    f"\\texttt{{{tex_escape(r.against)}}} & {SHORT_METRIC_NAMES[r.metric]} & {ci_text(r.ci)} & "
+                    + (f"{min(held):.1f}--{max(held):.1f}" if held else "--") + " \\\\")
+    out = ["\\begin{rakvtable}\\centering\\scriptsize",
+           "\\caption{\\label{tab:serving-comparisons}Each policy against its baseline per trace family and arrival "
+           "rate (requests/s): the change of the metric (ITL: inter-token latency; TTFT: time to first token) "
+           "with its 95\\,\\% CI over repeats (paired by repeat), and "
+           "the measured mean concurrency (requests in the system) over the cell's policies.}",
+           "\\begin{tabular}{lrllllr}", "\\toprule",
+           "Family & Rate & Policy & Against & Metric & Change [95\\,\\% CI] & Concurrency \\\\", "\\midrule",
+           *rows, "\\bottomrule", "\\end{tabular}"]
+    predictions = [f"service time, {tex_escape(family)} & {stats.requests} & {ci_text(stats.served)} & "
+                   + ("--" if missing(stats.batch_one[0]) else ci_text(stats.batch_one)) + " \\\\"
+                   for family, stats in serving.latency.items()]
+    predictions += [f"acceptance, {tex_escape(name)} & -- & $|\\alpha$ error$|$ {num(stats.acceptance_error[0])} "
+                    f"[{num(stats.acceptance_error[1])}, {num(stats.acceptance_error[2])}] & "
+                    + ("--" if missing(stats.regret[0]) else f"regret {ci_text(stats.regret)}") + " \\\\"
+                    for name, stats in serving.acceptance.items()]
+    slos = [f"SLO, \\texttt{{{tex_escape(name)}}} & -- & ITL {v.slo_itl_ms:.0f}\\,ms, TTFT {v.slo_ttft_ms:.0f}\\,ms, "
+            f"TPOT {v.slo_tpot_ms:.0f}\\,ms & -- \\\\" for name, v in serving.slos_ms.items()]
+    if predictions or slos:
+        out += ["\\bigskip",
+                "\\caption{\\label{tab:serving-predictions}Admission's predictions under load ($n$: requests): the "
+                "service-time prediction's MAPE per trace family beside the batch-one prediction's, the acceptance "
+                "at admission's mean absolute error against the realised one with the ex-post regret (95\\,\\% CIs), "
+                "and each configuration's SLOs (multiples of its calibrated one-request decode step).}",
+                "\\begin{tabular}{lrll}", "\\toprule",
+                "Prediction & $n$ & Under load & Batch-one \\\\", "\\midrule", *predictions, *slos,
+                "\\bottomrule", "\\end{tabular}"]
+    return "\n".join([*out, "\\end{rakvtable}"]) + "\n"  # one float: the two tables stand together
 
 
 def met_but_lower_sentence(serving) -> str:
