@@ -287,3 +287,66 @@ def test_no_page_of_the_built_paper_is_under_a_third_full_unless_it_ends_a_secti
     assert any(p.ends_section for p in layout.page_fill[:-1])  # the outline's headings were found
     sparse = [(p.page, p.fill) for p in layout.sparse_pages()]
     assert not sparse, f"pages under {MIN_PAGE_FILL:.2f} full that end no section (page, fill): {sparse}"
+
+
+def test_the_sampling_findings_count_the_verdicts_of_the_intervals():
+    """The sampling section's summary sentences (the cells are in the appendix's tables): each count follows the
+    side of 1 each latency ratio's CI lies on; control: moving one interval moves one count."""
+    from types import SimpleNamespace as Row
+
+    from rakv.experiments.prose_sampling import long_context_sentence, temperature_sentence
+    from rakv.runtime.actions import ADAPTIVE, KV_ONLY
+
+    fast, even, slow = (0.7, 0.6, 0.8), (1.0, 0.9, 1.1), (1.3, 1.2, 1.4)
+    rows = [Row(configuration="a", temperature=0.0, spec_k4_vs_ar=fast, vs_ar=fast, vs_best_fixed=even),
+            Row(configuration="b", temperature=1.0, spec_k4_vs_ar=slow, vs_ar=even, vs_best_fixed=even)]
+    text = temperature_sentence(rows)
+    assert "spec-k4 is faster than AR in 1 and slower in 1" in text and "faster than AR in 1 and slower in 0" in text
+    assert text.endswith("not faster than AR in: b at $T=1$.")
+    rows[1].spec_k4_vs_ar = fast  # control
+    assert "spec-k4 is faster than AR in 2 and slower in 0" in temperature_sentence(rows)
+    assert temperature_sentence(rows).endswith("not faster than AR in: none.")
+    cells = [Row(configuration="a", budget_mib=512.0, length_bin="1024-2048", strategy=KV_ONLY, vs_ar=fast),
+             Row(configuration="a", budget_mib=512.0, length_bin="1024-2048", strategy=ADAPTIVE, vs_reuse=slow)]
+    text = long_context_sentence(cells)
+    assert "1 cells" in text and "faster than AR in 1, not distinguishable in 0 and slower in 0" in text
+    assert "faster than kv-only in 0, not distinguishable in 0 and slower in 1" in text
+    cells[1].vs_reuse = even  # control
+    assert "faster than kv-only in 0, not distinguishable in 1 and slower in 0" in long_context_sentence(cells)
+    assert long_context_sentence(cells[:1]) == ""  # no speculation on top of reuse: no sentence
+
+
+def test_the_machines_finding_reads_the_extremes_of_the_comparisons():
+    from rakv.experiments.prose_machines import machine_pairs_sentence
+
+    pairs = [{"a": "x", "b": "y", "total": 50, "same": 40, "kind": "other kernels", "significant": ["s"] * 9,
+              "flipped": []},
+             {"a": "x", "b": "z", "total": 54, "same": 53, "kind": "same kernels", "significant": [], "flipped": []}]
+    text = machine_pairs_sentence(pairs)
+    assert "at most 9 of 50" in text and "at least 40 of 50" in text and "1 of the 2 compare runs of other" in text
+    pairs[1]["significant"] = ["s"] * 20  # control: the other pair now differs most
+    assert "at most 20 of 54" in machine_pairs_sentence(pairs)
+    assert machine_pairs_sentence([]) == ""
+
+
+def test_the_serving_findings_count_the_comparisons_by_their_intervals():
+    """The serving section's per-family sentence, from the shipped summary: the counts of lowered, raised and
+    unchanged follow each comparison's CI; control: a comparison whose CI is moved above zero counts as raised."""
+    import dataclasses
+
+    from rakv.experiments.prose_serving import serving_text
+    from rakv.experiments.summary import read_summary
+
+    summary = read_summary(REFERENCE.root)
+    rows = [r for r in summary.serving.comparisons if r.family == "speculation"]
+    assert rows, "the shipped run has no speculation comparisons to count"
+    lowered = sum(r.ci[2] is not None and r.ci[2] < 0 for r in rows)
+    raised = sum(r.ci[1] is not None and r.ci[1] > 0 for r in rows)
+    expected = (f"of {len(rows)} comparisons of a policy against its baseline (goodput), {lowered} lowered the "
+                f"metric, {raised} raised it and {len(rows) - lowered - raised} did not measurably change it")
+    assert expected in serving_text(summary)
+    flat = next(r for r in rows if not (r.ci[1] > 0 or r.ci[2] < 0))
+    moved = [dataclasses.replace(r, ci=[0.2, 0.1, 0.3]) if r is flat else r for r in summary.serving.comparisons]
+    changed = dataclasses.replace(summary, serving=dataclasses.replace(summary.serving, comparisons=moved))
+    assert (f"{lowered} lowered the metric, {raised + 1} raised it and {len(rows) - lowered - raised - 1} did not"
+            in serving_text(changed))
