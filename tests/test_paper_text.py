@@ -317,14 +317,13 @@ def test_the_sampling_findings_count_the_verdicts_of_the_intervals():
 
 
 def test_the_machines_finding_reads_the_extremes_of_the_comparisons():
-    from rakv.experiments.prose_machines import machine_pairs_sentence
+    from rakv.experiments.prose_machines import MachineComparison, machine_pairs_sentence
 
-    pairs = [{"a": "x", "b": "y", "total": 50, "same": 40, "kind": "other kernels", "significant": ["s"] * 9,
-              "flipped": []},
-             {"a": "x", "b": "z", "total": 54, "same": 53, "kind": "same kernels", "significant": [], "flipped": []}]
+    pairs = [MachineComparison("x", "y", 50, 40, "other kernels", ["s"] * 9, []),
+             MachineComparison("x", "z", 54, 53, "same kernels", [], [])]
     text = machine_pairs_sentence(pairs)
     assert "at most 9 of 50" in text and "at least 40 of 50" in text and "1 of the 2 compare runs of other" in text
-    pairs[1]["significant"] = ["s"] * 20  # control: the other pair now differs most
+    pairs[1].significant = ["s"] * 20  # control: the other pair now differs most
     assert "at most 20 of 54" in machine_pairs_sentence(pairs)
     assert machine_pairs_sentence([]) == ""
 

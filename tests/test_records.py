@@ -240,6 +240,7 @@ JSON_PARSING = {
     "scripts/locustfile_http.py": "the prompts file (a JSON list, input data)",
     "src/rakv/bench/llama_cpp.py": "the llama.cpp peer's child process, in another venv without rakv: JSON in and out",
     "scripts/compare_lm_eval.py": "lm-evaluation-harness's own output files (another program's)",
+    "scripts/write_lock.py": "pip's installation report (another program's output)",
     # shipped runs of earlier engines, whose summary.json predates today's Summary record: read field by field
     "src/rakv/experiments/figures_runs.py": "earlier engines' summary.json (before today's Summary record)",
     "src/rakv/experiments/prose_abstract.py": "earlier engines' summary.json (before today's Summary record)",

@@ -6,6 +6,7 @@ the prices measured here and on the shipped other machines), this run against th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -235,7 +236,21 @@ def kernels_of(folder: Path) -> str | None:
     return meta.study_kernels if meta else None
 
 
-def machine_comparison(a: Path, b: Path, a_label: str, b_label: str) -> dict:
+@dataclass
+class MachineComparison:
+    """Run b against run a: what they share (`kind`), the headline statistics compared (`total`), those whose
+    difference is significant and the conclusions that differ (`flipped`; `same` drew the same)."""
+
+    a: str
+    b: str
+    total: int
+    same: int
+    kind: str
+    significant: list[str]
+    flipped: list[str]
+
+
+def machine_comparison(a: Path, b: Path, a_label: str, b_label: str) -> MachineComparison:
     """Run B against run A (rakv.experiments.runcompare.agreement): what the two runs share (commit, kernels), the
     headline statistics whose difference is significant and the conclusions that differ."""
     from rakv.experiments.summary import read_summary
@@ -243,24 +258,23 @@ def machine_comparison(a: Path, b: Path, a_label: str, b_label: str) -> dict:
     got = runcompare.agreement(read_summary(a), read_summary(b))
     same_engine = kernels_of(a) is not None and kernels_of(a) == kernels_of(b)
     same_commit = runcompare.commit_of(a) is not None and runcompare.commit_of(a) == runcompare.commit_of(b)
-    return {"a": a_label, "b": b_label, "total": got.total, "same": got.same_conclusion,
-            "kind": "same commit" if same_commit else "same kernels" if same_engine else "other kernels",
-            "significant": [_statistic_words(n) for n in got.significant],
-            "flipped": [_statistic_words(n) for n in got.flipped]}
+    return MachineComparison(a_label, b_label, got.total, got.same_conclusion,
+                             "same commit" if same_commit else "same kernels" if same_engine else "other kernels",
+                             [_statistic_words(n) for n in got.significant], [_statistic_words(n) for n in got.flipped])
 
 
-def machine_pairs_sentence(pairs: list[dict]) -> str:
+def machine_pairs_sentence(pairs: list[MachineComparison]) -> str:
     """The comparisons of Table tab:machine-pairs in one sentence: the most significant differences and the fewest
     shared conclusions over the pairs, and how many pairs confound machine with code."""
     if not pairs:
         return ""
-    most = max(pairs, key=lambda r: len(r["significant"]) / max(r["total"], 1))
-    fewest = min(pairs, key=lambda r: r["same"] / max(r["total"], 1))
-    confounded = sum(r["kind"] == "other kernels" for r in pairs)
+    most = max(pairs, key=lambda r: len(r.significant) / max(r.total, 1))
+    fewest = min(pairs, key=lambda r: r.same / max(r.total, 1))
+    confounded = sum(r.kind == "other kernels" for r in pairs)
     return (f"Over the {len(pairs)} comparisons between shipped runs (Appendix~\\ref{{sec:machine-pairs}}, Holm over "
             "the "
-            f"headline statistics, 5\\,\\%), at most {len(most['significant'])} of {most['total']} headline "
-            f"statistics differ significantly and at least {fewest['same']} of {fewest['total']} draw the same "
+            f"headline statistics, 5\\,\\%), at most {len(most.significant)} of {most.total} headline "
+            f"statistics differ significantly and at least {fewest.same} of {fewest.total} draw the same "
             f"conclusion; {confounded} of the {len(pairs)} compare runs of other kernels, where machine and code "
             "are confounded.")
 
@@ -274,9 +288,9 @@ def machine_pairs_table(results: Path | None = None, folder: Path = OTHER_MACHIN
         return ""
     others = [p for p in labels if results is None or p != Path(results)]  # labels: this run first, if given
     predicted = prediction_section(results, others, labels)
-    rows = [f"{r['b']} & {r['a']} & {r['kind']} & {len(r['significant'])}/{r['total']} & "
-            f"{tex_escape('; '.join(r['significant']) or 'none')} & {r['same']}/{r['total']} & "
-            f"{tex_escape('; '.join(r['flipped']) or 'none')} \\\\" for r in pairs]
+    rows = [f"{r.b} & {r.a} & {r.kind} & {len(r.significant)}/{r.total} & "
+            f"{tex_escape('; '.join(r.significant) or 'none')} & {r.same}/{r.total} & "
+            f"{tex_escape('; '.join(r.flipped) or 'none')} \\\\" for r in pairs]
     columns = "p{0.12\\textwidth}p{0.12\\textwidth}p{0.07\\textwidth}rp{0.2\\textwidth}rp{0.2\\textwidth}"
     head = "Run & Against & Shared & Signif. & Which & Same & Which differ \\\\"
     return "\n".join([  # a longtable: the rows run on over pages rather than shrink
@@ -289,7 +303,8 @@ def machine_pairs_table(results: Path | None = None, folder: Path = OTHER_MACHIN
         *rows, "\\bottomrule", "\\end{longtable}}"]) + "\n" + predicted
 
 
-def machine_pairs(results: Path | None, folder: Path = OTHER_MACHINES) -> tuple[dict, list[dict]]:
+def machine_pairs(results: Path | None,
+                  folder: Path = OTHER_MACHINES) -> tuple[dict[Path, str], list[MachineComparison]]:
     """The shipped runs of other machines labelled (folder -> shown name, this run first where given) and the
     comparisons: this run against each, and each two other-machine runs of one engine."""
     shipped = RunLayout.other_machines(folder)
