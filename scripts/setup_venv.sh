@@ -21,7 +21,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     # a torch already installed that meets the pin is kept
     if ! .venv/bin/python -c "import torch" 2>/dev/null && ! command -v nvidia-smi >/dev/null 2>&1; then
         torch_pin=$(grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')
-        .venv/bin/python -m pip install --quiet "$torch_pin" --index-url https://download.pytorch.org/whl/cpu
+        # the CPU wheel from the configured indexes where they hold it (a local mirror), else PyTorch's CPU index
+        # (its dependencies come with the project's install below)
+        .venv/bin/python -m pip install --quiet --no-deps "${torch_pin}+cpu" 2>/dev/null \
+            || .venv/bin/python -m pip install --quiet "$torch_pin" --index-url https://download.pytorch.org/whl/cpu
     fi
     .venv/bin/python -m pip install --quiet -e '.[test,dev]'  # the tests' and the linter's extras too
     .venv/bin/python -m pip install --quiet --no-deps -r requirements-nodeps.txt
