@@ -4,6 +4,10 @@ Each finished run is appended to a JSONL journal and fsynced, so a run killed at
 most the run in flight; a torn last line is cut off on recovery. Tables and JSON files are written
 to a temporary file and renamed, so a reader never sees half a file. What produced a results folder (the
 composed config, the git commit, the package versions) is rakv.experiments.metadata's records.
+
+A stage run as jobs (docs/cluster.md) splits into named independent units: each shard runs the units dealt to it
+(`units_dealt`) and writes each unit's tables and then its `ShardUnit` record (`write_unit`), the unit's completion;
+the merge reads those files alone (`read_units`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 import socket
 import subprocess
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -105,3 +110,58 @@ def git_commit() -> str | None:
         return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else None
     except OSError:
         return None
+
+
+@dataclass(frozen=True)
+class ShardUnit:
+    """One finished unit of a stage run as jobs: which shard ran it, the rows of each part it wrote (a table of its
+    own beside this record), and the cost table it ran under (its digest and its JSON, so the merge needs nothing
+    else), on which host."""
+
+    stage: str
+    unit: str
+    shard_index: int
+    num_shards: int
+    parts: dict[str, int]
+    calibration_digest: str
+    host: str
+    table: dict
+
+
+def units_dealt(units: list[str], num_shards: int, shard_index: int) -> list[str]:
+    """The units of shard `shard_index`: every `num_shards`-th of the plan's list, a function of the plan alone."""
+    return [unit for i, unit in enumerate(units) if i % num_shards == shard_index]
+
+
+def unit_part(folder: Path, unit: str, part: str) -> Path:
+    return folder / f"{unit}.{part}.parquet"
+
+
+def unit_record(folder: Path, unit: str) -> Path:
+    return folder / f"{unit}.json"
+
+
+def write_unit(folder: Path, record: ShardUnit, parts: dict[str, list[dict]]) -> None:
+    """A unit's tables, then its record (written last: with it the unit is done)."""
+    from rakv.runtime.json_records import to_json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for part, rows in parts.items():
+        write_parquet(rows, unit_part(folder, record.unit, part))
+    write_atomic(unit_record(folder, record.unit), json.dumps(to_json(record), indent=1))
+
+
+def read_units(folder: Path, stage: str, units: list[str]) -> dict[str, tuple[ShardUnit, dict[str, list[dict]]]]:
+    """Every planned unit's record and rows, read from the shards' files alone; a missing unit stops with one line."""
+    from rakv.runtime.json_records import read_record
+
+    missing = [unit for unit in units if not unit_record(folder, unit).exists()]
+    if missing:
+        raise RakvError(f"{stage}: {len(missing)} of {len(units)} units are not finished (other shards?), e.g. "
+                        f"{missing[0]}; merge once every shard is done")
+    out = {}
+    for unit in units:
+        record = read_record(ShardUnit, unit_record(folder, unit))
+        out[unit] = record, {part: pd.read_parquet(unit_part(folder, unit, part)).to_dict("records") if count else []
+                             for part, count in record.parts.items()}
+    return out

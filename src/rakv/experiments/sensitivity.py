@@ -11,6 +11,14 @@ Each part writes one Parquet table under results/<profile>/sensitivity/ (or feas
   against r = 1 with k = 0, per output length;
 - beta_lambda:    the controller replayed over the main study's action sweep for several beta and lambda.
 The stage writes complete.json when every part is done and is skipped while that file exists.
+
+As jobs (docs/cluster.md: `study.num_shards`, `study.shard_index`, `study.merge_only`, the study's keys): a unit is one
+measured panel of one configuration (`UNIT_PANELS`: controlled, cache_budget, the three factors together,
+reuse_output_length), each independent of the others (its own store state; the factors' controller is the only one
+that learns, within its panel, as in one process). A shard runs its units on the calibration job's tables (read
+only) and writes each unit's rows under sensitivity/units/; the merge computes the cost-model tables and the
+beta/lambda replay from the kept tables and the study's runs, and assembles the parts in one process's order, loading
+no model.
 """
 
 from __future__ import annotations
@@ -33,8 +41,8 @@ from rakv.experiments.config import (
     run_layout,
 )
 from rakv.experiments.oracle import measurements
-from rakv.experiments.records import write_atomic, write_parquet
-from rakv.experiments.schema import SensitivitySection, section
+from rakv.experiments.records import ShardUnit, read_units, units_dealt, write_atomic, write_parquet, write_unit
+from rakv.experiments.schema import SensitivitySection, ShardOptions, section
 from rakv.experiments.study import format_duration, reset_store
 from rakv.experiments.study_stats import NO_DRAFT_REUSE
 from rakv.runtime.actions import ADAPTIVE, AR, JOINT_K4, KV_ONLY, SPEC_K4, Action
@@ -329,6 +337,13 @@ def run_sensitivity(cfg: DictConfig) -> None:
     if marker.exists():
         print(f"sensitivity: already complete ({marker}); delete that file to measure again", flush=True)
         return
+    shards: ShardOptions = section(cfg.study)
+    if shards.merge_only:
+        merge_sensitivity(cfg)
+        return
+    if shards.num_shards > 1:
+        run_sensitivity_shard(cfg, shards)
+        return
     tables, parts = {}, {}
     for configuration in configurations(cfg):
         engine = engine_for(cfg, configuration)
@@ -364,3 +379,84 @@ def run_sensitivity(cfg: DictConfig) -> None:
             write_parquet(rows, layout.sensitivity_table(part))
     write_atomic(marker, json.dumps({"parts": sorted(parts)}))
     print(f"sensitivity: wrote {', '.join(sorted(parts))} to {out_dir}", flush=True)
+
+
+# the measured panels of one configuration, each a unit of the stage run as jobs, in one process's order
+UNIT_PANELS = ("controlled", "cache_budget", "factors", "reuse_output_length")
+FACTOR_PARTS = ("output_length", "prompt_length", "reuse_rate")
+
+
+def sensitivity_units(cfg) -> list[str]:
+    """The stage's units in one process's order: `<configuration>.<panel>` (controlled only with a draft model)."""
+    return [f"{c.name}.{panel}" for c in configurations(cfg) for panel in UNIT_PANELS
+            if panel != "controlled" or c.proposer_type.has_draft_model]
+
+
+def measure_panel(cfg, panel: str, name: str, engine, table, prompts, tick) -> dict[str, list[dict]]:
+    """One unit's rows by part, as run_sensitivity measures them (the factors' controller fresh from the table)."""
+    sens: SensitivitySection = section(cfg.profile.sensitivity)
+    if panel == "controlled":
+        return {"controlled": controlled_rows(name, engine, table, prompts[: sens.prompts], new_tokens=sens.new_tokens,
+                                              repeats=sens.repeats, alphas=sens.controlled_alphas,
+                                              ks=cfg.experiment.controlled_k, tick=tick)}
+    if panel == "cache_budget":
+        return {"cache_budget": budget_rows(sens, cfg.seed, name, engine, prompts, tick)}
+    if panel == "factors":
+        return factor_rows(sens, name, engine, Controller(table, controller_config(cfg)), prompts, tick)
+    return {"reuse_output_length": reuse_length_rows(sens, name, engine, prompts, tick)}
+
+
+def run_sensitivity_shard(cfg, shards: ShardOptions) -> None:
+    """This shard's units, on the calibration job's tables (never measured nor written here)."""
+    from rakv.experiments.calibrations import host, shared_table, table_digest
+    from rakv.experiments.config import configuration
+
+    folder = run_layout(cfg).stage_units("sensitivity")
+    mine = units_dealt(sensitivity_units(cfg), shards.num_shards, shards.shard_index)
+    todo = [unit for unit in mine if not (folder / f"{unit}.json").exists()]
+    print(f"sensitivity: shard {shards.shard_index} of {shards.num_shards}: {len(todo)} of {len(mine)} units to do "
+          f"({', '.join(todo) or 'none'})", flush=True)
+    opened = {}
+    for unit in todo:
+        name, panel = unit.split(".")
+        if name not in opened:
+            engine = engine_for(cfg, configuration(name))
+            opened = {name: (engine, shared_table(cfg.results_dir, engine),
+                             [p for d in cfg.datasets for p in prompts_for(cfg, engine.encode, d)])}
+        engine, table, prompts = opened[name]
+        with tqdm(desc=f"sensitivity {unit}", unit="request", dynamic_ncols=True, mininterval=2) as bar:
+            parts = measure_panel(cfg, panel, name, engine, table, prompts, bar.update)
+        write_unit(folder, ShardUnit("sensitivity", unit, shards.shard_index, shards.num_shards,
+                                     {part: len(rows) for part, rows in parts.items()}, table_digest(table), host(),
+                                     table.to_json()), parts)
+    print(f"sensitivity: shard {shards.shard_index} of {shards.num_shards} done; merge with study.merge_only=true "
+          "once every shard is", flush=True)
+
+
+def merge_sensitivity(cfg) -> None:
+    """study.merge_only: every unit's rows in one process's order, the cost-model tables and the beta/lambda replay
+    from the tables the units ran under; loads no model."""
+    from rakv.runtime.costmodel import CostTable
+
+    layout = run_layout(cfg)
+    units = read_units(layout.stage_units("sensitivity"), "sensitivity", sensitivity_units(cfg))
+    tables, digests, parts = {}, {}, {}
+    for unit, (record, rows_by_part) in units.items():
+        name = unit.split(".")[0]
+        if digests.setdefault(name, record.calibration_digest) != record.calibration_digest:
+            raise RakvError(f"sensitivity: the units of {name} ran under different calibration tables; run the "
+                            "calibration job once, then every shard on its tables")
+        if name not in tables:
+            tables[name] = CostTable.from_json(record.table)
+            curve, crossover = alpha_model_tables(cfg, name, tables[name])
+            parts.setdefault("alpha_model", []).extend(curve)
+            parts.setdefault("crossover", []).extend(crossover)
+        for part, rows in rows_by_part.items():
+            parts.setdefault(part, []).extend(rows)
+    parts["beta_lambda"] = replay_rows(cfg, tables)
+    for part, rows in parts.items():
+        if rows:
+            write_parquet(rows, layout.sensitivity_table(part))
+    write_atomic(layout.sensitivity_complete, json.dumps({"parts": sorted(parts)}))
+    print(f"sensitivity: merged {len(units)} units; wrote {', '.join(sorted(parts))} to {layout.sensitivity_dir}",
+          flush=True)

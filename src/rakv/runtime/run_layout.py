@@ -325,6 +325,11 @@ class RunLayout:
         """Written last by the sensitivity stage: with it the stage does not measure again."""
         return self.sensitivity_dir / "complete.json"
 
+    def stage_units(self, stage: str) -> Path:
+        """A stage run as jobs (docs/cluster.md): each unit's tables and record (rakv.experiments.records.ShardUnit),
+        what the merge reads."""
+        return self.root / stage / "units"
+
     @property
     def sampling_dir(self) -> Path:
         return self.root / "sampling"

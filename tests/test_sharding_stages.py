@@ -1,0 +1,111 @@
+"""The sensitivity and feasibility stages as independent jobs (docs/cluster.md): shards on the calibration job's table
+produce what one process produces (timings aside; rakv.experiments.shard_compare), a merge loads no model, and a
+deliberately different shard plan is caught. On the tiny seeded pair, in-process."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+import rakv.runtime.calibration as calibration
+import rakv.runtime.engine as engine_module
+from rakv.experiments.config import CONF_DIR, validate
+from rakv.experiments.sensitivity import run_sensitivity, sensitivity_units
+from rakv.experiments.shard_compare import differences, stage_outputs
+from rakv.runtime.errors import RakvError
+from rakv.runtime.run_layout import RunLayout
+
+SMALL_SENSITIVITY = ["profile.sensitivity.trace_requests=4", "profile.sensitivity.budgets_mib=[0.5,64]",
+                     "profile.sensitivity.output_lengths=[4]", "profile.sensitivity.prompt_lengths=[32]",
+                     "profile.sensitivity.reuse_rates=[0.0,0.9]", "profile.sensitivity.reuse_output_lengths=[4]",
+                     "profile.sensitivity.reuse_prompts=1", "profile.sensitivity.controlled_alphas=[0.9]",
+                     "experiment.controlled_k=[2]", "experiment.betas=[0.0,0.9]", "experiment.lambdas=[0.0]"]
+STAGE = ["profile=smoke", "configurations=[tiny]", "datasets=[humaneval]", "calibration.recalibrate=auto",
+         "study.learning=per_block"]
+
+
+def stage_cfg(name, *overrides):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name=name, overrides=STAGE + list(overrides))
+    validate(cfg)
+    return cfg
+
+
+def refuse_models(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the merge loaded a model or calibrated")
+
+    monkeypatch.setattr(engine_module, "load_pair", refuse)
+    monkeypatch.setattr(calibration, "calibrate", refuse)
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory):
+    """The seeded tiny table (tests/test_sharding.py's), as the calibration job keeps it, and a finished study."""
+    from test_sharding import composed, write_seeded_table
+
+    from rakv.experiments.config import configuration, engine_for, keep_calibration
+    from rakv.experiments.study import run_main_study
+
+    folder = tmp_path_factory.mktemp("calibrations")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("RAKV_CALIBRATION_DIR", str(folder))
+    table = write_seeded_table(folder)
+    base = tmp_path_factory.mktemp("base")
+    cfg = composed(f"results_dir={base}", "study.learning=per_block")
+    keep_calibration(cfg, engine_for(cfg, configuration("tiny")), table)  # the calibration job's kept table
+    run_main_study(cfg)  # the beta/lambda replay reads the study's runs
+    yield base
+    patch.undo()
+
+
+def results_from(base: Path, folder: Path) -> Path:
+    """A results folder holding the base's kept table and study (what the earlier stages left)."""
+    shutil.copytree(base / "calibration", folder / "calibration")
+    shutil.copytree(base / "study", folder / "study")
+    return folder
+
+
+def sensitivity_jobs(results: Path, count: int, *overrides_of_shard) -> None:
+    for index in range(count):
+        extra = overrides_of_shard[index] if index < len(overrides_of_shard) else []
+        run_sensitivity(stage_cfg("sensitivity", f"results_dir={results}", *SMALL_SENSITIVITY,
+                                  f"study.num_shards={count}", f"study.shard_index={index}", *extra))
+
+
+def test_sensitivity_as_jobs_gives_one_process_outputs(tables, tmp_path, monkeypatch):
+    one = results_from(tables, tmp_path / "one")
+    run_sensitivity(stage_cfg("sensitivity", f"results_dir={one}", *SMALL_SENSITIVITY))
+    jobs = results_from(tables, tmp_path / "jobs")
+    units = sensitivity_units(stage_cfg("sensitivity", f"results_dir={jobs}", *SMALL_SENSITIVITY))
+    assert len(units) == 4  # tiny has a draft model: controlled is a unit
+    sensitivity_jobs(jobs, 3)
+    assert not RunLayout.of(jobs).sensitivity_complete.exists()  # a shard never merges
+    refuse_models(monkeypatch)
+    run_sensitivity(stage_cfg("sensitivity", f"results_dir={jobs}", *SMALL_SENSITIVITY, "study.num_shards=3",
+                              "study.merge_only=true"))
+    mine, theirs = stage_outputs(jobs, "sensitivity"), stage_outputs(one, "sensitivity")
+    assert {"sensitivity/controlled", "sensitivity/cache_budget", "sensitivity/output_length",
+            "sensitivity/reuse_output_length", "sensitivity/beta_lambda", "sensitivity/alpha_model"} <= set(mine)
+    assert all(len(frame) for frame in mine.values())
+    assert differences(mine, theirs) == []
+
+
+def test_sensitivity_merge_refuses_unfinished_and_catches_another_plan(tables, tmp_path, monkeypatch):
+    """The positive controls: a merge before every unit is done stops with one line; a shard that ran its units under
+    another plan (here another seed: another cache trace) is caught by the comparison."""
+    one = results_from(tables, tmp_path / "one")
+    run_sensitivity(stage_cfg("sensitivity", f"results_dir={one}", *SMALL_SENSITIVITY))
+    jobs = results_from(tables, tmp_path / "jobs")
+    merge = stage_cfg("sensitivity", f"results_dir={jobs}", *SMALL_SENSITIVITY, "study.num_shards=2",
+                      "study.merge_only=true")
+    sensitivity_jobs(jobs, 2, [], ["seed=7"])  # shard 1 (cache_budget, reuse_output_length) on another seed
+    (RunLayout.of(jobs).stage_units("sensitivity") / "tiny.reuse_output_length.json").rename(tmp_path / "held.json")
+    with pytest.raises(RakvError, match="1 of 4 units are not finished"):
+        run_sensitivity(merge)
+    (tmp_path / "held.json").rename(RunLayout.of(jobs).stage_units("sensitivity") / "tiny.reuse_output_length.json")
+    refuse_models(monkeypatch)
+    run_sensitivity(merge)
+    found = differences(stage_outputs(jobs, "sensitivity"), stage_outputs(one, "sensitivity"))
+    assert any(line.startswith("sensitivity/cache_budget") for line in found), found
