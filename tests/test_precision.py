@@ -199,15 +199,21 @@ def test_the_peer_module_imports_only_the_standard_library_at_its_top():
     assert {"torch", "rakv"} <= beyond_stdlib(engine)  # positive control: the check sees a module that does import
 
 
-def test_every_configuration_states_a_precision_the_engine_runs_and_the_shipped_ones_are_fp32():
+def test_every_configuration_states_a_precision_the_engine_runs_and_names_the_ones_not_fp32():
     """`precision` is a configuration field (conf/configuration/*.yaml, rakv.experiments.schema.ConfigurationEntry)
-    that reaches the engine's options; the shipped configurations keep every existing result (fp32)."""
+    that reaches the engine's options; a configuration at another precision than fp32 says so in its name
+    (`<fp32 sibling>-<precision>`, e.g. smollm2-q4_1), so the fp32 ones keep every existing result."""
     from dataclasses import fields
 
     from rakv.experiments.config import configuration, configuration_names
     from rakv.runtime.engine_options import EngineOptions
 
-    assert {configuration(name).precision for name in configuration_names()} == {"fp32"}
+    chosen = {name: configuration(name).precision for name in configuration_names()}
+    assert set(chosen.values()) <= set(PRECISIONS) and "q4_1" in chosen.values()
+    for name, precision in chosen.items():
+        assert name.endswith(f"-{precision}") == (precision != "fp32"), name
+        if precision != "fp32":  # its fp32 sibling exists: the study sets the two side by side
+            assert chosen.get(name.removesuffix(f"-{precision}")) == "fp32", name
     assert next(f for f in fields(EngineOptions) if f.name == "precision").metadata["choices"] == PRECISIONS
 
 

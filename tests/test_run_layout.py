@@ -26,6 +26,7 @@ from rakv.runtime.run_layout import (
     ServedRunLayout,
     ServingStudyLayout,
     StudyLayout,
+    split_calibration_stem,
     trace_settings,
 )
 
@@ -187,9 +188,10 @@ def test_every_shell_script_that_names_the_layout_is_listed():
 
 # --- the layout against the shipped runs -----------------------------------------------------------------------------
 
-def _split_calibration(stem: str) -> tuple[str, str]:
-    proposer = next(p for p in sorted(PROPOSERS, key=len, reverse=True) if stem.endswith(f"-{p}"))
-    return stem[: -len(proposer) - 1], proposer
+def _split_calibration(stem: str) -> tuple[str, str, str]:
+    name, precision = split_calibration_stem(stem)
+    proposer = next(p for p in sorted(PROPOSERS, key=len, reverse=True) if name.endswith(f"-{p}"))
+    return name[: -len(proposer) - 1], proposer, precision
 
 
 def run_paths(layout: RunLayout, files: list[Path]) -> set[Path]:

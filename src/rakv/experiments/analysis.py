@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from rakv.experiments.calibrations import calibration_tables, tables_by_configuration, with_tie_sets
+from rakv.experiments.calibrations import (
+    calibration_tables,
+    configuration_stem,
+    tables_by_configuration,
+    with_tie_sets,
+)
 from rakv.experiments.claims import claims
 from rakv.experiments.metadata import read_about, read_run_metadata
 from rakv.experiments.oracle import measurements, strategy_latencies
@@ -106,7 +111,6 @@ def regime_points(folders: dict[str, Path]) -> pd.DataFrame:
     the acceptance the study measured for it (mean over datasets; none for the twins, whose weights are random), and
     in how many of its scenarios the study measured the best k>0 faster than the best k=0 (faster_scenarios of
     scenarios; none for the twins)."""
-    from rakv.experiments.config import configuration
     from rakv.experiments.summary import read_summary
 
     rows = []
@@ -118,12 +122,10 @@ def regime_points(folders: dict[str, Path]) -> pd.DataFrame:
         for name, stats in summary.per_configuration.items():
             share = stats.spec_slowdown.share_slower
             if share is not None and stats.scenarios:
-                chosen = configuration(name)
-                faster[f"{chosen.pair}-{chosen.proposer}"] = (round((1 - share) * stats.scenarios), stats.scenarios)
+                faster[configuration_stem(name)] = (round((1 - share) * stats.scenarios), stats.scenarios)
         for row in summary.acceptance:
-            chosen = configuration(row.configuration)
             if row.acceptance is not None:
-                measured.setdefault(f"{chosen.pair}-{chosen.proposer}", []).append(row.acceptance)
+                measured.setdefault(configuration_stem(row.configuration), []).append(row.acceptance)
         tables = calibration_tables(folder)
         for pair, part in break_even_table(folder).groupby("pair", sort=False):
             step = tables[pair].target_step(context)

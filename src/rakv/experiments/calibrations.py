@@ -15,11 +15,12 @@ import pandas as pd
 
 from rakv.experiments.oracle import adaptive_mask
 from rakv.runtime.costmodel import CostTable
-from rakv.runtime.run_layout import RunLayout
+from rakv.runtime.run_layout import RunLayout, calibration_stem
 
 
 def calibration_tables(results: Path) -> dict[str, CostTable]:
-    """<pair>-<proposer> -> CostTable for every calibration kept in results/<name>/calibration/."""
+    """<pair>-<proposer>[@<precision>] (run_layout.calibration_stem) -> CostTable for every calibration kept in
+    results/<name>/calibration/."""
     from rakv.runtime.costmodel import read_cost_table
 
     return {path.stem: read_cost_table(path) for path in RunLayout.of(results).calibrations()}
@@ -41,11 +42,11 @@ def shared_table(results: Path, engine) -> CostTable:
     a study never measures nor writes one (rakv.experiments.stages.calibrate does, once). Refused when missing or
     measured for another pair, proposer or method; a table from another machine class is used with a note (the
     decisions follow the table; the timings are this host's)."""
-    from rakv.runtime.calibration import calibration_key
+    from rakv.runtime.calibration import calibration_key, precision_of
     from rakv.runtime.costmodel import read_cost_table
     from rakv.runtime.errors import RakvError
 
-    path = RunLayout.of(results).calibration(engine.pair.name, engine.proposer)
+    path = RunLayout.of(results).calibration(engine.pair.name, engine.proposer, precision_of(engine.pair))
     if not path.exists():
         raise RakvError(f"{path} is missing: a sharded study reads the calibration tables and never writes them; run "
                         "the calibration job first (scripts/run_stage.py calibrate with the same overrides)")
@@ -63,10 +64,18 @@ def shared_table(results: Path, engine) -> CostTable:
     return table
 
 
+def configuration_stem(name: str) -> str:
+    """The name of a configuration's kept calibration (run_layout.calibration_stem of its pair, proposer and
+    precision): the key of `calibration_tables`."""
+    from rakv.experiments.config import configuration
+
+    chosen = configuration(name)
+    return calibration_stem(chosen.pair, chosen.proposer, chosen.precision)
+
+
 def tables_by_configuration(runs: pd.DataFrame, results: Path) -> dict[str, CostTable | None]:
     kept = calibration_tables(results)
-    pairs = runs[["configuration", "pair", "proposer"]].drop_duplicates()
-    return {r.configuration: kept.get(f"{r.pair}-{r.proposer}") for r in pairs.itertuples(index=False)}
+    return {name: kept.get(configuration_stem(name)) for name in runs.configuration.unique()}
 
 
 def with_tie_sets(runs: pd.DataFrame, cost_tables: dict) -> pd.DataFrame:

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from rakv.experiments.records import write_atomic
 from rakv.experiments.schema import ConfigurationEntry, StudySection, one_line, section
 from rakv.runtime.actions import ADAPTIVE, spec
-from rakv.runtime.calibration import CalibrationPlan, calibration_prompts, load_or_calibrate
+from rakv.runtime.calibration import CalibrationPlan, calibration_prompts, load_or_calibrate, precision_of
 from rakv.runtime.controller import ControllerConfig
 from rakv.runtime.costmodel import CostTable
 from rakv.runtime.engine import Engine
@@ -113,7 +113,7 @@ def noise_gate(cfg: DictConfig) -> CalibrationPlan:
 
 def keep_calibration(cfg: DictConfig, engine: Engine, table: CostTable) -> CostTable:
     """A copy of the cost table used, in results/<name>/calibration/<pair>-<proposer>.json (the analysis reads it)."""
-    out = run_layout(cfg).calibration(engine.pair.name, engine.proposer)
+    out = run_layout(cfg).calibration(engine.pair.name, engine.proposer, precision_of(engine.pair))
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, json.dumps(table.to_json(), indent=1))
     return table

@@ -52,7 +52,7 @@ def run_feasibility(cfg: DictConfig) -> None:
     table = pd.DataFrame(per_scenario)
     write_parquet(per_scenario, layout.feasibility_table("gap"))
     pair = configuration(feas.configuration)
-    calibration = read_cost_table(layout.calibration(pair.pair, pair.proposer))
+    calibration = read_cost_table(layout.calibration(pair.pair, pair.proposer, pair.precision))
     summary = Feasibility("ran", configuration=feas.configuration, scenarios=len(table),
                           gap_min=float(table.gap.min()), gap_max=float(table.gap.max()),
                           gap_mean=float(table.gap.mean()), crossed=bool((table.gap < 0).any()),

@@ -39,6 +39,7 @@ class Hardware:
     processor: str
     isa: str | None = optional()  # None: not a CPU; ABSENT: recorded before the field existed
     kernels_march: str | None = optional()
+    kernels_isa: str | None = optional()  # rakv.runtime.kernels.target_isa: the -march resolved, its vector extensions
     cores: int | None = optional()
     caches: str | None = optional()
     device: str
@@ -48,10 +49,11 @@ class Hardware:
     transformers: str
 
     def machine_class(self) -> tuple:
-        """What makes two machines one class (processor, ISA, the kernels' compile target, cores, caches, device,
-        threads, dtype), None where a field is unrecorded or there is none (the two read alike when comparing)."""
-        values = (self.processor, self.isa, self.kernels_march, self.cores, self.caches, self.device, self.threads,
-                  self.dtype)
+        """What makes two machines one class (processor, ISA, the kernels' compile target and what it resolves to,
+        cores, caches, device, threads, dtype), None where a field is unrecorded or there is none (the two read alike
+        when comparing)."""
+        values = (self.processor, self.isa, self.kernels_march, self.kernels_isa, self.cores, self.caches, self.device,
+                  self.threads, self.dtype)
         return tuple(None if value is ABSENT else value for value in values)
 
 

@@ -169,7 +169,7 @@ def configuration_table(folder: Path, configuration: str) -> CostTable | None:
     from rakv.experiments.config import configuration as configured
 
     chosen = configured(configuration)
-    path = RunLayout.of(folder).calibration(chosen.pair, chosen.proposer)
+    path = RunLayout.of(folder).calibration(chosen.pair, chosen.proposer, chosen.precision)
     return read_cost_table(path) if path.exists() else None
 
 

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from rakv.experiments import analysis, runcompare
+from rakv.experiments.calibrations import configuration_stem
 from rakv.experiments.claims import REFERENCE
 from rakv.experiments.formatting import isa_label, missing, num, pct, tex_escape
 from rakv.experiments.metadata import RunMetadata, read_about, read_run_metadata, run_metadata_if_any
@@ -47,7 +48,7 @@ def substitutions(summary: Summary, meta: RunMetadata, results: Path) -> str:
             text.append(f"\\texttt{{{tex_escape(name)}}} drafts by prompt lookup, without a model (measured "
                         f"acceptance {measured}).")
         else:
-            ratio = ratios.get(f"{chosen.pair}-{chosen.proposer}")
+            ratio = ratios.get(configuration_stem(name))
             text.append(f"\\texttt{{{tex_escape(name)}}} drafts with an int8 copy of the fp32 target, a quantised "
                         f"self-draft (measured acceptance {measured}"
                         + (f"; one draft step costs {num(ratio, 2)} of a target step at "
@@ -184,15 +185,13 @@ def calibration_band_sentence(folder: Path | None) -> str:
 
 def faster_by_pair(folder: Path) -> dict[str, str]:
     """Per calibrated pair a run's study measured: in how many scenarios the best k>0 beat the best k=0 ("n/N")."""
-    from rakv.experiments.config import configuration
     from rakv.experiments.summary import read_summary
 
     out = {}
     for name, stats in read_summary(folder).per_configuration.items():
         share = stats.spec_slowdown.share_slower
         if share is not None and stats.scenarios:
-            chosen = configuration(name)
-            out[f"{chosen.pair}-{chosen.proposer}"] = f"{round((1 - share) * stats.scenarios)}/{stats.scenarios}"
+            out[configuration_stem(name)] = f"{round((1 - share) * stats.scenarios)}/{stats.scenarios}"
     return out
 
 
@@ -527,15 +526,13 @@ def zero_crossover_note(name: str, results: Path) -> str | None:
     """Why a configuration's least break-even acceptance is 0 (the claims table prints 0.000): the calibration
     prices the verify of k + 1 tokens below one decode step at some setting of the sensitivity grid, so the round
     pays whatever is accepted when the draft costs next to nothing."""
-    from rakv.experiments.config import configuration
 
     path = RunLayout.of(results).sensitivity_table("crossover")
     if not path.exists():
         return None
     grid = pd.read_parquet(path)
     zero = grid[(grid.configuration == name) & (grid.break_even_alpha == 0)]
-    chosen = configuration(name)
-    table = analysis.calibration_tables(results).get(f"{chosen.pair}-{chosen.proposer}")
+    table = analysis.calibration_tables(results).get(configuration_stem(name))
     if zero.empty or table is None:
         return None
     first = zero.sort_values(["prompt_tokens", "k"]).iloc[0]
@@ -590,7 +587,6 @@ def regime_text(summary: Summary, results: Path) -> str:
     """The paper's "The regime": where speculation pays here and why, in the prices and acceptances measured, on this
     machine and the shipped others, and where the reference's pairs, as twins, put their crossover (Figure
     fig:regime, rakv.experiments.figures.regime_map)."""
-    from rakv.experiments.config import configuration
 
     folders = analysis.regime_folders(results)
     points = analysis.regime_points(folders)
@@ -606,8 +602,7 @@ def regime_text(summary: Summary, results: Path) -> str:
     for name in summary.configurations:
         s = summary.per_configuration[name]
         clause = regime_clause(claim_of(summary, "spec_regime", name))
-        chosen = configuration(name)
-        pair = f"{chosen.pair}-{chosen.proposer}"
+        pair = configuration_stem(name)
         sentence = f"On \\texttt{{{tex_escape(name)}}}, " + (clause or "the regime could not be measured")
         slow = s.spec_slowdown
         if slow.share_slower is not None:

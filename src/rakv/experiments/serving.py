@@ -54,7 +54,7 @@ from rakv.experiments.records import exclusive, write_atomic, write_parquet
 from rakv.experiments.schema import ServingSection, ShardOptions, section
 from rakv.experiments.serving_runs import StudyRunSummary, read_study_run
 from rakv.runtime.actions import Action
-from rakv.runtime.calibration import calibration_key, load_table
+from rakv.runtime.calibration import calibration_key, load_table, precision_of
 from rakv.runtime.costmodel import RequestFeatures, acceptance_estimate, estimate_latency, read_cost_table
 from rakv.runtime.errors import RakvError
 from rakv.runtime.json_records import read_record, to_json
@@ -272,7 +272,7 @@ def merge_serving(cfg: DictConfig, out: ServingStudyLayout) -> Path:
     tables = {}
     for name in dict.fromkeys(c["configuration"] for c in plan):
         chosen = configuration(name)
-        path = run_layout(cfg).calibration(chosen.pair, chosen.proposer)
+        path = run_layout(cfg).calibration(chosen.pair, chosen.proposer, chosen.precision)
         if not path.exists():
             raise RakvError(f"{path} is missing: run the calibration job first")
         tables[name] = read_cost_table(path)
@@ -393,7 +393,7 @@ def _study_table(cfg: DictConfig, engine):
     """The cost table the study of this results folder used (results/<name>/calibration/), when it was measured
     for this pair and machine: the serving stage's controller prices requests as the study's does; else the
     calibration of this machine (measured now if missing or stale)."""
-    kept = run_layout(cfg).calibration(engine.pair.name, engine.proposer)
+    kept = run_layout(cfg).calibration(engine.pair.name, engine.proposer, precision_of(engine.pair))
     if kept.exists():
         try:
             return load_table(kept, calibration_key(engine.pair, engine.proposer))

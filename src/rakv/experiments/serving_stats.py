@@ -232,7 +232,7 @@ def serving_summary(results: Path, seed: int = 0) -> ServingSummary:
     equal, total = int(cells.outputs_equal_ar.sum()), int((cells.completed + cells.failed).sum())
     chosen = configuration(grid["configuration"])
     cost = BatchCost.from_json(json.loads(layout.serving.batch_cost(grid["configuration"]).read_text()))
-    calibration = layout.calibration(chosen.pair, chosen.proposer)
+    calibration = layout.calibration(chosen.pair, chosen.proposer, chosen.precision)
     alpha = read_cost_table(calibration).acceptance if calibration.exists() else None
     slos = (cells.groupby("configuration")[["slo_itl_ms", "slo_ttft_ms", "slo_tpot_ms"]].median()
             .to_dict("index"))

@@ -36,8 +36,8 @@ from rakv.runtime.cache import PrefixKVStore, kv_nbytes
 from rakv.runtime.costmodel import CostTable, Curve, acceptance_estimate, read_cost_table
 from rakv.runtime.decoding import Sampling, crop_cache, forward, synchronize
 from rakv.runtime.errors import RakvError
-from rakv.runtime.kernels import new_kv_cache, target_arch
-from rakv.runtime.models import derived_files_dir
+from rakv.runtime.kernels import new_kv_cache, target_arch, target_isa
+from rakv.runtime.models import PRECISION_QUANTISATION, derived_files_dir
 from rakv.runtime.workloads import calibration_prompts
 
 # The vector extensions that decide which of kernels.cpp's paths runs (and so a round's price): two machines sold
@@ -91,10 +91,27 @@ def hardware_fingerprint(device: torch.device, dtype: str) -> dict:
     # what changes the kernels' code path or their blocking: the ISA, the compile target, the cores, the caches; a
     # calibration keyed by them never travels to a machine of another class (rakv.runtime.calibration.load_table)
     return {"processor": processor, "isa": instruction_set() if cpu else None,
-            "kernels_march": target_arch() if cpu else None, "cores": usable_cores() if cpu else None,
+            "kernels_march": target_arch() if cpu else None, "kernels_isa": kernels_isa() if cpu else None,
+            "cores": usable_cores() if cpu else None,
             "caches": cpu_caches() if cpu else None, "device": device.type, "dtype": dtype,
             "threads": torch.get_num_threads() if cpu else None,
             "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def kernels_isa() -> str | None:
+    """What the compact kernels compile for on this machine (rakv.runtime.kernels.target_isa: the -march resolved and
+    the vector extensions it enables, which set the quantised GEMMs' code path), None without a compiler."""
+    try:
+        return target_isa()
+    except RakvError:
+        return None
+
+
+def precision_of(pair) -> str:
+    """The precision a loaded pair's target runs at (rakv.runtime.models.PRECISIONS), read off its fingerprint's
+    quantisation (PRECISION_QUANTISATION); fp32 for a target no precision converted."""
+    named = {quantisation: precision for precision, quantisation in PRECISION_QUANTISATION.items()}
+    return named.get(pair.target.fingerprint.quantisation, "fp32")
 
 
 METHOD = "interleaved-median-table/2"  # part of the key: a table measured another way is stale

@@ -36,6 +36,17 @@ OTHER_MACHINES_DIR = REFERENCE_DIR / "other-machines"
 INTERVAL_COVERAGE = PAPER_DIR / "interval_coverage.csv"
 
 
+def calibration_stem(pair: str, proposer: str, precision: str = "fp32") -> str:
+    """A kept calibration's name (RunLayout.calibration): `<pair>-<proposer>`, with `@<precision>` unless fp32."""
+    return f"{pair}-{proposer}" if precision == "fp32" else f"{pair}-{proposer}@{precision}"
+
+
+def split_calibration_stem(stem: str) -> tuple[str, str]:
+    """A kept calibration's name back into (`<pair>-<proposer>`, precision): fp32 where no `@` names one."""
+    name, _, precision = stem.partition("@")
+    return name, precision or "fp32"
+
+
 def trace_settings(trace: Path) -> Path:
     """The settings a trace was generated with, beside it (`<trace>.meta.json`, rakv.serving.trace.write_trace)."""
     return Path(f"{trace}.meta.json")
@@ -289,12 +300,15 @@ class RunLayout:
     def calibration_dir(self) -> Path:
         return self.root / "calibration"
 
-    def calibration(self, pair: str, proposer: str) -> Path:
-        """The cost table a configuration's runs were decided under (rakv.runtime.costmodel.CostTable's JSON)."""
-        return self.calibration_dir / f"{pair}-{proposer}.json"
+    def calibration(self, pair: str, proposer: str, precision: str = "fp32") -> Path:
+        """The cost table a configuration's runs were decided under (rakv.runtime.costmodel.CostTable's JSON):
+        `<pair>-<proposer>.json` with the target at fp32, `<pair>-<proposer>@<precision>.json` at another precision
+        (rakv.runtime.models.PRECISIONS), so the two prices of one pair and proposer never share a file."""
+        return self.calibration_dir / f"{calibration_stem(pair, proposer, precision)}.json"
 
     def calibrations(self) -> list[Path]:
-        """Every kept cost table, sorted by name (`<pair>-<proposer>.json`: the stem names it)."""
+        """Every kept cost table, sorted by name (`<pair>-<proposer>[@<precision>].json`: the stem names it,
+        `split_calibration_stem` reads it back)."""
         return sorted(self.calibration_dir.glob("*.json"))
 
     # -- study ------------------------------------------------------------------------------------------------------
