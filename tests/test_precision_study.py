@@ -4,6 +4,8 @@ analysis sets each proposer's regime at the two precisions side by side."""
 
 
 
+import pytest
+
 from rakv.runtime.run_layout import RunLayout, calibration_stem, split_calibration_stem
 
 
@@ -45,3 +47,95 @@ def test_the_precision_a_loaded_pair_runs_at_is_read_off_its_target():
     assert precision_of(load_pair("tiny")) == "fp32"
     assert precision_of(load_pair("tiny", precision="q4_1")) == "q4_1"
     assert precision_of(load_pair("tiny", precision="int8")) == "int8"
+
+
+# --- the analysis: each pair and proposer at each precision, side by side -------------------------------------------
+
+REFERENCE = RunLayout.reference("offline")
+
+
+def scaled(table, factor: float):
+    """A cost table whose target prices (step, verify, prefill) are `factor` times `table`'s: another precision's."""
+    from dataclasses import replace
+
+    def times(curve):
+        return replace(curve, coefficients=[c * factor for c in curve.coefficients],
+                       ys=[y * factor for y in curve.ys])
+
+    return replace(table, target_step=times(table.target_step), target_prefill=times(table.target_prefill),
+                   verify={k: times(v) for k, v in table.verify.items()})
+
+
+def with_q4_1(summary, regime: list):
+    """The shipped summary with smollm2-q4_1 beside smollm2: its statistics, but the regime's CI `regime`."""
+    from dataclasses import replace
+
+    from rakv.runtime.json_records import CI
+
+    fp32 = summary.per_configuration["smollm2"]
+    q4 = replace(fp32, spec_slowdown=replace(fp32.spec_slowdown, pooled=CI(*regime)))
+    return replace(summary, configurations=[*summary.configurations, "smollm2-q4_1"],
+                   per_configuration={**summary.per_configuration, "smollm2-q4_1": q4})
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    from rakv.experiments.analysis import price_context
+    from rakv.experiments.calibrations import calibration_tables
+    from rakv.experiments.summary import read_summary
+
+    tables = calibration_tables(REFERENCE.root)
+    tables["smollm2-draft@q4_1"] = scaled(tables["smollm2-draft"], 0.5)
+    return read_summary(REFERENCE.root), tables, price_context(REFERENCE.root)
+
+
+def test_the_shipped_run_has_no_precision_rows_and_its_table_says_so(shipped):
+    from rakv.experiments.precision_factor import precision_rows, precision_sentences, precision_table
+
+    summary, tables, context = shipped
+    assert precision_rows(summary, tables, context) == []  # every shipped configuration is at fp32
+    assert precision_table([]).startswith("%") and "\\begin" not in precision_table([])
+    assert precision_sentences([]) == []
+
+
+def test_a_pair_at_two_precisions_gets_a_row_each_with_its_own_prices(shipped):
+    from rakv.experiments.precision_factor import precision_rows, precision_table
+
+    summary, tables, context = shipped
+    rows = precision_rows(with_q4_1(summary, [0.2, 0.1, 0.3]), tables, context)
+    assert [(r.configuration, r.precision, r.family) for r in rows] == [("smollm2", "fp32", "smollm2-draft"),
+                                                                          ("smollm2-q4_1", "q4_1", "smollm2-draft")]
+    fp32, q4 = rows
+    assert q4.step_ms == pytest.approx(fp32.step_ms / 2)  # the q4_1 table's prices, not the fp32 one's
+    assert q4.draft_ratio == pytest.approx(2 * fp32.draft_ratio)  # the same draft against a target half as dear
+    assert q4.verify_ratio == pytest.approx(fp32.verify_ratio)
+    assert fp32.regime == list(summary.per_configuration["smollm2"].spec_slowdown.pooled) and q4.regime[0] == 0.2
+    table = precision_table(rows)
+    assert table.count("\\\\\n") >= 3 and "tab:precision" in table and "smollm2-q4\\_1" in table
+
+
+def test_the_precision_sentence_follows_the_sign_of_the_regimes_interval(shipped):
+    """Positive control: the same run with the q4_1 regime's CI above zero, straddling it and below it gets the
+    three verdicts, and the comparison with fp32 (faster there: the shipped run) turns with them."""
+    from rakv.experiments.precision_factor import precision_rows, precision_sentences, regime_word
+
+    summary, tables, context = shipped
+    assert regime_word(list(summary.per_configuration["smollm2"].spec_slowdown.pooled)) == "faster"
+
+    def sentence(regime):
+        (text,) = precision_sentences(precision_rows(with_q4_1(summary, regime), tables, context))
+        return text.split("at q4\\_1")[1]
+
+    slower, neither, faster = sentence([0.2, 0.1, 0.3]), sentence([0.02, -0.05, 0.1]), sentence([-0.2, -0.3, -0.1])
+    assert "is slower than the best $k=0$" in slower and "differs between the precisions" in slower
+    assert "is not distinguishable from the best $k=0$" in neither and "differs" in neither
+    assert "is faster than the best $k=0$" in faster and "the same at every precision (faster)" in faster
+    assert "20.0\\%" in slower and "[10.0\\%, 30.0\\%]" in slower
+
+
+def test_the_regime_maps_points_name_their_precision():
+    from rakv.experiments.figures import pair_name
+
+    assert pair_name("smollm2-draft") == "smollm2 (int8 self-draft)"
+    assert pair_name("smollm2-draft@q4_1") == "smollm2 (int8 self-draft) at q4_1"
+    assert pair_name("smollm2-prompt-lookup@q4_1") != pair_name("smollm2-prompt-lookup")

@@ -32,6 +32,7 @@ from rakv.runtime.actions import (  # noqa: E402
     SPEC_K4,
     Action,
 )
+from rakv.runtime.run_layout import split_calibration_stem  # noqa: E402
 
 FIGURES = ("strategy_latency_throughput", "chosen_actions", "predicted_vs_measured", "regret_distribution",
            "speedup_vs_alpha", "cache_budget", "feasibility_gap", "regime_map",
@@ -259,7 +260,11 @@ PAIR_NAMES = {  # calibration and twin names as the paper's text names them
 
 
 def pair_name(name: str) -> str:
-    return PAIR_NAMES.get(name, name)
+    """A calibration's name as the paper names it; one at another precision than fp32 (`<pair>-<proposer>@q4_1`,
+    rakv.runtime.run_layout.calibration_stem) says its precision, so the regime map has a point per precision."""
+    stem, precision = split_calibration_stem(name)
+    named = PAIR_NAMES.get(stem, stem)
+    return named if precision == "fp32" else f"{named} at {precision}"
 
 
 def feasibility_gap(gap: pd.DataFrame | None, feas: Feasibility, out_dir: Path):

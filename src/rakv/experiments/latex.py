@@ -23,6 +23,7 @@ from rakv.experiments.formatting import (
 )
 from rakv.experiments.metadata import RunMetadata, read_run_metadata
 from rakv.experiments.oracle import NOISE_LEVEL
+from rakv.experiments.precision_factor import precision_rows_of, precision_table
 from rakv.experiments.prose import (
     claims_discussion,
     conclusion,
@@ -334,6 +335,7 @@ def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path
         "joint_reuse.tex": joint_reuse_text(summary),
         "peer.tex": peer_section(peer_folder(results)),
         "regime.tex": regime_text(summary, results),
+        "precision_table.tex": precision_table(precision_rows_of(summary, results)),
         "sampling.tex": sampling_text(summary),
         "sampling_tables.tex": sampling_tables(summary),
         "speculate_table.tex": speculate_table(summary, results),

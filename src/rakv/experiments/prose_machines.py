@@ -17,6 +17,7 @@ from rakv.experiments.calibrations import configuration_stem
 from rakv.experiments.claims import REFERENCE
 from rakv.experiments.formatting import isa_label, missing, num, pct, tex_escape
 from rakv.experiments.metadata import RunMetadata, read_about, read_run_metadata, run_metadata_if_any
+from rakv.experiments.precision_factor import precision_rows_of, precision_sentences
 from rakv.experiments.prose import claim_of, regime_clause, regime_word, twin_sentence, verdict
 from rakv.experiments.summary import Summary
 from rakv.experiments.verdicts import Side, ci_side
@@ -49,8 +50,9 @@ def substitutions(summary: Summary, meta: RunMetadata, results: Path) -> str:
                         f"acceptance {measured}).")
         else:
             ratio = ratios.get(configuration_stem(name))
-            text.append(f"\\texttt{{{tex_escape(name)}}} drafts with an int8 copy of the fp32 target, a quantised "
-                        f"self-draft (measured acceptance {measured}"
+            at = "" if chosen.precision == "fp32" else f" (the target itself at {tex_escape(chosen.precision)})"
+            text.append(f"\\texttt{{{tex_escape(name)}}} drafts with an int8 copy of the fp32 target{at}, a "
+                        f"quantised self-draft (measured acceptance {measured}"
                         + (f"; one draft step costs {num(ratio, 2)} of a target step at "
                            f"{analysis.price_context(results):g} positions of context" if ratio is not None else "")
                         + "), not the small-draft regime of GPT-2 with DistilGPT-2, whose draft is a different, "
@@ -623,6 +625,7 @@ def regime_text(summary: Summary, results: Path) -> str:
         text.append("This run's pairs, by the draft step's price (in target steps) and their crossover: " + "; ".join(
             f"{tex_escape(pair_name(r.pair))} {num(r.draft_ratio, 2)}, "
             + (num(r.crossover) if pd.notna(r.crossover) else "no $k$ pays") for r in mine.itertuples()) + ".")
+    text += precision_sentences(precision_rows_of(summary, results))  # each pair and proposer at each precision
     twins = twin_sentence(summary)
     if twins:
         text.append(twins)
