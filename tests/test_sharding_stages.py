@@ -109,3 +109,77 @@ def test_sensitivity_merge_refuses_unfinished_and_catches_another_plan(tables, t
     run_sensitivity(merge)
     found = differences(stage_outputs(jobs, "sensitivity"), stage_outputs(one, "sensitivity"))
     assert any(line.startswith("sensitivity/cache_budget") for line in found), found
+
+
+def feasibility_cfg(results, *overrides):
+    return stage_cfg("feasibility", f"results_dir={results}", "profile.feasibility.prompts_per_bin=3",
+                     "experiment.scenarios=[cold,exact]", "controller.k_set=[0,2]", *overrides)
+
+
+def test_feasibility_as_jobs_gives_one_process_outputs(tables, tmp_path, monkeypatch):
+    from rakv.experiments.feasibility import run_feasibility
+
+    one = results_from(tables, tmp_path / "one")
+    run_feasibility(feasibility_cfg(one))
+    jobs = results_from(tables, tmp_path / "jobs")
+    for index in range(2):
+        run_feasibility(feasibility_cfg(jobs, "study.num_shards=2", f"study.shard_index={index}"))
+    assert not RunLayout.of(jobs).feasibility_summary.exists()  # a shard never merges
+    other = results_from(tables, tmp_path / "other")  # the positive control: shard 1 on another seed's plan
+    for index, seed in ((0, 0), (1, 7)):
+        run_feasibility(feasibility_cfg(other, "study.num_shards=2", f"study.shard_index={index}", f"seed={seed}"))
+    refuse_models(monkeypatch)
+    merge = ["study.num_shards=2", "study.merge_only=true"]
+    run_feasibility(feasibility_cfg(jobs, *merge))
+    mine, theirs = stage_outputs(jobs, "feasibility"), stage_outputs(one, "feasibility")
+    assert set(mine) == {"feasibility sweep outputs", "feasibility/gap"} and len(mine["feasibility/gap"])
+    assert differences(mine, theirs) == []
+    with pytest.raises(RakvError, match="runs are missing"):  # the other plan's runs never complete the plan
+        run_feasibility(feasibility_cfg(other, *merge))
+
+
+def test_feasibility_cost_side_as_jobs_assembles_what_one_process_writes(tables, tmp_path, monkeypatch):
+    """Without the pair's weights: each shard's twin pairs as units, merged into one process's tables and summary.
+    The twins' measurement is replaced by the seeded table's cost model (the shard/merge logic is what is tested)."""
+    import json
+
+    import rakv.experiments.feasibility as feasibility
+    import rakv.experiments.study as study
+    from rakv.runtime.costmodel import break_even_rows, read_cost_table
+    from rakv.runtime.errors import WeightsUnavailable
+    from rakv.runtime.models import twin_of
+
+    table = read_cost_table(tables / "calibration" / "tiny-draft.json")
+
+    def no_weights(*args, **kwargs):
+        raise WeightsUnavailable("not here (the test's)")
+
+    def twin_unit(cfg, feas, pair, main_pair):
+        rows = break_even_rows(twin_of(pair), table, feas.cost_side.prompt_tokens, feas.new_tokens)
+        controlled = [{"configuration": twin_of(pair), "prompt_id": "p0", "prompt_tokens": 64, "repeat": 0, "k": 2,
+                       "alpha": 0.5, "measured_alpha": 0.5, "ar_latency_s": 1.0, "spec_latency_s": 0.8,
+                       "measured_speedup": 1.25, "predicted_speedup": 1.2, "predicted_speedup_at_measured_alpha": 1.2,
+                       "equal_to_ar": True}] if pair == main_pair else []
+        return rows, controlled, table
+
+    monkeypatch.setattr(study, "engine_for", no_weights)
+    monkeypatch.setattr(feasibility, "twin_unit", twin_unit)
+    pairs = ["profile.feasibility.configuration=gpt2-distilgpt2",
+             "profile.feasibility.cost_side.pairs=[gpt2medium-gpt2,gpt2-distilgpt2,gpt2large-gpt2medium]"]
+    one, jobs = tmp_path / "one", tmp_path / "jobs"
+    feasibility.run_feasibility(feasibility_cfg(one, *pairs))
+    for index in range(2):
+        feasibility.run_feasibility(feasibility_cfg(jobs, *pairs, "study.num_shards=2", f"study.shard_index={index}"))
+    units = sorted(p.stem for p in RunLayout.of(jobs).stage_units("feasibility").glob("*.json"))
+    assert len(units) == 3
+    merge = feasibility_cfg(jobs, *pairs, "study.num_shards=2", "study.merge_only=true")
+    held = RunLayout.of(jobs).stage_units("feasibility") / f"{units[0]}.json"
+    held.rename(tmp_path / "held.json")  # the positive control: a unit not finished
+    with pytest.raises(RakvError, match="1 of 3 units are not finished"):
+        feasibility.run_feasibility(merge)
+    (tmp_path / "held.json").rename(held)
+    refuse_models(monkeypatch)
+    feasibility.run_feasibility(merge)
+    assert json.loads(RunLayout.of(jobs).feasibility_summary.read_text()) == \
+        json.loads(RunLayout.of(one).feasibility_summary.read_text())
+    assert differences(stage_outputs(jobs, "feasibility"), stage_outputs(one, "feasibility")) == []

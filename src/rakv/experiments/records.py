@@ -126,6 +126,7 @@ class ShardUnit:
     calibration_digest: str
     host: str
     table: dict
+    note: str = ""  # what the merge should carry into the stage's summary (the feasibility cost side's reason)
 
 
 def units_dealt(units: list[str], num_shards: int, shard_index: int) -> list[str]:
@@ -151,6 +152,12 @@ def write_unit(folder: Path, record: ShardUnit, parts: dict[str, list[dict]]) ->
     write_atomic(unit_record(folder, record.unit), json.dumps(to_json(record), indent=1))
 
 
+def _rows(path: Path) -> list[dict]:
+    """A unit's table as the rows it was written from (a missing value None, as the measuring code had it)."""
+    frame = pd.read_parquet(path)
+    return frame.astype(object).where(frame.notna(), None).to_dict("records")
+
+
 def read_units(folder: Path, stage: str, units: list[str]) -> dict[str, tuple[ShardUnit, dict[str, list[dict]]]]:
     """Every planned unit's record and rows, read from the shards' files alone; a missing unit stops with one line."""
     from rakv.runtime.json_records import read_record
@@ -162,6 +169,6 @@ def read_units(folder: Path, stage: str, units: list[str]) -> dict[str, tuple[Sh
     out = {}
     for unit in units:
         record = read_record(ShardUnit, unit_record(folder, unit))
-        out[unit] = record, {part: pd.read_parquet(unit_part(folder, unit, part)).to_dict("records") if count else []
+        out[unit] = record, {part: _rows(unit_part(folder, unit, part)) if count else []
                              for part, count in record.parts.items()}
     return out

@@ -35,6 +35,10 @@ def calibrate(cfg: DictConfig) -> None:
     from rakv.experiments.serving import calibrate_serving
 
     calibrate_serving(cfg)  # the serving study's tables too: its jobs read them, never write them (docs/cluster.md)
+    if cfg.study.num_shards > 1:  # the calibration job of stages run as jobs: the feasibility pair's table too
+        from rakv.experiments.feasibility import calibrate_feasibility
+
+        calibrate_feasibility(cfg)
 
 
 def study(cfg: DictConfig) -> None:
