@@ -7,8 +7,10 @@ ratios. The measurements are rakv.bench.engine's.
     .venv/bin/python scripts/bench_engine.py --load   # only memory and start-up (fresh processes)
     .venv/bin/python scripts/bench_engine.py --draft-reuse   # only the draft's prefill with and without its stored
                                                              # state
-    .venv/bin/python scripts/bench_engine.py --precision-peer   # only ours at fp32 / int8 / q4_1 beside llama.cpp on
-                                                                # the same GGUF, 1 and 2 threads, with the floors
+    .venv/bin/python scripts/bench_engine.py --precision-peer [--out PATH]   # only ours at fp32 / int8 / q4_1
+        # beside llama.cpp on the same GGUF, 1 and 2 threads, with the floors; written as a record (default
+        # data/reference/peer/bench_engine/precision-<cpu>.json) that docs/engine.md's "Precision" tables are
+        # rendered from (scripts/write_precision_table.py)
     ./scripts/setup_llama_cpp_peer.sh   # optional: llama.cpp beside us in .venv-llama (builds from source, 10-30 min)
 
 `--precision` runs our target at fp32, int8 or q4_1 (rakv.runtime.models.PRECISIONS) in every measurement; the
@@ -50,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from rakv.bench.engine import (
     SIDES,
@@ -58,7 +61,7 @@ from rakv.bench.engine import (
     gemm_table,
     load_sides,
     make_sides,
-    precision_peer,
+    precision_peer_file,
     reuse_prompts,
 )
 from rakv.bench.engine_load import load_report, peak_increase_mib, rss_probe
@@ -68,6 +71,7 @@ from rakv.bench.engine_report import (
     GemmTable,
     LoadReport,
     MemoryRow,
+    PrecisionPeerFile,
     PrecisionPeerTable,
     StartupRow,
 )
@@ -101,7 +105,7 @@ from rakv.runtime.actions import AR, JOINT_K4, SPEC_K, SPEC_K4, Action
 from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
-from rakv.runtime.json_records import to_json
+from rakv.runtime.json_records import to_json, write_record
 from rakv.runtime.models import load_pair
 from rakv.runtime.workloads import load_humaneval
 
@@ -142,6 +146,9 @@ def parse_args(argv=None) -> tuple[EngineBenchOptions, argparse.Namespace]:
     parser.add_argument("--precision-peer", action="store_true",
                         help="only our target at each precision beside llama.cpp on the same GGUF (decode, prefill "
                              "of --long-prompt-tokens, 1 and 2 threads) with each precision's floor")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="with --precision-peer: the record's path (default: data/reference/peer/bench_engine/"
+                             "precision-<cpu label>.json, rakv.runtime.run_layout.PeerLayout.precision)")
     parser.add_argument("--load", action="store_true",
                         help="only memory and start-up (fresh processes: peak RSS; `rakv generate` to its first "
                              "token with the packed weights' cache cold and warm)")
@@ -303,8 +310,23 @@ def print_load(load: LoadReport) -> None:
           f"({judged(SERVE_STARTUP_WARM, start.serve_warm_first_token_s)})")
 
 
-def main() -> int:
-    options, args = parse_args()
+def write_precision_peer(args, record: PrecisionPeerFile) -> int:
+    """--precision-peer: the record written (--out, or the shipped folder by the CPU's label), then shown."""
+    from rakv.runtime.run_layout import PeerLayout
+
+    out = args.out or PeerLayout.shipped().precision(record.machine.label)
+    try:
+        write_record(record, out)
+    except OSError as exc:
+        raise RakvError(f"cannot write {out}: {exc.strerror or exc}") from None
+    show(args, record.table, print_precision_peer)
+    if not args.json:
+        print(f"bench_engine: wrote {out} (docs/engine.md: .venv/bin/python scripts/write_precision_table.py)")
+    return 0
+
+
+def main(argv=None) -> int:
+    options, args = parse_args(argv)
     try:
         if args.probe == "rss":
             print(json.dumps(to_json(rss_probe(options))))
@@ -316,7 +338,9 @@ def main() -> int:
         if args.load:
             return show(args, load_report(options), print_load)
         if args.precision_peer:
-            return show(args, precision_peer(options), print_precision_peer)
+            if args.out is not None and args.out.exists() and args.out.is_dir():
+                raise RakvError(f"--out {args.out} is a folder; give the record's file path")
+            return write_precision_peer(args, precision_peer_file(options))
         pair, stock, engine, ids = load_sides(options)
     except RakvError as exc:
         print(f"bench_engine: error: {exc}", file=sys.stderr)

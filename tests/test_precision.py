@@ -245,3 +245,81 @@ def test_the_real_peer_child_imports_llama_cpp_not_itself(tmp_path):
     got = run_child(str(python), "q4_1", tmp_path / "m.gguf", tmp_path / "m.gguf", "abc", "abcdef", 4, 1, 1)
     assert got.error is None, got.error
     assert got.version == "fake" and got.tokens == [7, 7, 7, 7] and got.prefill_tokens == 6
+
+
+# --- the precision benchmark as a shipped file (scripts/bench_engine.py --precision-peer --out) ----------------------
+
+def synthetic_precision_record(decode_ms: float = 12.0):
+    """A small made-up record (not a measurement): one precision, ours and a llama.cpp side that died."""
+    from rakv.bench.engine_report import (
+        PrecisionDraft,
+        PrecisionFloor,
+        PrecisionMachine,
+        PrecisionPeerFile,
+        PrecisionPeerTable,
+        PrecisionRatio,
+        PrecisionSide,
+    )
+
+    table = PrecisionPeerTable("smollm2", 16, 512, 3, 10.0, [PrecisionFloor("q4_1", 97_000_000, 9.7)],
+                               [PrecisionSide("ours", "q4_1", 2, decode_ms, 900.0, decode_ms / 9.7),
+                                PrecisionSide("llama.cpp", "q4_1", 2, error="died with signal 4")],
+                               [PrecisionRatio("q4_1", 2, 1.2, "missed", 0.9, "met")],
+                               [PrecisionDraft("q4_1", 2, 10.0, 4.0, 0.4)])
+    machine = PrecisionMachine("Made-up CPU 9000", "made-up-cpu-9000", "znver4+avx2.avx512f", 2, "0123456789abcdef",
+                               "2026-12-06", 0.5)
+    return PrecisionPeerFile(machine, table)
+
+
+def load_script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_precision_benchmark_writes_its_record_where_out_says(tmp_path, monkeypatch, capsys):
+    """The script's --precision-peer path with the measurement stubbed by a synthetic record: the record lands at
+    --out and reads back as written; a folder as --out is one line and exit 2."""
+    from rakv.bench.engine_report import PrecisionPeerFile
+    from rakv.runtime.json_records import read_record
+
+    bench = load_script("bench_engine")
+    record = synthetic_precision_record()
+    monkeypatch.setattr(bench, "precision_peer_file", lambda options: record)
+    out = tmp_path / "peer" / "precision-x.json"
+    assert bench.main(["--precision-peer", "--no-peer", "--out", str(out)]) == 0
+    assert read_record(PrecisionPeerFile, out) == record and f"wrote {out}" in capsys.readouterr().out
+    assert bench.main(["--precision-peer", "--out", str(tmp_path)]) == 2  # positive control: a folder
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a folder" in err
+
+
+def test_the_precision_tables_render_the_record_they_are_given():
+    from rakv.bench.engine_report import precision_markdown
+
+    text = precision_markdown(synthetic_precision_record(), "data/x.json")
+    assert "| ours | q4_1 | 2 | 12.00 | 1.24 | 900 |" in text and "not measured: died with signal 4" in text
+    assert "| q4_1 | 2 | 1.200x | missed | 0.900x | met |" in text and "| q4_1 | 2 | 10.00 | 4.00 | 0.40 |" in text
+    assert "commit 0123456" in text and "Made-up CPU 9000" in text and "one-minute load 0.5" in text
+    other = precision_markdown(synthetic_precision_record(decode_ms=13.5), "data/x.json")
+    assert "| ours | q4_1 | 2 | 13.50 |" in other and other != text  # positive control: another record, other text
+
+
+def test_docs_engine_precision_tables_are_the_shipped_files(tmp_path):
+    """docs/engine.md's block is what scripts/write_precision_table.py renders from the shipped files; a block
+    edited by hand, or rendered from another file, is caught; a doc without the markers is one error."""
+    from rakv.runtime.json_records import write_record
+    from rakv.runtime.run_layout import PeerLayout
+
+    writer = load_script("write_precision_table")
+    text, shipped = writer.DOC.read_text(), PeerLayout.shipped().precisions()
+    assert writer.rendered(text, shipped) == text, "docs/engine.md is stale: run scripts/write_precision_table.py"
+    edited = text.replace(writer.START + "\n", writer.START + "\nby hand\n")
+    assert writer.rendered(edited, shipped) != edited  # positive control: a hand edit is stale
+    extra = write_record(synthetic_precision_record(), PeerLayout(tmp_path).precision("made-up-cpu-9000"))
+    assert "Made-up CPU 9000" in writer.rendered(text, [*shipped, extra]) != text
+    with pytest.raises(RakvError, match="precision-table"):
+        writer.rendered(text.replace(writer.END, ""), shipped)

@@ -33,6 +33,8 @@ from rakv.bench.engine_report import (
     GenerationRow,
     PrecisionDraft,
     PrecisionFloor,
+    PrecisionMachine,
+    PrecisionPeerFile,
     PrecisionPeerTable,
     PrecisionRatio,
     PrecisionSide,
@@ -523,3 +525,40 @@ def precision_peer(options: EngineBenchOptions, thread_counts=(1, 2)) -> Precisi
     return PrecisionPeerTable(pair=options.pair, new_tokens=options.new_tokens, prefill_tokens=len(long_ids),
                               repeats=options.repeats, bandwidth_gb_s=bandwidth / 1e9, floors=list(floors.values()),
                               sides=sides, ratios=ratios, drafts=drafts)
+
+
+def cpu_label(processor: str) -> str:
+    """A CPU's model name as a file name's part: lower case, each run of other characters than letters and digits
+    one '-' ("AMD EPYC 9R14 96-Core Processor" -> "amd-epyc-9r14-96-core-processor")."""
+    import re
+
+    return re.sub(r"[^a-z0-9]+", "-", processor.lower()).strip("-") or "unknown-cpu"
+
+
+def precision_machine(load_1min: float) -> PrecisionMachine:
+    """This machine as a precision benchmark records it (hardware_fingerprint's processor, kernels' ISA, cores),
+    with the checkout's commit, today's UTC date and `load_1min` (read before the benchmark started)."""
+    import os
+    import subprocess
+
+    from rakv.runtime.calibration import hardware_fingerprint
+    from rakv.runtime.paths import ROOT
+
+    hardware = hardware_fingerprint(torch.device("cpu"), "float32")
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT,
+                                check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    return PrecisionMachine(processor=hardware["processor"], label=cpu_label(hardware["processor"]),
+                            kernels_isa=hardware["kernels_isa"], cores=hardware["cores"] or os.cpu_count() or 1,
+                            commit=commit, date=time.strftime("%Y-%m-%d", time.gmtime()), load_1min=load_1min)
+
+
+def precision_peer_file(options: EngineBenchOptions) -> PrecisionPeerFile:
+    """precision_peer's table with the machine it ran on (the load read before it starts): the shipped record."""
+    import os
+
+    load = os.getloadavg()[0]
+    table = precision_peer(options)
+    return PrecisionPeerFile(machine=precision_machine(load), table=table)

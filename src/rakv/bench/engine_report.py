@@ -367,3 +367,62 @@ class EngineReport:
     memory: MemoryRow
     startup: StartupRow
     llama_cpp: LlamaCppRow | None
+
+
+@dataclass(frozen=True)
+class PrecisionMachine:
+    """Where a precision benchmark ran: the CPU as /proc/cpuinfo names it (`label`, its file-name form:
+    rakv.runtime.run_layout.PeerLayout.precision), what the kernels compile for (rakv.runtime.kernels.target_isa),
+    the usable cores, the commit and UTC date, and the one-minute load average when it started."""
+
+    processor: str
+    label: str
+    kernels_isa: str | None
+    cores: int
+    commit: str | None
+    date: str
+    load_1min: float
+
+
+@dataclass(frozen=True)
+class PrecisionPeerFile:
+    """scripts/bench_engine.py --precision-peer's record as shipped (data/reference/peer/bench_engine/): the machine
+    and the table; docs/engine.md's "Precision" tables are rendered from it (scripts/write_precision_table.py)."""
+
+    machine: PrecisionMachine
+    table: PrecisionPeerTable
+
+
+def _cell(value: float | None, digits: int) -> str:
+    return "--" if value is None or value is ABSENT else f"{value:.{digits}f}"
+
+
+def precision_markdown(record: PrecisionPeerFile, source: str) -> str:
+    """One shipped precision benchmark as markdown: where and when it ran, each precision's floor, each engine's
+    decode and prefill, ours over llama.cpp with the goals' verdicts, and the draft over its target step."""
+    m, t = record.machine, record.table
+    lines = [f"From `{source}` (commit {m.commit[:7] if m.commit else 'unknown'}, {m.date}; {m.processor}, "
+             f"kernels for {m.kernels_isa or 'unknown'}, {m.cores} cores, one-minute load {m.load_1min:.1f} at "
+             f"the start): {t.pair}, decode after the first token ({t.new_tokens} tokens), prefill of "
+             f"{t.prefill_tokens} tokens, medians of {t.repeats}. Floors (the bytes a decode step streams / "
+             f"{t.bandwidth_gb_s:.1f} GB/s measured): " + ", ".join(
+                 f"{f.precision} {f.weight_bytes / 1e6:.0f} MB = {f.floor_ms:.2f} ms" for f in t.floors) + ".", "",
+             "| engine | precision | threads | decode ms/token | / floor | prefill tokens/s |",
+             "|--------|-----------|--------:|----------------:|--------:|-----------------:|"]
+    for s in t.sides:
+        if s.error is not ABSENT and s.error:
+            lines.append(f"| {s.who} | {s.precision} | {s.threads} | not measured: {s.error} | | |")
+        else:
+            lines.append(f"| {s.who} | {s.precision} | {s.threads} | {_cell(s.decode_ms_per_token, 2)} | "
+                         f"{_cell(s.decode_over_floor, 2)} | {_cell(s.prefill_tokens_per_s, 0)} |")
+    if t.ratios:
+        lines += ["", "| ours / llama.cpp | threads | decode time | verdict | prefill time | verdict |",
+                  "|------------------|--------:|------------:|---------|-------------:|---------|"]
+        lines += [f"| {r.precision} | {r.threads} | {r.decode_over_llama_cpp:.3f}x | {r.decode_verdict} | "
+                  f"{r.prefill_over_llama_cpp:.3f}x | {r.prefill_verdict} |" for r in t.ratios]
+    if t.drafts:
+        lines += ["", "| target precision | threads | target step ms | draft step ms | draft / step |",
+                  "|------------------|--------:|---------------:|--------------:|-------------:|"]
+        lines += [f"| {d.precision} | {d.threads} | {d.target_step_ms:.2f} | {d.draft_step_ms:.2f} | "
+                  f"{d.draft_over_step:.2f} |" for d in t.drafts]
+    return "\n".join(lines)

@@ -475,6 +475,19 @@ class PeerLayout:
         """scripts/bench_serving.py's --out files, one per engine setting."""
         return self.root / "bench_serving"
 
+    @property
+    def bench_engine_dir(self) -> Path:
+        """scripts/bench_engine.py --precision-peer's records, one per machine."""
+        return self.root / "bench_engine"
+
+    def precision(self, label: str) -> Path:
+        """One machine's precision benchmark (rakv.bench.engine_report.PrecisionPeerFile), by its CPU's label."""
+        return self.bench_engine_dir / f"precision-{label}.json"
+
+    def precisions(self) -> list[Path]:
+        """Every machine's precision benchmark, sorted by name (docs/engine.md renders them in this order)."""
+        return sorted(self.bench_engine_dir.glob("precision-*.json"))
+
 
 @dataclass(frozen=True)
 class HeadsLayout:
