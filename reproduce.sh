@@ -4,11 +4,11 @@
 #   ./reproduce.sh                                   # profile=offline: SmolLM2 pairs, every stage
 #   ./reproduce.sh profile=smoke                     # tiny random pair, a few minutes
 #   ./reproduce.sh profile=offline controller.k_set=[0,2,4] cache.budget_mib=64
-#   ./reproduce.sh profile=smoke jobs=4              # study and serving as 4 jobs each (docs/cluster.md)
-# jobs=N [launcher=local|slurm|<conf/local site>]: the study and serving stages run as N shards through
-# hydra-submitit-launcher (local: subprocesses of this machine), each on the calibrate stage's tables, then a merge
-# that loads no model; study.learning=per_block is then set for every stage, so the decisions are those of a
-# one-process run with it.
+#   ./reproduce.sh profile=smoke jobs=4              # study, serving, sensitivity, feasibility as 4 jobs each
+# jobs=N [launcher=local|slurm|<conf/local site>]: the study, serving, sensitivity and feasibility stages run as N
+# shards through hydra-submitit-launcher (local: subprocesses of this machine), each on the calibrate stage's tables
+# (the calibrate stage then also keeps the feasibility pair's), then a merge that loads no model (docs/cluster.md);
+# study.learning=per_block is then set for every stage, so the decisions are those of a one-process run with it.
 set -euo pipefail
 cd "$(dirname "$0")"
 ./scripts/setup_venv.sh
@@ -41,6 +41,8 @@ case "$jobs" in ''|*[!0-9]*|0) echo "reproduce: jobs must be a whole number >= 1
 if [ "$jobs" -gt 1 ]; then
     case " ${overrides[*]+"${overrides[*]}"} " in *" study.learning="*) ;; *) overrides+=(study.learning=per_block) ;; esac
 fi
+# the stages that run as jobs with jobs=N (the others run as one job each)
+JOB_STAGES="study serving sensitivity feasibility"
 # a stage as `jobs` shards of a Hydra multirun, then the merge (reads what the shards wrote and the tables only)
 stage_jobs() {
     .venv/bin/python scripts/run_stage.py "$1" -m "hydra/launcher=$launcher" "${overrides[@]+"${overrides[@]}"}" \
@@ -64,8 +66,10 @@ for stage in "${stages[@]}"; do
     previous=$(last_time "$stage")
     echo "reproduce: stage $stage ($(date +%H:%M:%S))${previous:+; it took ${previous} s last time}"
     stage_start=$(date +%s)
-    if [ "$jobs" -gt 1 ] && { [ "$stage" = study ] || [ "$stage" = serving ]; }; then
+    if [ "$jobs" -gt 1 ] && case " $JOB_STAGES " in *" $stage "*) true ;; *) false ;; esac; then
         run=(stage_jobs "$stage")
+    elif [ "$jobs" -gt 1 ] && [ "$stage" = calibrate ]; then  # the calibration job of the stages run as jobs
+        run=(.venv/bin/python scripts/run_stage.py calibrate "${overrides[@]+"${overrides[@]}"}" "study.num_shards=$jobs")
     else
         run=(.venv/bin/python scripts/run_stage.py "$stage" "${overrides[@]+"${overrides[@]}"}")
     fi

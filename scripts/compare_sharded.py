@@ -1,14 +1,18 @@
-"""The study as N jobs against one process (docs/cluster.md): both decide under one calibration table, every rakv-asd
-action and learned acceptance compared run by run, and the study stage's wall time printed for both.
+"""Stages as N jobs against one process (docs/cluster.md): both decide under one calibration, and each stage's
+decisions and outputs are compared (timings aside), with each stage's wall time printed both ways.
 
-    .venv/bin/python scripts/compare_sharded.py --jobs 4 profile=smoke          # runs both, then compares
+    .venv/bin/python scripts/compare_sharded.py --jobs 4 profile=smoke          # the study: runs both, compares
+    .venv/bin/python scripts/compare_sharded.py --jobs 4 --stages study,serving,sensitivity,feasibility profile=smoke
     .venv/bin/python scripts/compare_sharded.py --compare ONE_DIR SHARDED_DIR  # compares two finished results folders
 
-It runs the calibrate stage into <out>/one/, the study there as one process, copies the table to <out>/jobs/, and runs
-the study there as a Hydra multirun of N jobs through hydra-submitit-launcher's local executor (`--launcher`) and the
-merge, both with study.learning=per_block. Exit status 0 when every rakv-asd decision is identical, 1 when one is not,
-2 on bad input. The wall times are this machine's at this moment: with N jobs on fewer free cores than N they show
-the overhead of jobs, not a cluster's speed-up.
+It runs the calibrate stage into <out>/one/ and every stage of `--stages` there as one process, copies the tables it
+kept (calibration/ and serving/batch_cost-*.json) to <out>/jobs/, and runs each stage there as a Hydra multirun of N
+jobs through hydra-submitit-launcher's local executor (`--launcher`) and the merge, all with
+study.learning=per_block. The study's rakv-asd decisions are compared run by run (action, acceptance before and
+after); every stage's outputs through rakv.experiments.shard_compare (the study's decisions, every served output's
+tokens, the sensitivity parts' and the feasibility sweep's untimed columns). Exit status 0 when all are identical, 1
+when one is not, 2 on bad input. The wall times are this machine's at this moment: with N jobs on fewer free cores
+than N they show the overhead of jobs, not a cluster's speed-up.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from rakv.experiments.shard_compare import COMPARED_STAGES, differences, stage_outputs  # noqa: E402
 from rakv.runtime.run_layout import RESULTS_DIR, RunLayout  # noqa: E402
 
 DECIDED = ["action", "alpha_before", "alpha_after"]  # what the controller chose and what it had learned
@@ -70,6 +75,27 @@ def compare(one_dir: Path, sharded_dir: Path) -> int:
     return 1 if bad or mixed else 0
 
 
+def compare_stages(one_dir: Path, sharded_dir: Path, stages: list[str]) -> int:
+    """Every stage's outputs (rakv.experiments.shard_compare), and the study's decisions run by run."""
+    status = 0
+    for name in stages:
+        if name == "study":
+            status = max(status, compare(one_dir, sharded_dir))
+            continue
+        one, other = stage_outputs(one_dir, name), stage_outputs(sharded_dir, name)
+        if not one:
+            print(f"compare_sharded: error: {one_dir} has no {name} outputs to compare", file=sys.stderr)
+            return 2
+        found = differences(one, other)
+        rows = sum(len(frame) for frame in one.values())
+        print(f"compare_sharded: {name}: {len(one) - len({line.split(':')[0] for line in found})} of {len(one)} "
+              f"tables identical ({rows} rows: {', '.join(sorted(one))})")
+        for line in found[:10]:
+            print(f"  differs: {line}")
+        status = max(status, 1 if found else 0)
+    return status
+
+
 def stage(name: str, overrides: list[str], *extra: str) -> float:
     start = time.perf_counter()
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_stage.py"), name, *extra, *overrides])
@@ -78,16 +104,33 @@ def stage(name: str, overrides: list[str], *extra: str) -> float:
     return time.perf_counter() - start
 
 
+def copy_tables(one: Path, sharded: Path) -> None:
+    """The tables the one-process run kept, so that both sides decide under the same ones."""
+    shutil.copytree(RunLayout.of(one).calibration_dir, RunLayout.of(sharded).calibration_dir)
+    serving = RunLayout.of(sharded).serving.root
+    for path in RunLayout.of(one).serving.root.glob("batch_cost-*.json"):
+        serving.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, serving / path.name)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=4, help="shards of the multirun (default 4)")
     parser.add_argument("--launcher", default="local", help="conf/hydra/launcher/ option (default local)")
+    parser.add_argument("--stages", default="study",
+                        help=f"comma-separated stages to run and compare, in order (of: {','.join(COMPARED_STAGES)})")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "compare_sharded", help="results folders")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("ONE", "SHARDED"),
                         help="only compare two finished results folders")
     args, overrides = parser.parse_known_args()
+    stages = [name for name in args.stages.split(",") if name]
+    unknown = [name for name in stages if name not in COMPARED_STAGES]
+    if unknown or not stages:
+        print(f"compare_sharded: error: --stages takes {', '.join(COMPARED_STAGES)}; got {args.stages!r}",
+              file=sys.stderr)
+        return 2
     if args.compare:
-        return compare(*args.compare)
+        return compare_stages(*args.compare, stages)
     if args.jobs < 2:
         print("compare_sharded: error: --jobs must be >= 2", file=sys.stderr)
         return 2
@@ -100,16 +143,21 @@ def main() -> int:
             shutil.rmtree(folder)
     common = [*overrides, "study.learning=per_block"]
     stage("calibrate", [*common, f"results_dir={one}"])
-    one_s = stage("study", [*common, f"results_dir={one}"])
-    shutil.copytree(RunLayout.of(one).calibration_dir, RunLayout.of(sharded).calibration_dir)  # one table
-    jobs = [*common, f"results_dir={sharded}", f"study.num_shards={args.jobs}"]
-    jobs_s = stage("study", [*jobs, f"study.shard_index=range({args.jobs})", f"hydra/launcher={args.launcher}",
-                             f"hydra.sweep.dir={args.out / 'multirun'}"], "-m")
-    merge_s = stage("study", [*jobs, "study.merge_only=true"])
-    status = compare(one, sharded)
-    print(f"compare_sharded: study wall time: one process {one_s:.1f} s; {args.jobs} jobs "
-          f"({args.launcher} launcher) {jobs_s:.1f} s + merge {merge_s:.1f} s = "
-          f"{(jobs_s + merge_s) / one_s:.2f} x one process")
+    one_s = {name: stage(name, [*common, f"results_dir={one}"]) for name in stages}
+    copy_tables(one, sharded)  # one table per configuration for both sides
+    jobs_s = {}
+    for name in stages:
+        jobs = [*common, f"results_dir={sharded}", f"study.num_shards={args.jobs}"]
+        jobs_s[name] = (stage(name, [*jobs, f"study.shard_index=range({args.jobs})",
+                                     f"hydra/launcher={args.launcher}",
+                                     f"hydra.sweep.dir={args.out / 'multirun' / name}"], "-m"),
+                        stage(name, [*jobs, "study.merge_only=true"]))
+    status = compare_stages(one, sharded, stages)
+    for name in stages:
+        shards_s, merge_s = jobs_s[name]
+        print(f"compare_sharded: {name} wall time: one process {one_s[name]:.1f} s; {args.jobs} jobs "
+              f"({args.launcher} launcher) {shards_s:.1f} s + merge {merge_s:.1f} s = "
+              f"{(shards_s + merge_s) / one_s[name]:.2f} x one process")
     return status
 
 

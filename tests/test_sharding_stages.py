@@ -183,3 +183,25 @@ def test_feasibility_cost_side_as_jobs_assembles_what_one_process_writes(tables,
     assert json.loads(RunLayout.of(jobs).feasibility_summary.read_text()) == \
         json.loads(RunLayout.of(one).feasibility_summary.read_text())
     assert differences(stage_outputs(jobs, "feasibility"), stage_outputs(one, "feasibility")) == []
+
+
+def test_compare_sharded_stages_reports_a_differing_output(tmp_path):
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    rows = [{"configuration": "tiny", "budget_mib": b, "hit_rate": 0.5, "evictions": 2, "mean_latency_s": 0.1 * b}
+            for b in (1, 2)]
+    for name, changed in (("one", {}), ("same", {"mean_latency_s": 9.0}), ("other", {"evictions": 3})):
+        frame = pd.DataFrame(rows)
+        for column, value in changed.items():
+            frame.loc[1, column] = value
+        RunLayout.of(tmp_path / name).sensitivity_dir.mkdir(parents=True)
+        frame.to_parquet(RunLayout.of(tmp_path / name).sensitivity_table("cache_budget"))
+    script = [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "compare_sharded.py"),
+              "--stages", "sensitivity", "--compare", tmp_path / "one"]
+    same = subprocess.run([*script, tmp_path / "same"], capture_output=True, text=True)  # a timing differs only
+    assert same.returncode == 0 and "sensitivity: 1 of 1 tables identical" in same.stdout, same.stdout + same.stderr
+    other = subprocess.run([*script, tmp_path / "other"], capture_output=True, text=True)
+    assert other.returncode == 1 and "0 of 1 tables" in other.stdout and "'evictions'" in other.stdout, other.stdout
