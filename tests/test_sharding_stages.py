@@ -205,3 +205,33 @@ def test_compare_sharded_stages_reports_a_differing_output(tmp_path):
     assert same.returncode == 0 and "sensitivity: 1 of 1 tables identical" in same.stdout, same.stdout + same.stderr
     other = subprocess.run([*script, tmp_path / "other"], capture_output=True, text=True)
     assert other.returncode == 1 and "0 of 1 tables" in other.stdout and "'evictions'" in other.stdout, other.stdout
+
+
+def test_slurm_submit_chains_calibrate_shards_and_merges(tmp_path):
+    """scripts/slurm/submit.sh against a stand-in sbatch that records its arguments and answers job ids."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    log = tmp_path / "calls"
+    fake = tmp_path / "bin" / "sbatch"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\nwc -l < {log} | tr -d " "\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    done = subprocess.run([str(root / "scripts/slurm/submit.sh"), "3", "profile=smoke"], capture_output=True,
+                          text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    calls = log.read_text().splitlines()
+    assert len(calls) == 1 + 2 * 4 and "RAKV_JOB=calibrate" in calls[0] and calls[0].endswith("profile=smoke")
+    for index, stage in enumerate(("study", "serving", "sensitivity", "feasibility")):
+        shards, merge = calls[1 + 2 * index], calls[2 + 2 * index]
+        # the shards after the previous job (the calibration, or the previous stage's merge): job ids count calls
+        assert f"--dependency=afterok:{1 + 2 * index} --array=0-2" in shards and f"RAKV_STAGE={stage}" in shards
+        assert f"--dependency=afterok:{2 + 2 * index} " in merge and "RAKV_JOB=merge" in merge
+    refused = subprocess.run([str(root / "scripts/slurm/submit.sh"), "1"], capture_output=True, text=True, env=env)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1  # one line, no job submitted
+    assert len(log.read_text().splitlines()) == len(calls)
+    bad = subprocess.run(["bash", str(root / "scripts/slurm/job.sbatch")], capture_output=True, text=True,
+                         env={**env, "RAKV_JOB": "everything", "SLURM_SUBMIT_DIR": str(root)})
+    assert bad.returncode == 2 and "RAKV_JOB must be calibrate, shard or merge" in bad.stderr
