@@ -1,13 +1,16 @@
-"""The heads stage: learned heads (rakv.runtime.heads) trained by self-distillation on the target's own greedy
-continuations, seeded, cached by content, and installed where the proposer finds them (docs/heads.md).
+"""The heads stage: learned heads (rakv.runtime.heads) trained by self-distillation on the target's own choices,
+seeded, cached by content, and installed where the proposer finds them (docs/heads.md).
 
-`./reproduce.sh stages=heads [heads=tiny] [heads.seed=1 heads.prompts=320 ...]` composes conf/heads.yaml (the
-settings: conf/heads/<pair>.yaml), computes the set's key (the target's fingerprint, the prompts' digest, the
+`./reproduce.sh stages=heads [heads=tiny] [heads.seed=1 heads.paragraphs=1600 ...]` composes conf/heads.yaml (the
+settings: conf/heads/<pair>.yaml), computes the set's key (the target's fingerprint, the texts' digest, the
 settings, rakv.runtime.heads.heads_key) and then: the shipped set (data/heads/<pair>/) has that key -> nothing to do;
 the cache (<derived files>/heads/<key>/) has it -> installed from there; else trained, cached and installed. The
-data: the first `prompt_tokens` tokens of WikiText-2 paragraphs (the bundled validation split by default: the test
-split stays held out for the measurements, scripts/bench_heads.py), each continued greedily by the target for
-`new_tokens` tokens; head i learns to predict, from the hidden state that produced continuation token j, token j+i.
+data (WikiText-2 paragraphs, the bundled validation split by default: the test split stays held out for the
+measurements, scripts/bench_heads.py), of two kinds that mix: `prompts` paragraphs' first `prompt_tokens` tokens
+continued greedily by the target (one forward per token), where head i learns, from the hidden state that produced
+continuation token j, token j+i; and `paragraphs` paragraphs read teacher-forced (one prefill each), where head i's
+label at position t is the target's own argmax at position t+i (with `consistent`, only where the text's tokens in
+between are the target's own choices, so that the label is what its greedy continuation would give).
 """
 
 from __future__ import annotations
@@ -44,19 +47,34 @@ from rakv.runtime.workloads import dataset_texts
 GENERATION_BATCH = 16  # prompts continued together (one batched forward per token: rakv.runtime.decoding)
 
 
-def training_prompts(encode, settings: HeadsSettings) -> list[list[int]]:
-    """The first `prompt_tokens` tokens of the split's first paragraphs long enough for them, in a seeded order."""
+def training_texts(encode, settings: HeadsSettings) -> tuple[list[list[int]], list[list[int]]]:
+    """The split's paragraphs in a seeded order, each used once: the first `prompts` of `prompt_tokens` tokens or
+    more, cut to those (continued greedily), and the first `paragraphs` of the others of `heads` + 2 tokens or more,
+    cut to `paragraph_tokens` (read teacher-forced)."""
     texts = dataset_texts(settings.dataset, settings.source, settings.split)
-    encoded = [ids for ids in (encode(text) for _, text in texts) if len(ids) >= settings.prompt_tokens]
+    encoded = [encode(text) for _, text in texts]
     random.Random(settings.seed).shuffle(encoded)
-    if len(encoded) < settings.prompts:
-        raise RakvError(f"heads: {settings.dataset}/{settings.split} has {len(encoded)} paragraphs of "
-                        f"{settings.prompt_tokens} tokens or more, fewer than the {settings.prompts} asked for")
-    return [ids[:settings.prompt_tokens] for ids in encoded[:settings.prompts]]
+    prompts, paragraphs = [], []
+    for ids in encoded:
+        if len(prompts) < settings.prompts and len(ids) >= settings.prompt_tokens:
+            prompts.append(ids[:settings.prompt_tokens])
+        elif len(paragraphs) < settings.paragraphs and len(ids) >= settings.heads + 2:
+            paragraphs.append(ids[:settings.paragraph_tokens])
+    if len(prompts) < settings.prompts or len(paragraphs) < settings.paragraphs:
+        raise RakvError(f"heads: {settings.dataset}/{settings.split} has {len(prompts)} paragraphs of "
+                        f"{settings.prompt_tokens} tokens or more and {len(paragraphs)} others, fewer than the "
+                        f"{settings.prompts} prompts and {settings.paragraphs} paragraphs asked for")
+    return prompts, paragraphs
 
 
-def data_digest(prompts: list[list[int]]) -> str:
-    return hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:20]
+def training_prompts(encode, settings: HeadsSettings) -> list[list[int]]:
+    """The prompts continued greedily (training_texts' first part)."""
+    return training_texts(encode, settings)[0]
+
+
+def data_digest(prompts: list[list[int]], paragraphs: list[list[int]] | None = None) -> str:
+    blob = prompts if not paragraphs else {"prompts": prompts, "paragraphs": paragraphs}
+    return hashlib.sha256(json.dumps(blob).encode()).hexdigest()[:20]
 
 
 @torch.inference_mode()
@@ -89,55 +107,101 @@ def continuations(pair, prompts: list[list[int]], new_tokens: int, log=None) -> 
     return out
 
 
-def candidate_vocabulary(sequences: list[list[int]], size: int) -> torch.Tensor:
-    """The `size` most frequent tokens of the continuations (ties: the smaller id first)."""
+def continuation_labels(tokens: list[int], heads: int) -> torch.Tensor:
+    """[len, heads] token ids: head i's label at the hidden state that produced token j is token j+i (-1: past the
+    continuation's end)."""
+    n = len(tokens)
+    return torch.tensor([[tokens[j + i] if j + i < n else -1 for i in range(1, heads + 1)] for j in range(n)],
+                        dtype=torch.long).reshape(n, heads)
+
+
+@torch.inference_mode()
+def teacher_forced(pair, paragraphs: list[list[int]], heads: int, consistent: bool,
+                   log=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per paragraph, one prefill: hidden states [m, d] and labels [m, heads] (token ids, -1: none). With a_t the
+    target's argmax at position t (its choice of token t+1 given the real text), head i's label at position t is
+    a_{t+i}; with `consistent`, only where the text's tokens t+1..t+i are the target's own choices a_t..a_{t+i-1}
+    (so that the label is what the target's greedy continuation would give there, as at decoding time). Positions
+    without any label are dropped."""
+    target, device = pair.target.module, pair.device
+    out = []
+    group_size = max(1, GENERATION_BATCH // 4)  # every row's logits come back: keep a group's memory small
+    for start in range(0, len(paragraphs), group_size):
+        group = paragraphs[start:start + group_size]
+        segments = [Segment(torch.tensor(p, dtype=torch.long, device=device), new_kv_cache(target), 0)
+                    for p in group]
+        logits, hidden = forward_rows(target, segments, return_hidden=True)
+        for ids, rows, h in zip(group, logits, hidden):
+            choice = rows.argmax(-1).cpu()  # choice[t]: the target's token t+1
+            text = torch.tensor(ids, dtype=torch.long)
+            n = len(ids)
+            agrees = torch.cat([choice[:-1] == text[1:], torch.zeros(1, dtype=torch.bool)])  # agrees[t]: a_t = x_t+1
+            labels = torch.full((n, heads), -1, dtype=torch.long)
+            run = torch.ones(n, dtype=torch.bool)
+            for i in range(1, heads + 1):
+                run = run & torch.cat([agrees[i - 1:], torch.zeros(i - 1, dtype=torch.bool)]) if consistent else run
+                # run[t]: agrees[t..t+i-1] all true
+                if n > i:
+                    valid = run[:n - i]
+                    labels[:n - i, i - 1] = torch.where(valid, choice[i:], torch.full_like(choice[i:], -1))
+            keep = (labels >= 0).any(-1)
+            out.append((h.float().cpu()[keep], labels[keep]))
+        if log is not None and (start // group_size) % 25 == 0:
+            log(f"heads: read {min(start + group_size, len(paragraphs))}/{len(paragraphs)} paragraphs")
+    return out
+
+
+def candidate_vocabulary(sequences, size: int) -> torch.Tensor:
+    """The `size` most frequent label tokens (ties: the smaller id first); `sequences` of token ids (-1: none)."""
     counts: dict[int, int] = {}
     for seq in sequences:
-        for token in seq:
-            counts[token] = counts.get(token, 0) + 1
+        for token in (seq.reshape(-1).tolist() if isinstance(seq, torch.Tensor) else seq):
+            if token >= 0:
+                counts[token] = counts.get(token, 0) + 1
     ranked = sorted(counts, key=lambda t: (-counts[t], t))[:size]
     return torch.tensor(sorted(ranked), dtype=torch.long)
 
 
-def examples(data: list[tuple[torch.Tensor, list[int]]], heads: int, index: dict[int, int]):
-    """Hidden states [N, d] and labels [N, heads] (the candidate index of token j+i for head i; -1: none or
-    outside the candidate vocabulary)."""
-    xs, ys = [], []
-    for hidden, tokens in data:
-        labels = torch.full((len(tokens), heads), -1, dtype=torch.long)
-        for j in range(len(tokens)):
-            for i in range(1, heads + 1):
-                if j + i < len(tokens):
-                    labels[j, i - 1] = index.get(tokens[j + i], -1)
-        xs.append(hidden)
-        ys.append(labels)
-    return torch.cat(xs), torch.cat(ys)
+def to_candidates(labels: torch.Tensor, vocab: torch.Tensor, outside: int) -> torch.Tensor:
+    """Token-id labels as candidate indices: -1 stays -1 (no label), a token outside the vocabulary -> `outside`."""
+    table = torch.full((int(max(labels.max(), vocab.max())) + 1,), outside, dtype=torch.long)
+    table[vocab] = torch.arange(len(vocab))
+    mapped = table[labels.clamp(min=0)]
+    return torch.where(labels >= 0, mapped, torch.full_like(labels, -1))
 
 
 def accuracy(x: torch.Tensor, y: torch.Tensor, params, rows) -> list[float]:
-    """Each head's top-1 agreement with the target's greedy token (a label outside the vocabulary is a miss)."""
+    """Each head's top-1 agreement with the target's greedy token over the positions with a label (y >= 0 or -3:
+    outside the vocabulary, a miss; -1: no label, not counted)."""
     with torch.no_grad():
-        predicted = head_logits(x, *params, rows).argmax(-1)
-    counted = (y != -2)  # every position with a label; -1 (outside the vocabulary) counts as a miss
+        predicted = torch.cat([head_logits(x[b:b + 4096], *params, rows).argmax(-1) for b in range(0, len(x), 4096)])
+    counted = y != -1
     return [float(((predicted[:, i] == y[:, i]) & counted[:, i]).sum() / max(int(counted[:, i].sum()), 1))
             for i in range(y.shape[1])]
 
 
-def train(pair, settings: HeadsSettings, prompts: list[list[int]], commit: str,
-          log=print) -> tuple[Heads, HeadsRecord]:
-    """Generate the continuations, choose the vocabulary, fit the heads; seeded (torch CPU)."""
+def train(pair, settings: HeadsSettings, prompts: list[list[int]], commit: str, log=print,
+          paragraphs: list[list[int]] | None = None) -> tuple[Heads, HeadsRecord]:
+    """Generate the continuations, read the paragraphs, choose the vocabulary, fit the heads; seeded (torch CPU).
+    The last `holdout` share of the prompts and of the paragraphs is held out for the record's agreement."""
     started = time.perf_counter()
-    data = continuations(pair, prompts, settings.new_tokens, log)
-    cut = max(1, int(round(len(data) * (1 - settings.holdout))))
-    train_data, held = data[:cut], data[cut:] or data[-1:]
-    vocab = candidate_vocabulary([t for _, t in train_data], settings.vocab)
-    index = {int(t): i for i, t in enumerate(vocab)}
-    x, y = examples(train_data, settings.heads, index)
-    hx, hy_raw = examples(held, settings.heads, index)
-    # a held-out label past the continuation's end is not a position; one outside the vocabulary is a miss
-    held_end = torch.cat([_ends(t, settings.heads) for _, t in held])
-    hy = torch.where(held_end, torch.full_like(hy_raw, -2), hy_raw)
-    coverage = float((y >= 0).sum() / max(int((_ends_all(train_data, settings.heads) == 0).sum()), 1))
+    paragraphs = paragraphs or []
+    greedy = [(h, continuation_labels(t, settings.heads)) for h, t in
+              continuations(pair, prompts, settings.new_tokens, log)] if prompts else []
+    forced = teacher_forced(pair, paragraphs, settings.heads, settings.consistent, log) if paragraphs else []
+    train_data, held = [], []
+    for data in (greedy, forced):
+        if data:
+            cut = max(1, int(round(len(data) * (1 - settings.holdout))))
+            train_data += data[:cut]
+            held += data[cut:] or data[-1:]
+    vocab = candidate_vocabulary([y for _, y in train_data], settings.vocab)
+    x = torch.cat([h for h, _ in train_data])
+    labels = torch.cat([y for _, y in train_data])
+    y = to_candidates(labels, vocab, -1)  # outside the vocabulary: not trained on
+    hx = torch.cat([h for h, _ in held])
+    hy = to_candidates(torch.cat([y for _, y in held]), vocab, -3)  # outside the vocabulary: a miss
+    coverage = float((y >= 0).sum() / max(int((labels >= 0).sum()), 1))
     rows = output_rows(pair.target.module, vocab).cpu()
     generator = torch.Generator().manual_seed(settings.seed)
     n, d, v = settings.heads, x.shape[1], len(vocab)
@@ -145,7 +209,7 @@ def train(pair, settings: HeadsSettings, prompts: list[list[int]], commit: str,
     for p in params:
         p.requires_grad_(True)
     optimiser = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
-    curve = []
+    curve, best, best_epoch = [], None, 0
     for epoch in range(settings.epochs):
         order = torch.randperm(len(x), generator=generator)
         sums, batches = torch.zeros(n), 0
@@ -160,25 +224,21 @@ def train(pair, settings: HeadsSettings, prompts: list[list[int]], commit: str,
             sums += losses.detach()
             batches += 1
         curve.append([round(float(s / max(batches, 1)), 5) for s in sums])
-        log(f"heads: epoch {epoch + 1}/{settings.epochs}, loss per head {curve[-1]}")
-    held_accuracy = [round(a, 5) for a in accuracy(hx, hy, [p.detach() for p in params], rows)]
-    heads = Heads(*(p.detach().clone() for p in params), vocab, rows, pair.vocab_size)
-    record = HeadsRecord(key=heads_key(pair, settings, data_digest(prompts)), settings=settings,
-                         target=target_identity(pair), data_digest=data_digest(prompts), commit=commit,
+        held_now = accuracy(hx, hy, [p.detach() for p in params], rows)
+        log(f"heads: epoch {epoch + 1}/{settings.epochs}, loss per head {curve[-1]}, held-out agreement "
+            f"{[round(a, 3) for a in held_now]}")
+        if not settings.keep_best or best is None or sum(held_now) > sum(best[0]):
+            best, best_epoch = (held_now, [p.detach().clone() for p in params]), epoch + 1
+    held_accuracy = [round(a, 5) for a in best[0]]
+    digest = data_digest(prompts, paragraphs)
+    heads = Heads(*best[1], vocab, rows, pair.vocab_size)
+    record = HeadsRecord(key=heads_key(pair, settings, digest), settings=settings,
+                         target=target_identity(pair), data_digest=digest, commit=commit,
                          positions=len(x), vocab_size=v, coverage=round(coverage, 5), loss_curve=curve,
-                         holdout_accuracy=held_accuracy, train_seconds=round(time.perf_counter() - started, 2))
+                         holdout_accuracy=held_accuracy, train_seconds=round(time.perf_counter() - started, 2),
+                         best_epoch=best_epoch)
     heads.record = record
     return heads, record
-
-
-def _ends(tokens: list[int], heads: int) -> torch.Tensor:
-    """[len, heads]: True where head i's label would lie past the continuation's end."""
-    n = len(tokens)
-    return torch.tensor([[j + i >= n for i in range(1, heads + 1)] for j in range(n)], dtype=torch.bool)
-
-
-def _ends_all(data, heads: int) -> torch.Tensor:
-    return torch.cat([_ends(t, heads) for _, t in data]).long()
 
 
 def ensure_heads(pair, settings: HeadsSettings, commit: str, install: bool = True, log=print) -> HeadsLayout:
@@ -186,8 +246,8 @@ def ensure_heads(pair, settings: HeadsSettings, commit: str, install: bool = Tru
     trained and cached; installed as the pair's shipped set (data/heads/<pair>/) when `install`."""
     if settings.pair != pair.name:
         raise RakvError(f"heads settings are for pair '{settings.pair}', the loaded pair is '{pair.name}'")
-    prompts = training_prompts(pair.tokenizer.encode, settings)
-    key = heads_key(pair, settings, data_digest(prompts))
+    prompts, paragraphs = training_texts(pair.tokenizer.encode, settings)
+    key = heads_key(pair, settings, data_digest(prompts, paragraphs))
     shipped = HeadsLayout.shipped(pair.name)
     if shipped.record.exists() and read_heads_record(shipped).key == key:
         log(f"heads: {shipped.root} already holds the set {key}")
@@ -195,8 +255,8 @@ def ensure_heads(pair, settings: HeadsSettings, commit: str, install: bool = Tru
     cached = HeadsLayout.cached(derived_files_dir(), key)
     if not cached.record.exists():
         log(f"heads: training {key} ({settings.heads} heads, {settings.prompts} prompts x {settings.new_tokens} "
-            f"tokens, seed {settings.seed})")
-        heads, record = train(pair, settings, prompts, commit, log)
+            f"tokens, {settings.paragraphs} paragraphs teacher-forced, seed {settings.seed})")
+        heads, record = train(pair, settings, prompts, commit, log, paragraphs)
         save_heads(heads, record, cached)
         log(f"heads: trained in {record.train_seconds:.0f} s; held-out top-1 per head {record.holdout_accuracy}; "
             f"vocabulary {record.vocab_size} tokens covering {record.coverage:.1%} of the labels")

@@ -107,12 +107,21 @@ class AcceptanceTracker:
     alpha0: float
     beta: float
     match0: float = 1.0
+    positions: int = 0  # also per candidate position 1..positions (a proposer whose acceptance falls with it)
     accepted: float = field(init=False)
     rejected: float = field(init=False)
     matched: float = field(init=False)  # EWMA of "this round had candidates"
+    by_position: list[list[float]] = field(init=False)  # per position: [accepted, rejected] EWMAs of the rounds
+    # that reached it (its candidate offered, the ones before it accepted)
 
     def __post_init__(self):
         self.accepted, self.rejected, self.matched = self.alpha0, 1.0 - self.alpha0, self.match0
+        self.by_position = [[self.alpha0, 1.0 - self.alpha0] for _ in range(self.positions)]
+
+    @property
+    def position_alphas(self) -> list[float]:
+        """Per candidate position, the acceptance of the rounds that reached it (empty: not tracked)."""
+        return [a / (a + r) if a + r > 0 else self.alpha0 for a, r in self.by_position]
 
     @property
     def alpha(self) -> float:
@@ -122,6 +131,10 @@ class AcceptanceTracker:
     def observe(self, round_log: list[tuple[int, int]], empty_rounds: int = 0) -> None:
         for proposed, accepted in round_log:
             self.observe_mean(accepted, float(accepted < proposed), 1)
+            for i, ewma in enumerate(self.by_position[:min(proposed, accepted + 1)]):
+                passed = float(i < accepted)
+                ewma[0] = self.beta * ewma[0] + (1 - self.beta) * passed
+                ewma[1] = self.beta * ewma[1] + (1 - self.beta) * (1.0 - passed)
         self.observe_matches(len(round_log), empty_rounds)
 
     def observe_matches(self, matched_rounds: int, empty_rounds: int) -> None:
@@ -135,8 +148,9 @@ class AcceptanceTracker:
         return self.matched
 
     @property
-    def state(self) -> tuple[float, float, float]:
-        return self.accepted, self.rejected, self.matched
+    def state(self) -> tuple[float, ...]:
+        """(accepted, rejected, matched), then each tracked position's (accepted, rejected)."""
+        return (self.accepted, self.rejected, self.matched, *(v for ewma in self.by_position for v in ewma))
 
     def restore(self, state) -> None:
         """Continue from a recorded `state` (a resumed study makes the decisions an uninterrupted one makes)."""
@@ -144,6 +158,9 @@ class AcceptanceTracker:
         self.accepted, self.rejected = values[:2]
         if len(values) > 2:
             self.matched = values[2]
+        rest = values[3:]
+        for i, ewma in enumerate(self.by_position[:len(rest) // 2]):
+            ewma[:] = rest[2 * i:2 * i + 2]
 
     def observe_mean(self, accepted: float, rejected: float, rounds: int) -> None:
         """`rounds` updates with the given per-round averages (replaying runs summarised by their totals)."""
@@ -177,8 +194,8 @@ class Learned:
     decisions: int = 0  # at this temperature, for the exploration schedule (which keeps its estimate learning)
 
     @classmethod
-    def starting_at(cls, alpha: float, beta: float, match_rate: float) -> Learned:
-        return cls(AcceptanceTracker(alpha, beta, match_rate),
+    def starting_at(cls, alpha: float, beta: float, match_rate: float, positions: int = 0) -> Learned:
+        return cls(AcceptanceTracker(alpha, beta, match_rate, positions),
                    {c: AcceptanceTracker(alpha, beta) for c in MATCH_CLASSES})
 
 
@@ -192,6 +209,7 @@ class Controller:
 
     table: CostTable
     config: ControllerConfig = field(default_factory=ControllerConfig.default)
+    per_position: bool = False  # price each candidate position's own acceptance (the heads'; docs/heads.md)
 
     def __post_init__(self):
         self.learned: dict[float, Learned] = {}
@@ -202,13 +220,18 @@ class Controller:
         key = temperature_key(temperature)
         if key in self.learned:
             raise RakvError(f"the controller's acceptance at temperature {key:g} has already started")
-        self.learned[key] = Learned.starting_at(alpha, self.config.beta, self.table.match_rate)
+        self.learned[key] = Learned.starting_at(alpha, self.config.beta, self.table.match_rate, self._positions)
 
     def learned_at(self, temperature: float = 0.0) -> Learned:
         key = temperature_key(temperature)
         if key not in self.learned:
-            self.learned[key] = Learned.starting_at(self.table.acceptance, self.config.beta, self.table.match_rate)
+            self.learned[key] = Learned.starting_at(self.table.acceptance, self.config.beta, self.table.match_rate,
+                                                    self._positions)
         return self.learned[key]
+
+    @property
+    def _positions(self) -> int:
+        return max(self.config.k_set) if self.per_position else 0
 
     def tracker_at(self, temperature: float = 0.0) -> AcceptanceTracker:
         return self.learned_at(temperature).tracker
@@ -232,7 +255,8 @@ class Controller:
         tracker = self.tracker_at(temperature)
         return estimate_latency(self.table, features, action.reuse, action.k, tracker.alpha if alpha is None else alpha,
                                 self.config.memory_penalty_s_per_byte,
-                                tracker.match_rate if self.config.match_rate else 1.0)
+                                tracker.match_rate if self.config.match_rate else 1.0,
+                                tracker.position_alphas if alpha is None and self.per_position else None)
 
     def feasible_actions(self, features: RequestFeatures, hit: Hit) -> list[Action]:
         """r = 1 only with a hit; actions whose K/V exceeds the memory budget are dropped."""
@@ -345,7 +369,7 @@ class ProposerChoice:
         if within == config.k_set:
             return controller.decide(prompt_tokens, hit, new_tokens, temperature=temperature)
         narrowed = Controller(controller.table, ControllerConfig(**{**{f: getattr(config, f) for f in config.FIELDS},
-                                                                    "k_set": within}))
+                                                                    "k_set": within}), controller.per_position)
         narrowed.learned, narrowed.noise = controller.learned, controller.noise  # the same learnt acceptance
         return narrowed.decide(prompt_tokens, hit, new_tokens, temperature=temperature)
 

@@ -136,6 +136,20 @@ def expected_tokens_per_round(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+def expected_tokens_by_position(alphas: list[float], k: int) -> float:
+    """Confirmed tokens per round of depth k when candidate i is accepted with probability alphas[i - 1] once the
+    ones before it were (a proposer whose acceptance falls with the position, the heads: docs/heads.md):
+    1 + sum_i prod_{j <= i} alphas[j - 1]; positions past the list's end take its last value. Equal alphas give
+    E_k(alpha)."""
+    if k == 0:
+        return 1.0
+    total, reach = 1.0, 1.0
+    for i in range(k):
+        reach *= min(max(alphas[min(i, len(alphas) - 1)], 0.0), 1.0)
+        total += reach
+    return total
+
+
 def tokens_per_round(alpha: float, k: int, match: float = 1.0) -> float:
     """Confirmed tokens per round of depth k: m E_k(alpha) + (1 - m), `match` m the share of rounds in which the
     proposer offers candidates (prompt lookup finds no n-gram in the others, which confirm one token); 1 at k = 0.
@@ -152,7 +166,8 @@ def action_kv_bytes(table: CostTable, features: RequestFeatures, k: int) -> floa
 
 
 def estimate_latency(table: CostTable, features: RequestFeatures, reuse: bool, k: int, alpha: float,
-                     memory_penalty_s_per_byte: float = 0.0, match_rate: float = 1.0) -> float:
+                     memory_penalty_s_per_byte: float = 0.0, match_rate: float = 1.0,
+                     position_alphas: list[float] | None = None) -> float:
     """C(r, k): prefill of the non-reused part (+ the proposer's prefill of its own non-reused part when k > 0:
     with r = 1 the draft's K/V for `draft_hit_tokens` positions comes from the store, copied at the target's
     per-position copy cost scaled by the draft's K/V bytes) + copy cost when r = 1
@@ -161,7 +176,11 @@ def estimate_latency(table: CostTable, features: RequestFeatures, reuse: bool, k
 
     `match_rate` m: the share of rounds in which the proposer offers candidates (prompt lookup finds no
     match in the others, which then cost a propose attempt and a one-token verify and confirm one token).
-    A round then confirms m * E_k(alpha) + (1 - m) tokens on average; m = 1 is the plain model."""
+    A round then confirms m * E_k(alpha) + (1 - m) tokens on average; m = 1 is the plain model.
+
+    `position_alphas`: acceptance per candidate position (expected_tokens_by_position) in place of the one alpha,
+    for a proposer whose acceptance falls with the position (the heads); None: the one alpha (every other
+    proposer)."""
     hit = features.hit_tokens if reuse else 0
     exact = reuse and features.exact_hit
     computed = 0 if exact else features.prompt_tokens - hit
@@ -178,7 +197,8 @@ def estimate_latency(table: CostTable, features: RequestFeatures, reuse: bool, k
         if draft_hit:
             cost += table.kv_copy(draft_hit) * table.proposer_kv_bytes_per_token / table.target_kv_bytes_per_token
         m = min(max(match_rate, 0.0), 1.0)
-        tokens = tokens_per_round(alpha, k, m)
+        tokens = (tokens_per_round(alpha, k, m) if not position_alphas
+                  else m * expected_tokens_by_position(position_alphas, k) + (1 - m))
         per_round = (table.propose[k](mid_context) + m * table.verify[k](mid_context)
                      + (1 - m) * table.target_step(mid_context))
         cost += steps / tokens * per_round

@@ -45,19 +45,27 @@ class HeadsSettings:
     dataset: str = "wikitext2"
     split: str = "validation"  # the bundled WikiText-2 has test (held out for the measurements) and validation
     source: str = "bundled"
-    prompts: int = 48  # paragraphs whose greedy continuations are the training data
+    prompts: int = 48  # paragraphs whose greedy continuations are training data (0: none)
     prompt_tokens: int = 48  # each paragraph's first tokens are the prompt
     new_tokens: int = 64  # greedy continuation length per prompt
+    paragraphs: int = 0  # further paragraphs read teacher-forced: one prefill each, the target's argmax as labels
+    paragraph_tokens: int = 256  # each such paragraph's first tokens at most
+    consistent: bool = True  # teacher-forced labels only where the text agrees with the target's greedy choices
     holdout: float = 0.1  # share of the prompts held out for the record's per-head accuracy
     epochs: int = 6
     batch: int = 256
     lr: float = 2e-3
     weight_decay: float = 0.0
+    keep_best: bool = False  # keep the epoch with the best mean held-out agreement (early stopping), not the last
     seed: int = 0
 
     def __post_init__(self):
-        if self.heads < 1 or self.vocab < 2 or self.prompts < 2 or self.new_tokens < self.heads + 2:
-            raise RakvError("heads settings: need heads >= 1, vocab >= 2, prompts >= 2 and new_tokens >= heads + 2")
+        if self.heads < 1 or self.vocab < 2 or self.new_tokens < self.heads + 2:
+            raise RakvError("heads settings: need heads >= 1, vocab >= 2 and new_tokens >= heads + 2")
+        if self.prompts < 0 or self.paragraphs < 0 or self.prompts + self.paragraphs < 2:
+            raise RakvError("heads settings: need prompts >= 0, paragraphs >= 0 and prompts + paragraphs >= 2")
+        if self.paragraph_tokens < self.heads + 2:
+            raise RakvError("heads settings: need paragraph_tokens >= heads + 2")
         if not 0.0 < self.holdout < 1.0 or self.epochs < 1 or self.batch < 1 or self.lr <= 0:
             raise RakvError("heads settings: need 0 < holdout < 1, epochs >= 1, batch >= 1 and lr > 0")
 
@@ -71,12 +79,13 @@ class HeadsRecord:
     target: dict[str, str]  # the target's fingerprint (rakv.runtime.models.Fingerprint) less its kernels
     data_digest: str  # of the prompts' token ids
     commit: str  # the repository's commit that trained it
-    positions: int  # training positions (hidden states)
+    positions: int  # training positions (hidden states with at least one label)
     vocab_size: int  # candidates actually kept (<= settings.vocab)
     coverage: float  # share of the training labels inside the candidate vocabulary
     loss_curve: list[list[float]]  # per epoch, each head's mean training loss
-    holdout_accuracy: list[float]  # each head's top-1 agreement with the target's greedy token, held-out prompts
+    holdout_accuracy: list[float]  # each head's top-1 agreement with the target's greedy token, held-out text
     train_seconds: float  # wall time of generation and training (the machine's load not controlled)
+    best_epoch: int = 0  # the epoch whose weights were kept (the best mean held-out agreement; 0: not recorded)
 
 
 def target_identity(pair) -> dict:
