@@ -249,7 +249,7 @@ def ensure_heads(pair, settings: HeadsSettings, commit: str, install: bool = Tru
     prompts, paragraphs = training_texts(pair.tokenizer.encode, settings)
     key = heads_key(pair, settings, data_digest(prompts, paragraphs))
     shipped = HeadsLayout.shipped(pair.name)
-    if shipped.record.exists() and read_heads_record(shipped).key == key:
+    if shipped.record.exists() and _shipped_key(shipped, log) == key:
         log(f"heads: {shipped.root} already holds the set {key}")
         return shipped
     cached = HeadsLayout.cached(derived_files_dir(), key)
@@ -269,6 +269,15 @@ def ensure_heads(pair, settings: HeadsSettings, commit: str, install: bool = Tru
         log(f"heads: installed as {shipped.root}")
         return shipped
     return cached
+
+
+def _shipped_key(layout: HeadsLayout, log) -> str | None:
+    """The shipped set's key; None when its record is of an older format (it is then replaced)."""
+    try:
+        return read_heads_record(layout).key
+    except RakvError as exc:
+        log(f"heads: the shipped set is replaced ({exc})")
+        return None
 
 
 def settings_of(node) -> HeadsSettings:
