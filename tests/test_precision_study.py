@@ -4,6 +4,9 @@ analysis sets each proposer's regime at the two precisions side by side."""
 
 
 
+from pathlib import Path
+
+import pandas as pd
 import pytest
 
 from rakv.runtime.run_layout import RunLayout, calibration_stem, split_calibration_stem
@@ -139,3 +142,89 @@ def test_the_regime_maps_points_name_their_precision():
     assert pair_name("smollm2-draft") == "smollm2 (int8 self-draft)"
     assert pair_name("smollm2-draft@q4_1") == "smollm2 (int8 self-draft) at q4_1"
     assert pair_name("smollm2-prompt-lookup@q4_1") != pair_name("smollm2-prompt-lookup")
+
+
+# --- the study's plumbing at a precision other than fp32 (the tiny pair, its target quantised to q4_1 at load) ------
+
+GRID = ["profile=smoke", "configurations=[tiny,tiny-q4_1]", "datasets=[humaneval]", "profile.study.prompts_per_bin=2",
+        "profile.study.sweep_repeats=1", "profile.study.model_warmup_requests=0", "experiment.scenarios=[cold,exact]",
+        "experiment.strategies=[rakv-asd]", "controller.k_set=[0,4]", "calibration.recalibrate=auto"]
+SEEDED_STEP = {"tiny": 0.004, "tiny-q4_1": 0.002}  # made-up target steps: each configuration's table is told apart
+
+
+def composed(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from rakv.experiments.config import CONF_DIR, validate
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=GRID + list(overrides))
+    validate(cfg)
+    return cfg
+
+
+def seed_table(folder: Path, cfg, name: str):
+    """A cost table for configuration `name` on this machine, saved as the calibration of its key (not measured: a
+    calibration on a loaded test machine is refused as noisy; tests/test_sharding.py seeds its table alike)."""
+    from rakv.experiments.config import configuration, engine_for
+    from rakv.runtime import calibration
+    from rakv.runtime.costmodel import CostTable, Curve
+
+    def flat(seconds):
+        return Curve([float(seconds)], 1.0, 0.0)
+
+    engine = engine_for(cfg, configuration(name))
+    key = calibration.calibration_key(engine.pair, engine.proposer)
+    step = SEEDED_STEP[name]
+    table = CostTable(key=key, target_prefill=Curve([2e-4, 0.0], 1.0, 0.0), target_step=flat(step),
+                      verify={k: flat(1.1 * step + 0.0002 * k) for k in (1, 2, 4, 6, 8)},
+                      propose={k: flat(0.0004 * k) for k in (1, 2, 4, 6, 8)},
+                      proposer_prefill=Curve([1e-5, 0.0], 1.0, 0.0), kv_copy=Curve([1e-7, 0.0], 1.0, 0.0),
+                      target_kv_bytes_per_token=4096.0, proposer_kv_bytes_per_token=2048.0, acceptance=0.5,
+                      acceptance_rounds=100)
+    calibration.save_table(table, folder / calibration.calibration_path(key).name)
+    return key
+
+
+def test_a_study_at_fp32_and_q4_1_keeps_two_calibrations_and_the_analysis_sets_them_side_by_side(tmp_path,
+                                                                                                   monkeypatch):
+    from rakv.experiments import analysis
+    from rakv.experiments.calibrations import tables_by_configuration
+    from rakv.experiments.precision_factor import precision_rows_of, precision_table
+    from rakv.experiments.study import run_main_study
+    from rakv.runtime.costmodel import read_cost_table
+
+    tables, results = tmp_path / "calibrations", tmp_path / "results"
+    tables.mkdir()
+    monkeypatch.setenv("RAKV_CALIBRATION_DIR", str(tables))
+    cfg = composed(f"results_dir={results}")
+    keys = {name: seed_table(tables, cfg, name) for name in SEEDED_STEP}
+    assert keys["tiny"] != keys["tiny-q4_1"]  # the target's quantisation is part of the key
+    run_main_study(cfg)
+
+    layout = RunLayout.of(results)
+    kept = {path.name: read_cost_table(path) for path in layout.calibrations()}
+    assert set(kept) == {"tiny-draft.json", "tiny-draft@q4_1.json"}
+    assert kept["tiny-draft@q4_1.json"].target_step(100) == SEEDED_STEP["tiny-q4_1"]
+    runs = pd.read_parquet(layout.study.runs)
+    assert set(runs.configuration) == set(SEEDED_STEP) and runs.equal_to_ar.all()  # each against AR at its precision
+    # k = 0 actions (AR among them) are shared within one pair and precision only: each precision measures its own,
+    # and the oracle reads each configuration's k = 0 prices from its own precision's runs
+    k0 = runs[(runs.kind == "sweep") & (runs.k == 0)]
+    assert set(k0.configuration) == set(SEEDED_STEP) and dict(zip(runs.configuration, runs.precision)) == {
+        "tiny": "fp32", "tiny-q4_1": "q4_1"}
+    from rakv.experiments.oracle import measurements
+
+    meas = measurements(runs)
+    assert (meas[(meas.configuration == "tiny-q4_1") & (meas.k == 0)].precision == "q4_1").all()
+    assert (meas[(meas.configuration == "tiny") & (meas.k == 0)].precision == "fp32").all()
+    by_configuration = tables_by_configuration(runs, results)
+    assert {name: t.target_step(100) for name, t in by_configuration.items()} == SEEDED_STEP
+
+    summary = analysis.summarize(results)
+    assert set(summary.per_configuration) == set(SEEDED_STEP)
+    assert {r.configuration for r in summary.claims if r.key == "spec_regime"} <= set(SEEDED_STEP)
+    rows = precision_rows_of(summary, results)
+    assert [(r.configuration, r.precision) for r in rows] == [("tiny", "fp32"), ("tiny-q4_1", "q4_1")]
+    assert rows[0].step_ms == pytest.approx(2 * rows[1].step_ms)
+    assert "tiny-q4\\_1" in precision_table(rows)

@@ -40,13 +40,18 @@ def measurements(runs: pd.DataFrame) -> pd.DataFrame:
     """The action sweep as one row per (configuration, dataset, prompt, scenario, action, repeat).
 
     An r = 0 action is measured once per prompt (scenario `cold`) and stands in every scenario of that
-    prompt; a k = 0 action is measured under one configuration per pair and stands for all of them."""
+    prompt; a k = 0 action is measured under one configuration per pair and target precision and stands for all of
+    them (a run without a `precision` column ran at fp32)."""
+    if "precision" not in runs:
+        runs = runs.assign(precision="fp32")
     sweep = runs[runs.kind == "sweep"]
     scenarios = (runs[(runs.kind == "strategy") | runs.reuse].groupby(PROMPT).scenario.unique()
                  .apply(lambda s: sorted(set(s) | {"cold"})))
     parts = []
-    for name, proposer, pair in runs[["configuration", "proposer", "pair"]].drop_duplicates().itertuples(index=False):
-        own = sweep[(sweep.configuration == name) | ((sweep.pair == pair) & (sweep.k == 0))]
+    named = runs[["configuration", "proposer", "pair", "precision"]].drop_duplicates()
+    for name, proposer, pair, precision in named.itertuples(index=False):
+        own = sweep[(sweep.configuration == name)
+                    | ((sweep.pair == pair) & (sweep.precision == precision) & (sweep.k == 0))]
         own = own.drop_duplicates(PROMPT + ["scenario", "action", "repeat"])
         r1, r0 = own[own.reuse], own[~own.reuse]
         spread = []

@@ -210,6 +210,7 @@ def result_row(planned: PlannedRun, configuration: Configuration, prompt: Prompt
                order: int, seed: int, calibration_digest: str | None = None) -> dict:
     """One journal row; `calibration_digest`: the digest of the cost table the run was decided under."""
     return {"run_id": planned.run_id, **asdict(planned), "pair": configuration.pair, "proposer": configuration.proposer,
+            "precision": configuration.precision,  # the target's: k = 0 actions and AR are shared within one precision
             "length_bin": prompt.length_bin, "reuse_rate_target": scenario.reuse_rate_target,
             "reuse_rate": result.hit_tokens / result.prompt_tokens if result.reuse else 0.0,
             **{k: v for k, v in result.to_row().items() if k != "strategy"},
@@ -364,8 +365,10 @@ def _run_locked(cfg: DictConfig, study: StudyLayout, shards: ShardOptions) -> Pa
     grid: StudySection = section(cfg.profile.study)
     journal = Journal(study.shard_journal(shard, count))
     chosen = configurations(cfg)
-    first_of_pair = {c.pair: c.name for c in reversed(chosen)}  # k = 0 actions: measured by the first per pair
-    prepared = [prepare(cfg, c, measure_k0=first_of_pair[c.pair] == c.name) for c in chosen]
+    # k = 0 actions: measured by the first configuration per pair and target precision (another precision's are
+    # other prices)
+    first_of_pair = {(c.pair, c.precision): c.name for c in reversed(chosen)}
+    prepared = [prepare(cfg, c, measure_k0=first_of_pair[(c.pair, c.precision)] == c.name) for c in chosen]
     narrow_to_shard(prepared, shards)
     all_runs = [planned for p in prepared for planned in p.runs]
     calibrations = {p.configuration.name: (p.controller.table.key if count > 1 else  # the shared table's key
@@ -439,18 +442,24 @@ def resume(controller: Controller, rows: list[dict]) -> None:
 
 
 def mark_equal_to_ar(rows: list[dict]) -> None:
-    """Set `equal_to_ar` on every row: its output against its pair's r0k0 measurement of the same prompt
-    (the AR reference, computed once as a measurement); the r0k0 repeats must agree with each other."""
+    """Set `equal_to_ar` on every row: its output against its pair's r0k0 measurement of the same prompt at the
+    same target precision (the AR reference, computed once as a measurement); the r0k0 repeats must agree with each
+    other."""
     reference: dict[tuple, set] = {}
+
+    def pair_of(row: dict) -> str:
+        precision = row.get("precision", "fp32")
+        return row["pair"] if precision == "fp32" else f"{row['pair']}@{precision}"
+
     for row in rows:
         if row["kind"] == "sweep" and row["strategy"] == Action(False, 0).label:
-            reference.setdefault((row["pair"], row["dataset"], row["prompt_id"]), set()).add(row["output_hash"])
+            reference.setdefault((pair_of(row), row["dataset"], row["prompt_id"]), set()).add(row["output_hash"])
     for key, hashes in reference.items():
         if len(hashes) > 1:
             raise RakvError(f"the AR (r0k0) runs of {'/'.join(key)} disagree with each other: "
                             "greedy decoding is not deterministic here")
     for row in rows:
-        key = (row["pair"], row["dataset"], row["prompt_id"])
+        key = (pair_of(row), row["dataset"], row["prompt_id"])
         if key not in reference:
             raise RakvError(f"no r0k0 (AR) measurement of {'/'.join(key)} to check outputs against")
         row["equal_to_ar"] = row["output_hash"] in reference[key]
