@@ -228,3 +228,28 @@ def test_a_study_at_fp32_and_q4_1_keeps_two_calibrations_and_the_analysis_sets_t
     assert [(r.configuration, r.precision) for r in rows] == [("tiny", "fp32"), ("tiny-q4_1", "q4_1")]
     assert rows[0].step_ms == pytest.approx(2 * rows[1].step_ms)
     assert "tiny-q4\\_1" in precision_table(rows)
+
+
+def test_the_within_run_band_of_prices_is_the_fp32_targets_alone(tmp_path):
+    """One run calibrates the fp32 target once per configuration: the band of verify-4 / step those calibrations
+    span is the fp32 target's, and a q4_1 target's calibration in the same run (another target) does not widen it."""
+    import shutil
+    from dataclasses import replace
+
+    from rakv.experiments.prose_machines import calibration_band, machine_costs
+    from rakv.runtime.calibration import save_table
+    from rakv.runtime.costmodel import read_cost_table
+
+    folder = tmp_path / "run"
+    for part in ("calibration", "study"):
+        shutil.copytree(REFERENCE.root / part, folder / part)
+    before = calibration_band(folder)
+    assert before is not None
+    fp32 = read_cost_table(RunLayout.of(folder).calibration("smollm2", "draft"))
+    dearer = replace(fp32, verify={k: replace(v, coefficients=[3 * c for c in v.coefficients], ys=[3 * y for y in v.ys])
+                                   for k, v in fp32.verify.items()})
+    save_table(dearer, RunLayout.of(folder).calibration("smollm2", "draft", "q4_1"))
+    assert machine_costs(folder)["smollm2-draft@q4_1"]["verify4"] > 2 * before[1]  # it is read, and it is far out
+    assert calibration_band(folder) == before
+    save_table(dearer, RunLayout.of(folder).calibration("smollm2", "heads"))  # positive control: an fp32 one widens it
+    assert calibration_band(folder)[1] > 2 * before[1]

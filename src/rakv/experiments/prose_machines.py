@@ -22,7 +22,7 @@ from rakv.experiments.prose import claim_of, regime_clause, regime_word, twin_se
 from rakv.experiments.summary import Summary
 from rakv.experiments.verdicts import Side, ci_side
 from rakv.runtime.actions import BEST_FIXED, JOINT_K4, KV_ONLY
-from rakv.runtime.run_layout import RunLayout
+from rakv.runtime.run_layout import RunLayout, split_calibration_stem
 
 PAPER_REFERENCE = RunLayout.reference("offline")  # the shipped run whose request shapes and calibrations stand in
 
@@ -157,18 +157,24 @@ def _statistic_words(name: str) -> str:
 def machine_prices_sentence(labels: dict) -> str:
     """The prices that set the regime on the machines in `labels` (folder -> shown name): their range over the runs
     (each run's in Table tab:machines) beside the first run's within-run band."""
-    verify = [c["verify4"] for p in labels for c in machine_costs(p).values()]
+    verify = [c["verify4"] for p in labels for name, c in machine_costs(p).items() if at_fp32(name)]
     if not verify:
         return ""
     return (f"Over the shipped runs, verifying four candidates costs {num(min(verify), 2)}--{num(max(verify), 2)} "
             "decode steps (Table~\\ref{tab:machines}). " + calibration_band_sentence(next(iter(labels), None)))
 
 
+def at_fp32(name: str) -> bool:
+    """Whether a calibration's target ran at fp32 (its name has no `@<precision>`): the prices compared across
+    machines and the within-run band are the fp32 target's; another precision is another target."""
+    return split_calibration_stem(name)[1] == "fp32"
+
+
 def calibration_band(folder: Path | None) -> tuple[float, float] | None:
     """The within-run band of verify-4 / step in `folder`'s run: the least and the largest over its calibrations of
-    the one target (once per configuration); None without two calibrations."""
+    the one target at fp32 (once per configuration); None without two calibrations."""
     costs = machine_costs(folder) if folder is not None else {}
-    verify = sorted(c["verify4"] for c in costs.values())
+    verify = sorted(c["verify4"] for name, c in costs.items() if at_fp32(name))
     return (verify[0], verify[-1]) if len(verify) >= 2 else None
 
 
