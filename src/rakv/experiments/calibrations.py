@@ -1,4 +1,4 @@
-"""A results folder's calibrations: its cost tables by pair (calibration/<pair>-<proposer>.json) and by
+"""A results folder's calibrations: its cost tables by pair (calibration/<pair>-<proposer>[@<precision>].json) and by
 configuration, the shared tables a sharded study reads (never writes) with their digests, and what they decide that
 the study does not record in older runs (each controller run's tie set: the actions within the cost model's noise of
 its choice, rakv.runtime.costmodel.tie_set).
