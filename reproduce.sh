@@ -4,8 +4,8 @@
 #   ./reproduce.sh                                   # profile=offline: SmolLM2 pairs, every stage
 #   ./reproduce.sh profile=smoke                     # tiny random pair, a few minutes
 #   ./reproduce.sh profile=offline controller.k_set=[0,2,4] cache.budget_mib=64
-#   ./reproduce.sh profile=smoke jobs=4              # study, serving, sensitivity, feasibility as 4 jobs each
-# jobs=N [launcher=local|slurm|<conf/local site>]: the study, serving, sensitivity and feasibility stages run as N
+#   ./reproduce.sh profile=smoke jobs=4              # every measuring stage after calibrate as 4 jobs each
+# jobs=N [launcher=local|slurm|<conf/local site>]: the study, serving, sensitivity, sampling and feasibility stages run as N
 # shards through hydra-submitit-launcher (local: subprocesses of this machine), each on the calibrate stage's tables
 # (the calibrate stage then also keeps the feasibility pair's), then a merge that loads no model (docs/cluster.md);
 # study.learning=per_block is then set for every stage, so the decisions are those of a one-process run with it.
@@ -42,7 +42,7 @@ if [ "$jobs" -gt 1 ]; then
     case " ${overrides[*]+"${overrides[*]}"} " in *" study.learning="*) ;; *) overrides+=(study.learning=per_block) ;; esac
 fi
 # the stages that run as jobs with jobs=N (the others run as one job each)
-JOB_STAGES="study serving sensitivity feasibility"
+JOB_STAGES="study serving sensitivity sampling feasibility"
 # a stage as `jobs` shards of a Hydra multirun, then the merge (reads what the shards wrote and the tables only)
 stage_jobs() {
     .venv/bin/python scripts/run_stage.py "$1" -m "hydra/launcher=$launcher" "${overrides[@]+"${overrides[@]}"}" \

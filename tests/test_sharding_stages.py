@@ -223,8 +223,8 @@ def test_slurm_submit_chains_calibrate_shards_and_merges(tmp_path):
                           text=True, env=env)
     assert done.returncode == 0, done.stderr
     calls = log.read_text().splitlines()
-    assert len(calls) == 1 + 2 * 4 and "RAKV_JOB=calibrate" in calls[0] and calls[0].endswith("profile=smoke")
-    for index, stage in enumerate(("study", "serving", "sensitivity", "feasibility")):
+    assert len(calls) == 1 + 2 * 5 and "RAKV_JOB=calibrate" in calls[0] and calls[0].endswith("profile=smoke")
+    for index, stage in enumerate(("study", "serving", "sensitivity", "sampling", "feasibility")):
         shards, merge = calls[1 + 2 * index], calls[2 + 2 * index]
         # the shards after the previous job (the calibration, or the previous stage's merge): job ids count calls
         assert f"--dependency=afterok:{1 + 2 * index} --array=0-2" in shards and f"RAKV_STAGE={stage}" in shards
@@ -235,3 +235,37 @@ def test_slurm_submit_chains_calibrate_shards_and_merges(tmp_path):
     bad = subprocess.run(["bash", str(root / "scripts/slurm/job.sbatch")], capture_output=True, text=True,
                          env={**env, "RAKV_JOB": "everything", "SLURM_SUBMIT_DIR": str(root)})
     assert bad.returncode == 2 and "RAKV_JOB must be calibrate, shard or merge" in bad.stderr
+
+
+SMALL_SAMPLING = ["profile.sampling.seeds=1", "profile.sampling.distribution.prompts=2",
+                  "profile.sampling.distribution.seeds=2", "profile.sampling.structured.records=1",
+                  "profile.sampling.long_context.per_bin=1", "profile.sampling.long_context.questions=1",
+                  "experiment.temperatures=[0.0,1.0]", "experiment.ks=[2]"]
+
+
+def test_sampling_as_jobs_gives_one_process_outputs(tables, tmp_path, monkeypatch):
+    from rakv.experiments.sampling import run_sampling, sampling_units
+
+    def sampling_cfg(results, *overrides):
+        return stage_cfg("sampling", f"results_dir={results}", *SMALL_SAMPLING, *overrides)
+
+    one = results_from(tables, tmp_path / "one")
+    run_sampling(sampling_cfg(one))
+    jobs, other = results_from(tables, tmp_path / "jobs"), results_from(tables, tmp_path / "other")
+    units = sampling_units(sampling_cfg(jobs), ["runs", "distribution", "structured", "long_context"])
+    assert units == ["tiny.runs", "tiny.distribution.0", "tiny.distribution.1", "tiny.structured",
+                     "tiny.long_context"]
+    for index in range(3):
+        run_sampling(sampling_cfg(jobs, "study.num_shards=3", f"study.shard_index={index}"))
+        # the positive control: shard 1 (a distribution prompt, long_context) on another seed
+        run_sampling(sampling_cfg(other, "study.num_shards=3", f"study.shard_index={index}", f"seed={7 * index}"))
+    assert not RunLayout.of(jobs).sampling_table("runs").exists()  # a shard never merges
+    refuse_models(monkeypatch)
+    for results in (jobs, other):
+        run_sampling(sampling_cfg(results, "study.num_shards=3", "study.merge_only=true"))
+    mine, theirs = stage_outputs(jobs, "sampling"), stage_outputs(one, "sampling")
+    assert set(mine) == {f"sampling/{p}" for p in ("runs", "distribution", "structured", "long_context",
+                                                   "acceptance")} and all(len(f) for f in mine.values())
+    assert differences(mine, theirs) == []
+    found = differences(stage_outputs(other, "sampling"), theirs)
+    assert any(line.startswith("sampling/distribution") for line in found), found

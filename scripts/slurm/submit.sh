@@ -3,7 +3,7 @@
 # stage an array of N shards (each after the previous stage's merge: the sensitivity replay reads the merged study)
 # and its merge (after every shard succeeded), every job `job.sbatch`.
 #   SBATCH_PARTITION=gpu SBATCH_ACCOUNT=my-project scripts/slurm/submit.sh 8 profile=paper device=cuda
-# Prints each job's id. The other stages (sampling, analysis, paper) run afterwards as one job each.
+# Prints each job's id. The other stages (analysis, paper) run afterwards as one job each.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 shards=${1:-}
@@ -12,7 +12,7 @@ shift
 job=scripts/slurm/job.sbatch
 previous=$(sbatch --parsable --export=ALL,RAKV_JOB=calibrate,RAKV_SHARDS="$shards" "$job" "$@")
 echo "calibrate: job $previous"
-for stage in study serving sensitivity feasibility; do
+for stage in study serving sensitivity sampling feasibility; do
     array=$(sbatch --parsable --dependency="afterok:$previous" --array="0-$((shards - 1))" \
         --export=ALL,RAKV_JOB=shard,RAKV_STAGE="$stage",RAKV_SHARDS="$shards" "$job" "$@")
     previous=$(sbatch --parsable --dependency="afterok:$array" \

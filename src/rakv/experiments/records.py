@@ -18,7 +18,7 @@ import os
 import socket
 import subprocess
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -127,6 +127,7 @@ class ShardUnit:
     host: str
     table: dict
     note: str = ""  # what the merge should carry into the stage's summary (the feasibility cost side's reason)
+    extra: dict = field(default_factory=dict)  # what else the merge needs of the unit (sampling: its machine, commit)
 
 
 def units_dealt(units: list[str], num_shards: int, shard_index: int) -> list[str]:

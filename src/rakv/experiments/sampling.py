@@ -27,6 +27,12 @@ and is skipped when its table exists (delete it to measure again):
 
 Every request's sampling seed is derived from the run's seed and the request's identity (`request_seed`), so the
 stage is reproducible and the arms of the distribution tests draw independent streams.
+
+As jobs (docs/cluster.md: `study.num_shards`, `study.shard_index`, `study.merge_only`): a unit is one part of one
+configuration (`runs`, `structured`, `long_context`: each has its own controller and store sequence in one process
+too) or one distribution-test prompt of one configuration (each starts from a cleared store, its seeds fixed by its
+identity). A shard runs its units on the calibration job's tables (read only) and writes each under
+sampling/units/; the merge writes the parts' tables, acceptance.json and design.json from those files alone.
 """
 
 from __future__ import annotations
@@ -49,8 +55,16 @@ from rakv.experiments.config import (
     run_layout,
 )
 from rakv.experiments.metadata import Hardware, SamplingDesign, read_sampling_design, write_sampling_design
-from rakv.experiments.records import git_commit, write_atomic, write_parquet
-from rakv.experiments.schema import SamplingSection, section
+from rakv.experiments.records import (
+    ShardUnit,
+    git_commit,
+    read_units,
+    units_dealt,
+    write_atomic,
+    write_parquet,
+    write_unit,
+)
+from rakv.experiments.schema import SamplingSection, ShardOptions, section
 from rakv.experiments.sensitivity import mixed_prompts
 from rakv.runtime.actions import ADAPTIVE, AR, Action, spec
 from rakv.runtime.calibration import hardware_fingerprint
@@ -77,6 +91,16 @@ def request_seed(run_seed: int, *identity) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=6).digest(), "little")
 
 
+def table_of(cfg: DictConfig, engine):
+    """The configuration's cost table: the calibration job's, read only, in a shard (study.num_shards > 1); else
+    this machine's calibration (measured now if missing or stale)."""
+    if section(cfg.study).num_shards > 1:
+        from rakv.experiments.calibrations import shared_table
+
+        return shared_table(cfg.results_dir, engine)
+    return cost_table_for(cfg, engine)
+
+
 def sampling_for(cfg: DictConfig, temperature: float, seed: int, verify: str = "token") -> Sampling:
     return Sampling(temperature=float(temperature), top_p=float(cfg.experiment.top_p) if temperature else 1.0,
                     seed=seed, verify=verify)
@@ -94,7 +118,7 @@ def acceptance_at(cfg: DictConfig, engine, temperature: float) -> float:
     """The acceptance of spec-k4 at `temperature` over the calibration's prompts (never a study prompt): where the
     controller of that temperature starts."""
     if temperature <= 0:
-        return cost_table_for(cfg, engine).acceptance
+        return table_of(cfg, engine).acceptance
     round_log = []
     for index, ids in enumerate(calibration_prompts(engine.encode)[:3]):
         sampling = sampling_for(cfg, temperature, request_seed(cfg.seed, "calibration", temperature, index))
@@ -105,7 +129,7 @@ def acceptance_at(cfg: DictConfig, engine, temperature: float) -> float:
 
 def run_rows(cfg: DictConfig, name: str, engine, prompts, tick) -> tuple[list[dict], dict]:
     sizes: SamplingSection = section(cfg.profile.sampling)
-    table = cost_table_for(cfg, engine)
+    table = table_of(cfg, engine)
     rows, alphas = [], {}
     controller = Controller(table, controller_config(cfg))  # one, learning per temperature (Controller.start)
     for temperature in cfg.experiment.temperatures:
@@ -308,6 +332,13 @@ def run_sampling(cfg: DictConfig) -> None:
         print(f"sampling: every part is in {layout.sampling_dir}; delete a part's table to measure it again",
               flush=True)
         return
+    shards: ShardOptions = section(cfg.study)
+    if shards.merge_only:
+        merge_sampling(cfg, todo)
+        return
+    if shards.num_shards > 1:
+        run_sampling_shard(cfg, todo, shards)
+        return
     # the design the analysis reads (the tests' level, the resamples of the power estimate), and where and from
     # which commit the stage measured (it may run after the study, from a later commit)
     # (parts measured earlier keep the commit they were measured with)
@@ -352,3 +383,86 @@ def run_sampling(cfg: DictConfig) -> None:
 def read_part(results, part: str) -> pd.DataFrame | None:
     path = RunLayout.of(results).sampling_table(part)
     return pd.read_parquet(path) if path.exists() else None
+
+
+def sampling_units(cfg: DictConfig, parts: list[str]) -> list[str]:
+    """The units of `parts` in one process's row order: `<configuration>.<part>`, and per distribution-test prompt
+    `<configuration>.distribution.<i>` (i below the profile's distribution prompts)."""
+    count = section(cfg.profile.sampling.distribution).prompts
+    units = []
+    for part in parts:
+        for name in cfg.configurations:
+            if part != "distribution":
+                units.append(f"{name}.{part}")
+            elif name in distribution_configurations(cfg):
+                units += [f"{name}.distribution.{i}" for i in range(count)]
+    return units
+
+
+def run_sampling_shard(cfg: DictConfig, todo: list[str], shards: ShardOptions) -> None:
+    """This shard's units, on the calibration job's tables; each unit's rows and record under sampling/units/."""
+    from rakv.experiments.calibrations import host, table_digest
+    from rakv.experiments.config import configuration
+
+    folder = run_layout(cfg).stage_units("sampling")
+    mine = [unit for unit in units_dealt(sampling_units(cfg, todo), shards.num_shards, shards.shard_index)
+            if not (folder / f"{unit}.json").exists()]
+    print(f"sampling: shard {shards.shard_index} of {shards.num_shards}: {len(mine)} units to do "
+          f"({', '.join(mine) or 'none'})", flush=True)
+    hardware = hardware_fingerprint(torch.device(cfg.device), cfg.dtype)
+    opened = {}
+    for unit in mine:
+        name, part, *index = unit.split(".")
+        if name not in opened:
+            engine = engine_for(cfg, configuration(name))
+            prompts = mixed_prompts([p for d in cfg.datasets for p in prompts_for(cfg, engine.encode, d)],
+                                    section(cfg.profile.sampling).prompts_per_dataset * len(cfg.datasets))
+            opened = {name: (engine, prompts, table_of(cfg, engine))}
+        engine, prompts, table = opened[name]
+        extra = {"hardware": hardware, "commit": git_commit()}
+        with tqdm(desc=f"sampling {unit}", unit="request", dynamic_ncols=True, mininterval=2) as bar:
+            if part == "runs":
+                rows, alphas = run_rows(cfg, name, engine, prompts, bar.update)
+                extra["alphas"] = {str(t): a for t, a in alphas.items()}
+            elif part == "distribution":
+                chosen = prompts[int(index[0]):int(index[0]) + 1]
+                rows = distribution_rows(cfg, name, engine, chosen, bar.update) if chosen else []
+            elif part == "structured":
+                rows = structured_rows(cfg, name, engine, Controller(table, controller_config(cfg)), bar.update)
+            else:
+                rows = long_context_rows(cfg, name, engine, Controller(table, controller_config(cfg)), bar.update)
+        write_unit(folder, ShardUnit("sampling", unit, shards.shard_index, shards.num_shards, {part: len(rows)},
+                                     table_digest(table), host(), table.to_json(), extra=extra), {part: rows})
+    print(f"sampling: shard {shards.shard_index} of {shards.num_shards} done; merge with study.merge_only=true once "
+          "every shard is", flush=True)
+
+
+def merge_sampling(cfg: DictConfig, todo: list[str]) -> None:
+    """study.merge_only: the parts' tables, acceptance.json and design.json from the units' files; loads no model."""
+    layout = run_layout(cfg)
+    units = read_units(layout.stage_units("sampling"), "sampling", sampling_units(cfg, todo))
+    digests = {}
+    for unit, (record, _) in units.items():
+        name = unit.split(".")[0]
+        if digests.setdefault(name, record.calibration_digest) != record.calibration_digest:
+            raise RakvError(f"sampling: the units of {name} ran under different calibration tables; run the "
+                            "calibration job once, then every shard on its tables")
+    first = next(iter(units.values()))[0]
+    design = read_sampling_design(layout)
+    commits = {**(design.parts if design else {}),
+               **{part: next(r.extra["commit"] for u, (r, _) in units.items() if u.split(".")[1] == part)
+                  for part in todo}}
+    write_sampling_design(SamplingDesign(experiment=OmegaConf.to_container(cfg.experiment),
+                                         sizes=OmegaConf.to_container(cfg.profile.sampling), parts=commits,
+                                         hardware=load_record(Hardware, first.extra["hardware"], "hardware")), layout)
+    for part in todo:
+        rows, alphas = [], {}
+        for unit, (record, by_part) in units.items():
+            if unit.split(".")[1] == part:
+                rows += by_part[part]
+                if "alphas" in record.extra:
+                    alphas[unit.split(".")[0]] = record.extra["alphas"]
+        if alphas:
+            write_atomic(layout.sampling_acceptance, json.dumps(alphas, indent=1))
+        write_parquet(rows, layout.sampling_table(part))
+        print(f"sampling: wrote {layout.sampling_table(part)} ({len(rows)} rows)", flush=True)

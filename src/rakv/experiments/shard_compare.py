@@ -3,9 +3,9 @@ process on the same calibration (docs/cluster.md; scripts/compare_sharded.py, te
 
 `stage_outputs(results, stage)` reads one finished stage's files into named tables of the columns that do not depend
 on a clock: the study's rakv-asd decisions (action, acceptance before and after), every served output's tokens, the
-sensitivity parts' rows without their measured times (and without the beta/lambda replay's scores, which rank the
-study's measured latencies), the feasibility sweep's actions and output hashes. `differences(one, other)` lists
-where two such readings differ, one line each.
+sensitivity and sampling parts' rows without their measured times (and without the beta/lambda replay's scores,
+which rank the study's measured latencies), the feasibility sweep's actions and output hashes.
+`differences(one, other)` lists where two such readings differ, one line each.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pandas as pd
 from rakv.runtime.run_layout import RunLayout, ServedRunLayout
 
 # stages whose outputs stage_outputs reads, in pipeline order
-COMPARED_STAGES = ("study", "serving", "sensitivity", "feasibility")
+COMPARED_STAGES = ("study", "serving", "sensitivity", "sampling", "feasibility")
 # columns that hold a clock's reading, or a statistic ranked by one
 TIMED_MARKERS = ("latency", "ttft", "speedup", "tokens_per_s", "regret", "accuracy", "prefill_s", "_time", "seconds")
 STUDY_DECIDED = ["run_id", "action", "alpha_before", "alpha_after"]
@@ -30,8 +30,12 @@ def timed(column: str) -> bool:
 
 
 def untimed(frame: pd.DataFrame) -> pd.DataFrame:
-    """The frame's columns that no clock moves, rows in their order, index reset."""
-    return frame[[c for c in frame.columns if not timed(c)]].reset_index(drop=True)
+    """The frame's columns that no clock moves, rows in their order, index reset; a list in a cell as its JSON."""
+    frame = frame[[c for c in frame.columns if not timed(c)]].reset_index(drop=True)
+    for column in [c for c in frame.columns if frame[c].dtype.kind == "O"]:
+        frame[column] = [json.dumps(v.tolist() if hasattr(v, "tolist") else v) if isinstance(v, (list, tuple))
+                         or hasattr(v, "tolist") else v for v in frame[column]]
+    return frame
 
 
 def _study(folder: Path, columns: list[str], strategy_only: bool) -> pd.DataFrame:
@@ -66,6 +70,15 @@ def stage_outputs(results: Path | str, stage: str) -> dict[str, pd.DataFrame]:
         for path in layout.sensitivity_tables():
             frame = untimed(pd.read_parquet(path))
             out[f"sensitivity/{path.stem}"] = frame
+        return out
+    if stage == "sampling":
+        out = {}
+        for part in ("runs", "distribution", "structured", "long_context"):
+            path = layout.sampling_table(part)
+            if path.exists():
+                out[f"sampling/{part}"] = untimed(pd.read_parquet(path))
+        if layout.sampling_acceptance.exists():  # where each temperature's controller started
+            out["sampling/acceptance"] = pd.json_normalize(json.loads(layout.sampling_acceptance.read_text()))
         return out
     if stage == "feasibility":
         out = {}
