@@ -414,3 +414,91 @@ def test_an_avx2_build_gives_every_gemm_row_the_bits_of_this_machines_build(tmp_
     assert results["native"].keys() == results["x86-64-v3"].keys()
     for key, value in results["native"].items():
         assert torch.equal(value, results["x86-64-v3"][key]), f"{key}: the two builds differ"
+
+
+# SmolLM2's attention shapes: 9 query heads sharing 3 K/V heads of 64 (the grouped path, its shared values pass)
+_H, _KV, _D = 9, 3, 64
+
+
+def _attention_rows(requests, seed: int):
+    """Random queries, keys and values for `requests` [(cached positions, new rows)]: per request its new rows'
+    qkv [rows, (H + 2 KV) D] and K/V buffers [1, KV, capacity, D] holding its cached positions."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for cached, rows in requests:
+        keys = torch.randn(1, _KV, cached + rows, _D, generator=generator)
+        values = torch.randn(1, _KV, cached + rows, _D, generator=generator)
+        out.append((cached, torch.randn(rows, (_H + 2 * _KV) * _D, generator=generator), keys, values))
+    return out
+
+
+def _attend(requests, pieces):
+    """Each request's attention output rows, its new rows fed in `pieces` calls (prefill chunks / decode steps),
+    every call holding the same piece of every request (one batched call per piece)."""
+    outputs = [[] for _ in requests]
+    buffers = [(k.clone(), v.clone()) for _, _, k, v in requests]
+    for piece in range(pieces):
+        cuts = [torch.linspace(0, qkv.shape[0], pieces + 1).long().tolist() for _, qkv, _, _ in requests]
+        live = [i for i, c in enumerate(cuts) if c[piece + 1] > c[piece]]
+        if not live:
+            continue
+        qkv = torch.cat([requests[i][1][cuts[i][piece]:cuts[i][piece + 1]] for i in live])
+        out = kernels.native().attention(qkv, [buffers[i][0] for i in live], [buffers[i][1] for i in live],
+                                         [requests[i][0] + cuts[i][piece] for i in live],
+                                         [cuts[i][piece + 1] - cuts[i][piece] for i in live], _H, _KV, _D ** -0.5,
+                                         None, None)
+        first = 0
+        for i in live:
+            n = cuts[i][piece + 1] - cuts[i][piece]
+            outputs[i].append(out[first:first + n])
+            first += n
+    return [torch.cat(o) for o in outputs]
+
+
+def _reference_attention(cached, qkv, keys, values):
+    """The same rows in float64 (softmax of the scaled scores over positions 0 .. own, grouped-query)."""
+    keys, values = keys.double().clone(), values.double().clone()
+    rows = qkv.shape[0]
+    q = qkv.double()[:, :_H * _D].view(rows, _H, _D)
+    keys[0, :, cached:] = qkv.double()[:, _H * _D:(_H + _KV) * _D].view(rows, _KV, _D).transpose(0, 1)
+    values[0, :, cached:] = qkv.double()[:, (_H + _KV) * _D:].view(rows, _KV, _D).transpose(0, 1)
+    out = torch.empty(rows, _H, _D, dtype=torch.float64)
+    for i in range(rows):
+        visible = cached + i + 1
+        for h in range(_H):
+            kv = h // (_H // _KV)
+            p = torch.softmax(keys[0, kv, :visible] @ q[i, h] * _D ** -0.5, 0)
+            out[i, h] = p @ values[0, kv, :visible]
+    return out.view(rows, _H * _D)
+
+
+@pytest.mark.parametrize("requests", [[(256, 1)] * 16, [(0, 70), (300, 1), (97, 5), (31, 33)]])
+def test_attention_rows_are_the_same_bits_alone_batched_or_chunked_and_near_float64(requests):
+    """The attention kernel on SmolLM2's shapes at positions well past 64 (many blocks of keys, whatever a kernel
+    cuts them into): a request's rows computed alone in one call, in one call beside the other requests, and fed in
+    three chunks are equal bit for bit, and within 1e-5 of a float64 softmax attention (relative to the output's
+    largest magnitude)."""
+    rows = _attention_rows(requests, seed=len(requests))
+    together = _attend(rows, 1)
+    chunked = _attend(rows, 3)
+    for index, request in enumerate(rows):
+        alone = _attend([request], 1)[0]
+        assert torch.equal(alone, together[index]), f"request {index}: alone and batched differ"
+        assert torch.equal(alone, chunked[index]), f"request {index}: whole and chunked differ"
+        reference = _reference_attention(*request)
+        assert ((alone.double() - reference).abs().max() / reference.abs().max()).item() < 1e-5
+
+
+def test_the_attention_comparisons_see_a_change_in_one_cached_key():
+    """The positive control of the check above: one element of one cached key moved by 0.1 % changes a decode row's
+    output bits (so equal bits are evidence), and a wrong query-to-K/V-head mapping misses the float64 reference by
+    far more than its tolerance."""
+    cached, qkv, keys, values = _attention_rows([(256, 1)], seed=7)[0]
+    moved = keys.clone()
+    moved[0, 0, 100, 0] *= 1.001
+    first = _attend([(cached, qkv, keys, values)], 1)[0]
+    second = _attend([(cached, qkv, moved, values)], 1)[0]
+    assert not torch.equal(first, second)
+    swapped = torch.cat([values[:, 1:], values[:, :1]], 1)  # the K/V heads' values rotated: another head's values
+    reference = _reference_attention(cached, qkv, keys, swapped)
+    assert ((first.double() - reference).abs().max() / reference.abs().max()).item() > 1e-2
