@@ -95,3 +95,13 @@ def test_teacher_forced_labels_are_the_targets_own_greedy_tokens(tiny_pair):
     [(_, loose)] = teacher_forced(tiny_pair, [scrambled], 3, False)
     assert int((strict >= 0).sum()) < int((loose >= 0).sum())
     assert int((loose >= 0).sum()) == sum(len(scrambled) - i for i in range(1, 4))
+
+
+def test_a_choice_built_from_calibrations_prices_only_the_heads_per_position():
+    k_set = configured(k_set=(0, 1, 2, 4))
+    choice = ProposerChoice.of({"draft": table(), "prompt-lookup": table(), "heads": table()}, k_set, {"heads": 4})
+    assert {n: c.per_position for n, c in choice.controllers.items()} == {"draft": False, "prompt-lookup": False,
+                                                                          "heads": True}
+    assert choice.max_k == {"heads": 4}
+    with pytest.raises(Exception, match="unknown proposer"):
+        ProposerChoice.of({"medusa": table()}, k_set)

@@ -24,7 +24,7 @@ from rakv.runtime.costmodel import (
 from rakv.runtime.depth import MATCH_CLASSES, RoundDepth
 from rakv.runtime.errors import RakvError
 from rakv.runtime.paths import conf_file
-from rakv.runtime.proposers import Proposer
+from rakv.runtime.proposers import Proposer, proposer_type
 
 
 def k_set_from_text(text: str) -> list[int]:
@@ -341,6 +341,14 @@ class ProposerChoice:
     def __post_init__(self):
         if not self.controllers:
             raise RakvError("a per-request proposer choice needs at least one proposer's controller")
+
+    @classmethod
+    def of(cls, tables: dict[str, CostTable], config: ControllerConfig, max_k: dict[str, int] | None = None,
+           ) -> ProposerChoice:
+        """One controller per proposer from its calibration; a proposer whose acceptance falls with the candidate's
+        position (`acceptance_by_position`, the heads) is priced per position."""
+        return cls({name: Controller(table, config, getattr(proposer_type(name), "acceptance_by_position", False))
+                    for name, table in tables.items()}, dict(max_k or {}))
 
     def decide(self, prompt_tokens: int, hit: Hit, new_tokens: int,
                temperature: float = 0.0) -> tuple[str, Decision]:

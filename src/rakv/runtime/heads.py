@@ -208,6 +208,7 @@ class HeadsProposer(Proposer):
 
     name: ClassVar[str] = "heads"
     needs_target_hidden: ClassVar[bool] = True
+    acceptance_by_position: ClassVar[bool] = True  # head i's acceptance falls with i: priced per position
 
     heads: Heads
     hidden: torch.Tensor | None = None  # the target's last hidden states of the latest verify, [rows, d] ...
