@@ -1,9 +1,9 @@
 """Precision as a factor of the study: each pair and proposer measured at several target precisions (fp32, q4_1:
 rakv.runtime.models.PRECISIONS) set side by side, with the regime, the prices and RAKV-ASD against AR at each.
 
-The configurations of one pair and proposer at two precisions (e.g. smollm2 and smollm2-q4_1) have one acceptance
-(the q4_1 target's logits are the fp32 target's, the GGUF's de-quantised values: docs/engine.md, "Precision") and two
-sets of prices, so what differs between their rows is what the prices make of the same acceptance. Read from the
+For SmolLM2 the configurations at two precisions (smollm2 and smollm2-q4_1) have one acceptance (the q4_1 target's
+logits are the fp32 target's, the GGUF's de-quantised values: docs/engine.md, "Precision") and two sets of prices, so
+what differs between their rows is what the prices make of the same acceptance. Read from the
 summary (per configuration: the regime's CI, `spec_slowdown.pooled`, and RAKV-ASD's latency reduction against AR)
 and the results folder's calibrations (rakv.experiments.calibrations: one per configuration's pair, proposer and
 precision), at the price context of every price of the paper (rakv.experiments.analysis.price_context). Worded by
@@ -120,7 +120,10 @@ def precision_table(rows: list[PrecisionRow]) -> str:
         "latency against the best $k=0$'s over all scenarios (positive: speculation slower), the target's decode "
         "step and, in target steps, one draft step and the verify of 5 tokens (calibration, at the price context "
         "of Section~\\ref{sec:regime}), and RAKV-ASD's latency reduction against AR (positive: faster); 95\\,\\% "
-        "CIs over prompts. The precisions share one acceptance; only the prices differ.}",
+        "CIs over prompts." + (" SmolLM2's q4\\_1 target computes the fp32 target's logits bit for bit (its fp32 "
+                               "weights are the same file de-quantised), so its precisions share one acceptance and "
+                               "only the prices differ." if any(r.family.startswith("smollm2-") for r in rows)
+                               else "") + "}",
         "\\end{rakvtable}"]) + "\n"
 
 
