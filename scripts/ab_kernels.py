@@ -6,8 +6,10 @@ bit (rakv.bench.kernel_ab says how).
         [--attention 1:256 16:256 1:256:5] [--repeats 15] [--threads 2] [--json]
     RAKV_KERNELS_MARCH=x86-64-v3 .venv/bin/python scripts/ab_kernels.py --base HEAD~1   # the AVX2 code paths
 
-Prints, per case, each build's median ms over the interleaved repeats, new / base, and whether every output of the
-two builds is bitwise equal. Exit status 1 if any case's outputs differ, 2 on bad input or a failed build.
+Prints, per case, each build's median ms over the interleaved repeats, new / base, whether every output of the
+two builds is bitwise equal and, where not, the largest difference relative to the output's largest magnitude (a
+kernel that rounds otherwise, e.g. attention in another order, differs by ~1e-7 there). Exit status 1 if any case's
+outputs differ, 2 on bad input or a failed build.
 """
 
 from __future__ import annotations
@@ -86,10 +88,10 @@ def main(argv=None) -> int:
         print(json.dumps(to_json(KernelAbReport(args.base, new_label, rows))))
     else:
         print(describe_builds(args.base, new_label) + f"; {args.repeats} interleaved repeats, medians")
-        print(f"{'case':<46} {'base ms':>9} {'new ms':>9} {'new/base':>9} {'bitwise equal':>14}")
+        print(f"{'case':<46} {'base ms':>9} {'new ms':>9} {'new/base':>9} {'bitwise equal':>14} {'max rel diff':>13}")
         for row in rows:
             print(f"{row.case:<46} {row.ms[BASE]:9.2f} {row.ms[NEW]:9.2f} "
-                  f"{row.over_first[NEW]:9.3f} {str(row.bitwise_equal):>14}")
+                  f"{row.over_first[NEW]:9.3f} {str(row.bitwise_equal):>14} {row.max_relative_difference:13.1e}")
     return 0 if all(row.bitwise_equal for row in rows) else 1
 
 

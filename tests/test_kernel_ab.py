@@ -53,3 +53,5 @@ def test_compare_times_each_build_and_says_whether_their_outputs_are_the_same_bi
     assert all(row.bitwise_equal for row in same)
     assert all(row.over_first["base"] == 1.0 and row.ms["new"] > 0 for row in same)  # keyed by the builds' names
     assert not different[0].bitwise_equal
+    assert all(row.max_relative_difference == 0.0 for row in same)
+    assert 0.0 < different[0].max_relative_difference < float("inf")

@@ -126,13 +126,15 @@ def attention_case(case: AttentionCase, layers: int, heads: int, kv_heads: int, 
 
 @dataclass(frozen=True)
 class CaseTiming:
-    """One case on every build: each build's median ms, its ratio to the first build's, and whether every output
-    of every build is bitwise equal to the first's."""
+    """One case on every build: each build's median ms, its ratio to the first build's, whether every output
+    of every build is bitwise equal to the first's, and, for a kernel that rounds otherwise (e.g. attention in
+    another order), how far: the largest |other - first| over an output's largest |first|, 0.0 when equal."""
 
     case: str
     ms: dict[str, float]
     over_first: dict[str, float]
     bitwise_equal: bool
+    max_relative_difference: float
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,8 @@ def compare(builds: dict, cases: dict, repeats: int) -> list[CaseTiming]:
         first = next(iter(outputs.values()))
         equal = all(len(o) == len(first) and all(torch.equal(a, b) for a, b in zip(o, first))
                     for o in outputs.values())
+        difference = max((relative_difference(a, b) for o in outputs.values() for a, b in zip(o, first)),
+                         default=0.0)
         times = {name: [] for name in builds}
         for _ in range(repeats):
             for name, mod in builds.items():
@@ -161,8 +165,20 @@ def compare(builds: dict, cases: dict, repeats: int) -> list[CaseTiming]:
                 times[name].append(time.perf_counter() - start)
         medians = {name: statistics.median(t) * 1e3 for name, t in times.items()}
         base = next(iter(medians.values()))
-        rows.append(CaseTiming(label, medians, {n: m / base for n, m in medians.items()}, equal))
+        rows.append(CaseTiming(label, medians, {n: m / base for n, m in medians.items()}, equal, difference))
     return rows
+
+
+def relative_difference(other: torch.Tensor, first: torch.Tensor) -> float:
+    """max |other - first| / max |first| (0.0 when equal; inf when shapes differ or first is all zeros and other
+    is not)."""
+    if other.shape != first.shape:
+        return float("inf")
+    if torch.equal(other, first):
+        return 0.0
+    scale = first.double().abs().max().item()
+    gap = (other.double() - first.double()).abs().max().item()
+    return gap / scale if scale > 0 else float("inf")
 
 
 def describe_builds(base: str, new: str) -> str:
