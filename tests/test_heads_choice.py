@@ -105,3 +105,18 @@ def test_a_choice_built_from_calibrations_prices_only_the_heads_per_position():
     assert choice.max_k == {"heads": 4}
     with pytest.raises(Exception, match="unknown proposer"):
         ProposerChoice.of({"medusa": table()}, k_set)
+
+
+def test_a_retrained_set_is_calibrated_again(tiny_pair, monkeypatch):
+    """The heads' calibration key holds the shipped set's key (a stale calibration's acceptance is another set's);
+    the other proposers' keys are as before."""
+    from rakv.runtime import heads as heads_module
+    from rakv.runtime.calibration import calibration_key, key_digest
+    from rakv.runtime.heads import read_heads_record
+    from rakv.runtime.run_layout import HeadsLayout
+
+    shipped = read_heads_record(HeadsLayout.shipped("tiny")).key
+    key = calibration_key(tiny_pair, "heads")
+    assert key["heads"] == shipped and "heads" not in calibration_key(tiny_pair, "draft")
+    monkeypatch.setattr(heads_module, "shipped_heads_key", lambda name: "another-set")
+    assert key_digest(calibration_key(tiny_pair, "heads")) != key_digest(key)

@@ -119,8 +119,13 @@ METHOD = "interleaved-median-table/2"  # part of the key: a table measured anoth
 
 def calibration_key(pair, proposer: str) -> dict:
     dtype = pair.target.fingerprint.dtype
-    return {"pair": pair.fingerprint(), "proposer": proposer, "hardware": hardware_fingerprint(pair.device, dtype),
-            "method": METHOD}
+    key = {"pair": pair.fingerprint(), "proposer": proposer, "hardware": hardware_fingerprint(pair.device, dtype),
+           "method": METHOD}
+    if proposer == "heads":  # a retrained set is another proposer: its key (rakv.runtime.heads.shipped_heads_key)
+        from rakv.runtime.heads import shipped_heads_key
+
+        key["heads"] = shipped_heads_key(pair.name)
+    return key
 
 
 def key_digest(key: dict) -> str:

@@ -185,6 +185,17 @@ def load_heads(pair, layout: HeadsLayout) -> Heads:
     return Heads.on_target(pair.target.module, state, pair.vocab_size, record, pair.device)
 
 
+def shipped_heads_key(pair_name: str) -> str | None:
+    """The key of the set shipped for a pair (None: none shipped, or a record of an older format)."""
+    layout = HeadsLayout.shipped(pair_name)
+    if not layout.record.exists():
+        return None
+    try:
+        return read_heads_record(layout).key
+    except RakvError:
+        return None
+
+
 _LOADED: dict[tuple[int, Path], tuple[object, Heads]] = {}
 
 
