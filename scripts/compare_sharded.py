@@ -105,8 +105,8 @@ def stage(name: str, overrides: list[str], *extra: str) -> float:
 
 
 def copy_tables(one: Path, sharded: Path) -> None:
-    """The tables the one-process run kept, so that both sides decide under the same ones."""
-    shutil.copytree(RunLayout.of(one).calibration_dir, RunLayout.of(sharded).calibration_dir)
+    """The tables the one-process run kept so far, so that both sides decide under the same ones."""
+    shutil.copytree(RunLayout.of(one).calibration_dir, RunLayout.of(sharded).calibration_dir, dirs_exist_ok=True)
     serving = RunLayout.of(sharded).serving.root
     for path in RunLayout.of(one).serving.root.glob("batch_cost-*.json"):
         serving.mkdir(parents=True, exist_ok=True)
@@ -143,21 +143,18 @@ def main() -> int:
             shutil.rmtree(folder)
     common = [*overrides, "study.learning=per_block"]
     stage("calibrate", [*common, f"results_dir={one}"])
-    one_s = {name: stage(name, [*common, f"results_dir={one}"]) for name in stages}
-    copy_tables(one, sharded)  # one table per configuration for both sides
-    jobs_s = {}
-    for name in stages:
+    status = 0
+    for name in stages:  # each stage both ways, then its comparison (printed as soon as it is known)
+        one_s = stage(name, [*common, f"results_dir={one}"])
+        copy_tables(one, sharded)  # one table per configuration for both sides (feasibility's kept by its stage)
         jobs = [*common, f"results_dir={sharded}", f"study.num_shards={args.jobs}"]
-        jobs_s[name] = (stage(name, [*jobs, f"study.shard_index=range({args.jobs})",
-                                     f"hydra/launcher={args.launcher}",
-                                     f"hydra.sweep.dir={args.out / 'multirun' / name}"], "-m"),
-                        stage(name, [*jobs, "study.merge_only=true"]))
-    status = compare_stages(one, sharded, stages)
-    for name in stages:
-        shards_s, merge_s = jobs_s[name]
-        print(f"compare_sharded: {name} wall time: one process {one_s[name]:.1f} s; {args.jobs} jobs "
+        shards_s = stage(name, [*jobs, f"study.shard_index=range({args.jobs})", f"hydra/launcher={args.launcher}",
+                                f"hydra.sweep.dir={args.out / 'multirun' / name}"], "-m")
+        merge_s = stage(name, [*jobs, "study.merge_only=true"])
+        status = max(status, compare_stages(one, sharded, [name]))
+        print(f"compare_sharded: {name} wall time: one process {one_s:.1f} s; {args.jobs} jobs "
               f"({args.launcher} launcher) {shards_s:.1f} s + merge {merge_s:.1f} s = "
-              f"{(shards_s + merge_s) / one_s[name]:.2f} x one process")
+              f"{(shards_s + merge_s) / one_s:.2f} x one process", flush=True)
     return status
 
 
