@@ -282,6 +282,16 @@ def bad_input_requests() -> dict[str, tuple[bytes, bool]]:
         "echo, max_tokens 0, 10^6 token ids": (http_request(json.dumps(
             {"prompt": [1] * 10 ** 6, "echo": True, "max_tokens": 0, "logprobs": 1})), False),
         "max_tokens 0 without echo": (http_request('{"prompt": "hi", "max_tokens": 0}'), False),
+        "echo with stream": (http_request('{"prompt": "hi", "echo": true, "stream": true}'), False),
+        "echo not a boolean": (http_request('{"prompt": "hi", "echo": "yes"}'), False),
+        "logprobs -1": (http_request('{"prompt": "hi", "logprobs": -1}'), False),
+        "n 0": (http_request('{"prompt": "hi", "n": 0}'), False),
+        "stop a number": (http_request('{"prompt": "hi", "stop": 5}'), False),
+        "an empty list of prompts": (http_request('{"prompt": []}'), False),
+        "a prompt of no token ids": (http_request('{"prompt": [[]]}'), False),
+        "chat top_logprobs without logprobs": (http_request(
+            '{"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}', path="/v1/chat/completions"),
+            False),
         "chat top_logprobs 10^9": (http_request(
             '{"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 1000000000}',
             path="/v1/chat/completions"), False),
