@@ -299,6 +299,8 @@ DICT_RETURNS = {
     "experiments/sampling.py:structured_rows": "pandas-ready rows (the sampling stage's tables)",
     "experiments/sampling.py:long_context_rows": "pandas-ready rows (the sampling stage's tables)",
     "experiments/sensitivity.py:alpha_model_tables": "pandas-ready rows (the sensitivity stage's tables)",
+    "experiments/sensitivity.py:measure_panel": "pandas-ready rows by part (the sensitivity stage's tables)",
+    "experiments/records.py:read_units": "each unit's ShardUnit and its pandas-ready rows by part",
     "experiments/sensitivity.py:controlled_rows": "pandas-ready rows (the sensitivity stage's tables)",
     "experiments/sensitivity.py:budget_rows": "pandas-ready rows (the sensitivity stage's tables)",
     "experiments/sensitivity.py:factor_rows": "pandas-ready rows (the sensitivity stage's tables), by factor",

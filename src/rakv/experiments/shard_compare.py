@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from rakv.runtime.json_records import read_json
 from rakv.runtime.run_layout import RunLayout, ServedRunLayout
 
 # stages whose outputs stage_outputs reads, in pipeline order
@@ -78,7 +79,7 @@ def stage_outputs(results: Path | str, stage: str) -> dict[str, pd.DataFrame]:
             if path.exists():
                 out[f"sampling/{part}"] = untimed(pd.read_parquet(path))
         if layout.sampling_acceptance.exists():  # where each temperature's controller started
-            out["sampling/acceptance"] = pd.json_normalize(json.loads(layout.sampling_acceptance.read_text()))
+            out["sampling/acceptance"] = pd.json_normalize(read_json(layout.sampling_acceptance))
         return out
     if stage == "feasibility":
         out = {}
