@@ -75,7 +75,10 @@ def configuration_stem(name: str) -> str:
 
 def tables_by_configuration(runs: pd.DataFrame, results: Path) -> dict[str, CostTable | None]:
     kept = calibration_tables(results)
-    return {name: kept.get(configuration_stem(name)) for name in runs.configuration.unique()}
+    named = runs.assign(precision="fp32") if "precision" not in runs else runs  # a run before the column: fp32
+    pairs = named[["configuration", "pair", "proposer", "precision"]].drop_duplicates()
+    return {r.configuration: kept.get(calibration_stem(r.pair, r.proposer, r.precision))
+            for r in pairs.itertuples(index=False)}
 
 
 def with_tie_sets(runs: pd.DataFrame, cost_tables: dict) -> pd.DataFrame:
