@@ -541,17 +541,17 @@ def precision_machine(load_1min: float) -> PrecisionMachine:
     import os
     import subprocess
 
-    from rakv.runtime.calibration import hardware_fingerprint
+    from rakv.runtime.calibration import kernels_isa, processor_name, usable_cores
     from rakv.runtime.paths import ROOT
 
-    hardware = hardware_fingerprint(torch.device("cpu"), "float32")
+    processor = processor_name(torch.device("cpu"))
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT,
                                 check=True).stdout.strip() or None
     except (OSError, subprocess.CalledProcessError):
         commit = None
-    return PrecisionMachine(processor=hardware["processor"], label=cpu_label(hardware["processor"]),
-                            kernels_isa=hardware["kernels_isa"], cores=hardware["cores"] or os.cpu_count() or 1,
+    return PrecisionMachine(processor=processor, label=cpu_label(processor),
+                            kernels_isa=kernels_isa(), cores=usable_cores() or os.cpu_count() or 1,
                             commit=commit, date=time.strftime("%Y-%m-%d", time.gmtime()), load_1min=load_1min)
 
 

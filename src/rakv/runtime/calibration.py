@@ -77,16 +77,21 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def hardware_fingerprint(device: torch.device, dtype: str) -> dict:
+def processor_name(device: torch.device) -> str:
+    """The device's model name: the GPU's, or the CPU's as /proc/cpuinfo says it (platform's guess without it)."""
     if device.type == "cuda":
-        processor = torch.cuda.get_device_name(device)
-    else:
-        processor = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo") as fh:
-                processor = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
-        except (OSError, StopIteration):
-            pass
+        return torch.cuda.get_device_name(device)
+    processor = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            processor = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return processor
+
+
+def hardware_fingerprint(device: torch.device, dtype: str) -> dict:
+    processor = processor_name(device)
     cpu = device.type == "cpu"
     # what changes the kernels' code path or their blocking: the ISA, the compile target, the cores, the caches; a
     # calibration keyed by them never travels to a machine of another class (rakv.runtime.calibration.load_table)
@@ -121,10 +126,10 @@ def calibration_key(pair, proposer: str) -> dict:
     dtype = pair.target.fingerprint.dtype
     key = {"pair": pair.fingerprint(), "proposer": proposer, "hardware": hardware_fingerprint(pair.device, dtype),
            "method": METHOD}
-    if proposer == "heads":  # a retrained set is another proposer: its key (rakv.runtime.heads.shipped_heads_key)
-        from rakv.runtime.heads import shipped_heads_key
+    # what else makes the proposer another one (the heads: the shipped set's key; a retrained set is stale here)
+    from rakv.runtime.proposers import proposer_type
 
-        key["heads"] = shipped_heads_key(pair.name)
+    key.update(proposer_type(proposer).calibration_identity(pair.name))
     return key
 
 

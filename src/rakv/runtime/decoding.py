@@ -73,6 +73,12 @@ class Proposer(Protocol):
     # drafts from the target's last hidden states: given them after every verify (`observe_target_hidden`)
     needs_target_hidden: ClassVar[bool] = False
 
+    @classmethod
+    def calibration_identity(cls, pair_name: str) -> dict:
+        """What else a calibration table of this proposer on `pair_name` is keyed by (rakv.runtime.calibration.
+        calibration_key): nothing beyond its name, unless its behaviour comes from a file (the learned heads)."""
+        return {}
+
     def start(self, context: list[int], kv=None) -> None:
         """Begin a request whose confirmed context is `context` (a draft model prefills here; `kv`: its K/V for
         the context's first positions, from the prefix store, so that it prefills only the rest)."""

@@ -230,6 +230,11 @@ class HeadsProposer(Proposer):
     def for_pair(cls, pair) -> HeadsProposer:
         return cls(shipped_heads(pair))
 
+    @classmethod
+    def calibration_identity(cls, pair_name: str) -> dict:
+        # a retrained set is another proposer: a table priced with the old set's acceptance is stale
+        return {"heads": shipped_heads_key(pair_name)}
+
     def start(self, context, kv=None):
         self.reset()
 
