@@ -41,12 +41,22 @@ class Configuration:
 
     name: str
     pair: str
-    proposer: str  # the proposer's name (rakv.runtime.proposers.PROPOSERS)
+    proposer: str  # the proposer's name (rakv.runtime.proposers.PROPOSERS); of several, the first (the engine's)
     precision: str = "fp32"  # the target's weights (rakv.runtime.models.PRECISIONS)
+    proposers: tuple[str, ...] = ()  # several proposers for one target (rakv-asd chooses among them); () for one
 
     @property
     def proposer_type(self) -> type[Proposer]:
         return proposer_type(self.proposer)
+
+    @property
+    def chooses_proposer(self) -> bool:
+        """Whether this configuration holds several proposers (its actions name theirs: `heads:r0k4`)."""
+        return len(self.proposers) > 1
+
+    @property
+    def all_proposers(self) -> tuple[str, ...]:
+        return self.proposers or (self.proposer,)
 
 
 def configuration_names() -> list[str]:
@@ -75,7 +85,14 @@ def configuration(name: str) -> Configuration:
     except (HydraException, OmegaConfBaseException) as exc:
         raise RakvError(f"configuration '{name}': {one_line(exc)}") from None
     entry: ConfigurationEntry = OmegaConf.to_object(node.configuration)
-    return Configuration(name=name, pair=entry.pair, proposer=entry.proposer, precision=entry.precision)
+    if entry.proposer is None and not entry.proposers:
+        raise RakvError(f"configuration '{name}': name its `proposer` (or a list of `proposers`)")
+    if entry.proposers and (len(set(entry.proposers)) != len(entry.proposers)
+                            or entry.proposer not in (None, entry.proposers[0])):
+        raise RakvError(f"configuration '{name}': proposers {entry.proposers} must name each proposer once, the "
+                        f"first being `proposer` ({entry.proposer})")
+    return Configuration(name=name, pair=entry.pair, proposer=entry.proposer or entry.proposers[0],
+                         precision=entry.precision, proposers=tuple(entry.proposers))
 
 
 def configurations(cfg: DictConfig) -> list[Configuration]:
@@ -102,6 +119,18 @@ def cost_table_for(cfg: DictConfig, engine: Engine) -> CostTable:
     return keep_calibration(cfg, engine, load_or_calibrate(engine, calibration_prompts(engine.encode),
                                                            recalibrate=cfg.calibration.recalibrate,
                                                            plan=noise_gate(cfg)))
+
+
+def proposer_engine(engine: Engine, proposer: str) -> Engine:
+    """The same pair and store with another proposer (a configuration of several: each calibrates and runs its own
+    kind on the one loaded target)."""
+    return engine if proposer == engine.proposer else dataclasses.replace(engine, proposer=proposer)
+
+
+def cost_tables_for(cfg: DictConfig, configuration: Configuration, engine: Engine) -> dict[str, CostTable]:
+    """Each proposer's calibration of this configuration (one for a single proposer), as `cost_table_for` keeps
+    them: one file per pair and proposer, shared with the single-proposer configurations of that pair."""
+    return {name: cost_table_for(cfg, proposer_engine(engine, name)) for name in configuration.all_proposers}
 
 
 def noise_gate(cfg: DictConfig) -> CalibrationPlan:
@@ -150,9 +179,9 @@ def validate(cfg: DictConfig) -> None:
     if cfg.calibration.recalibrate not in ("auto", "always", "never"):
         raise RakvError(f"calibration.recalibrate must be auto, always or never, got '{cfg.calibration.recalibrate}'")
     for c in configurations(cfg):
-        if c.pair not in PAIR_NAMES or c.proposer not in PROPOSERS:
+        if c.pair not in PAIR_NAMES or any(p not in PROPOSERS for p in c.all_proposers):
             raise RakvError(f"configuration '{c.name}': pair must be one of {PAIR_NAMES} and proposer one of "
-                            f"{tuple(PROPOSERS)}, got {c.pair} / {c.proposer}")
+                            f"{tuple(PROPOSERS)}, got {c.pair} / {'/'.join(c.all_proposers)}")
     for dataset in cfg.datasets:
         if dataset not in cfg.data:
             raise RakvError(f"dataset '{dataset}' has no entry under data (configured: {', '.join(cfg.data)})")

@@ -97,12 +97,14 @@ def fixed_action_latencies(meas: pd.DataFrame, action: Action, hit: pd.DataFrame
     """A fixed action's measured runs per instance, with r = 1 read as r = 0 where the scenario offers no hit
     (`hit`: `with_hit(meas)` when the caller already has it)."""
     m = with_hit(meas) if hit is None else hit
-    wanted = np.where(m.hit & action.reuse, Action(True, action.k).label, Action(False, action.k).label)
+    wanted = np.where(m.hit & action.reuse, Action(True, action.k, action.proposer).label,
+                      Action(False, action.k, action.proposer).label)
     return m[m.action == wanted][INSTANCE + ["latency_s", "tokens_per_s"]]
 
 
 def best_fixed_action(meas: pd.DataFrame, hit: pd.DataFrame | None = None) -> str:
-    """The one action with the lowest mean latency over every instance (in hindsight), as a label."""
+    """The one action with the lowest mean latency over every instance (in hindsight), as a label; with several
+    proposers the best fixed (proposer, k) (`heads:r0k4`)."""
     hit = with_hit(meas) if hit is None else hit
     labels = sorted(meas.action.unique(), key=lambda a: Action.parse(a))
     means = {a: fixed_action_latencies(meas, Action.parse(a), hit).latency_s.mean() for a in labels}
@@ -125,13 +127,21 @@ def measured_strategies(meas: pd.DataFrame) -> pd.DataFrame:
     for _, part in meas.groupby("configuration"):
         hit = with_hit(part)
         for strategy in FIXED:
-            parts.append(fixed_action_latencies(part, Action.of_strategy(strategy), hit).assign(strategy=strategy))
+            action = Action.of_strategy(strategy).of_proposer(primary_proposer(part))
+            parts.append(fixed_action_latencies(part, action, hit).assign(strategy=strategy))
         best = best_fixed_action(part, hit)
         parts.append(fixed_action_latencies(part, Action.parse(best), hit).assign(strategy=BEST_FIXED))
     oracle = held_out_oracle(meas)
     parts.append(oracle.rename(columns={"oracle_s": "latency_s", "oracle_tokens_per_s": "tokens_per_s"})
                  [INSTANCE + ["latency_s", "tokens_per_s"]].assign(strategy=ORACLE))
     return pd.concat(parts, ignore_index=True)
+
+
+def primary_proposer(part: pd.DataFrame) -> str:
+    """Whose actions one configuration's fixed strategies (spec-k4, joint-k4) read: "" (its one proposer's), or, in
+    a configuration of several proposers (labels `heads:r0k4`), its first proposer's (the `proposer` column)."""
+    qualified = part.action.str.contains(":", regex=False).any()
+    return str(part.proposer.iloc[0]) if qualified else ""
 
 
 def held_out_oracle(meas: pd.DataFrame) -> pd.DataFrame:

@@ -214,11 +214,14 @@ class PipelineConfig:
 @dataclass
 class ConfigurationEntry:
     """One option of conf/configuration/: a model pair (rakv.runtime.models.PAIR_NAMES) with a proposer
-    (rakv.runtime.proposers.PROPOSERS), its target at a precision (rakv.runtime.models.PRECISIONS)."""
+    (rakv.runtime.proposers.PROPOSERS), its target at a precision (rakv.runtime.models.PRECISIONS). A configuration
+    of several proposers for one target (rakv-asd chooses (reuse, proposer, k) per request; docs/heads.md) names
+    them in `proposers` too, the first of them being `proposer` (the engine's own)."""
 
     pair: str = MISSING
-    proposer: str = MISSING
+    proposer: str | None = None  # one proposer (every configuration but the *-all ones)
     precision: str = "fp32"
+    proposers: list[str] = field(default_factory=list)  # several proposers, the first `proposer` (the engine's)
 
 
 ROOT_SCHEMA = "config_schema"  # conf/config.yaml's first default

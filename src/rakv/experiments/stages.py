@@ -25,13 +25,14 @@ README_REFERENCE = RunLayout.reference("offline")  # the shipped run whose claim
 
 def calibrate(cfg: DictConfig) -> None:
     """Every configuration's cost table (reused when still valid), copied into the results folder."""
-    from rakv.experiments.config import configurations, cost_table_for, engine_for
+    from rakv.experiments.config import configurations, cost_tables_for, engine_for
 
     for configuration in configurations(cfg):
         engine = engine_for(cfg, configuration)
-        table = cost_table_for(cfg, engine)
-        print(f"calibration {configuration.name}: alpha = {table.acceptance:.3f}, target step "
-              f"{table.target_step(256) * 1e3:.1f} ms at 256 tokens of context", flush=True)
+        for proposer, table in cost_tables_for(cfg, configuration, engine).items():  # several: one table each
+            name = configuration.name if not configuration.chooses_proposer else f"{configuration.name} ({proposer})"
+            print(f"calibration {name}: alpha = {table.acceptance:.3f}, target step "
+                  f"{table.target_step(256) * 1e3:.1f} ms at 256 tokens of context", flush=True)
     from rakv.experiments.serving import calibrate_serving
 
     calibrate_serving(cfg)  # the serving study's tables too: its jobs read them, never write them (docs/cluster.md)

@@ -13,6 +13,12 @@ two names:
   once (under the first such configuration) and share it;
 - the AR reference every output is checked against is the r0k0 measurement itself.
 
+A configuration of several proposers for one target (`proposers:` in its yaml, conf/configuration/*-all.yaml;
+docs/heads.md) sweeps every (reuse, proposer, k) action, labelled `heads:r0k4`, each proposer within the k it can
+offer, and k = 0 once (it runs no proposer); its rakv-asd runs choose (reuse, proposer, k) per request
+(rakv.runtime.strategies.run_choosing_proposer, one controller per proposer, each from its own calibration), and
+every such row journals all the proposers' learnt state (`choice_state`), so a resumed study decides as before.
+
 Runs execute in a shuffled order (seed recorded). Each starts from a defined store state: the
 scenario's warm-up prompts are prefilled once, the store is snapshotted, and every run of that
 (prompt, scenario) restores the snapshot (no warm-up prefill is replayed per run). Each finished run
@@ -51,6 +57,7 @@ from rakv.experiments.config import (
     cost_table_for,
     engine_for,
     prompts_for,
+    proposer_engine,
     run_layout,
 )
 from rakv.experiments.metadata import CalibrationKey, MachineLoad, study_metadata, write_run_metadata
@@ -59,13 +66,14 @@ from rakv.experiments.schema import ShardOptions, StudySection, section
 from rakv.runtime.actions import ADAPTIVE, Action
 from rakv.runtime.cache import DraftPart, PrefixKVStore
 from rakv.runtime.calibration import calibration_key
-from rakv.runtime.controller import Controller
+from rakv.runtime.controller import Controller, ProposerChoice
 from rakv.runtime.costmodel import RequestFeatures
 from rakv.runtime.engine import Engine, RequestResult
 from rakv.runtime.errors import RakvError
 from rakv.runtime.json_records import read_record, to_json, write_record
+from rakv.runtime.proposers import proposer_type
 from rakv.runtime.run_layout import StudyLayout
-from rakv.runtime.strategies import action_of, run_strategy
+from rakv.runtime.strategies import action_of, run_choosing_proposer, run_strategy
 from rakv.runtime.workloads import Prompt, build_scenario
 
 COLD = "cold"  # the scenario name under which actions that never read the store are measured
@@ -94,6 +102,22 @@ def sweep_actions(controller: Controller, prompt_tokens: int, hit, new_tokens: i
     return controller.feasible_actions(RequestFeatures.from_hit(prompt_tokens, hit, new_tokens), hit)
 
 
+def offered_actions(controller: Controller, choice: ProposerChoice | None, prompt_tokens: int, hit, new_tokens: int,
+                    fixed: list[Action]) -> list[Action]:
+    """The actions a scenario's sweep measures: the controller's feasible ones and the fixed strategies' (r = 1 read
+    as r = 0 without a hit); with several proposers (`choice`) each proposer's, qualified with its name (`heads:r0k4`)
+    and within the k it can offer, k = 0 unqualified (it runs no proposer: measured once)."""
+    here = [Action(a.reuse and hit.is_hit, a.k) for a in fixed]
+    if choice is None:
+        return sweep_actions(controller, prompt_tokens, hit, new_tokens) + here
+    offered = []
+    for name, own in choice.controllers.items():
+        limit = choice.max_k.get(name)
+        offered += [a.of_proposer(name) for a in sweep_actions(own, prompt_tokens, hit, new_tokens) + here
+                    if limit is None or a.k <= limit]
+    return offered
+
+
 def measured_as(action: Action, scenario: str) -> str:
     """The scenario under which an action's measurement is taken: its own if it reads the store, else cold."""
     return scenario if action.reuse else COLD
@@ -105,11 +129,12 @@ def donor_of(chosen: list[Prompt], index: int) -> tuple[int, ...]:
 
 
 def plan_runs(grid: StudySection, design, configuration: Configuration, prompts: dict[str, list[Prompt]],
-              controller: Controller, engine: Engine, measure_k0: bool = True) -> list[PlannedRun]:
+              controller: Controller, engine: Engine, measure_k0: bool = True,
+              choice: ProposerChoice | None = None) -> list[PlannedRun]:
     """Every run of one configuration. The sweep's actions: the controller's feasible ones (its own rule),
     the fixed strategies' actions, and r0k0 (the AR reference). `design`: the experiment's strategies and scenarios
     (conf/experiment/main_study.yaml). `measure_k0=False` when an earlier configuration with the same pair
-    measures the k = 0 actions."""
+    measures the k = 0 actions; `choice`: a configuration's several proposers (offered_actions)."""
     runs = []
     strategies = list(design.strategies)
     fixed = [action_of(s) for s in strategies if s != ADAPTIVE]
@@ -124,8 +149,7 @@ def plan_runs(grid: StudySection, design, configuration: Configuration, prompts:
                     if ADAPTIVE in strategies:
                         runs.append(PlannedRun(configuration.name, dataset, prompt.id, scenario_name, "strategy",
                                                ADAPTIVE, repeat))
-                offered = sweep_actions(controller, len(prompt.token_ids), hit, grid.new_tokens)
-                offered += [Action(a.reuse and hit.is_hit, a.k) for a in fixed]
+                offered = offered_actions(controller, choice, len(prompt.token_ids), hit, grid.new_tokens, fixed)
                 measured |= {(measured_as(a, scenario_name), a) for a in offered}
             for scenario_name, action in sorted(measured, key=lambda m: (m[0], m[1])):
                 if action.k == 0 and not measure_k0:
@@ -148,13 +172,25 @@ def hit_after_warmups(engine: Engine, scenario, prompt: Prompt):
 
 
 def predicted_seconds(controller: Controller, engine: Engine, planned: PlannedRun, prompt: Prompt, scenario,
-                      new_tokens: int) -> float:
-    """Wall time of one planned run's request from the cost tables (rakv-asd as the action it would choose now)."""
+                      new_tokens: int, choice: ProposerChoice | None = None) -> float:
+    """Wall time of one planned run's request from the cost tables (rakv-asd as the action it would choose now;
+    with several proposers the least estimate of their actions, without deciding: no controller state moves)."""
     hit = hit_after_warmups(engine, scenario, prompt)
+    features = RequestFeatures.from_hit(len(prompt.token_ids), hit, new_tokens)
+    if choice is not None:
+        if planned.strategy == ADAPTIVE:
+            return min(choice_controller(choice, a, controller).predict(features, a)
+                       for a in offered_actions(controller, choice, len(prompt.token_ids), hit, new_tokens, []))
+        action = action_of(planned.strategy)
+        return choice_controller(choice, action, controller).predict(features, action)
     if planned.strategy == ADAPTIVE:
         return controller.decide(len(prompt.token_ids), hit, new_tokens).predicted_latency_s
-    features = RequestFeatures.from_hit(len(prompt.token_ids), hit, new_tokens)
     return controller.predict(features, action_of(planned.strategy))
+
+
+def choice_controller(choice: ProposerChoice, action: Action, default: Controller) -> Controller:
+    """The controller that prices `action`: its proposer's (k = 0: the configuration's own)."""
+    return choice.controllers[action.proposer] if action.proposer else default
 
 
 def predicted_setup_seconds(controller: Controller, scenarios) -> float:
@@ -198,24 +234,36 @@ def reset_store(engine: Engine, warmups) -> None:
         engine.run(list(warm), warm_action, 1, ignore_eos=True)
 
 
-def timed_run(engine: Engine, controller: Controller, planned: PlannedRun, prompt: Prompt, snapshot,
-              new_tokens: int) -> RequestResult:
-    """One timed request from a defined store state: the scenario's snapshot restored (no model work)."""
+def timed_run(engine: Engine, controller: Controller | ProposerChoice, planned: PlannedRun, prompt: Prompt,
+              snapshot, new_tokens: int) -> RequestResult:
+    """One timed request from a defined store state: the scenario's snapshot restored (no model work). With several
+    proposers (`controller` a ProposerChoice) rakv-asd chooses the proposer too, and a sweep's `heads:r0k4` runs that
+    proposer, priced by its controller."""
     engine.store.restore(snapshot)
-    return run_strategy(engine, planned.strategy, list(prompt.token_ids), new_tokens, controller=controller,
-                        ignore_eos=True)
+    ids = list(prompt.token_ids)
+    if isinstance(controller, ProposerChoice):
+        if planned.strategy == ADAPTIVE:
+            return run_choosing_proposer(engine, controller, ids, new_tokens, ignore_eos=True)
+        action = action_of(planned.strategy)
+        own = controller.controllers[action.proposer or engine.proposer]
+        return run_strategy(engine, planned.strategy, ids, new_tokens, controller=own, ignore_eos=True)
+    return run_strategy(engine, planned.strategy, ids, new_tokens, controller=controller, ignore_eos=True)
 
 
 def result_row(planned: PlannedRun, configuration: Configuration, prompt: Prompt, scenario, result: RequestResult,
                order: int, seed: int, calibration_digest: str | None = None) -> dict:
-    """One journal row; `calibration_digest`: the digest of the cost table the run was decided under."""
-    return {"run_id": planned.run_id, **asdict(planned), "pair": configuration.pair, "proposer": configuration.proposer,
+    """One journal row; `calibration_digest`: the digest of the cost table the run was decided under. With several
+    proposers its `action` names the proposer that ran (`heads:r0k4`; k = 0 as `r0k0`)."""
+    row = {"run_id": planned.run_id, **asdict(planned), "pair": configuration.pair, "proposer": configuration.proposer,
             "precision": configuration.precision,  # the target's: k = 0 actions and AR are shared within one precision
             "length_bin": prompt.length_bin, "reuse_rate_target": scenario.reuse_rate_target,
             "reuse_rate": result.hit_tokens / result.prompt_tokens if result.reuse else 0.0,
             **{k: v for k, v in result.to_row().items() if k != "strategy"},
             "output_hash": output_hash(result.token_ids), "order": order, "seed": seed,
             "calibration_digest": calibration_digest, "host": host()}
+    if configuration.chooses_proposer:
+        row["action"] = Action(result.reuse, result.k, result.proposer if result.k else "").label
+    return row
 
 
 PER_CONFIGURATION, PER_BLOCK = "per_configuration", "per_block"  # study.learning (rakv.experiments.schema)
@@ -241,6 +289,7 @@ class PreparedConfiguration:
     block_prompts: int = 1
     digest: str | None = None  # the cost table's (rakv.experiments.calibrations.table_digest)
     controllers: dict = field(default_factory=dict)  # block -> its controller (per_block)
+    choice: ProposerChoice | None = None  # several proposers: one controller each (`controller` is the first's)
 
     def block_of(self, dataset: str, prompt_id: str) -> tuple | None:
         """The learning block of a prompt: (configuration, dataset, its index // block_prompts); None when one
@@ -254,18 +303,25 @@ class PreparedConfiguration:
         """Every block of the plan with its number of runs, in the plan's order."""
         return dict(Counter(self.block_of(r.dataset, r.prompt_id) for r in self.runs))
 
-    def controller_for(self, planned: PlannedRun, rows: list[dict]) -> Controller:
-        """The controller that decides `planned`: the configuration's, or its block's, which starts from the table
-        and resumes from the block's last journaled state among `rows` (a resumed shard decides as an uninterrupted
-        one)."""
+    def controller_for(self, planned: PlannedRun, rows: list[dict]) -> Controller | ProposerChoice:
+        """The controller that decides `planned` (with several proposers, their ProposerChoice): the
+        configuration's, or its block's, which starts from the table(s) and resumes from the block's last journaled
+        state among `rows` (a resumed shard decides as an uninterrupted one)."""
         block = self.block_of(planned.dataset, planned.prompt_id)
         if block is None:
-            return self.controller
+            return self.choice or self.controller
         if block not in self.controllers:
-            controller = Controller(self.controller.table, self.controller.config)
-            resume(controller, [r for r in rows if r["configuration"] == self.configuration.name
-                                and self.block_of(r["dataset"], r["prompt_id"]) == block])
-            self.controllers[block] = controller
+            mine = [r for r in rows if r["configuration"] == self.configuration.name
+                    and self.block_of(r["dataset"], r["prompt_id"]) == block]
+            if self.choice is not None:
+                fresh = ProposerChoice.of({n: c.table for n, c in self.choice.controllers.items()},
+                                          self.controller.config, self.choice.max_k)
+                resume_choice(fresh, mine)
+                self.controllers[block] = fresh
+            else:
+                controller = Controller(self.controller.table, self.controller.config)
+                resume(controller, mine)
+                self.controllers[block] = controller
         return self.controllers[block]
 
     def prompt_and_donor(self, planned: PlannedRun) -> tuple[Prompt, tuple[int, ...]]:
@@ -289,17 +345,37 @@ def prepare(cfg: DictConfig, configuration: Configuration, measure_k0: bool = Tr
     does. `mine` is every run here; `assign_blocks` narrows it to a shard's blocks."""
     engine = engine_for(cfg, configuration)
     shards: ShardOptions = section(cfg.study)
-    table = shared_table(cfg.results_dir, engine) if shards.num_shards > 1 else cost_table_for(cfg, engine)
-    controller = Controller(table, controller_config(cfg))
+    tables = {name: (shared_table(cfg.results_dir, proposer_engine(engine, name)) if shards.num_shards > 1
+                     else cost_table_for(cfg, proposer_engine(engine, name)))
+              for name in configuration.all_proposers}
+    table = tables[configuration.proposer]
+    controller, choice = Controller(table, controller_config(cfg)), None
+    if configuration.chooses_proposer:
+        choice = ProposerChoice.of(tables, controller_config(cfg), candidate_limits(engine, tables))
+        controller = choice.controllers[configuration.proposer]
     prompts = {d: prompts_for(cfg, engine.encode, d) for d in cfg.datasets}
     runs = plan_runs(section(cfg.profile.study), cfg.experiment, configuration, prompts, controller, engine,
-                     measure_k0)
+                     measure_k0, choice)
     order = list(range(len(runs)))
     random.Random(cfg.seed).shuffle(order)  # recorded: the seed is in every row and in metadata
     shuffled = [runs[i] for i in order]
     return PreparedConfiguration(configuration, engine, controller, prompts, runs, list(shuffled), shuffled=shuffled,
                                  learning=shards.learning, block_prompts=shards.block_prompts,
-                                 digest=table_digest(table))
+                                 digest=tables_digest(tables), choice=choice)
+
+
+def candidate_limits(engine: Engine, tables: dict) -> dict[str, int]:
+    """The most candidates a round of each proposer offers, where it has a limit (the heads: one per head)."""
+    kinds = {name: proposer_type(name) for name in tables}
+    return {name: kind.max_candidates(engine.pair) for name, kind in kinds.items() if hasattr(kind, "max_candidates")}
+
+
+def tables_digest(tables: dict) -> str:
+    """The digest of a configuration's cost table; of several proposers', one digest of their digests in order."""
+    digests = [table_digest(t) for t in tables.values()]
+    if len(digests) == 1:
+        return digests[0]
+    return hashlib.blake2b(json.dumps(dict(zip(tables, digests))).encode(), digest_size=8).hexdigest()
 
 
 def assign_blocks(prepared: list[PreparedConfiguration], num_shards: int) -> list[dict[tuple, int]]:
@@ -408,7 +484,7 @@ def predicted_wall_seconds(p: PreparedConfiguration, runs: list[PlannedRun], new
     for planned in runs:
         prompt, scenario = scenario_of(p, planned)
         scenarios[planned.dataset, planned.prompt_id, planned.scenario] = scenario
-        total += predicted_seconds(p.controller, p.engine, planned, prompt, scenario, new_tokens)
+        total += predicted_seconds(p.controller, p.engine, planned, prompt, scenario, new_tokens, p.choice)
     return total + predicted_setup_seconds(p.controller, scenarios.values())
 
 
@@ -421,14 +497,20 @@ def _execute(grid: StudySection, k_max: int, seed: int, p: PreparedConfiguration
     for _ in range(grid.model_warmup_requests):  # warm kernels and allocator before timing
         engine.run(list(first.token_ids), Action(True, k_max), grid.new_tokens, ignore_eos=True)
     if p.learning != PER_BLOCK:
-        resume(controller, [r for r in journal.rows if r["configuration"] == p.configuration.name])
+        rows = [r for r in journal.rows if r["configuration"] == p.configuration.name]
+        if p.choice is not None:
+            resume_choice(p.choice, rows)
+        else:
+            resume(controller, rows)
     position = {s.run_id: i for i, s in enumerate(p.mine)}
     for planned in tqdm(todo, desc=f"study {p.configuration.name}", unit="run", dynamic_ncols=True, mininterval=2):
         prompt, scenario = scenario_of(p, planned)
         deciding = p.controller_for(planned, journal.rows)
         result = timed_run(engine, deciding, planned, prompt, p.snapshot(planned, scenario), grid.new_tokens)
-        journal.append(result_row(planned, p.configuration, prompt, scenario, result, position[planned.run_id],
-                                  seed, p.digest))
+        row = result_row(planned, p.configuration, prompt, scenario, result, position[planned.run_id], seed, p.digest)
+        if isinstance(deciding, ProposerChoice) and planned.strategy == ADAPTIVE:
+            row["choice_state"] = json.dumps(deciding.state)
+        journal.append(row)
 
 
 def resume(controller: Controller, rows: list[dict]) -> None:
@@ -439,6 +521,14 @@ def resume(controller: Controller, rows: list[dict]) -> None:
         by_match = last.get("ewma_by_match")
         controller.restore((last["ewma_accepted"], last["ewma_rejected"], last.get("ewma_matched")),
                            json.loads(by_match) if by_match else None, len(states))
+
+
+def resume_choice(choice: ProposerChoice, rows: list[dict]) -> None:
+    """Continue a choice among several proposers where the journaled `rows` it decided left every proposer's
+    controller (each row of rakv-asd holds all of their states: `choice_state`)."""
+    states = [r for r in sorted(rows, key=lambda r: r["order"]) if r.get("choice_state")]
+    if states:
+        choice.restore(json.loads(states[-1]["choice_state"]))
 
 
 def mark_equal_to_ar(rows: list[dict]) -> None:

@@ -36,7 +36,7 @@ SPEC_K4, JOINT_K4 = spec(BASELINE_K), joint(BASELINE_K)
 BEST_FIXED = "best-fixed"
 ORACLE = "oracle"
 
-_LABEL = re.compile(r"r([01])k(\d+)")
+_LABEL = re.compile(r"(?:([a-z][a-z0-9-]*):)?r([01])k(\d+)")  # `heads:r0k4`: a configuration of several proposers
 _STRATEGY = re.compile(r"(spec|joint)-k(\d+)")
 
 
@@ -44,10 +44,21 @@ _STRATEGY = re.compile(r"(spec|joint)-k(\d+)")
 class Action:
     reuse: bool
     k: int
+    proposer: str = ""  # which proposer speculates, in a configuration of several (conf/configuration/*-all.yaml);
+    # "" for one proposer's actions and for k = 0 (no proposer runs), whose labels stay `r1k4`, `r0k0`
+
+    def __post_init__(self):
+        if self.proposer and not self.k:
+            raise RakvError(f"a k = 0 action runs no proposer: '{self.proposer}:r{int(self.reuse)}k0' is not one")
 
     @property
     def label(self) -> str:
-        return f"r{int(self.reuse)}k{self.k}"
+        own = f"r{int(self.reuse)}k{self.k}"
+        return f"{self.proposer}:{own}" if self.proposer else own
+
+    def of_proposer(self, proposer: str) -> Action:
+        """This action with `proposer` speculating (k = 0 stays unqualified: it does not depend on the proposer)."""
+        return Action(self.reuse, self.k, proposer if self.k else "")
 
     @staticmethod
     def is_label(text: str) -> bool:
@@ -55,11 +66,12 @@ class Action:
 
     @classmethod
     def parse(cls, label: str) -> Action:
-        """The action of a label such as `r1k4` (as the study's `action` column holds)."""
+        """The action of a label such as `r1k4` or `heads:r0k4` (as the study's `action` column holds)."""
         match = _LABEL.fullmatch(label)
-        if not match or (int(match[2]) and int(match[2]) not in SPEC_K):
-            raise RakvError(f"'{label}' is not an action label (r0k0 .. r1k{SPEC_K[-1]})")
-        return cls(match[1] == "1", int(match[2]))
+        if not match or (int(match[3]) and int(match[3]) not in SPEC_K) or (match[1] and not int(match[3])):
+            raise RakvError(f"'{label}' is not an action label (r0k0 .. r1k{SPEC_K[-1]}, or <proposer>:r0k1 .. "
+                            f"<proposer>:r1k{SPEC_K[-1]})")
+        return cls(match[2] == "1", int(match[3]), match[1] or "")
 
     @classmethod
     def of_strategy(cls, name: str) -> Action:

@@ -352,8 +352,9 @@ class ProposerChoice:
 
     def decide(self, prompt_tokens: int, hit: Hit, new_tokens: int,
                temperature: float = 0.0) -> tuple[str, Decision]:
-        """The proposer and its controller's decision, restricted to the k it can offer; the decision's
-        predictions name every proposer's actions as `proposer:r1k4`."""
+        """The proposer and its controller's decision, restricted to the k it can offer; with several proposers the
+        decision's predictions and tie set name every action as the study labels it (`proposer:r1k4`; k = 0, which
+        runs no proposer, as `r1k0` at the first proposer's estimate)."""
         start = time.perf_counter()
         best: tuple[str, Decision] | None = None
         everything: dict[str, float] = {}
@@ -361,14 +362,29 @@ class ProposerChoice:
             limit = self.max_k.get(name)
             decision = (controller.decide(prompt_tokens, hit, new_tokens, temperature=temperature) if limit is None
                         else self._decide_within(controller, limit, prompt_tokens, hit, new_tokens, temperature))
-            everything.update({f"{name}:{label}": v for label, v in decision.predictions.items()})
+            for label, v in decision.predictions.items():
+                everything.setdefault(Action.parse(label).of_proposer(name).label, v)
             if best is None or decision.predicted_latency_s < best[1].predicted_latency_s:
                 best = (name, decision)
         name, decision = best
         if len(self.controllers) > 1:
             decision.predictions = everything
+            decision.tie_set = tie_set(everything, max(c.noise for c in self.controllers.values()))
             decision.decision_s = time.perf_counter() - start
         return name, decision
+
+    @property
+    def state(self) -> dict[str, dict]:
+        """Every proposer's greedy learnt state (tracker, per match class, decisions): what a resumed study restores
+        (`restore`), so it decides as an uninterrupted one."""
+        return {name: {"tracker": list(c.tracker.state), "by_match": {m: list(v) for m, v in c.by_match_state.items()},
+                       "decisions": c.decisions} for name, c in self.controllers.items()}
+
+    def restore(self, state: dict[str, dict]) -> None:
+        for name, learned in state.items():
+            if name not in self.controllers:
+                raise RakvError(f"a journaled proposer choice names '{name}', which this configuration does not hold")
+            self.controllers[name].restore(learned["tracker"], learned["by_match"], learned["decisions"])
 
     @staticmethod
     def _decide_within(controller: Controller, limit: int, prompt_tokens, hit, new_tokens, temperature) -> Decision:

@@ -231,6 +231,11 @@ class HeadsProposer(Proposer):
         return cls(shipped_heads(pair))
 
     @classmethod
+    def max_candidates(cls, pair) -> int:
+        """The most candidates a round offers: one per head (rakv.runtime.controller.ProposerChoice's `max_k`)."""
+        return shipped_heads(pair).count
+
+    @classmethod
     def calibration_identity(cls, pair_name: str) -> dict:
         # a retrained set is another proposer: a table priced with the old set's acceptance is stale
         return {"heads": shipped_heads_key(pair_name)}

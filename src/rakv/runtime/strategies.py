@@ -87,6 +87,8 @@ def run_strategy(engine: Engine, strategy: str, token_ids: list[int], new_tokens
         decision.by_match_after = controller.by_match_state_at(temperature)
         result.decision, result.predicted_latency_s = decision, decision.predicted_latency_s
     else:  # the peek is for the prediction and the record; not timed
+        if choice.action.proposer and run_kwargs.get("proposer") is None:  # `heads:r0k4`: that proposer speculates
+            run_kwargs["proposer"] = proposer_type(choice.action.proposer).for_pair(engine.pair)
         predicted = (controller.predict(RequestFeatures.from_hit(len(token_ids), hit, new_tokens), choice.action,
                                         temperature=temperature)
                      if controller is not None else None)  # made before the run, like the controller's own

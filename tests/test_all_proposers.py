@@ -1,0 +1,239 @@
+"""A configuration of several proposers in the study (issue 58; conf/configuration/tiny-all.yaml, docs/heads.md):
+its plan sweeps every (reuse, proposer, k) action with k = 0 once, every greedy output equals AR, the oracle and the
+best fixed action range over proposer-qualified actions, rakv-asd chooses the proposer per request, and a study
+resumed from its journal decides as an uninterrupted one. Each check has its positive control."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from rakv.runtime.actions import SPEC_K, Action
+from rakv.runtime.errors import RakvError
+from rakv.runtime.run_layout import RunLayout
+
+PROPOSERS = ("draft", "prompt-lookup", "heads")
+K_SET = (0, 2, 4, 6)  # 6 is deeper than the tiny heads' 4: the heads are offered no such k
+GRID = ["profile=smoke", "configurations=[tiny-all]", "datasets=[humaneval]", "profile.study.prompts_per_bin=2",
+        "profile.study.repeats=2", "profile.study.sweep_repeats=2", "profile.study.model_warmup_requests=0",
+        "experiment.scenarios=[cold,exact]", "experiment.strategies=[rakv-asd]",
+        f"controller.k_set=[{','.join(map(str, K_SET))}]", "calibration.recalibrate=auto"]
+# made-up prices per proposer (not measured: a calibration on a loaded test machine is refused as noisy): each has a
+# regime where it is the cheapest, so the controller's choice moves between them
+PRICES = {"draft": (0.6, 0.0015), "prompt-lookup": (0.3, 0.0), "heads": (0.45, 0.0002)}  # acceptance, propose/token
+
+
+def composed(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from rakv.experiments.config import CONF_DIR, validate
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=GRID + list(overrides))
+    validate(cfg)
+    return cfg
+
+
+def seed_tables(folder: Path, cfg) -> None:
+    """Each proposer's cost table, saved as the calibration of its key (tests/test_precision_study.py does alike)."""
+    from rakv.experiments.config import configuration, engine_for, proposer_engine
+    from rakv.runtime import calibration
+    from rakv.runtime.costmodel import CostTable, Curve
+
+    def flat(seconds):
+        return Curve([float(seconds)], 1.0, 0.0)
+
+    engine = engine_for(cfg, configuration("tiny-all"))
+    for name, (alpha, propose) in PRICES.items():
+        key = calibration.calibration_key(engine.pair, proposer_engine(engine, name).proposer)
+        step = 0.004
+        table = CostTable(key=key, target_prefill=Curve([2e-4, 0.0], 1.0, 0.0), target_step=flat(step),
+                          verify={k: flat(1.1 * step + 0.0002 * k) for k in SPEC_K},
+                          propose={k: flat(propose * k) for k in SPEC_K},
+                          proposer_prefill=Curve([1e-5, 0.0], 1.0, 0.0), kv_copy=Curve([1e-7, 0.0], 1.0, 0.0),
+                          target_kv_bytes_per_token=4096.0,
+                          proposer_kv_bytes_per_token=2048.0 if name == "draft" else 0.0, acceptance=alpha,
+                          acceptance_rounds=100)
+        calibration.save_table(table, folder / calibration.calibration_path(key).name)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """One tiny-all study (module-wide): its results folder and the calibrations it read."""
+    from rakv.experiments.study import run_main_study
+
+    root = tmp_path_factory.mktemp("all")
+    tables, results = root / "calibrations", root / "results"
+    tables.mkdir()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAKV_CALIBRATION_DIR", str(tables))
+        cfg = composed(f"results_dir={results}")
+        seed_tables(tables, cfg)
+        run_main_study(cfg)
+    return root
+
+
+def runs_of(root: Path) -> pd.DataFrame:
+    return pd.read_parquet(RunLayout.of(root / "results").study.runs)
+
+
+# --- the configuration and the action labels -------------------------------------------------------------------
+
+
+def test_the_all_configurations_hold_three_proposers_and_the_single_ones_stay_as_they_were():
+    from rakv.experiments.config import configuration
+
+    for name, pair in (("tiny-all", "tiny"), ("smollm2-all", "smollm2")):
+        chosen = configuration(name)
+        assert chosen.pair == pair and chosen.all_proposers == PROPOSERS and chosen.chooses_proposer
+        assert chosen.proposer == "draft"  # the engine's own
+    single = configuration("smollm2-heads")
+    assert single.all_proposers == ("heads",) and not single.chooses_proposer and single.proposers == ()
+
+
+def test_a_proposer_qualified_label_reads_back_and_single_proposer_labels_are_unchanged():
+    for label in ("heads:r0k4", "prompt-lookup:r1k8", "draft:r0k1"):
+        assert Action.parse(label).label == label
+    assert Action.parse("heads:r0k4") == Action(False, 4, "heads") != Action(False, 4)
+    assert Action(True, 4).label == "r1k4" and Action.parse("r1k4").proposer == ""
+    assert Action(False, 0).of_proposer("heads").label == "r0k0"  # k = 0 runs no proposer
+    for bad in ("heads:r0k0", "heads:r0k3", "Heads:r0k4", ":r0k4"):  # positive controls
+        with pytest.raises(RakvError):
+            Action.parse(bad)
+
+
+# --- the plan -----------------------------------------------------------------------------------------------------
+
+
+def plan_problems(runs: pd.DataFrame, proposers=PROPOSERS, k_set=K_SET, limits=None) -> list[str]:
+    """What a several-proposer plan lacks or repeats, per (prompt, scenario measured): each proposer's k > 0 actions
+    (within its limit), and k = 0 unqualified and once."""
+    limits = {"heads": 4} if limits is None else limits
+    problems = []
+    sweep = runs[runs.kind == "sweep"]
+    for (prompt, scenario), group in sweep.groupby(["prompt_id", "scenario"]):
+        actions = [Action.parse(s) for s in group[group.repeat == 0].strategy]
+        if len(actions) != len(set(actions)):
+            problems.append(f"{prompt}/{scenario}: an action planned twice")
+        reuses = {a.reuse for a in actions}
+        for reuse in reuses:
+            k0 = [a for a in actions if a.k == 0 and a.reuse == reuse]
+            if len(k0) != 1 or k0[0].proposer:
+                problems.append(f"{prompt}/{scenario}: k = 0 (r{int(reuse)}) not planned once, unqualified: {k0}")
+            for name in proposers:
+                wanted = {k for k in k_set if k and k <= limits.get(name, max(k_set))}
+                got = {a.k for a in actions if a.proposer == name and a.reuse == reuse}
+                if got != wanted:
+                    problems.append(f"{prompt}/{scenario}: {name} r{int(reuse)} k {sorted(got)} != {sorted(wanted)}")
+        if any(a.k and a.proposer not in proposers for a in actions):
+            problems.append(f"{prompt}/{scenario}: a k > 0 action without one of the proposers")
+    return problems
+
+
+def test_the_plan_holds_each_proposers_actions_and_one_k0_per_scenario(study):
+    runs = runs_of(study)
+    assert not plan_problems(runs)
+    assert {Action.parse(a).proposer for a in runs[runs.kind == "sweep"].strategy} == {"", *PROPOSERS}
+    # positive controls: the check sees a proposer dropped, a k = 0 measured per proposer, a heads k beyond its heads
+    assert plan_problems(runs[~runs.strategy.str.startswith("heads:")])
+    doubled = runs[runs.strategy == "r0k0"].assign(strategy="draft:r0k2")
+    assert plan_problems(pd.concat([runs, doubled]))
+    assert plan_problems(runs, limits={})
+
+
+# --- the outputs, the oracle, the choice --------------------------------------------------------------------------
+
+
+def test_every_greedy_output_equals_ar_and_a_wrong_output_is_caught(study):
+    from rakv.experiments.study import mark_equal_to_ar
+
+    runs = runs_of(study)
+    assert runs.equal_to_ar.all() and len(runs) > 0
+    rows = runs.to_dict("records")
+    wrong = next(r for r in rows if r["strategy"].startswith("heads:"))
+    wrong["output_hash"] = "0" * 16  # positive control: one heads run with another output
+    mark_equal_to_ar(rows)
+    assert [r["equal_to_ar"] for r in rows].count(False) == 1 and not wrong["equal_to_ar"]
+
+
+def test_the_oracle_and_the_best_fixed_action_range_over_proposer_qualified_actions(study):
+    from rakv.experiments.oracle import best_fixed_action, controller_choices, measurements, oracle_table
+
+    runs = runs_of(study)
+    meas = measurements(runs)
+    labels = set(meas.action)
+    assert {Action.parse(a).proposer for a in labels} == {"", *PROPOSERS}
+    assert set(oracle_table(meas).oracle_action) <= labels
+    Action.parse(best_fixed_action(meas))
+    choices = controller_choices(runs, meas)
+    assert len(choices) == len(runs[runs.strategy == "rakv-asd"]) and choices.regret.notna().all()
+    assert set(choices.action) <= labels  # the controller's runs are labelled as the sweep's
+    # positive control: make every heads measurement the fastest: the oracle and the best fixed action are heads'
+    fast = meas.assign(latency_s=meas.latency_s.where(~meas.action.str.startswith("heads:"), 1e-6))
+    assert all(a.startswith("heads:") for a in oracle_table(fast).oracle_action)
+    assert best_fixed_action(fast).startswith("heads:")
+
+
+def test_the_controller_chooses_among_the_proposers_and_records_all_their_state(study):
+    runs = runs_of(study)
+    own = runs[runs.strategy == "rakv-asd"]
+    states = [json.loads(s) for s in own.choice_state]
+    assert all(set(s) == set(PROPOSERS) for s in states)
+    assert all(len(s["heads"]["tracker"]) == 3 + 2 * max(K_SET) for s in states)  # per position: the heads'
+    assert all(len(s["draft"]["tracker"]) == 3 for s in states)
+    predictions = json.loads(own.predictions.iloc[0])
+    assert not any(label.startswith("heads:") and Action.parse(label).k > 4 for label in predictions)
+    assert any(label.startswith("prompt-lookup:") for label in predictions) and "r0k0" in predictions
+
+
+def test_the_summary_reads_the_best_fixed_proposer_and_k(study):
+    from rakv.experiments import analysis
+
+    summary = analysis.summarize(study / "results")
+    stats = summary.per_configuration["tiny-all"]
+    Action.parse(stats.best_fixed_action)
+
+
+# --- resume -------------------------------------------------------------------------------------------------------
+
+
+DECIDED = ["run_id", "action", "predictions", "alpha_before", "alpha_after", "choice_state"]
+
+
+def resumed(study: Path, target: Path, keep, strip_state: bool = False) -> pd.DataFrame:
+    """The study's journal cut to its first `keep` lines (optionally without the journaled choice states), resumed."""
+    from rakv.experiments.study import run_main_study
+
+    shutil.copytree(study / "results", target / "results")
+    layout = RunLayout.of(target / "results").study
+    lines = layout.journal.read_text().splitlines()
+    kept = [json.loads(line) for line in lines[:keep]]
+    if strip_state:
+        for row in kept:
+            row.pop("choice_state", None)
+    layout.journal.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    layout.runs.unlink()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAKV_CALIBRATION_DIR", str(study / "calibrations"))
+        run_main_study(composed(f"results_dir={target / 'results'}"))
+    return pd.read_parquet(layout.runs)
+
+
+def test_a_study_resumed_from_its_journal_decides_as_an_uninterrupted_one(study, tmp_path):
+    full = runs_of(study)
+    lines = RunLayout.of(study / "results").study.journal.read_text().splitlines()
+    orders = [json.loads(line) for line in lines]
+    # cut after the first half of the controller's runs: those after it decide from the restored state
+    asd = [i for i, r in enumerate(orders) if r["strategy"] == "rakv-asd"]
+    keep = asd[len(asd) // 2] + 1
+    again = resumed(study, tmp_path / "resumed", keep)
+
+    def decided(frame):
+        return frame[frame.strategy == "rakv-asd"][DECIDED].sort_values("run_id").reset_index(drop=True)
+
+    pd.testing.assert_frame_equal(decided(again), decided(full))
+    # positive control: resumed without the journaled choice states, the later runs decide from the tables' priors
+    blind = resumed(study, tmp_path / "blind", keep, strip_state=True)
+    assert not decided(blind).equals(decided(full))
