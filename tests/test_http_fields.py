@@ -208,7 +208,9 @@ def test_bad_values_of_the_new_fields_are_one_line_400s_while_the_server_serves_
     bad = [{"prompt": PROMPT, "stop": [""]}, {"prompt": PROMPT, "stop": ["a"] * 17}, {"prompt": PROMPT, "stop": 5},
            {"prompt": PROMPT, "stop": "x" * 300}, {"prompt": PROMPT, "n": 17}, {"prompt": PROMPT, "n": True},
            {"prompt": PROMPT, "logprobs": 21}, {"prompt": PROMPT, "logprobs": -1}, {"prompt": PROMPT, "echo": "yes"},
-           {"prompt": PROMPT, "logprobs": 1, "stream": True}, {"prompt": PROMPT, "max_tokens": 0},
+           {"prompt": PROMPT, "logprobs": 21, "stream": True}, {"prompt": PROMPT, "echo": 1, "stream": True},
+           {"prompt": PROMPT, "echo": True, "logprobs": -1, "stream": True}, {"prompt": PROMPT, "max_tokens": 0},
+           {"prompt": PROMPT, "max_tokens": 0, "stream": True},
            {"prompt": [[1], []]}, {"prompt": [PROMPT] * 65}, {"prompt": [[1, 2], "x"]},
            ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "/v1/chat/completions"),
            ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "stream": True},
@@ -233,6 +235,71 @@ def test_bad_values_of_the_new_fields_are_one_line_400s_while_the_server_serves_
         message = results[i].json()["error"]["message"]
         assert message and "\n" not in message, (body, message)
     assert served.http.get("/health").json()["status"] == "ok"
+
+
+def joined(chunks) -> tuple[str, list, list, list, list]:
+    """A completions stream put together: its text and its chunks' log-probabilities, one list per field."""
+    text, tokens, values, tops, offsets = "", [], [], [], []
+    for chunk in chunks:
+        for choice in chunk.choices:
+            text += choice.text
+            if choice.logprobs is not None:
+                tokens += choice.logprobs.tokens
+                values += choice.logprobs.token_logprobs
+                tops += choice.logprobs.top_logprobs
+                offsets += choice.logprobs.text_offset
+    return text, tokens, values, tops, offsets
+
+
+def assert_same_logprobs(got: tuple, whole):
+    text, tokens, values, tops, offsets = got
+    lp = whole.choices[0].logprobs
+    assert text == whole.choices[0].text and tokens == lp.tokens and offsets == lp.text_offset
+    assert [v is None for v in values] == [v is None for v in lp.token_logprobs]
+    assert [v for v in values if v is not None] == pytest.approx([v for v in lp.token_logprobs if v is not None],
+                                                                 abs=1e-4)
+    assert [None if t is None else sorted(t) for t in tops] == [None if t is None else sorted(t)
+                                                                for t in lp.top_logprobs]
+
+
+@pytest.mark.parametrize("with_stop", [False, True])
+def test_streamed_echo_and_logprobs_put_together_are_the_whole_answer(served, with_stop):
+    """As vLLM streams them: the prompt (and its log-probabilities) in the first chunk, each later chunk the
+    log-probabilities of its own tokens; put together, the whole answer's (a stop string too: one the output holds,
+    so that the stream holds text back and the output is cut)."""
+    client = served.openai
+    kw = dict(model="tiny", prompt=PROMPT, max_tokens=8, logprobs=2, echo=True, temperature=0,
+              extra_body={"ignore_eos": True})
+    if with_stop:
+        text = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0,
+                                         extra_body={"ignore_eos": True}).choices[0].text
+        kw["stop"] = [text[len(text) // 2:len(text) // 2 + 2]]
+    whole = client.completions.create(**kw)
+    assert (whole.choices[0].finish_reason == "stop") == with_stop
+    chunks = list(client.completions.create(stream=True, **kw))
+    first = chunks[0].choices[0]
+    assert first.text == PROMPT and first.logprobs.token_logprobs[0] is None
+    assert len(first.logprobs.tokens) == len(served.engine.pair.tokenizer.encode(PROMPT, add_special_tokens=False))
+    assert sum(1 for c in chunks if c.choices and c.choices[0].logprobs and c.choices[0].logprobs.tokens) >= 3
+    assert_same_logprobs(joined(chunks), whole)
+    # positive control: a stream missing one chunk's log-probabilities is caught
+    with pytest.raises(AssertionError):
+        assert_same_logprobs(joined(chunks[1:]), whole)
+    # without echo: the output alone, its offsets from 0
+    del kw["echo"]
+    assert_same_logprobs(joined(client.completions.create(stream=True, **kw)), client.completions.create(**kw))
+    # neither: no log-probabilities in any chunk
+    plain = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, stream=True))
+    assert all(c.choices[0].logprobs is None for c in plain if c.choices)
+
+
+def test_a_streamed_scoring_only_answer_is_one_chunk_per_choice(served):
+    kw = dict(model="tiny", prompt=[PROMPT, PROMPT + "1"], echo=True, max_tokens=0, logprobs=1)
+    whole = served.openai.completions.create(**kw)
+    chunks = list(served.openai.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert [c.choices[0].text for c in chunks if c.choices] == [PROMPT, PROMPT + "1"]
+    assert [c.choices[0].logprobs.tokens for c in chunks if c.choices] == [c.logprobs.tokens for c in whole.choices]
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens and chunks[-1].usage.completion_tokens == 0
 
 
 # --- /tokenize, /detokenize, /version, --api-key, /metrics and the dashboard ---

@@ -278,11 +278,16 @@ def bad_input_requests() -> dict[str, tuple[bytes, bool]]:
         "n 2, greedy": (http_request('{"prompt": "hi", "n": 2, "temperature": 0}'), False),
         "10^5 prompts": (http_request(json.dumps({"prompt": ["hi"] * 10 ** 5})), False),
         "logprobs 10^9": (http_request('{"prompt": "hi", "logprobs": 1000000000}'), False),
-        "logprobs with stream": (http_request('{"prompt": "hi", "logprobs": 1, "stream": true}'), False),
+        "stream, logprobs 10^9": (http_request('{"prompt": "hi", "logprobs": 1000000000, "stream": true}'), False),
+        "stream, logprobs a string": (http_request('{"prompt": "hi", "logprobs": "1", "stream": true}'), False),
         "echo, max_tokens 0, 10^6 token ids": (http_request(json.dumps(
             {"prompt": [1] * 10 ** 6, "echo": True, "max_tokens": 0, "logprobs": 1})), False),
         "max_tokens 0 without echo": (http_request('{"prompt": "hi", "max_tokens": 0}'), False),
-        "echo with stream": (http_request('{"prompt": "hi", "echo": true, "stream": true}'), False),
+        "stream, echo not a boolean": (http_request('{"prompt": "hi", "echo": 1, "stream": true}'), False),
+        "stream, echo, max_tokens 0, 10^6 token ids": (http_request(json.dumps(
+            {"prompt": [1] * 10 ** 6, "echo": True, "max_tokens": 0, "logprobs": 1, "stream": True})), False),
+        "stream, max_tokens 0 without echo": (http_request('{"prompt": "hi", "max_tokens": 0, "stream": true}'),
+                                              False),
         "echo not a boolean": (http_request('{"prompt": "hi", "echo": "yes"}'), False),
         "logprobs -1": (http_request('{"prompt": "hi", "logprobs": -1}'), False),
         "n 0": (http_request('{"prompt": "hi", "n": 0}'), False),

@@ -6,7 +6,8 @@
 
 - `POST /v1/completions`, `POST /v1/chat/completions` (the model's chat template), streaming as server-sent events
   (`stream_options.include_usage` as OpenAI's); the bodies are rakv.serving.protocol's pydantic models.
-  Both honour `stop`, `n` and `logprobs`; completions also a list of prompts and `echo` (docs/serving.md lists them).
+  Both honour `stop`, `n` and `logprobs`; completions also a list of prompts and `echo`, streamed too (the prompt in
+  each choice's first chunk, each chunk with its tokens' log-probabilities; docs/serving.md lists them).
 - `GET /v1/models`, `GET /health` (200 while the engine runs; 503 draining or stopped), `GET /metrics`
   (Prometheus, vLLM's names: rakv.serving.prometheus), `POST /tokenize`, `POST /detokenize`, `GET /version`
   (vLLM's bodies), `GET /openapi.json`, `GET /docs`. With --api-key (or $RAKV_API_KEY), every /v1 route needs
@@ -251,7 +252,11 @@ class Api:
         if body.n > 1 and body.sampling(self.options.sampling).greedy:  # as vLLM's SamplingParams refuses it
             raise ApiError(400, f"n must be 1 when using greedy sampling, got {body.n}")
         if getattr(body, "max_tokens", None) == 0:  # echo alone: the prompts scored, nothing generated
-            return await self.echoed(body, prompts, texts)
+            whole = await self.echoed(body, prompts, texts)
+            if not body.stream:
+                return whole
+            return StreamingResponse(echoed_events(whole, body.include_usage), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
         stop_at_eos, kind = body.stops_at_eos(self.options.ignore_eos), "chatcmpl" if chat else "cmpl"
         served = [self.loop.new_request(prompt, body.new_tokens, body.sampling(self.options.sampling, j),
                                         stop_at_eos, kind, body.stops) for prompt in prompts for j in range(body.n)]
@@ -300,7 +305,8 @@ class Api:
             raise self.unfinished(served[event[0]])
         if not body.stream:
             return await self.whole(served, body, prompts, texts, chat)
-        stream = Stream(self, lives, events, chat, body.include_usage, len(prompts))
+        stream = Stream(self, lives, events, chat, body.include_usage, len(prompts),
+                        None if chat else body.logprobs, texts if not chat and body.echo else None)
         return StreamingResponse(stream.events(event), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
@@ -354,10 +360,10 @@ class Api:
             results.append(value)
         return results
 
-    def logprobs(self, ids: list[int], scored: Scored, start: int) -> CompletionLogprobs:
-        """OpenAI's logprobs of positions `start`.. of `ids`."""
+    def logprobs(self, ids: list[int], scored: Scored, start: int, offset: int = 0) -> CompletionLogprobs:
+        """OpenAI's logprobs of positions `start`.. of `ids`, their text offsets counted from `offset`."""
         decode = self.tokenizing.decode
-        out, offset = CompletionLogprobs(), 0
+        out = CompletionLogprobs()
         for i in range(start, len(ids)):
             token = decode([ids[i]])
             out.tokens.append(token)
@@ -433,7 +439,11 @@ class Api:
 class Stream:
     """One request's server-sent events: per choice, a chunk per iteration that confirmed text and one with its
     finish reason; then the usage (if asked), then [DONE]. A client that goes away mid-stream has every choice still
-    running aborted (its K/V freed)."""
+    running aborted (its K/V freed). Completions with `echo`: each choice's first chunk is its prompt's text (with
+    `logprobs`, the prompt's log-probabilities); with `logprobs` (`top`), each chunk carries those of the tokens
+    confirmed since the previous one (the text of a token held back for a stop string may follow in a later chunk),
+    scored by the target over the sequence so far, so that a stream's log-probabilities put together are the whole
+    answer's."""
 
     api: Api
     lives: list[Live]
@@ -441,43 +451,67 @@ class Stream:
     chat: bool
     include_usage: bool
     prompts: int
+    top: int | None = None  # completions' logprobs
+    texts: list[str] | None = None  # completions' echo: each prompt's text
 
     async def events(self, event):
         shown, ended = [""] * len(self.lives), set()
+        n = len(self.lives) // self.prompts
+        # per choice: positions of its tokens (prompt + output) whose log-probabilities were sent; their text offset
+        reported = [len(live.request.prompt) for live in self.lives]
+        offsets = [0] * len(self.lives)
         try:
             if self.chat:
                 for index in range(len(self.lives)):
                     yield self.chunk(index, Delta(role="assistant", content=""))
+            if self.texts is not None:  # echo: the prompt first
+                for index, live in enumerate(self.lives):
+                    logprobs = None
+                    if self.top is not None:
+                        prompt = live.request.prompt
+                        logprobs = self.api.logprobs(prompt, (await self.api.scores([prompt], self.top))[0], 0)
+                        offsets[index] = next_offset(logprobs, 0)
+                    yield self.chunk(index, self.texts[index // n], logprobs=logprobs)
             while True:
                 index, (kind, upto) = event
                 served = self.lives[index].request
                 final = kind == END
                 tokens = served.state.tokens if final else served.state.tokens[:upto]
                 text = visible(served.state, self.api.tokenizing.decode(tokens), final)
-                if len(text) > len(shown[index]) and (final or not text.endswith("\ufffd")):  # (half a character)
+                grows = len(text) > len(shown[index]) and (final or not text.endswith("\ufffd"))  # (half a char)
+                logprobs = None
+                if self.top is not None and (grows or final) and len(served.prompt) + len(tokens) > reported[index]:
+                    ids = served.prompt + tokens
+                    scored = (await self.api.scores([ids], self.top))[0]
+                    logprobs = self.api.logprobs(ids, scored, reported[index], offsets[index])
+                    reported[index], offsets[index] = len(ids), next_offset(logprobs, offsets[index])
+                if grows:
                     delta = text[len(shown[index]):]
-                    yield self.chunk(index, Delta(content=delta) if self.chat else delta)
-                    shown[index] = text
+                    yield self.chunk(index, Delta(content=delta) if self.chat else delta, logprobs=logprobs)
+                    shown[index], logprobs = text, None
                 if final:
                     ended.add(index)
-                    async for line in self.closing(index, served):
+                    async for line in self.closing(index, served, logprobs):
                         yield line
                     if len(ended) == len(self.lives):
                         async for line in self.done():
                             yield line
                         return
                 event = await self.queue.get()
+        except ApiError as exc:  # scoring refused (the queue full) or failed mid-stream: said in the stream, then ended
+            yield sse(error_body(exc.status_code, exc.detail))
+            yield b"data: [DONE]\n\n"
         finally:
             for index, live in enumerate(self.lives):
                 if index not in ended:  # the client went away, or the server is stopping: the engine drops it
                     self.api.loop.abort(live)
 
-    async def closing(self, index: int, served: ServedRequest):
+    async def closing(self, index: int, served: ServedRequest, logprobs: CompletionLogprobs | None = None):
         if served.status != Status.FINISHED:
             error = self.api.unfinished(served)
             yield sse(error_body(error.status_code, error.detail))
         reason = finish_reason(served) or "abort"
-        yield self.chunk(index, Delta() if self.chat else "", reason, stop_reason(served))
+        yield self.chunk(index, Delta() if self.chat else "", reason, stop_reason(served), logprobs)
 
     async def done(self):
         if self.include_usage:
@@ -490,15 +524,30 @@ class Stream:
             yield sse(envelope.model_dump())
         yield b"data: [DONE]\n\n"
 
-    def chunk(self, index: int, content, reason: str | None = None, stop: str | None = None) -> bytes:
+    def chunk(self, index: int, content, reason: str | None = None, stop: str | None = None,
+              logprobs: CompletionLogprobs | None = None) -> bytes:
         served, name = self.lives[0].request, self.api.served_name
         if self.chat:
             return sse(ChatCompletionChunk(id=served.id, model=name, choices=[
                 ChatChunkChoice(index=index, delta=content, finish_reason=reason, stop_reason=stop)
             ]).model_dump(exclude_none=True))
         return sse(CompletionResponse(id=served.id, model=name, choices=[
-            CompletionChoice(index=index, text=content, finish_reason=reason, stop_reason=stop)
+            CompletionChoice(index=index, text=content, logprobs=logprobs, finish_reason=reason, stop_reason=stop)
         ]).model_dump(exclude={"usage"}))
+
+
+async def echoed_events(whole: CompletionResponse, include_usage: bool):
+    """A scored-only answer (echo, max_tokens 0) as a stream: each choice one chunk, then the usage, then [DONE]."""
+    for choice in whole.choices:
+        yield sse(CompletionResponse(id=whole.id, model=whole.model, choices=[choice]).model_dump(exclude={"usage"}))
+    if include_usage:
+        yield sse(CompletionResponse(id=whole.id, model=whole.model, choices=[], usage=whole.usage).model_dump())
+    yield b"data: [DONE]\n\n"
+
+
+def next_offset(logprobs: CompletionLogprobs, offset: int) -> int:
+    """The text offset after `logprobs`' tokens (`offset` when it has none)."""
+    return logprobs.text_offset[-1] + len(logprobs.tokens[-1]) if logprobs.tokens else offset
 
 
 def sse(payload: dict) -> bytes:

@@ -121,8 +121,6 @@ class CompletionRequest(SamplingFields):
     def generates_or_echoes(self):
         if self.max_tokens == 0 and not self.echo:
             raise ValueError("max_tokens must be at least 1 (0 only with echo: the prompt scored, nothing generated)")
-        if self.stream and (self.echo or self.logprobs is not None):
-            raise ValueError("echo and logprobs are answered whole: not with stream")
         return self
 
     @property
@@ -353,10 +351,10 @@ FIELD_DOCS = {
     "ignore_eos": ("completions, chat", "boolean", "vLLM's extension: generate exactly `max_tokens`"),
     "logprobs": ("completions, chat", f"completions: 0 to {MAX_LOGPROBS}; chat: boolean",
                  "each token's log-probability under the target (one fp32 forward) and (completions) this many "
-                 "alternatives; not with `stream`"),
+                 "alternatives; completions with `stream`: each chunk those of its tokens (chat: not with `stream`)"),
     "top_logprobs": ("chat", f"0 to {MAX_LOGPROBS}", "with `logprobs`: this many alternatives per token"),
     "echo": ("completions", "boolean", "the prompt's text before the output (with `logprobs`: its log-probabilities "
-                                       "too, the first null); not with `stream`"),
+                                       "too, the first null); with `stream`: in each choice's first chunk"),
     "add_special_tokens": ("tokenize", "boolean", "as vLLM's: default true for a prompt, false for messages"),
     "add_generation_prompt": ("tokenize", "boolean", "messages: the assistant's turn opened (default true)"),
     "return_token_strs": ("tokenize", "boolean", "also each token as the tokenizer spells it"),
