@@ -43,12 +43,10 @@ if [ "$jobs" -gt 1 ]; then
 fi
 # the stages that run as jobs with jobs=N (the others run as one job each)
 JOB_STAGES="study serving sensitivity sampling feasibility"
-# a stage as `jobs` shards of a Hydra multirun, then the merge (reads what the shards wrote and the tables only)
+# a stage as `jobs` shards of a Hydra multirun, then the merge (reads what the shards wrote and the tables only):
+# scripts/stage_jobs.sh, which tests/test_reproduce_jobs.py runs
 stage_jobs() {
-    .venv/bin/python scripts/run_stage.py "$1" -m "hydra/launcher=$launcher" "${overrides[@]+"${overrides[@]}"}" \
-        "study.num_shards=$jobs" "study.shard_index=range($jobs)" \
-    && .venv/bin/python scripts/run_stage.py "$1" "${overrides[@]+"${overrides[@]}"}" "study.num_shards=$jobs" \
-        study.merge_only=true
+    ./scripts/stage_jobs.sh "$1" "$jobs" "$launcher" "${overrides[@]+"${overrides[@]}"}"
 }
 
 # Each stage's wall time is kept in results/<profile>/stage_times.tsv: printed as the estimate before the
