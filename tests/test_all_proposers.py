@@ -93,6 +93,19 @@ def test_the_all_configurations_hold_three_proposers_and_the_single_ones_stay_as
     assert single.all_proposers == ("heads",) and not single.chooses_proposer and single.proposers == ()
 
 
+def test_a_configuration_names_one_proposer_or_a_list_headed_by_it():
+    from rakv.experiments.config import configuration_of
+    from rakv.experiments.schema import ConfigurationEntry
+
+    listed = configuration_of("x", ConfigurationEntry(pair="tiny", proposers=["heads", "draft"]))
+    assert listed.proposer == "heads" and listed.all_proposers == ("heads", "draft")
+    assert configuration_of("x", ConfigurationEntry(pair="tiny", proposer="draft")).all_proposers == ("draft",)
+    for bad in (ConfigurationEntry(pair="tiny"), ConfigurationEntry(pair="tiny", proposers=["draft", "draft"]),
+                ConfigurationEntry(pair="tiny", proposer="heads", proposers=["draft", "heads"])):
+        with pytest.raises(RakvError, match="configuration 'x'"):
+            configuration_of("x", bad)
+
+
 def test_a_proposer_qualified_label_reads_back_and_single_proposer_labels_are_unchanged():
     for label in ("heads:r0k4", "prompt-lookup:r1k8", "draft:r0k1"):
         assert Action.parse(label).label == label
@@ -237,3 +250,33 @@ def test_a_study_resumed_from_its_journal_decides_as_an_uninterrupted_one(study,
     # positive control: resumed without the journaled choice states, the later runs decide from the tables' priors
     blind = resumed(study, tmp_path / "blind", keep, strip_state=True)
     assert not decided(blind).equals(decided(full))
+
+
+def test_learning_per_block_gives_each_block_its_own_choice_of_proposers(study, tmp_path):
+    from rakv.experiments.study import run_main_study
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAKV_CALIBRATION_DIR", str(study / "calibrations"))
+        run_main_study(composed(f"results_dir={tmp_path}", "study.learning=per_block"))
+    runs = pd.read_parquet(RunLayout.of(tmp_path).study.runs)
+    own = runs[runs.strategy == "rakv-asd"].sort_values("order")
+    assert runs.equal_to_ar.all() and own.choice_state.notna().all()
+    assert own.groupby("prompt_id").size().to_dict() == {p: 4 for p in set(runs.prompt_id)}
+    # each block (one prompt) starts from the tables: in its first run every proposer that did not run is at its prior
+    assert not learnt_elsewhere(own.groupby("prompt_id").head(1))
+    # positive control: with one choice over the whole study, a later prompt's first run finds a proposer that
+    # learnt from an earlier prompt's runs
+    whole = runs_of(study)
+    assert learnt_elsewhere(whole[whole.strategy == "rakv-asd"].sort_values("order").groupby("prompt_id").head(1))
+
+
+def learnt_elsewhere(firsts: pd.DataFrame) -> list[str]:
+    """The proposers, in these runs, whose tracker left its prior though they did not run there."""
+    moved = []
+    for action, state in zip(firsts.action, firsts.choice_state):
+        ran = Action.parse(action).proposer
+        for name, learned in json.loads(state).items():
+            alpha = PRICES[name][0]
+            if name != ran and learned["tracker"][:2] != pytest.approx([alpha, 1 - alpha]):
+                moved.append(name)
+    return moved

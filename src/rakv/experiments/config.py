@@ -84,7 +84,12 @@ def configuration(name: str) -> Configuration:
                 node = compose(overrides=overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         raise RakvError(f"configuration '{name}': {one_line(exc)}") from None
-    entry: ConfigurationEntry = OmegaConf.to_object(node.configuration)
+    return configuration_of(name, OmegaConf.to_object(node.configuration))
+
+
+def configuration_of(name: str, entry: ConfigurationEntry) -> Configuration:
+    """A composed conf/configuration/ entry as the Configuration the stages use; one proposer, or several listed in
+    `proposers` with `proposer` (when given) the first of them."""
     if entry.proposer is None and not entry.proposers:
         raise RakvError(f"configuration '{name}': name its `proposer` (or a list of `proposers`)")
     if entry.proposers and (len(set(entry.proposers)) != len(entry.proposers)
