@@ -252,11 +252,7 @@ class Api:
         if body.n > 1 and body.sampling(self.options.sampling).greedy:  # as vLLM's SamplingParams refuses it
             raise ApiError(400, f"n must be 1 when using greedy sampling, got {body.n}")
         if getattr(body, "max_tokens", None) == 0:  # echo alone: the prompts scored, nothing generated
-            whole = await self.echoed(body, prompts, texts)
-            if not body.stream:
-                return whole
-            return StreamingResponse(echoed_events(whole, body.include_usage), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return await self.echoed(body, prompts, texts)
         stop_at_eos, kind = body.stops_at_eos(self.options.ignore_eos), "chatcmpl" if chat else "cmpl"
         served = [self.loop.new_request(prompt, body.new_tokens, body.sampling(self.options.sampling, j),
                                         stop_at_eos, kind, body.stops) for prompt in prompts for j in range(body.n)]
@@ -307,8 +303,7 @@ class Api:
             return await self.whole(served, body, prompts, texts, chat)
         stream = Stream(self, lives, events, chat, body.include_usage, len(prompts),
                         None if chat else body.logprobs, texts if not chat and body.echo else None)
-        return StreamingResponse(stream.events(event), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return event_stream(stream.events(event))
 
     @staticmethod
     async def next_event(http: Request, events: asyncio.Queue):
@@ -394,7 +389,8 @@ class Api:
         return ChatLogprobs(content=content)
 
     async def echoed(self, body: CompletionRequest, prompts: list[list[int]], texts: list[str] | None):
-        """max_tokens 0 with echo: each prompt's text (and with logprobs, its log-probabilities), n times."""
+        """max_tokens 0 with echo: each prompt's text (and with logprobs, its log-probabilities), n times; streamed,
+        one chunk per choice."""
         scored = await self.scores(prompts, body.logprobs) if body.logprobs is not None else [None] * len(prompts)
         choices = []
         for i, (prompt, result) in enumerate(zip(prompts, scored)):
@@ -403,8 +399,9 @@ class Api:
             choices += [CompletionChoice(index=i * body.n + j, text=text, logprobs=logprobs, finish_reason="length")
                         for j in range(body.n)]
         tokens = sum(len(p) for p in prompts)
-        return CompletionResponse(id=f"cmpl-{uuid.uuid4().hex[:24]}", model=self.served_name, choices=choices,
-                                  usage=Usage(prompt_tokens=tokens, completion_tokens=0, total_tokens=tokens))
+        whole = CompletionResponse(id=f"cmpl-{uuid.uuid4().hex[:24]}", model=self.served_name, choices=choices,
+                                   usage=Usage(prompt_tokens=tokens, completion_tokens=0, total_tokens=tokens))
+        return event_stream(echoed_events(whole, body.include_usage)) if body.stream else whole
 
     async def whole(self, served: list[ServedRequest], body: SamplingFields, prompts: list[list[int]],
                     texts: list[str] | None, chat: bool):
@@ -534,6 +531,10 @@ class Stream:
         return sse(CompletionResponse(id=served.id, model=name, choices=[
             CompletionChoice(index=index, text=content, logprobs=logprobs, finish_reason=reason, stop_reason=stop)
         ]).model_dump(exclude={"usage"}))
+
+
+def event_stream(events) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 async def echoed_events(whole: CompletionResponse, include_usage: bool):
