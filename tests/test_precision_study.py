@@ -70,15 +70,26 @@ def scaled(table, factor: float):
 
 
 def with_q4_1(summary, regime: list):
-    """The shipped summary with smollm2-q4_1 beside smollm2: its statistics, but the regime's CI `regime`."""
+    """The shipped summary with smollm2-q4_1 (added where the run lacks it) carrying smollm2's statistics, but the
+    regime's CI `regime`."""
     from dataclasses import replace
 
     from rakv.runtime.json_records import CI
 
     fp32 = summary.per_configuration["smollm2"]
     q4 = replace(fp32, spec_slowdown=replace(fp32.spec_slowdown, pooled=CI(*regime)))
-    return replace(summary, configurations=[*summary.configurations, "smollm2-q4_1"],
-                   per_configuration={**summary.per_configuration, "smollm2-q4_1": q4})
+    names = list(summary.configurations)
+    if "smollm2-q4_1" not in names:
+        names.append("smollm2-q4_1")
+    return replace(summary, configurations=names, per_configuration={**summary.per_configuration, "smollm2-q4_1": q4})
+
+
+def only(summary, names: list[str]):
+    """The summary restricted to the configurations `names`."""
+    from dataclasses import replace
+
+    return replace(summary, configurations=list(names),
+                   per_configuration={n: summary.per_configuration[n] for n in names})
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +103,26 @@ def shipped():
     return read_summary(REFERENCE.root), tables, price_context(REFERENCE.root)
 
 
-def test_the_shipped_run_has_no_precision_rows_and_its_table_says_so(shipped):
+def test_each_precision_row_of_the_shipped_run_reads_its_own_calibration_and_one_precision_gives_none():
+    """The shipped run's rows: each configuration's prices from the calibration kept for its precision; the same
+    run restricted to its fp32 configurations has no row and its table says so (control)."""
+    from rakv.experiments.analysis import price_context
+    from rakv.experiments.calibrations import calibration_tables, configuration_stem
+    from rakv.experiments.config import configuration
     from rakv.experiments.precision_factor import precision_rows, precision_sentences, precision_table
+    from rakv.experiments.summary import read_summary
 
-    summary, tables, context = shipped
-    assert precision_rows(summary, tables, context) == []  # every shipped configuration is at fp32
+    summary, tables = read_summary(REFERENCE.root), calibration_tables(REFERENCE.root)
+    context = price_context(REFERENCE.root)
+    rows = precision_rows(summary, tables, context)
+    precisions = {configuration(n).precision for n in summary.configurations}
+    assert bool(rows) == (len(precisions) > 1)
+    for row in rows:
+        assert row.precision == configuration(row.configuration).precision
+        table = tables[configuration_stem(row.configuration)]
+        assert row.step_ms == pytest.approx(1e3 * table.target_step(context))
+    fp32 = [n for n in summary.configurations if configuration(n).precision == "fp32"]
+    assert precision_rows(only(summary, fp32), tables, context) == []
     assert precision_table([]).startswith("%") and "\\begin" not in precision_table([])
     assert precision_sentences([]) == []
 
@@ -105,7 +131,8 @@ def test_a_pair_at_two_precisions_gets_a_row_each_with_its_own_prices(shipped):
     from rakv.experiments.precision_factor import precision_rows, precision_table
 
     summary, tables, context = shipped
-    rows = precision_rows(with_q4_1(summary, [0.2, 0.1, 0.3]), tables, context)
+    rows = [r for r in precision_rows(with_q4_1(summary, [0.2, 0.1, 0.3]), tables, context)
+            if r.family == "smollm2-draft"]
     assert [(r.configuration, r.precision, r.family) for r in rows] == [("smollm2", "fp32", "smollm2-draft"),
                                                                           ("smollm2-q4_1", "q4_1", "smollm2-draft")]
     fp32, q4 = rows
@@ -126,7 +153,8 @@ def test_the_precision_sentence_follows_the_sign_of_the_regimes_interval(shipped
     assert regime_word(list(summary.per_configuration["smollm2"].spec_slowdown.pooled)) == "faster"
 
     def sentence(regime):
-        (text,) = precision_sentences(precision_rows(with_q4_1(summary, regime), tables, context))
+        rows = [r for r in precision_rows(with_q4_1(summary, regime), tables, context) if r.family == "smollm2-draft"]
+        (text,) = precision_sentences(rows)
         return text.split("at q4\\_1")[1]
 
     slower, neither, faster = sentence([0.2, 0.1, 0.3]), sentence([0.02, -0.05, 0.1]), sentence([-0.2, -0.3, -0.1])

@@ -100,14 +100,22 @@ def test_a_sibling_run_of_another_commit_or_machine_is_not_pooled(tmp_path):
     assert [p.name for p in sibling_runs(first)] == ["offline-rerun"]
 
 
-def test_the_pooled_view_replaces_pooled_intervals_and_claims():
-    summary = read_summary(REFERENCE)
-    assert summary.replication, "the shipped reference is analysed with its second run (offline-rerun) beside it"
+def test_the_pooled_view_replaces_pooled_intervals_and_claims(tmp_path):
+    """A run with its rerun beside it (the shipped reference twice: one commit, one machine) gets a replication
+    record, and the pooled view puts its pooled intervals and claims in place of the run's own."""
+    from rakv.experiments.runcompare import replication_summary
+
+    for name in ("offline", "offline-rerun"):
+        shutil.copytree(REFERENCE, tmp_path / name)
+    summary = read_summary(tmp_path / "offline")
+    found = replication_summary(tmp_path / "offline", summary)
+    assert found is not None and set(found.decisions_same.values()) == {1.0}  # a copy decides as its original
+    summary = replace(summary, replication=found)
     view = replication.pooled_summary(summary)
-    pooled = {p.name: p.pooled for p in summary.replication.statistics}
+    pooled = {p.name: p.pooled for p in found.statistics}
     assert view.per_configuration["smollm2"].latency_reduction.joint_k4 == pytest.approx(pooled[NAME])
-    assert view.claims == summary.replication.claims
-    assert len(summary.replication.claim_runs) == len(summary.claims)
+    assert view.claims == found.claims
+    assert len(found.claim_runs) == len(summary.claims)
 
 
 def test_zero_width_intervals_pool_to_their_value_not_to_nan():

@@ -207,7 +207,10 @@ def summarize(results: Path, seed: int = 0) -> Summary:
         per_configuration=per_configuration,
         pooled=Pooled(latency_reduction=ByBaseline.of(lambda b: latency_reduction(lat, ADAPTIVE, b)),
                       throughput_gain=ByBaseline.of(lambda b: throughput_gain(lat, ADAPTIVE, b))),
-        acceptance=[AcceptanceRow(**r) for r in acceptance_table(runs, tables).to_dict("records")],
+        # a column with a None in it comes back from pandas as floats: the depth is an int again here
+        acceptance=[AcceptanceRow(**{**r, "break_even_k": None if pd.isna(r["break_even_k"])
+                                     else int(r["break_even_k"])})
+                    for r in acceptance_table(runs, tables).to_dict("records")],
         peak_kv=[PeakKv(**r) for r in peak_memory_table(meas, runs).to_dict("records")],
         acceptance_mape=acceptance_mape(meas, tables),
         **sensitivity,

@@ -45,6 +45,12 @@ def _known(record, name: str):
     return None if value is ABSENT else value
 
 
+def precision_of(runs: pd.DataFrame) -> str:
+    """The target's precision of one configuration's runs, from their own column (a run from before precision was a
+    factor of the study has none: fp32)."""
+    return str(runs.precision.iloc[0]) if "precision" in runs and len(runs) else "fp32"
+
+
 def engine_rows(results: Path, label: str | None = None) -> list[dict]:
     """One row per study configuration (and per twin pair of the feasibility stage) of a finished run; `label`
     names its engine in the table (default: its kernels mode)."""
@@ -64,9 +70,10 @@ def engine_rows(results: Path, label: str | None = None) -> list[dict]:
                             f"'{configuration}' (a study run by an older version)")
         pair, proposer = key.pair_name, key.proposer
         drafts = proposer_type(proposer).has_draft_model
-        table = read_cost_table(layout.calibration(pair, proposer))
+        own = runs[runs.configuration == configuration]
+        table = read_cost_table(layout.calibration(pair, proposer, precision_of(own)))
         step = _at(table.target_step)
-        chosen = runs[(runs.configuration == configuration) & (runs.strategy == ADAPTIVE)]
+        chosen = own[own.strategy == ADAPTIVE]
         shares = chosen.action.value_counts(normalize=True)
         measured = acceptance[acceptance.configuration == configuration] if len(acceptance) else acceptance
         rows.append({

@@ -53,10 +53,20 @@ def in_order(values, order) -> list:
     return [v for v in order if v in present] + sorted(present - set(order))
 
 
+PANEL_COLUMNS = 2  # panels per row: more configurations wrap to further rows, so a figure's type is not shrunk
+#                    below what a reader can read when the figure is set at the text's width
+
+
 def panels(count: int, width: float = 5.0, height: float = 3.8, sharey: bool = False):
-    """One row of `count` panels (one per configuration)."""
-    fig, axes = plt.subplots(1, count, figsize=(width * count, height), squeeze=False, sharey=sharey)
-    return fig, list(axes[0])
+    """`count` panels (one per configuration), PANEL_COLUMNS to a row, in reading order; a last row's empty
+    places are removed."""
+    columns = max(1, min(count, PANEL_COLUMNS))
+    rows = -(-max(count, 1) // columns)
+    fig, grid = plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False, sharey=sharey)
+    axes = list(grid.flat)
+    for spare in axes[max(count, 1):]:
+        spare.remove()
+    return fig, axes[:max(count, 1)]
 
 
 def legend_beside(ax, title: str | None = None, handles=None, labels=None) -> None:
@@ -196,9 +206,9 @@ def speedup_vs_alpha(alpha_model: pd.DataFrame, controlled: pd.DataFrame | None,
     prompt of middle length are drawn.
     """
     configurations = sorted(alpha_model.configuration.unique())
-    fig, axes = plt.subplots(1, len(configurations), figsize=(5.2 * len(configurations), 4), squeeze=False)
+    fig, axes = panels(len(configurations), width=5.2, height=4.4)
     palette = k_colors()
-    for ax, name in zip(axes[0], configurations):
+    for ax, name in zip(axes, configurations):
         points = controlled[controlled.configuration == name] if controlled is not None else pd.DataFrame()
         if len(points):
             for k, group in points.groupby("k"):

@@ -21,6 +21,7 @@ from rakv.experiments.formatting import (
     tex_escape,
     verdict_cells,
 )
+from rakv.experiments.longtable import as_longtable
 from rakv.experiments.metadata import RunMetadata, read_run_metadata
 from rakv.experiments.oracle import NOISE_LEVEL
 from rakv.experiments.precision_factor import precision_rows_of, precision_table
@@ -136,28 +137,30 @@ def statistics_table(summary: Summary) -> str:
     return "\n".join(lines) + "\n"
 
 
-def claims_table(summary: Summary, part: int = 0, parts: int = 2) -> str:
-    """The claims table, or its `part` of `parts` (the configurations' groups in turn, about as many rows in each, so
-    that each part prints at a readable size): each reference claim beside this run's value and verdicts, grouped
-    by configuration (its name heads its rows once, not in every row); the rules by kind are stated once, in Section
-    "Claims"."""
+CLAIMS_CAPTION = (
+    "\\label{tab:claims}Reference figures beside the reproduced values with 95\\% CIs over prompts (pooled over the "
+    "shipped runs of this commit and machine class where there are several; a verdict in parentheses lists each "
+    "run's where any run's differs from the pooled one), judged by kind (in brackets), by the rules stated once in "
+    "Section~\\ref{sec:claims}; inc.: inconclusive.")
+
+
+def claims_table(summary: Summary) -> str:
+    """The claims table: each reference claim beside this run's value and verdicts, grouped by configuration (its
+    name heads its rows once, not in every row); the rules by kind are stated once, in Section "Claims". A longtable
+    that runs on over pages (its head repeated) instead of shrinking: the rows of a run with several configurations
+    do not fit one page at a readable size."""
     rows, across = headline_claims(summary)
-    counts = pd.Series([row.configuration for row in rows]).value_counts(sort=False)
-    before = counts.cumsum() - counts  # rows ahead of each group: a group goes to the part where its first row falls
-    chosen = {name for name, ahead in before.items()
-              if int((ahead + counts[name] / 2) * parts // max(len(rows), 1)) == part}
     pooled = " (runs)" if across else ""
-    lines = [r"\begin{tabular}{>{\raggedright\arraybackslash}p{5.6cm}r>{\raggedright\arraybackslash}p{3.7cm}rll}",
-             r"\toprule",
-             r"Claim [kind] & Reference & Reproduced [95\% CI] & Band & "
-             f"Direction{pooled} & Magnitude{pooled} \\\\"]
+    columns = r"{@{}>{\raggedright\arraybackslash}p{5.4cm}r>{\raggedright\arraybackslash}p{3.6cm}rll@{}}"
+    head = (r"Claim [kind] & Reference & Reproduced [95\% CI] & Band & "
+            f"Direction{pooled} & Magnitude{pooled} \\\\")
+    lines = [r"\begin{longtable}" + columns, f"\\caption{{{CLAIMS_CAPTION}}}\\\\", r"\toprule", head,
+             r"\endfirsthead", r"\toprule", head, r"\endhead", r"\bottomrule", r"\endfoot"]
     configuration = None
     for row in rows:
-        if row.configuration not in chosen:
-            continue
         if row.configuration != configuration:
             configuration = row.configuration
-            lines += [r"\midrule", f"\\multicolumn{{6}}{{@{{}}l}}{{\\texttt{{{tex_escape(configuration)}}}}} \\\\"]
+            lines += [r"\midrule", f"\\multicolumn{{6}}{{@{{}}l}}{{\\texttt{{{tex_escape(configuration)}}}}} \\\\*"]
         fmt = (lambda v: pct(v)) if row.unit == "%" else (lambda v: num(v))
         reference, reproduced, band = claim_cells(row, fmt)
         if row.key.startswith("crossover_alpha") and row.reproduced.value == 0:  # explained where it is printed
@@ -167,9 +170,9 @@ def claims_table(summary: Summary, part: int = 0, parts: int = 2) -> str:
         lines.append(f"{tex_escape(row.claim)} [{row.kind}] & {reference} & "
                      f"{tex_escape(reproduced) if shows_text(row) else reproduced} & "
                      f"{band} & {direction} & {magnitude} \\\\")
-    if not chosen:
-        lines.append("\\midrule\n\\multicolumn{6}{l}{no further configuration} \\\\")
-    lines += [r"\bottomrule", r"\end{tabular}"]
+    if not rows:
+        lines.append("\\midrule\n\\multicolumn{6}{l}{no claim} \\\\")
+    lines.append(r"\end{longtable}")
     return "\n".join(lines) + "\n"
 
 
@@ -215,21 +218,34 @@ def memory_table(rows: list[PeakKv]) -> str:
     return "\n".join(lines) + "\n"
 
 
+ABLATION_CAPTION = ("\\label{tab:ablation}The study's live RAKV-ASD runs and controller variants replayed on this "
+                    "study (\\texttt{scripts/ablate\\_controller.py}), 95\\% CIs over prompts.")
+
+
+def stacked(cell: str) -> str:
+    """A value and its interval ('3.3\\% [-3.1\\%, 9.8\\%]') on two lines of a p-column, so that a table of many
+    intervals fits the text's width upright."""
+    return cell.replace(" [", "\\newline[", 1)
+
+
 def ablation_table(frame: pd.DataFrame) -> str:
-    """The controller ablations (rakv.experiments.ablation.ablation_table) as a LaTeX table."""
-    lines = [r"\begin{tabular}{>{\raggedright\arraybackslash}p{4.4cm}lllllll}", r"\toprule",
-             r"Variant & Mean regret & Worst & Acc.\ strict & Acc.\ within noise & Spearman & vs best fixed & "
-             r"Spec.\ share \\",
-             r"\midrule"]
+    """The controller ablations (rakv.experiments.ablation.ablation_table) as a LaTeX longtable: upright, each
+    interval under its value, its rows running on over pages (its head repeated) instead of shrinking."""
+    ragged = "\\raggedright\\arraybackslash"
+    columns = f"{{@{{}}>{{{ragged}}}p{{3.4cm}}*{{5}}{{>{{{ragged}}}p{{1.75cm}}}}rr@{{}}}}"
+    head = (r"Variant & Mean regret & Acc.\ strict & Acc.\ within noise & Spearman & vs best fixed & Worst & "
+            r"Spec.\ share \\")
+    lines = [f"\\begin{{longtable}}{columns}", f"\\caption{{{ABLATION_CAPTION}}}\\\\", r"\toprule", head,
+             r"\midrule", r"\endfirsthead", r"\toprule", head, r"\midrule", r"\endhead", r"\bottomrule", r"\endfoot"]
     for name, part in frame.groupby("configuration", sort=False):
-        lines.append(f"\\multicolumn{{8}}{{l}}{{\\texttt{{{tex_escape(name)}}}}} \\\\")
+        lines.append(f"\\multicolumn{{8}}{{@{{}}l}}{{\\texttt{{{tex_escape(name)}}}}} \\\\*")
         for row in part.to_dict("records"):
-            lines.append(f"{tex_escape(row['variant'])} & {ci_text(row['mean_regret'])} & {pct(row['worst_regret'])} & "
-                         f"{ci_text(row['accuracy_action'], lambda v: pct(v, 0))} & "
-                         f"{ci_text(row['accuracy_within_noise'], lambda v: pct(v, 0))} & "
-                         f"{ci_text(row['spearman'], num)} & "
-                         f"{ci_text(row['vs_best_fixed'])} & {pct(row['speculative_share'], 0)} \\\\")
-    lines += [r"\bottomrule", r"\end{tabular}"]
+            cells = [ci_text(row["mean_regret"]), ci_text(row["accuracy_action"], lambda v: pct(v, 0)),
+                     ci_text(row["accuracy_within_noise"], lambda v: pct(v, 0)), ci_text(row["spearman"], num),
+                     ci_text(row["vs_best_fixed"])]
+            lines.append(f"{tex_escape(row['variant'])} & {' & '.join(stacked(c) for c in cells)} & "
+                         f"{pct(row['worst_regret'])} & {pct(row['speculative_share'], 0)} \\\\")
+    lines.append(r"\end{longtable}")
     return "\n".join(lines) + "\n"
 
 
@@ -280,6 +296,12 @@ def serving_goals_table(summary: Summary) -> str:
     return "\n".join(lines) + "\n"
 
 
+JOINT_REUSE_CAPTION = (
+    "Speculation once the prefix is reused: mean latency of $r{=}1, k{=}0$ and $r{=}1, k{=}4$ on the same store state "
+    "and prompts (the sensitivity stage's \\texttt{reuse\\_output\\_length} part), and the latency reduction of "
+    "$k = 4$ with its 95\\,\\% CI over prompts.\\label{tab:joint-reuse}")
+
+
 def joint_reuse_table(summary: Summary) -> str:
     """Speculation on top of reuse, by output length: r = 1 with k = 4 against r = 1 with k = 0."""
     rows = summary.joint_reuse
@@ -296,8 +318,8 @@ def joint_reuse_table(summary: Summary) -> str:
                      f"{ci_text(r.latency_reduction)} ({r.verdict}) & {reprefilled} & {saved} \\\\")
     if not rows:
         lines.append("\\multicolumn{8}{l}{the sensitivity stage did not run} \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}"]
-    return "\n".join(lines) + "\n"
+    lines += ["\\bottomrule", "\\end{tabular}", f"\\caption{{{JOINT_REUSE_CAPTION}}}"]
+    return as_longtable("\n".join(lines))  # a row per configuration, length and hit: long as well as wide
 
 
 def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path]:
@@ -317,8 +339,7 @@ def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path
         "limitations.tex": limitations(summary, meta),
         "introduction.tex": introduction_findings(summary),
         "reproducibility.tex": reproducibility(summary, meta, stage_times(results)),
-        "claims_table.tex": claims_table(summary, 0),
-        "claims_table_more.tex": claims_table(summary, 1),
+        "claims_table.tex": claims_table(summary),
         "statistics_table.tex": statistics_table(summary),
         "statistics_note.tex": mape_note(summary),
         "coverage_table.tex": coverage_table(),

@@ -38,9 +38,9 @@ def words(tex: str) -> int:
     return len([w for w in text.split() if re.search(r"[A-Za-z0-9]", w)])
 
 
-def versus(triple, better: str = "faster", worse: str = "slower") -> str:
+def versus(triple, better: str = "faster", worse: str = "slower", interval: bool = True) -> str:
     """A latency reduction (positive: RAKV-ASD or the first strategy is better) in a word from its CI's side, with
-    the number and the CI turned the same way as the word."""
+    the number and the CI turned the same way as the word (without the CI: `interval=False`)."""
     value, low, high = triple
     if missing(value):
         return "not compared"
@@ -48,16 +48,53 @@ def versus(triple, better: str = "faster", worse: str = "slower") -> str:
         return f"{pct(value)} (no interval)"
     side = ci_side(triple, 0.0, point_if_no_interval=False)
     if side == Side.ABOVE:
-        return f"{pct(value)} {better} [{pct(low)}, {pct(high)}]"
+        return f"{pct(value)} {better}" + (f" [{pct(low)}, {pct(high)}]" if interval else "")
     if side == Side.BELOW:
-        return f"{pct(-value)} {worse} [{pct(-high)}, {pct(-low)}]"
-    return f"not distinguishable ({pct(value)} [{pct(low)}, {pct(high)}])"
+        return f"{pct(-value)} {worse}" + (f" [{pct(-high)}, {pct(-low)}]" if interval else "")
+    return "not distinguishable" + (f" ({pct(value)} [{pct(low)}, {pct(high)}])" if interval else "")
+
+
+def precisions_part(summary: Summary) -> str:
+    """' at fp32 and at q4_1 (the shipped 4-bit file)' where the run measured the target at several
+    precisions, '' where at one."""
+    from rakv.experiments.config import configuration
+    from rakv.runtime.models import PRECISIONS
+
+    seen = {configuration(name).precision for name in summary.configurations}
+    if len(seen) < 2:
+        return ""
+    named = " and at ".join(tex_escape(p) for p in PRECISIONS if p in seen)
+    return f" at {named} (the shipped 4-bit file)" if "q4_1" in seen else f" at {named}"
+
+
+def grouped(parts: list[tuple[str, object]]) -> str:
+    """Latency reductions of several configurations, those with the same word from their CI's side together:
+    'faster on a (x) and b (y), and not distinguishable on c', each with its point estimate where its CI lies on one
+    side of 0 (the intervals are in the paper's claims and precision tables; a part whose reduction is missing says
+    'not measured'). Groups keep the order in which their first configuration comes."""
+    groups: dict[str, list[str]] = {}
+    for name, triple in parts:
+        label = f"\\texttt{{{tex_escape(name)}}}"
+        if triple is None or missing(triple[0]):
+            groups.setdefault("not measured on", []).append(label)
+            continue
+        value, low, high = triple
+        if missing(low):
+            groups.setdefault("without an interval on", []).append(f"{label} ({pct(value)})")
+            continue
+        side = ci_side(triple, 0.0, point_if_no_interval=False)
+        if side == Side.ABOVE:
+            groups.setdefault("faster on", []).append(f"{label} ({pct(value)})")
+        elif side == Side.BELOW:
+            groups.setdefault("slower on", []).append(f"{label} ({pct(-value)})")
+        else:  # no point estimate: a number beside "not distinguishable" reads as a direction
+            groups.setdefault("not distinguishable on", []).append(label)
+    return ", and ".join(f"{word} {' and '.join(items)}" for word, items in groups.items())
 
 
 def across(summary: Summary, statistic) -> str:
-    """One statistic on every configuration: 'x on smollm2 and y on smollm2-lookup'."""
-    parts = [f"{statistic(s)} on \\texttt{{{tex_escape(name)}}}" for name, s in summary.per_configuration.items()]
-    return " and ".join(parts)
+    """One latency reduction on every configuration, grouped by the word its CI's side gives (grouped)."""
+    return grouped([(name, statistic(s)) for name, s in summary.per_configuration.items()])
 
 
 def regime_part(summary: Summary) -> str:
@@ -67,12 +104,11 @@ def regime_part(summary: Summary) -> str:
     for name in summary.per_configuration:
         row = claim_of(summary, "spec_regime", name)
         if row is None or missing(row.reproduced.value):
-            parts.append(f"not measured on \\texttt{{{tex_escape(name)}}}")
+            parts.append((name, None))
             continue
         value, low, high = row.reproduced
-        turned = (-value, None if missing(high) else -high, None if missing(low) else -low)
-        parts.append(f"{versus(turned)} on \\texttt{{{tex_escape(name)}}}")
-    return " and ".join(parts)
+        parts.append((name, (-value, None if missing(high) else -high, None if missing(low) else -low)))
+    return grouped(parts)
 
 
 def before_engines(meta: RunMetadata) -> list[Path]:
@@ -114,26 +150,29 @@ def direction_word(triple) -> str:
 
 
 def cause_part(summary: Summary, results: Path, befores: list[Path]) -> str:
-    """What decides the regime: today's prices of the draft configuration beside each earlier engine's, and what
-    the earlier engines' studies found against Joint-k4 (each word from its CI)."""
-    drafted = next((n for n in summary.per_configuration if engine_prices(results, n) and
-                    engine_prices(results, n)[1] is not None), None)
-    if drafted is None:
+    """What decides the regime: today's prices of every configuration with a draft (each precision's) beside each
+    earlier engine's, and what the earlier engines' studies found against Joint-k4 (each word from its CI)."""
+    drafted = [(n, engine_prices(results, n)) for n in summary.per_configuration]
+    drafted = [(n, p) for n, p in drafted if p is not None and p[1] is not None]
+    if not drafted:
         return ""
-    verify, draft, speculates = engine_prices(results, drafted)
-    text = (f"What sets the regime is the engine: on today's, verifying {VERIFY_K + 1} tokens costs {num(verify, 2)} "
-            f"decode steps and a draft step {num(draft, 2)} of one, and RAKV-ASD speculates in {pct(speculates, 0)} of "
-            f"its \\texttt{{{tex_escape(drafted)}}} runs")
-    earlier = [(engine_prices(f, drafted), joint_k4_of(f, drafted)) for f in befores]
+    prices = [f"{num(v, 2)} and {num(d, 2)}" + (" target steps" if i == 0 else "")
+              + (f" on \\texttt{{{tex_escape(n)}}}" if len(drafted) > 1 else "")
+              for i, (n, (v, d, _)) in enumerate(drafted)]
+    shares = " and ".join(pct(s, 0) for _, (_, _, s) in drafted)
+    text = (f"The engine sets the regime: verifying {VERIFY_K + 1} tokens and a draft step cost {', '.join(prices)}, "
+            f"where RAKV-ASD speculates in {shares} of its runs")
+    first = drafted[0][0]
+    earlier = [(engine_prices(f, first), joint_k4_of(f, first)) for f in befores]
     earlier = [(p, t) for p, t in earlier if p is not None and t is not None]
     if not earlier:
         return text + "."
-    prices = "; ".join(f"{num(v, 2)} and {num(d, 2)}" for (v, d, _), _ in earlier)
+    before = "; ".join(f"{num(v, 2)} and {num(d, 2)}" for (v, d, _), _ in earlier)
     shares = " and ".join(pct(s, 0) for (_, _, s), _ in earlier)
-    results_ = " and ".join(versus(t) for _, t in earlier)
+    results_ = " and ".join(versus(t, interval=False) for _, t in earlier)
     directions = sorted({direction_word(t) for _, t in earlier})
-    return (text + f"; the artifact's earlier engines ({prices}) speculated in {shares} and were {results_} than "
-            f"Joint-k4: {' and '.join(directions)}.")
+    return (text + f"; the artifact's earlier engines ({before} on \\texttt{{{tex_escape(first)}}}) speculated in "
+            f"{shares} and were {results_} than Joint-k4: {' and '.join(directions)}.")
 
 
 def abstract(summary: Summary, meta: RunMetadata, results: Path) -> str:
@@ -144,19 +183,19 @@ def abstract(summary: Summary, meta: RunMetadata, results: Path) -> str:
     ref = REFERENCE
     text = [
         "Does a cost model measured on the machine, choosing per request whether to reuse a cached prompt prefix and "
-        "how many tokens to speculate ($k \\ge 0$), beat fixed policies, as a reference study found with GPT-2 pairs "
-        "on a laptop GPU?",
+        "how many tokens to speculate ($k \\ge 0$), beat fixed policies, as a reference study found with GPT-2 on a "
+        "laptop GPU?",
         f"We reproduce it offline on a {cores}{tex_escape(hardware.processor)} {tex_escape(hardware.device.upper())} "
-        "with SmolLM2-135M as the target, an int8 copy of it as self-draft and prompt lookup as a model-free "
-        f"proposer (the GPT-2 pairs only as cost-side twins): {summary.runs} timed requests, "
+        f"with SmolLM2-135M as the target{precisions_part(summary)}, its int8 copy as self-draft and prompt "
+        f"lookup as proposers: {summary.runs} timed requests, "
         f"{summary.exact.equal}/{summary.exact.total} identical to greedy decoding.",
-        f"Against fixed Joint-k4, where the reference reported {pct(ref['latency_reduction_vs_joint_k4'])} lower "
-        "latency, RAKV-ASD is " + across(summary, lambda s: versus(s.latency_reduction.joint_k4)) + ".",
-        f"Against KV-only, which the reference found within {pct(ref['latency_reduction_vs_kv_only'], 2)}, it is "
-        + across(summary, lambda s: versus(s.latency_reduction.kv_only)) + ".",
+        f"Against fixed Joint-k4 (the reference: {pct(ref['latency_reduction_vs_joint_k4'])} lower latency), RAKV-ASD "
+        "is " + across(summary, lambda s: s.latency_reduction.joint_k4) + ".",
+        f"Against KV-only (the reference: within {pct(ref['latency_reduction_vs_kv_only'], 2)}), it is "
+        + across(summary, lambda s: s.latency_reduction.kv_only) + ".",
         f"Where the reference's best $k>0$ was {pct(ref['spec_slowdown_min'], 0)} to "
         f"{pct(ref['spec_slowdown_max'], 0)} slower than $k=0$ in every scenario, here it is "
-        + regime_part(summary) + " (95\\,\\% CIs over prompts).",
+        + regime_part(summary) + " (each word from a 95\\,\\% CI over prompts).",
     ]
     cause = cause_part(summary, results, before_engines(meta))
     if cause:

@@ -464,6 +464,29 @@ def prediction_section(results: Path | None, runs: list[Path], labels: dict) -> 
     return sentence + "\n" + "\n".join(lines) + "\n"
 
 
+def short_commit(folder: Path) -> str:
+    """A run's study commit as git's short form ('unknown' where its metadata has none)."""
+    from rakv.experiments.runcompare import commit_of
+
+    return tex_escape((commit_of(folder) or "unknown")[:7])
+
+
+def no_sibling_text(results: Path) -> str:
+    """The run-to-run paragraph of a run with no rerun of its own commit and machine class beside it: whether a
+    rerun folder is there at all, and if so, of which commit (it is then compared, not pooled)."""
+    others = [r.root for r in RunLayout.of(results).reruns() if r.summary.exists()]
+    if not others:
+        return ("No second full run of this commit on this machine class is shipped beside this one "
+                f"(\\texttt{{{tex_escape(results.name)}-rerun/}} is absent), so run-to-run agreement is not "
+                "reported here; \\texttt{scripts/compare\\_runs.py} compares any two runs.\n")
+    named = ", ".join(f"\\texttt{{{tex_escape(o.name)}/}} (commit {short_commit(o)})" for o in others)
+    return (f"No second full run of this run's commit ({short_commit(results)}) on this machine class "
+            f"is shipped beside this one: the rerun folder{'s' if len(others) > 1 else ''} {named} "
+            f"{'were' if len(others) > 1 else 'was'} measured from other code or on another machine, so "
+            "run-to-run agreement is not reported here and no interval is pooled over runs; each such folder's "
+            "\\texttt{compare\\_reference.txt} (\\texttt{scripts/compare\\_runs.py}) compares it with this run.\n")
+
+
 def run_to_run(results: Path) -> str:
     """The paper's run-to-run paragraph: the other shipped runs of this commit and machine class (<results>-rerun*,
     each from a separate clean clone and process) against this one: significant differences (Holm), the run-level
@@ -474,9 +497,7 @@ def run_to_run(results: Path) -> str:
 
     siblings = sibling_runs(Path(results))
     if not siblings:
-        return ("No second full run of this commit on this machine class is shipped beside this one "
-                f"(\\texttt{{{tex_escape(Path(results).name)}-rerun/}} is absent), so run-to-run agreement is not "
-                "reported here; \\texttt{scripts/compare\\_runs.py} compares any two runs.\n")
+        return no_sibling_text(Path(results))
     own = read_summary(results)
     rep = own.replication or replication_summary(Path(results), own)
     got = agreement(own, read_summary(siblings[0]))

@@ -50,33 +50,28 @@ TABLE_SENTENCES = {
     "tab:workloads": "Table~\\ref{tab:workloads} gives the structured-output workload.",
     "tab:long-context": "Table~\\ref{tab:long-context} gives the long retrieved contexts.",
 }
-# the tables in groups, each group's sentences in one paragraph before its tables and a float barrier after them:
-# the first wide (sideways) table on a float page of its own beside the section's opening; the narrow tables then
-# share the second paragraph's text page, and the other two wide ones follow on the next two pages, so no page holds
-# a sentence alone and each table stands within two pages of its sentence
-TABLE_GROUPS = (("tab:sampling",), ("tab:workloads", "tab:long-context", "tab:acceptance-checks", "tab:sampling-tests"))
+TABLE_ORDER = ("tab:sampling", "tab:workloads", "tab:long-context", "tab:acceptance-checks", "tab:sampling-tests")
 
 
 def sampling_tables(summary: Summary) -> str:
-    """The sampling stage's tables (the paper's appendix "Sampling and workloads: the tables") in the groups of
-    TABLE_GROUPS: each group's introducing sentences in one paragraph, then its tables, then a float barrier (a
-    table whose label no group names comes last, in a group of its own)."""
+    """The sampling stage's tables (the paper's appendix "Sampling and workloads: the tables") in TABLE_ORDER, each
+    after its sentence and set as an upright longtable (rakv.experiments.longtable: with a row per configuration,
+    temperature and rule they are long and wide; as floats they queued far from their sentences); a table whose
+    label TABLE_ORDER does not name comes last."""
+    from rakv.experiments.longtable import as_longtable
+
     if not summary.sampling:
         return ""
     blocks = _sampling_tables(summary).split("\\begin{rakvtable}")
     by_label: dict[str, str] = {}
     for block in blocks[1:]:
         label = re.search(r"\\label\{(tab:[^}]*)\}", block)
-        by_label[label.group(1) if label else f"unlabelled-{len(by_label)}"] = "\\begin{rakvtable}" + block.rstrip(
-            "\n") + "\n"
-    named = {label for group in TABLE_GROUPS for label in group}
-    groups = [[label for label in group if label in by_label] for group in TABLE_GROUPS]
-    groups.append([label for label in by_label if label not in named])
+        by_label[label.group(1) if label else f"unlabelled-{len(by_label)}"] = "\\begin{rakvtable}" + block
+    order = [label for label in TABLE_ORDER if label in by_label] + [n for n in by_label if n not in TABLE_ORDER]
     out = [blocks[0]] if blocks[0].strip() else []
-    for group in (g for g in groups if g):
-        sentences = " ".join(TABLE_SENTENCES[label] for label in group if label in TABLE_SENTENCES)
-        out.append((sentences + "\n\n" if sentences else "") + "".join(by_label[label] for label in group)
-                   + "\\FloatBarrier\n")  # placeins: the group's tables are out before the next sentences
+    for label in order:
+        sentence = TABLE_SENTENCES.get(label, "")
+        out.append((sentence + "\n" if sentence else "") + as_longtable(by_label[label]) + "\n")
     return "".join(out)
 
 
@@ -101,7 +96,7 @@ def _sampling_tables(summary: Summary) -> str:
               "position reached, token-wise verification (greedy: the target's argmax), with the mean of its closed "
               "form $\\sum_x\\min(p(x),q(x))$ over the same positions (agrees: the CI of the difference includes "
               "0; identity: greedy, where measured equals its closed form by construction, a check that cannot "
-              "fail; Table~\\ref{tab:acceptance-checks} has every cell). Latency ratios: geometric means over "
+              "fail; the table of acceptance checks below has every cell). Latency ratios: geometric means over "
               "prompts of paired (prompt, seed) ratios with 95\\,\\% t CIs; below 1 is faster. $\\alpha_0$: the "
               "acceptance RAKV-ASD's controller started from, measured at that temperature, beside the break-even "
               "acceptance of $k=4$.}"

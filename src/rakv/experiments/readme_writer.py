@@ -162,7 +162,7 @@ def bottom_line(summary: Summary, results: Path) -> str:
     sentences = re.split(r"(?<=[.?])\s+(?=[A-Z])", abstract(summary, read_run_metadata(RunLayout.of(results)),
                                                          results).strip())
     findings = [s for s in sentences if s.startswith(("Against fixed Joint-k4", "Where the reference's best"))]
-    cause = [s for s in sentences if s.startswith("What sets the regime")]
+    cause = [s for s in sentences if s.startswith("The engine sets the regime")]
     against_kv = next((s for s in sentences if s.startswith("Against KV-only")), "")
     first = findings[0].rstrip(".") + ("; a" + against_kv[1:] if against_kv else ".")
     return " ".join(markdown(s) for s in [first, *findings[1:], *cause]) + "\n"
