@@ -607,3 +607,30 @@ def test_served_acceptance_is_learnt_per_temperature_and_a_prefix_records_greedy
     hit = Hit(3, prefix_length=3, acceptance=(30.0, 0.0))
     assert acceptance.at_admission(hit) > acceptance.at_admission(hit, temperature=1.0)
     assert acceptance.at_admission(hit, temperature=1.0) == acceptance.tracker_at(1.0).alpha
+
+
+@pytest.fixture(scope="module")
+def smollm2_q4_1_pair():
+    from conftest import THREADS
+
+    from rakv.runtime.models import load_pair
+
+    return load_pair("smollm2", threads=THREADS, precision="q4_1")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, proposer, budget", [("spec-k4", "draft", 32), ("joint-k4", "prompt-lookup", 48)])
+def test_smollm2_at_q4_1_served_outputs_equal_alone(smollm2_q4_1_pair, tmp_path, strategy, proposer, budget):
+    """The target at the precision users run (the shipped GGUF's Q4_1 blocks) served under continuous batching, at two
+    token budgets: every output equals the request's greedy output alone at that precision."""
+    from rakv.runtime.calibration import precision_of
+    from rakv.runtime.workloads import dataset_texts
+
+    assert precision_of(smollm2_q4_1_pair) == "q4_1"
+    trace = generate_trace(dataset_texts("humaneval"), requests=5, rate=20.0, kind="plain", max_new_tokens=12,
+                           prompt_words=45, seed=6)
+    summary, records = served(smollm2_q4_1_pair, proposer, trace, tmp_path, strategy=strategy, token_budget=budget,
+                              max_batch=4)
+    ok = {i: r["token_ids"] for i, r in records.items()}
+    assert summary.statistics.completed == 5 and summary.statistics.max_concurrency > 1
+    assert ok == alone(smollm2_q4_1_pair, proposer, trace, ok, strategy)
