@@ -114,8 +114,9 @@ def peak_memory(results: Path) -> str:
 # The reviewer's map: each result of the paper, what it is, the command that regenerates it from scratch and the
 # stages whose shipped wall times (stage_times.tsv) that command runs.
 MAP_ROWS = (
-    ("Tables of strategies, statistics, acceptance; Figures 1-2", "the controller against the oracle, the cost "
-     "model's error and ranking, acceptance against break-even", "./reproduce.sh stages=calibrate,study,analysis,paper",
+    ("Tables of strategies, statistics, acceptance, precision; Figures 1-3", "the controller against the oracle, "
+     "the cost model's error and ranking, acceptance against break-even, the regime at fp32 and at q4_1",
+     "./reproduce.sh stages=calibrate,study,analysis,paper",
      ("calibrate", "study", "analysis", "paper")),
     ("speculation on top of reuse, cache budget, speedup against acceptance", "the sensitivity stage",
      "./reproduce.sh stages=sensitivity,analysis,paper", ("sensitivity", "analysis", "paper")),
