@@ -151,7 +151,10 @@ def claims_table(summary: Summary) -> str:
     do not fit one page at a readable size."""
     rows, across = headline_claims(summary)
     pooled = " (runs)" if across else ""
-    columns = r"{@{}>{\raggedright\arraybackslash}p{5.4cm}r>{\raggedright\arraybackslash}p{3.6cm}rll@{}}"
+    ragged = r">{\raggedright\arraybackslash}"
+    # with several runs a verdict cell lists each run's ("yes (inc., inc.)"): narrow columns that wrap
+    verdicts = f"{ragged}p{{1.45cm}}{ragged}p{{1.6cm}}" if across else "ll"
+    columns = f"{{@{{}}{ragged}p{{{'4.9' if across else '5.4'}cm}}r{ragged}p{{3.6cm}}r{verdicts}@{{}}}}"
     head = (r"Claim [kind] & Reference & Reproduced [95\% CI] & Band & "
             f"Direction{pooled} & Magnitude{pooled} \\\\")
     lines = [r"\begin{longtable}" + columns, f"\\caption{{{CLAIMS_CAPTION}}}\\\\", r"\toprule", head,
