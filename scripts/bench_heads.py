@@ -9,6 +9,7 @@ intervals (bootstrap over prompts):
 - the batch-one speedup over AR of spec-k with the heads and with the int8 self-draft (--draft), per prompt.
 
     .venv/bin/python scripts/bench_heads.py [--pair smollm2] [--prompts 12] [--new-tokens 64] [--draft]
+                                            [--heads FOLDER]   # another trained set (default: the shipped one)
 
 Timings depend on the machine and its load: read them as ratios measured in the same run, not as results.
 """
@@ -19,6 +20,7 @@ import argparse
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,9 +30,10 @@ from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.decoding import crop_cache, forward
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
-from rakv.runtime.heads import HeadsProposer, shipped_heads
+from rakv.runtime.heads import HeadsProposer, load_heads, shipped_heads
 from rakv.runtime.kernels import new_kv_cache
 from rakv.runtime.models import load_pair
+from rakv.runtime.run_layout import HeadsLayout
 from rakv.runtime.workloads import dataset_texts
 
 
@@ -63,7 +66,7 @@ def agreement(pair, heads, prompt: list[int], output: list[int]) -> list[tuple[i
     first = len(prompt) - 1  # hidden[first + j] produced output[j]
     hits, totals = [0] * heads.count, [0] * heads.count
     for j in range(len(output) - 1):
-        predicted = heads.vocab[heads.logits(hidden[first + j], heads.count).argmax(-1)].tolist()
+        predicted = heads.vocab[heads.logits(hidden[first + j], heads.count, output[j]).argmax(-1)].tolist()
         for i in range(1, heads.count + 1):
             if j + i < len(output):
                 hits[i - 1] += predicted[i - 1] == output[j + i]
@@ -80,13 +83,14 @@ def cost_ratio(pair, heads, prompt: list[int], repeats: int = 30) -> float:
     _, hidden = forward(target, ids, cache, return_hidden=True)
     step, propose = [], []
     token = torch.tensor([[prompt[-1]]], dtype=torch.long, device=pair.device)
+    produced = int(prompt[-1])  # the token the last hidden state is taken to have produced (the cost is the same)
     for _ in range(repeats):
         start = time.perf_counter()
         forward(target, token, cache, keep=1)
         step.append(time.perf_counter() - start)
         crop_cache(cache, len(prompt))
         start = time.perf_counter()
-        heads.vocab[heads.logits(hidden[-1], heads.count).argmax(-1)].tolist()
+        heads.vocab[heads.logits(hidden[-1], heads.count, produced).argmax(-1)].tolist()
         propose.append(time.perf_counter() - start)
     return statistics.median(propose) / statistics.median(step)
 
@@ -98,13 +102,15 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--draft", action="store_true", help="also time spec-k with the int8 self-draft")
+    parser.add_argument("--heads", type=Path, default=None,
+                        help="a trained set's folder (heads.pt, heads.json); default: data/heads/<pair>/")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.prompts < 2 or args.new_tokens < 8:
         raise RakvError("--prompts must be >= 2 and --new-tokens >= 8")
     pair = load_pair(args.pair, threads=args.threads)
-    heads = shipped_heads(pair)
+    heads = shipped_heads(pair) if args.heads is None else load_heads(pair, HeadsLayout(args.heads))
     k = heads.count
     engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30), proposer="draft")
     prompts = held_out_prompts(engine.encode, args.prompts, args.prompt_tokens, args.seed)

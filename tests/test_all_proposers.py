@@ -280,3 +280,52 @@ def learnt_elsewhere(firsts: pd.DataFrame) -> list[str]:
             if name != ran and learned["tracker"][:2] != pytest.approx([alpha, 1 - alpha]):
                 moved.append(name)
     return moved
+
+
+# --- the choice judged against fixed choices (rakv.experiments.proposer_choice, scripts/proposer_choice.py) -------
+
+
+def test_the_choice_is_judged_against_each_workloads_and_each_proposers_best_fixed_action(study):
+    from rakv.experiments.oracle import INSTANCE, fixed_action_latencies, measurements, with_hit
+    from rakv.experiments.proposer_choice import POOLED, choice_rows
+
+    runs = runs_of(study)
+    rows, shares = choice_rows(runs, "tiny-all")
+    each = [(POOLED, f"best fixed {p}") for p in sorted(PROPOSERS)]
+    assert [(r.workload, r.baseline) for r in rows] == [("humaneval", "best fixed"), (POOLED, "best fixed"), *each]
+    own = runs[runs.strategy == "rakv-asd"]
+    assert all(r.instances == len(own) for r in rows)
+    for r in rows[2:]:  # each proposer's best fixed action is its own or k = 0
+        action = Action.parse(r.action)
+        assert action.k == 0 or r.baseline.endswith(action.proposer)
+    for workload in ("humaneval", POOLED):
+        assert sum(s.share for s in shares if s.workload == workload) == pytest.approx(1.0)
+    # positive controls: rakv-asd's runs made exactly 20 % slower, then 10 % faster, than the best fixed action
+    meas = measurements(runs[runs.configuration == "tiny-all"])
+    best = fixed_action_latencies(meas, Action.parse(rows[1].action), with_hit(meas))[INSTANCE + ["latency_s"]]
+    for factor, verdict in ((1.2, "missed"), (0.9, "met")):
+        faked = own.drop(columns="latency_s").merge(best.assign(latency_s=best.latency_s * factor), on=INSTANCE)
+        changed = pd.concat([runs[runs.strategy != "rakv-asd"], faked], ignore_index=True)
+        [_, pooled, *_] = choice_rows(changed, "tiny-all")[0]
+        assert pooled.regret.value == pytest.approx(factor - 1) and pooled.verdict == verdict
+    # a single-proposer configuration of the pair beside it, whose rakv-asd is 25 % slower on every instance: the
+    # choice is judged faster than it on the same instances
+    single = own.assign(configuration="tiny", action="r0k4", latency_s=own.latency_s * 1.25)
+    [row] = [r for r in choice_rows(pd.concat([runs, single], ignore_index=True), "tiny-all")[0]
+             if r.baseline == "rakv-asd of tiny"]
+    assert row.instances == len(own) and row.regret.value == pytest.approx(1 / 1.25 - 1) and row.verdict == "met"
+
+
+def test_the_choice_report_refuses_a_study_without_a_choice_of_proposer(study, tmp_path):
+    import subprocess
+    import sys
+
+    runs = runs_of(study)
+    results = tmp_path / "one"
+    RunLayout.of(results).study.runs.parent.mkdir(parents=True)
+    runs[runs.action.isna() | ~runs.action.fillna("").str.contains(":")].to_parquet(RunLayout.of(results).study.runs)
+    done = subprocess.run([sys.executable, "scripts/proposer_choice.py", str(results)], capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "several proposers" in done.stderr
+    ok = subprocess.run([sys.executable, "scripts/proposer_choice.py", str(study / "results")], capture_output=True,
+                        text=True)
+    assert ok.returncode == 0 and "best fixed heads" in ok.stdout

@@ -22,7 +22,7 @@ from rakv.runtime.run_layout import HeadsLayout
 PROMPTS = ("The history of the city begins in", "def fibonacci(n):\n    if n < 2:\n        return n\n",
            "In 1998 the band released its second album,")
 SMALL = HeadsSettings(pair="tiny", heads=3, vocab=512, prompts=4, prompt_tokens=8, new_tokens=30, epochs=30, batch=32,
-                      lr=0.01, seed=0)
+                      lr=0.01, token=True, seed=0)  # the shipped design: the heads also read the produced token
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +36,17 @@ def trained(tiny_pair, engine):
     others on them)."""
     prompts = [engine.encode(p) for p in PROMPTS]
     heads, record = train(tiny_pair, SMALL, prompts + prompts[:1], "test", log=lambda *_: None)
+    assert heads.token_weight is not None
+    return heads
+
+
+@pytest.fixture(scope="module")
+def medusa(tiny_pair, engine):
+    """The same, as Medusa-1 heads (reading the hidden state alone: `token: false`, the ablation)."""
+    prompts = [engine.encode(p) for p in PROMPTS]
+    heads, _ = train(tiny_pair, HeadsSettings(**{**SMALL.__dict__, "token": False}), prompts + prompts[:1], "test",
+                     log=lambda *_: None)
+    assert heads.token_weight is None
     return heads
 
 
@@ -44,7 +55,9 @@ def test_heads_are_registered_and_ask_for_the_targets_hidden_states():
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
-def test_greedy_output_equals_ar_and_rounds_accept_and_reject(engine, trained, k):
+@pytest.mark.parametrize("design", ["trained", "medusa"])
+def test_greedy_output_equals_ar_and_rounds_accept_and_reject(engine, request, design, k):
+    trained = request.getfixturevalue(design)
     accepted = rejections = 0
     for text in PROMPTS:  # 40 tokens: past the 30 the heads were fitted to, where they guess
         ids = engine.encode(text)
@@ -74,15 +87,50 @@ class OffByOne(HeadsProposer):
         return super().hidden_at(position - 1)
 
 
-def test_the_hidden_state_of_the_last_confirmed_token_is_the_one_read(engine, trained):
+class ReadsTheTokenBefore(HeadsProposer):
+    """The positive control for the token the heads read: the one before the last confirmed token."""
+
+    def propose(self, context, k, sampling, generator):
+        return super().propose(list(context[:-2]) + [context[-2], context[-2]], k, sampling, generator)
+
+
+@pytest.mark.parametrize("design", ["trained", "medusa"])
+def test_the_hidden_state_of_the_last_confirmed_token_is_the_one_read(engine, request, design):
     """Trained heads accept on their training prompts from the right row; reading a neighbouring row accepts less
     (the check can fail), while greedy output stays the target's either way."""
+    trained = request.getfixturevalue(design)
     right = wrong = 0
     for text in PROMPTS:
         ids = engine.encode(text)
         right += engine.run(ids, Action(False, 3), 24, ignore_eos=True, proposer=HeadsProposer(trained)).accepted
         wrong += engine.run(ids, Action(False, 3), 24, ignore_eos=True, proposer=OffByOne(trained)).accepted
     assert right > wrong
+
+
+def test_the_token_the_heads_read_is_the_last_confirmed_one(engine, trained, monkeypatch):
+    """Heads that read the token are told the context's last token (the one their hidden state produced), and it
+    changes what they propose; the positive control, a proposer that tells them the token before, is caught."""
+    width = trained.weight.shape[1]
+    hidden = torch.randn(width, generator=torch.Generator().manual_seed(0))
+    assert not torch.equal(trained.logits(hidden, 3, 5), trained.logits(hidden, 3, 6))
+    told, seen = [], []
+    original = type(trained).logits
+    monkeypatch.setattr(type(trained), "logits",
+                        lambda self, h, n, token=None: told.append(token) or original(self, h, n, token))
+
+    def spying(kind):
+        class Spy(kind):
+            def propose(self, context, k, sampling, generator):
+                if self.hidden_at(len(context) - 2) is not None:
+                    seen.append(int(context[-1]))
+                return super().propose(context, k, sampling, generator)
+        return Spy
+
+    for kind, right in ((HeadsProposer, True), (ReadsTheTokenBefore, False)):
+        told.clear(), seen.clear()
+        for text in PROMPTS:
+            engine.run(engine.encode(text), Action(False, 3), 24, ignore_eos=True, proposer=spying(kind)(trained))
+        assert told and len(told) == len(seen) and (told == seen) is right
 
 
 def test_rollback_keeps_only_confirmed_positions(trained):
@@ -136,6 +184,17 @@ def test_shipped_tiny_heads_fit_the_tiny_target(tiny_pair):
     assert record.target == target_identity(tiny_pair) and len(record.loss_curve) == record.settings.epochs
     heads = load_heads(tiny_pair, layout)
     assert heads.count == record.settings.heads and len(heads.vocab) == record.vocab_size
+    assert (heads.token_weight is not None) == record.settings.token
+
+
+def test_the_shipped_sets_are_what_their_configs_train():
+    """Each shipped set's settings are its conf/heads/<pair>.yaml's (a changed config without a retrained set fails
+    here, before a fresh clone would retrain it in the pipeline)."""
+    from omegaconf import OmegaConf
+
+    for pair in ("tiny", "smollm2"):
+        record = read_heads_record(HeadsLayout.shipped(pair))
+        assert record.settings == settings_of(OmegaConf.load(f"conf/heads/{pair}.yaml")), pair
 
 
 def test_heads_for_another_target_are_refused_with_one_line(tiny_pair, tmp_path):

@@ -84,17 +84,22 @@ def test_teacher_forced_labels_are_the_targets_own_greedy_tokens(tiny_pair):
     text, further = prompt + greedy[:20], prompt + greedy  # the label past the text's end: the target's next choice
     first = len(prompt) - 1  # position first produced greedy[0]: from there on the text is the target's own choice
     for consistent in (True, False):
-        [(hidden, labels)] = teacher_forced(tiny_pair, [text], 3, consistent)
-        assert hidden.shape[0] == labels.shape[0]
-        tail = labels[-(len(text) - 1 - first):]  # rows of positions first .. len - 2 (each has a head-1 label)
-        for row, t in zip(tail, range(first, len(text) - 1)):
-            for i in range(1, 4):
-                assert int(row[i - 1]) == (further[t + 1 + i] if t + 1 + i <= len(text) else -1)
+        for token in (False, True):
+            [(hidden, following, labels)] = teacher_forced(tiny_pair, [text], 3, consistent, token)
+            assert hidden.shape[0] == labels.shape[0] == following.shape[0]
+            tail = labels[-(len(text) - 1 - first):]  # rows of positions first .. len - 2 (each has a head-1 label)
+            assert following[-(len(text) - 1 - first):].tolist() == text[first + 1:]
+            for row, t in zip(tail, range(first, len(text) - 1)):
+                for i in range(1, 4):
+                    assert int(row[i - 1]) == (further[t + 1 + i] if t + 1 + i <= len(text) else -1)
     scrambled = [text[0]] + list(reversed(text[1:]))
-    [(_, strict)] = teacher_forced(tiny_pair, [scrambled], 3, True)
-    [(_, loose)] = teacher_forced(tiny_pair, [scrambled], 3, False)
-    assert int((strict >= 0).sum()) < int((loose >= 0).sum())
+    [(_, _, strict)] = teacher_forced(tiny_pair, [scrambled], 3, True)
+    [(_, _, told)] = teacher_forced(tiny_pair, [scrambled], 3, True, token=True)
+    [(_, _, loose)] = teacher_forced(tiny_pair, [scrambled], 3, False)
+    assert int((strict >= 0).sum()) < int((told >= 0).sum()) < int((loose >= 0).sum())
     assert int((loose >= 0).sum()) == sum(len(scrambled) - i for i in range(1, 4))
+    # heads told the following token learn the target's next choice after any token: head 1 everywhere in range
+    assert int((told[:, 0] >= 0).sum()) == len(scrambled) - 1
 
 
 def test_a_choice_built_from_calibrations_prices_only_the_heads_per_position():

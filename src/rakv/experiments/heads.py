@@ -34,6 +34,7 @@ from rakv.runtime.heads import (
     HeadsSettings,
     head_logits,
     heads_key,
+    input_rows,
     output_rows,
     read_heads_record,
     save_heads,
@@ -116,13 +117,16 @@ def continuation_labels(tokens: list[int], heads: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def teacher_forced(pair, paragraphs: list[list[int]], heads: int, consistent: bool,
-                   log=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per paragraph, one prefill: hidden states [m, d] and labels [m, heads] (token ids, -1: none). With a_t the
+def teacher_forced(pair, paragraphs: list[list[int]], heads: int, consistent: bool, token: bool = False,
+                   log=None) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per paragraph, one prefill: hidden states [m, d], the text's token after each position [m] (what the hidden
+    state is followed by: the token heads with `token` read) and labels [m, heads] (token ids, -1: none). With a_t the
     target's argmax at position t (its choice of token t+1 given the real text), head i's label at position t is
-    a_{t+i}; with `consistent`, only where the text's tokens t+1..t+i are the target's own choices a_t..a_{t+i-1}
-    (so that the label is what the target's greedy continuation would give there, as at decoding time). Positions
-    without any label are dropped."""
+    a_{t+i}; with `consistent`, only where the text's tokens in between are the target's own choices, so that the
+    label is what the target's greedy continuation would give there, as at decoding time: tokens t+1..t+i for heads
+    that read h_t alone, tokens t+2..t+i for heads that also read token t+1 (they are told which token followed, so
+    head 1 learns the target's next choice after any token, as after a sampled or corrected one). Positions without
+    any label are dropped."""
     target, device = pair.target.module, pair.device
     out = []
     group_size = max(1, GENERATION_BATCH // 4)  # every row's logits come back: keep a group's memory small
@@ -139,13 +143,14 @@ def teacher_forced(pair, paragraphs: list[list[int]], heads: int, consistent: bo
             labels = torch.full((n, heads), -1, dtype=torch.long)
             run = torch.ones(n, dtype=torch.bool)
             for i in range(1, heads + 1):
-                run = run & torch.cat([agrees[i - 1:], torch.zeros(i - 1, dtype=torch.bool)]) if consistent else run
-                # run[t]: agrees[t..t+i-1] all true
+                if consistent and (i > 1 or not token):  # run[t]: agrees[t..t+i-1] (with token: [t+1..t+i-1])
+                    run = run & torch.cat([agrees[i - 1:], torch.zeros(i - 1, dtype=torch.bool)])
                 if n > i:
                     valid = run[:n - i]
                     labels[:n - i, i - 1] = torch.where(valid, choice[i:], torch.full_like(choice[i:], -1))
+            following = torch.cat([text[1:], torch.full((1,), -1, dtype=torch.long)])
             keep = (labels >= 0).any(-1)
-            out.append((h.float().cpu()[keep], labels[keep]))
+            out.append((h.float().cpu()[keep], following[keep], labels[keep]))
         if log is not None and (start // group_size) % 25 == 0:
             log(f"heads: read {min(start + group_size, len(paragraphs))}/{len(paragraphs)} paragraphs")
     return out
@@ -170,14 +175,29 @@ def to_candidates(labels: torch.Tensor, vocab: torch.Tensor, outside: int) -> to
     return torch.where(labels >= 0, mapped, torch.full_like(labels, -1))
 
 
-def accuracy(x: torch.Tensor, y: torch.Tensor, params, rows) -> list[float]:
+def logits_of(x: torch.Tensor, e: torch.Tensor | None, params: list[torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+    """head_logits with the training's parameter list [W, b, c] or [W, b, c, U] (U: heads that read the token)."""
+    weight, bias, vocab_bias, *token_weight = params
+    return head_logits(x, weight, bias, vocab_bias, rows, e, token_weight[0] if token_weight else None)
+
+
+def accuracy(x: torch.Tensor, e: torch.Tensor | None, y: torch.Tensor, params, rows) -> list[float]:
     """Each head's top-1 agreement with the target's greedy token over the positions with a label (y >= 0 or -3:
     outside the vocabulary, a miss; -1: no label, not counted)."""
     with torch.no_grad():
-        predicted = torch.cat([head_logits(x[b:b + 4096], *params, rows).argmax(-1) for b in range(0, len(x), 4096)])
+        predicted = torch.cat([logits_of(x[b:b + 4096], None if e is None else e[b:b + 4096], params, rows).argmax(-1)
+                               for b in range(0, len(x), 4096)])
     counted = y != -1
     return [float(((predicted[:, i] == y[:, i]) & counted[:, i]).sum() / max(int(counted[:, i].sum()), 1))
             for i in range(y.shape[1])]
+
+
+@torch.no_grad()  # not inference_mode: the embeddings are the training's inputs, saved for its backward
+def embedded(pair, tokens: torch.Tensor) -> torch.Tensor:
+    """The target's input embeddings of `tokens` [m] as [m, d] fp32 on the CPU, in chunks (a packed table is
+    dequantised row by row)."""
+    return torch.cat([input_rows(pair.target.module, tokens[b:b + 4096].to(pair.device)).cpu()
+                      for b in range(0, len(tokens), 4096)])
 
 
 def train(pair, settings: HeadsSettings, prompts: list[list[int]], commit: str, log=print,
@@ -186,26 +206,32 @@ def train(pair, settings: HeadsSettings, prompts: list[list[int]], commit: str, 
     The last `holdout` share of the prompts and of the paragraphs is held out for the record's agreement."""
     started = time.perf_counter()
     paragraphs = paragraphs or []
-    greedy = [(h, continuation_labels(t, settings.heads)) for h, t in
+    greedy = [(h, torch.tensor(t, dtype=torch.long), continuation_labels(t, settings.heads)) for h, t in
               continuations(pair, prompts, settings.new_tokens, log)] if prompts else []
-    forced = teacher_forced(pair, paragraphs, settings.heads, settings.consistent, log) if paragraphs else []
+    forced = teacher_forced(pair, paragraphs, settings.heads, settings.consistent, settings.token,
+                            log) if paragraphs else []
     train_data, held = [], []
     for data in (greedy, forced):
         if data:
             cut = max(1, int(round(len(data) * (1 - settings.holdout))))
             train_data += data[:cut]
             held += data[cut:] or data[-1:]
-    vocab = candidate_vocabulary([y for _, y in train_data], settings.vocab)
-    x = torch.cat([h for h, _ in train_data])
-    labels = torch.cat([y for _, y in train_data])
+    vocab = candidate_vocabulary([y for _, _, y in train_data], settings.vocab)
+    x = torch.cat([h for h, _, _ in train_data])
+    labels = torch.cat([y for _, _, y in train_data])
     y = to_candidates(labels, vocab, -1)  # outside the vocabulary: not trained on
-    hx = torch.cat([h for h, _ in held])
-    hy = to_candidates(torch.cat([y for _, y in held]), vocab, -3)  # outside the vocabulary: a miss
+    hx = torch.cat([h for h, _, _ in held])
+    hy = to_candidates(torch.cat([y for _, _, y in held]), vocab, -3)  # outside the vocabulary: a miss
+    e = he = None
+    if settings.token:  # the input embedding of the token each hidden state produced (followed by)
+        e = embedded(pair, torch.cat([c for _, c, _ in train_data]))
+        he = embedded(pair, torch.cat([c for _, c, _ in held]))
     coverage = float((y >= 0).sum() / max(int((labels >= 0).sum()), 1))
     rows = output_rows(pair.target.module, vocab).cpu()
     generator = torch.Generator().manual_seed(settings.seed)
     n, d, v = settings.heads, x.shape[1], len(vocab)
-    params = [torch.zeros(n, d, d), torch.zeros(n, d), torch.zeros(n, v)]
+    params = [torch.zeros(n, d, d), torch.zeros(n, d), torch.zeros(n, v)] + ([torch.zeros(n, d, d)] if e is not None
+                                                                            else [])
     for p in params:
         p.requires_grad_(True)
     optimiser = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
@@ -215,7 +241,7 @@ def train(pair, settings: HeadsSettings, prompts: list[list[int]], commit: str, 
         sums, batches = torch.zeros(n), 0
         for b in range(0, len(order), settings.batch):
             pick = order[b:b + settings.batch]
-            logits = head_logits(x[pick], *params, rows)
+            logits = logits_of(x[pick], None if e is None else e[pick], params, rows)
             losses = torch.stack([F.cross_entropy(logits[:, i], y[pick, i], ignore_index=-1) if
                                   (y[pick, i] >= 0).any() else logits.sum() * 0 for i in range(n)])
             optimiser.zero_grad()
@@ -224,14 +250,17 @@ def train(pair, settings: HeadsSettings, prompts: list[list[int]], commit: str, 
             sums += losses.detach()
             batches += 1
         curve.append([round(float(s / max(batches, 1)), 5) for s in sums])
-        held_now = accuracy(hx, hy, [p.detach() for p in params], rows)
+        held_now = accuracy(hx, he, hy, [p.detach() for p in params], rows)
         log(f"heads: epoch {epoch + 1}/{settings.epochs}, loss per head {curve[-1]}, held-out agreement "
             f"{[round(a, 3) for a in held_now]}")
         if not settings.keep_best or best is None or sum(held_now) > sum(best[0]):
             best, best_epoch = (held_now, [p.detach().clone() for p in params]), epoch + 1
     held_accuracy = [round(a, 5) for a in best[0]]
     digest = data_digest(prompts, paragraphs)
-    heads = Heads(*best[1], vocab, rows, pair.vocab_size)
+    weight, bias, vocab_bias, *token_weight = best[1]
+    module = pair.target.module
+    heads = Heads(weight, bias, vocab_bias, vocab, rows, pair.vocab_size, None,
+                  token_weight[0] if token_weight else None, lambda ids: input_rows(module, ids))
     record = HeadsRecord(key=heads_key(pair, settings, digest), settings=settings,
                          target=target_identity(pair), data_digest=digest, commit=commit,
                          positions=len(x), vocab_size=v, coverage=round(coverage, 5), loss_curve=curve,

@@ -1,11 +1,13 @@
 """Learned heads over the target's last hidden state (Medusa-1 style) and the proposer that drafts with them.
 
 Head i (i = 1..n) reads the target's last hidden state h_t (the final norm's output, what the output head reads) and
-predicts the token t+1+i: one residual block r_i = SiLU(W_i h_t + b_i) + h_t, then the target's own output head
-restricted to a candidate vocabulary (the V tokens the target emitted most often in the training continuations) plus a
-learned bias per candidate. The target's head row gives token t+1 (the round's bonus or correction token), so after a
-verify the heads propose the k tokens after it from the hidden state that produced it: the proposal is two small
-matrix products, one of them over V rows instead of the whole vocabulary (docs/heads.md: the cost argument).
+predicts the token t+1+i: one residual block r_i = SiLU(W_i h_t + U_i e(x_t+1) + b_i) + h_t, then the target's own
+output head restricted to a candidate vocabulary (the V tokens the target emitted most often in the training
+continuations) plus a learned bias per candidate. The target's head row gives token t+1 (the round's bonus or
+correction token), so after a verify the heads propose the k tokens after it from the hidden state that produced it
+and, with `token` (EAGLE's observation: the feature alone leaves open which token was drawn from it), from that
+token's input embedding e(x_t+1) too: the proposal is a few small matrix products, one of them over V rows instead of
+the whole vocabulary (docs/heads.md: the cost argument).
 
 Only W, b and the candidate bias are trained (rakv.experiments.heads: self-distillation on the target's greedy
 continuations); the projection is read from the target at load time, so a trained set is a few MB and is tied to
@@ -57,6 +59,7 @@ class HeadsSettings:
     lr: float = 2e-3
     weight_decay: float = 0.0
     keep_best: bool = False  # keep the epoch with the best mean held-out agreement (early stopping), not the last
+    token: bool = False  # the heads also read the embedding of the token h_t produced (U_i e(x_t+1)); False: Medusa-1
     seed: int = 0
 
     def __post_init__(self):
@@ -110,12 +113,24 @@ def output_rows(module: torch.nn.Module, vocab: torch.Tensor) -> torch.Tensor:
     return module.get_output_embeddings().weight.detach()[vocab].float().contiguous()
 
 
+def input_rows(module: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """The target's input embeddings of token ids, [len(ids), hidden] fp32 (the compact forward's or the module's)."""
+    compact = compact_of(module)
+    if compact is not None:
+        return compact.embed(ids).float()
+    return module.get_input_embeddings()(ids).detach().float()
+
+
 def head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, vocab_bias: torch.Tensor,
-                rows: torch.Tensor) -> torch.Tensor:
-    """Every head's candidate logits [B, n, V] from hidden states [B, d]: SiLU(W_i h + b_i) + h, then the rows."""
+                rows: torch.Tensor, token: torch.Tensor | None = None,
+                token_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Every head's candidate logits [B, n, V] from hidden states [B, d] (and, for heads that read it, the embedding
+    [B, d] of the token each hidden state produced): SiLU(W_i h + U_i e + b_i) + h, then the rows."""
     n, d, _ = weight.shape
-    inner = F.linear(hidden, weight.reshape(n * d, d), bias.reshape(n * d)).view(-1, n, d)
-    return F.linear(F.silu(inner) + hidden[:, None, :], rows) + vocab_bias
+    inner = F.linear(hidden, weight.reshape(n * d, d), bias.reshape(n * d))
+    if token_weight is not None:
+        inner = inner + F.linear(token, token_weight.reshape(n * d, d))
+    return F.linear(F.silu(inner.view(-1, n, d)) + hidden[:, None, :], rows) + vocab_bias
 
 
 @dataclass
@@ -129,20 +144,31 @@ class Heads:
     rows: torch.Tensor  # [V, d] the target's output-head rows of `vocab`
     vocab_size: int  # the target's whole vocabulary
     record: HeadsRecord | None = None
+    token_weight: torch.Tensor | None = None  # [n, d, d] U_i over the produced token's embedding (None: Medusa-1)
+    embed: object = None  # token ids -> the target's input embeddings [m, d] (heads with a token_weight)
 
     @property
     def count(self) -> int:
         return int(self.weight.shape[0])
 
-    def logits(self, hidden: torch.Tensor, n: int) -> torch.Tensor:
-        """The first n heads' candidate logits [n, V] from one hidden state [d]."""
+    def logits(self, hidden: torch.Tensor, n: int, token: int | None = None) -> torch.Tensor:
+        """The first n heads' candidate logits [n, V] from one hidden state [d] and the token it produced (read
+        only by heads with a token_weight)."""
+        embedded = None
+        if self.token_weight is not None:
+            if token is None:
+                raise RakvError("heads: these heads read the token their hidden state produced; none was given")
+            embedded = self.embed(torch.tensor([token], dtype=torch.long, device=self.vocab.device))
         return head_logits(hidden.reshape(1, -1).float(), self.weight[:n], self.bias[:n], self.vocab_bias[:n],
-                           self.rows)[0]
+                           self.rows, embedded, None if self.token_weight is None else self.token_weight[:n])[0]
 
     def state(self) -> dict[str, torch.Tensor]:
         """What is saved (fp16 weights: half the bytes; they are computed with in fp32)."""
-        return {"weight": self.weight.half(), "bias": self.bias.half(), "vocab_bias": self.vocab_bias.half(),
-                "vocab": self.vocab.clone()}
+        state = {"weight": self.weight.half(), "bias": self.bias.half(), "vocab_bias": self.vocab_bias.half(),
+                 "vocab": self.vocab.clone()}
+        if self.token_weight is not None:
+            state["token_weight"] = self.token_weight.half()
+        return state
 
     @classmethod
     def on_target(cls, module: torch.nn.Module, state: dict, vocab_size: int, record: HeadsRecord | None = None,
@@ -154,9 +180,14 @@ class Heads:
         rows = output_rows(module, vocab).to(device)
         if rows.shape[1] != weight.shape[1]:
             raise RakvError(f"heads: trained for hidden size {weight.shape[1]}, the target has {rows.shape[1]}")
+        token_weight = state.get("token_weight")
+        if token_weight is not None:
+            token_weight = token_weight.to(device=device, dtype=torch.float32).contiguous()
+            if token_weight.shape != weight.shape:
+                raise RakvError("heads: the token weight tensor is not [heads, hidden, hidden]")
         return cls(weight, state["bias"].to(device=device, dtype=torch.float32).contiguous(),
                    state["vocab_bias"].to(device=device, dtype=torch.float32).contiguous(), vocab, rows, vocab_size,
-                   record)
+                   record, token_weight, lambda ids: input_rows(module, ids))
 
 
 def save_heads(heads: Heads, record: HeadsRecord, layout: HeadsLayout) -> None:
@@ -265,13 +296,13 @@ class HeadsProposer(Proposer):
 
     def propose(self, context, k, sampling: Sampling, generator):
         """Up to min(k, heads) candidates after the context's last token, read from the hidden state that produced
-        it (position len - 2); none before the first verify has given one (a request's first round)."""
+        it (position len - 2) and that token; none before the first verify has given one (a request's first round)."""
         hidden = self.hidden_at(len(context) - 2)
         n = min(k, self.heads.count)
         if hidden is None or n <= 0:
             self.offered = []
             return [], None
-        logits = self.heads.logits(hidden, n)
+        logits = self.heads.logits(hidden, n, int(context[-1]))
         if sampling.greedy:
             tokens = self.heads.vocab[logits.argmax(-1)].tolist()
             self.offered = tokens
