@@ -394,3 +394,15 @@ def test_calibration_prices_the_heads_proposal_from_a_hidden_state(tiny_pair, tr
     timed = [(k, n) for k, n in offered if k in (1, 2)]  # (the acceptance rounds propose k = 4)
     assert len(timed) >= 4 and all(n == k for k, n in timed)  # every timed proposal offered its candidates
     assert set(cost.propose) == {1, 2, 4} and cost.proposer_kv_bytes_per_token == 0.0
+
+
+def test_a_heads_calibration_key_is_a_study_record(tiny_pair):
+    """The heads' calibration key names their set (a retrained set is another proposer), and the study's metadata
+    reads it back (rakv.experiments.metadata.CalibrationKey), as it reads every other proposer's."""
+    from rakv.experiments.metadata import CalibrationKey
+    from rakv.runtime.calibration import calibration_key
+
+    key = calibration_key(tiny_pair, "heads")
+    assert key["heads"] == read_heads_record(HeadsLayout.shipped("tiny")).key
+    assert CalibrationKey.of(key).heads == key["heads"]
+    assert not CalibrationKey.of(calibration_key(tiny_pair, "draft")).heads

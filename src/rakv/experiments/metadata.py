@@ -105,6 +105,7 @@ class CalibrationKey:
     proposer: str
     hardware: Hardware
     method: str
+    heads: str | None = optional()  # the heads proposer's trained set (its key): a retrained set is another proposer
 
     @property
     def pair_name(self) -> str:
