@@ -6,7 +6,8 @@ configuration of several proposers (rakv.experiments.proposer_choice; docs/heads
 RESULTS_DIR is a results folder whose study ran such a configuration, e.g. after
 `./reproduce.sh configurations=[smollm2-all] stages=heads,calibrate,study results_dir=/tmp/all`. Prints rakv-asd's
 regret against the best fixed (proposer, k) per workload and pooled, against each proposer's best fixed (reuse, k),
-each with its 95 % CI over prompts and its goal's verdict, and which proposer rakv-asd ran.
+each with its 95 % CI over prompts and its goal's verdict, which proposer rakv-asd ran, and each proposer's prices from
+the run's calibrations (at --context tokens of context, 256 by default: where `rakv calibrate` quotes its step).
 Exit status 2 on unreadable input or a study without such a configuration.
 """
 
@@ -16,7 +17,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from rakv.experiments.proposer_choice import all_proposer_configurations, choice_rows, render
+from rakv.experiments.calibrations import calibration_tables
+from rakv.experiments.proposer_choice import all_proposer_configurations, choice_rows, prices, render, render_prices
+from rakv.runtime.errors import RakvError
 from rakv.runtime.run_layout import RunLayout
 
 
@@ -24,6 +27,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path, help="a results folder with study/runs.parquet")
     parser.add_argument("--configuration", help="the configuration of several proposers (default: every one)")
+    parser.add_argument("--context", type=int, default=256, help="the context at which the prices are read")
     args = parser.parse_args(argv)
     path = RunLayout.of(args.results).study.runs
     try:
@@ -42,6 +46,11 @@ def main(argv=None) -> int:
             print(f"proposer_choice: error: {exc}", file=sys.stderr)
             return 2
         print(render(rows, shares))
+    try:
+        print(render_prices(prices(calibration_tables(args.results), args.context)))
+    except RakvError as exc:
+        print(f"proposer_choice: error: cannot read the run's calibrations ({exc})", file=sys.stderr)
+        return 2
     return 0
 
 

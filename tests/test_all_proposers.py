@@ -292,10 +292,14 @@ def test_the_choice_is_judged_against_each_workloads_and_each_proposers_best_fix
     runs = runs_of(study)
     rows, shares = choice_rows(runs, "tiny-all")
     each = [(POOLED, f"best fixed {p}") for p in sorted(PROPOSERS)]
-    assert [(r.workload, r.baseline) for r in rows] == [("humaneval", "best fixed"), (POOLED, "best fixed"), *each]
+    versus = [(w, f"{p} vs draft") for w in ("humaneval", POOLED) for p in ("heads", "prompt-lookup")]
+    assert [(r.workload, r.baseline) for r in rows] == [("humaneval", "best fixed"), (POOLED, "best fixed"), *each,
+                                                        *versus]
     own = runs[runs.strategy == "rakv-asd"]
-    assert all(r.instances == len(own) for r in rows)
-    for r in rows[2:]:  # each proposer's best fixed action is its own or k = 0
+    assert all(r.instances == len(own) for r in rows[:5]) and all(r.instances > 0 for r in rows[5:])
+    for r in rows[5:]:  # each proposer's best fixed action against the first proposer's
+        assert r.action.split(" / ")[1].startswith(("draft:", "r")) and r.verdict == "-"
+    for r in rows[2:5]:  # each proposer's best fixed action is its own or k = 0
         action = Action.parse(r.action)
         assert action.k == 0 or r.baseline.endswith(action.proposer)
     for workload in ("humaneval", POOLED):
@@ -329,3 +333,23 @@ def test_the_choice_report_refuses_a_study_without_a_choice_of_proposer(study, t
     ok = subprocess.run([sys.executable, "scripts/proposer_choice.py", str(study / "results")], capture_output=True,
                         text=True)
     assert ok.returncode == 0 and "best fixed heads" in ok.stdout
+
+
+def test_the_shipped_proposer_choice_report_is_what_its_runs_give():
+    """data/reference/proposer-choice/: the all-proposer study shipped with its report (scripts/proposer_choice.py's
+    output); the report is what its runs give now, and every output equals AR."""
+    from rakv.experiments.calibrations import calibration_tables
+    from rakv.experiments.proposer_choice import (
+        all_proposer_configurations,
+        choice_rows,
+        prices,
+        render,
+        render_prices,
+    )
+
+    shipped = Path(__file__).resolve().parents[1] / "data" / "reference" / "proposer-choice"
+    runs = pd.read_parquet(RunLayout.of(shipped).study.runs)
+    assert runs.equal_to_ar.all() and all_proposer_configurations(runs) == ["smollm2-all"]
+    text = "\n".join([*(render(*choice_rows(runs, name)) for name in all_proposer_configurations(runs)),
+                      render_prices(prices(calibration_tables(shipped), 256))])
+    assert (shipped / "proposer_choice.txt").read_text().strip() == text.strip()

@@ -7,7 +7,13 @@ proposer per request"), from the study of a configuration of several proposers (
 - rakv-asd against the rakv-asd of each single-proposer configuration of the same pair and precision that the same
   study ran (on the same instances): the same ratio. Goal: rakv-asd faster than every one. Beside them, for
   reference, against each proposer's best fixed (reuse, k) in hindsight (k = 0 included in each).
-- which proposer rakv-asd ran, per workload (k = 0: "none").
+- the proposers against each other, per workload: each proposer's best fixed (reuse, k) against the first proposer's
+  (the int8 self-draft in smollm2-all), on the same instances (for reference: whether the heads are faster than the
+  self-draft on some workload);
+- which proposer rakv-asd ran, per workload (k = 0: "none");
+- each proposer's prices from its calibration (`prices`): the proposal of k = 4 candidates and a verify of five
+  tokens over one target step at the price context, and the calibrated acceptance (goal for the heads' proposal:
+  <= 0.05 of a step).
 
 Each goal's verdict is judged on the CI (`rakv.experiments.verdicts.below`): met where the whole interval is on the
 goal's side, missed where it is wholly on the other, inconclusive where it straddles, missing without one. The goals
@@ -31,14 +37,14 @@ POOLED = "pooled"
 
 @dataclass(frozen=True)
 class ChoiceRow:
-    """rakv-asd against one fixed action on one workload."""
+    """rakv-asd (or one proposer's best fixed action) against a baseline on one workload."""
 
     configuration: str
     workload: str  # a dataset, or "pooled"
-    baseline: str  # "best fixed" or "best fixed <proposer>"
+    baseline: str  # "best fixed", "rakv-asd of <configuration>", "best fixed <proposer>", "<p> vs <first>"
     action: str  # the baseline's action label (`heads:r0k4`; k = 0 unqualified)
     instances: int
-    regret: CI  # mean latency(rakv-asd) / mean latency(baseline) - 1 over the same instances; CI over prompts
+    regret: CI  # mean latency(subject) / mean latency(baseline) - 1 over the same instances; CI over prompts
     goal: str  # the goal this row is judged against
     verdict: str  # met | missed | inconclusive | missing (rakv.experiments.verdicts.Verdict); -: no goal
 
@@ -115,7 +121,51 @@ def choice_rows(runs: pd.DataFrame, configuration: str) -> tuple[list[ChoiceRow]
         best = best_fixed_action(alone)
         n, ci = regret_against(runs, alone, best)
         rows.append(ChoiceRow(configuration, POOLED, f"best fixed {proposer}", best, n, ci, "none (reference)", "-"))
+    first = str(runs.proposer.iloc[0])
+    for workload, _, measured in [*workloads, (POOLED, runs, meas)]:
+        hit = with_hit(measured)
+        best = {p: best_fixed_action(proposer_actions(measured, p), proposer_actions(hit, p))
+                for p in sorted({Action.parse(a).proposer for a in measured.action} - {""})}
+        for proposer in (p for p in best if p != first and first in best):
+            mine, theirs = (fixed_action_latencies(measured, Action.parse(best[q]), hit) for q in (proposer, first))
+            n, ci = regret_of(mine, theirs, INSTANCE)
+            label = f"{best[proposer]} / {best[first]}"
+            rows.append(ChoiceRow(configuration, workload, f"{proposer} vs {first}", label, n, ci, "none (reference)",
+                                  "-"))
     return rows, shares
+
+
+PROPOSAL_GOAL = 0.05  # the heads' proposal of k = 4 candidates over one target step
+
+
+@dataclass(frozen=True)
+class ProposerPrice:
+    """One proposer's prices from its calibration, at `context` tokens of context."""
+
+    calibration: str  # <pair>-<proposer> (its file's stem)
+    context: int
+    step_ms: float  # one target decode step
+    propose_4: float  # proposing four candidates / one target step
+    verify_5: float  # verifying five tokens / one target step
+    alpha: float  # the calibration's acceptance per candidate
+
+
+def prices(tables: dict, context: int) -> list[ProposerPrice]:
+    """`tables` (rakv.experiments.calibrations.calibration_tables) as prices at `context`."""
+    out = []
+    for stem, table in sorted(tables.items()):
+        step = table.target_step(context)
+        out.append(ProposerPrice(stem, context, 1e3 * step, table.propose[4](context) / step,
+                                 table.verify[4](context) / step, float(table.acceptance)))
+    return out
+
+
+def render_prices(rows: list[ProposerPrice]) -> str:
+    lines = [f"{'calibration':<24} {'context':>7} {'step ms':>8} {'propose(4)/step':>16} {'verify(5)/step':>15} "
+             f"{'alpha':>6}"]
+    lines += [f"{r.calibration:<24} {r.context:>7} {r.step_ms:>8.2f} {r.propose_4:>16.4f} {r.verify_5:>15.3f} "
+              f"{r.alpha:>6.3f}" for r in rows]
+    return "\n".join(lines)
 
 
 def all_proposer_configurations(runs: pd.DataFrame) -> list[str]:
@@ -126,11 +176,13 @@ def all_proposer_configurations(runs: pd.DataFrame) -> list[str]:
 
 def render(rows: list[ChoiceRow], shares: list[ChoiceShare]) -> str:
     """The rows as a plain-text table (scripts/proposer_choice.py prints it)."""
-    lines = [f"{'configuration':<14} {'workload':<10} {'against':<26} {'action':<20} {'n':>4}  "
-             f"{'rakv-asd / it - 1 [95 % CI]':<30} {'goal':<20} verdict"]
+    lines = [f"{'configuration':<14} {'workload':<10} {'against':<26} {'action':<34} {'n':>4}  "
+             f"{'latency ratio - 1 [95 % CI]':<30} {'goal':<20} verdict",
+             "(the ratio: rakv-asd's mean latency over the baseline's on the same instances; in rows '<p> vs <q>', "
+             "p's best fixed action's over q's)"]
     for r in rows:
         interval = f"{r.regret.value:+.1%} [{r.regret.low:+.1%}, {r.regret.high:+.1%}]"
-        lines.append(f"{r.configuration:<14} {r.workload:<10} {r.baseline:<26} {r.action:<20} {r.instances:>4}  "
+        lines.append(f"{r.configuration:<14} {r.workload:<10} {r.baseline:<26} {r.action:<34} {r.instances:>4}  "
                      f"{interval:<30} {r.goal:<20} {r.verdict}")
     by = {}
     for s in shares:
