@@ -20,7 +20,7 @@ import json
 import random
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -200,12 +200,25 @@ def embedded(pair, tokens: torch.Tensor) -> torch.Tensor:
                       for b in range(0, len(tokens), 4096)])
 
 
-def train(pair, settings: HeadsSettings, prompts: list[list[int]], commit: str, log=print,
-          paragraphs: list[list[int]] | None = None) -> tuple[Heads, HeadsRecord]:
-    """Generate the continuations, read the paragraphs, choose the vocabulary, fit the heads; seeded (torch CPU).
-    The last `holdout` share of the prompts and of the paragraphs is held out for the record's agreement."""
-    started = time.perf_counter()
-    paragraphs = paragraphs or []
+@dataclass(frozen=True)
+class TrainingSet:
+    """The heads' training and held-out data: hidden states, the embeddings of the tokens they produced (heads that
+    read the token; else None) and labels as candidate indices (-1: none; held out, -3: outside the vocabulary)."""
+
+    x: torch.Tensor
+    e: torch.Tensor | None
+    y: torch.Tensor
+    held_x: torch.Tensor
+    held_e: torch.Tensor | None
+    held_y: torch.Tensor
+    vocab: torch.Tensor  # the candidate vocabulary (token ids)
+    coverage: float  # share of the training labels inside it
+
+
+def training_set(pair, settings: HeadsSettings, prompts: list[list[int]], paragraphs: list[list[int]],
+                 log=print) -> TrainingSet:
+    """Generate the continuations, read the paragraphs, hold out the last `holdout` share of each kind, choose the
+    vocabulary."""
     greedy = [(h, torch.tensor(t, dtype=torch.long), continuation_labels(t, settings.heads)) for h, t in
               continuations(pair, prompts, settings.new_tokens, log)] if prompts else []
     forced = teacher_forced(pair, paragraphs, settings.heads, settings.consistent, settings.token,
@@ -217,16 +230,25 @@ def train(pair, settings: HeadsSettings, prompts: list[list[int]], commit: str, 
             train_data += data[:cut]
             held += data[cut:] or data[-1:]
     vocab = candidate_vocabulary([y for _, _, y in train_data], settings.vocab)
-    x = torch.cat([h for h, _, _ in train_data])
     labels = torch.cat([y for _, _, y in train_data])
     y = to_candidates(labels, vocab, -1)  # outside the vocabulary: not trained on
-    hx = torch.cat([h for h, _, _ in held])
-    hy = to_candidates(torch.cat([y for _, _, y in held]), vocab, -3)  # outside the vocabulary: a miss
     e = he = None
     if settings.token:  # the input embedding of the token each hidden state produced (followed by)
         e = embedded(pair, torch.cat([c for _, c, _ in train_data]))
         he = embedded(pair, torch.cat([c for _, c, _ in held]))
-    coverage = float((y >= 0).sum() / max(int((labels >= 0).sum()), 1))
+    return TrainingSet(torch.cat([h for h, _, _ in train_data]), e, y, torch.cat([h for h, _, _ in held]), he,
+                       to_candidates(torch.cat([y for _, _, y in held]), vocab, -3),  # outside: a miss
+                       vocab, float((y >= 0).sum() / max(int((labels >= 0).sum()), 1)))
+
+
+def train(pair, settings: HeadsSettings, prompts: list[list[int]], commit: str, log=print,
+          paragraphs: list[list[int]] | None = None) -> tuple[Heads, HeadsRecord]:
+    """Build the training set (`training_set`), fit the heads; seeded (torch CPU). The last `holdout` share of the
+    prompts and of the paragraphs is held out for the record's agreement."""
+    started = time.perf_counter()
+    paragraphs = paragraphs or []
+    data = training_set(pair, settings, prompts, paragraphs, log)
+    x, e, y, hx, he, hy, vocab = data.x, data.e, data.y, data.held_x, data.held_e, data.held_y, data.vocab
     rows = output_rows(pair.target.module, vocab).cpu()
     generator = torch.Generator().manual_seed(settings.seed)
     n, d, v = settings.heads, x.shape[1], len(vocab)
@@ -263,7 +285,7 @@ def train(pair, settings: HeadsSettings, prompts: list[list[int]], commit: str, 
                   token_weight[0] if token_weight else None, lambda ids: input_rows(module, ids))
     record = HeadsRecord(key=heads_key(pair, settings, digest), settings=settings,
                          target=target_identity(pair), data_digest=digest, commit=commit,
-                         positions=len(x), vocab_size=v, coverage=round(coverage, 5), loss_curve=curve,
+                         positions=len(x), vocab_size=v, coverage=round(data.coverage, 5), loss_curve=curve,
                          holdout_accuracy=held_accuracy, train_seconds=round(time.perf_counter() - started, 2),
                          best_epoch=best_epoch)
     heads.record = record
