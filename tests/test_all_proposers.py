@@ -38,7 +38,7 @@ def composed(*overrides):
 
 def seed_tables(folder: Path, cfg) -> None:
     """Each proposer's cost table, saved as the calibration of its key (tests/test_precision_study.py does alike)."""
-    from rakv.experiments.config import configuration, engine_for, proposer_engine
+    from rakv.experiments.config import configuration, engine_for
     from rakv.runtime import calibration
     from rakv.runtime.costmodel import CostTable, Curve
 
@@ -47,7 +47,7 @@ def seed_tables(folder: Path, cfg) -> None:
 
     engine = engine_for(cfg, configuration("tiny-all"))
     for name, (alpha, propose) in PRICES.items():
-        key = calibration.calibration_key(engine.pair, proposer_engine(engine, name).proposer)
+        key = calibration.calibration_key(engine.pair, engine.with_proposer(name).proposer)
         step = 0.004
         table = CostTable(key=key, target_prefill=Curve([2e-4, 0.0], 1.0, 0.0), target_step=flat(step),
                           verify={k: flat(1.1 * step + 0.0002 * k) for k in SPEC_K},
@@ -353,3 +353,22 @@ def test_the_shipped_proposer_choice_report_is_what_its_runs_give():
     text = "\n".join([*(render(*choice_rows(runs, name)) for name in all_proposer_configurations(runs)),
                       render_prices(prices(calibration_tables(shipped), 256))])
     assert (shipped / "proposer_choice.txt").read_text().strip() == text.strip()
+
+
+def test_the_serving_study_serves_a_configuration_of_several_proposers_choosing_among_them():
+    """A serving cell of tiny-all runs rakv-asd over its three proposers (rakv.serving.server.ServeOptions.proposers);
+    a single-proposer configuration's cell stays one proposer's."""
+    from rakv.experiments.serving import options_of
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import open_dict
+
+    from rakv.experiments.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=GRID)
+    with open_dict(cfg):
+        cfg.serving = {k: v for k, v in cfg.serving.items() if k != "trace"}  # (its trace node reads Hydra's run)
+    several = options_of(cfg, {"configuration": "tiny-all", "options": {"strategy": "rakv-asd"}}, 50.0)
+    assert several.proposers == PROPOSERS and several.strategy == "rakv-asd"
+    assert options_of(cfg, {"configuration": "tiny", "options": {"strategy": "rakv-asd"}}, 50.0).proposers == ()

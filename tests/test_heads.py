@@ -406,3 +406,63 @@ def test_a_heads_calibration_key_is_a_study_record(tiny_pair):
     assert key["heads"] == read_heads_record(HeadsLayout.shipped("tiny")).key
     assert CalibrationKey.of(key).heads == key["heads"]
     assert not CalibrationKey.of(calibration_key(tiny_pair, "draft")).heads
+
+
+def test_served_choice_among_proposers_mixes_kinds_in_a_batch_and_keeps_greedy_output(tiny_pair, trained, tmp_path,
+                                                                                       monkeypatch):
+    """rakv serve choosing the proposer per request (rakv-asd over a ProposerChoice): the choice is forced in turn here,
+    so that iterations batch all three kinds together; every output is the greedy AR one, each record names its
+    proposer, each request holds a proposer of its own kind (the draft's K/V only for a draft request), and its rounds
+    teach that proposer's controller only."""
+    from test_costmodel import configured, table
+
+    from rakv.runtime.controller import Controller, ProposerChoice
+    from rakv.runtime.run_layout import ServedRunLayout
+    from rakv.runtime.workloads import dataset_texts
+    from rakv.serving.executor import Executor
+    from rakv.serving.server import ServeOptions, ServeParts, serve
+    from rakv.serving.trace import generate_trace
+
+    monkeypatch.setattr(heads_module, "shipped_heads", lambda pair: trained)
+    names = ("draft", "prompt-lookup", "heads")
+    k_set = configured(k_set=(0, 2))
+    choice = ProposerChoice({n: Controller(table(alpha=0.7, propose_per_token=0.0), k_set) for n in names})
+    before = {n: c.tracker.state for n, c in choice.controllers.items()}
+    turns = iter(range(1 << 20))
+
+    def in_turn(self, prompt_tokens, hit, new_tokens, temperature=0.0):
+        name = names[next(turns) % len(names)]
+        return name, self.controllers[name].decide(prompt_tokens, hit, new_tokens, temperature=temperature)
+
+    monkeypatch.setattr(ProposerChoice, "decide", in_turn)
+    batches, execute = [], Executor.execute
+
+    def spied(self, step):
+        output = execute(self, step)
+        batches.append(set(output.kinds))
+        speculating = [w.request for w in step.decodes if w.k]
+        assert all(self.kv.slot(r).proposer.name == r.proposer for r in speculating)  # a proposer of its own kind
+        bytes_of = {r.proposer: self.kv.bytes_per_token(r) for r in speculating}
+        if "draft" in bytes_of:
+            assert all(b < bytes_of["draft"] for n, b in bytes_of.items() if n != "draft")
+        return output
+
+    monkeypatch.setattr(Executor, "execute", spied)
+    trace = generate_trace(dataset_texts("wikitext2"), requests=9, rate=400.0, kind="plain", max_new_tokens=12,
+                           prompt_words=20, seed=5)
+    engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30), proposer="draft")
+    options = ServeOptions.default(ignore_eos=True, strategy="rakv-asd", proposers="draft,prompt-lookup,heads",
+                                   speculation="per-request", token_budget=64, max_batch=6)
+    serve(engine, trace, tmp_path, options, ServeParts(controller=choice), progress=False)
+    records = [json.loads(line) for line in ServedRunLayout(tmp_path).requests.read_text().splitlines()]
+    reference = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30))
+    by_id = {r.id: r for r in trace}
+    assert len(records) == len(trace) and all(r["status"] == "ok" for r in records)
+    for record in records:
+        ids = reference.encode(by_id[record["id"]].prompt)
+        assert record["token_ids"] == reference.run(ids, Action(False, 0), 12, ignore_eos=True).token_ids
+        assert record["k"] == 2 and record["proposer"] in names
+    assert {r["proposer"] for r in records} == set(names)
+    assert any(kinds == set(names) for kinds in batches)  # one batched iteration proposed with all three kinds
+    for name in ("draft", "heads"):
+        assert choice.controllers[name].tracker.state != before[name], name  # its own requests' rounds taught it

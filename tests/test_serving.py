@@ -489,6 +489,9 @@ def test_a_malformed_speculation_policy_is_refused(bad):
     ({"speculation": "always"}, "--speculation takes"), ({"strategy": "spec-kx"}, "strategy"),
     ({"check_alone": True, "sampling": Sampling(temperature=0.7)}, "--check-alone"),
     ({"sampling": Sampling(top_p=0.0)}, "--top-p"),
+    ({"proposers": "draft,bogus"}, "unknown proposer 'bogus'"), ({"proposers": "draft,draft"}, "each proposer once"),
+    ({"strategy": "heads:r1k4"}, "list it in --proposers"),
+    ({"strategy": "rakv-asd", "proposers": "draft,heads", "acceptance": "prefix"}, "with several --proposers"),
 ])
 def test_serve_options_check_themselves_once_with_one_line(overrides, message):
     with pytest.raises(RakvError, match=message):

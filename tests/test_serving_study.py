@@ -18,6 +18,7 @@ from rakv.runtime.controller import AcceptanceTracker
 from rakv.runtime.costmodel import Curve
 from rakv.runtime.decoding import DecodeState
 from rakv.runtime.engine import Engine
+from rakv.runtime.errors import RakvError
 from rakv.runtime.proposers import PromptLookupProposer
 from rakv.runtime.run_layout import RunLayout, ServedRunLayout
 from rakv.runtime.strategies import Choice
@@ -71,6 +72,25 @@ def test_the_pass_terms_fitted_to_passes_of_other_shapes_recover_the_costs_that_
     assert pass_features([(5, 100), (1, 0)]) == PassFeatures(rows=6, segments=2, kv_positions=100,
                                                              attended=5 * 100 + 10)
     assert cost.pass_s(pass_features([])) == 0.0
+
+
+def test_several_proposers_proposals_are_each_priced_by_their_own_step():
+    """Served together (rakv-asd choosing the proposer per request), each kind's proposals are batched apart and
+    priced by that kind's own measured step; a kind the table was not given is refused."""
+    rows, key = Curve.table([1, 4], [0.02, 0.03]), {"pair": {"pair": "p"}}
+    draft = BatchCost(key, rows, 0.0, 0.0, 0.0, "draft", Curve.table([1, 2], [0.004, 0.005]))
+    lookup = BatchCost(key, rows, 0.0, 0.0, 0.0, "prompt-lookup", Curve.table([1, 2], [0.0001, 0.0002]))
+    both = draft.with_proposers({"draft": draft, "prompt-lookup": lookup})
+    assert both.propose_s([4, 4]) == pytest.approx(draft.propose_s([4, 4])) == pytest.approx(4 * 0.005)
+    assert both.propose_s([4, 4], ["", "prompt-lookup"]) == pytest.approx(4 * 0.004 + 0.0001)
+    assert both.propose_s([2, 4, 0], ["draft", "prompt-lookup", "prompt-lookup"]) == pytest.approx(2 * 0.004 + 0.0001)
+    mixed = pass_features([(5, 100), (5, 80)])
+    assert both.iteration_s(mixed, [4, 4], kinds=["draft", "prompt-lookup"]) == pytest.approx(
+        both.pass_s(mixed) + 4 * 0.004 + 0.0001)
+    restored = BatchCost.from_json(json.loads(json.dumps(both.to_json())))
+    assert restored.propose_s([4, 4], ["", "prompt-lookup"]) == pytest.approx(4 * 0.004 + 0.0001)
+    with pytest.raises(RakvError, match="no step for proposer 'heads'"):
+        draft.propose_s([4], ["heads"])
 
 
 def test_the_batch_calibration_measures_every_point_on_the_tiny_pair(tiny_pair):
@@ -323,7 +343,7 @@ def test_the_service_prediction_prices_the_load_a_request_joins():
     alone = service_prediction(cost, 100, 100, 17, 0, 0.5, 1.0, [], 512)
     # one 100-row prefill pass (10 + 100 ms) and 16 decode steps (11 ms)
     assert alone == pytest.approx(0.110 + 16 * 0.011)
-    crowded = service_prediction(cost, 100, 100, 17, 0, 0.5, 1.0, [(200, 0)] * 7, 512)
+    crowded = service_prediction(cost, 100, 100, 17, 0, 0.5, 1.0, [(200, 0, "")] * 7, 512)
     assert crowded > alone
     cached = service_prediction(cost, 10, 100, 17, 0, 0.5, 1.0, [], 512)
     assert cached < alone

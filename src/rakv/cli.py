@@ -192,7 +192,7 @@ def served_engine(args, options):
 
     engine = make_engine(args)
     recalibrate = "never" if args.no_calibrate else "auto"
-    parts = serve_parts(engine, options, lambda: calibration_for(engine, recalibrate), controller_config(args),
+    parts = serve_parts(engine, options, lambda e: calibration_for(e, recalibrate), controller_config(args),
                         recalibrate, progress=not args.quiet)
     return engine, parts
 
@@ -272,7 +272,7 @@ def _text_streamer(tokenizer, request_id):
 
 
 SERVE_FLAGS = ("strategy", "speculation", "acceptance", "itl_slo_ms", "token_budget", "chunking", "max_batch",
-               "kv_budget_mib", "slos_ms", "ignore_eos", "check_alone")
+               "kv_budget_mib", "slos_ms", "ignore_eos", "check_alone", "proposers")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -126,16 +126,10 @@ def cost_table_for(cfg: DictConfig, engine: Engine) -> CostTable:
                                                            plan=noise_gate(cfg)))
 
 
-def proposer_engine(engine: Engine, proposer: str) -> Engine:
-    """The same pair and store with another proposer (a configuration of several: each calibrates and runs its own
-    kind on the one loaded target)."""
-    return engine if proposer == engine.proposer else dataclasses.replace(engine, proposer=proposer)
-
-
 def cost_tables_for(cfg: DictConfig, configuration: Configuration, engine: Engine) -> dict[str, CostTable]:
     """Each proposer's calibration of this configuration (one for a single proposer), as `cost_table_for` keeps
     them: one file per pair and proposer, shared with the single-proposer configurations of that pair."""
-    return {name: cost_table_for(cfg, proposer_engine(engine, name)) for name in configuration.all_proposers}
+    return {name: cost_table_for(cfg, engine.with_proposer(name)) for name in configuration.all_proposers}
 
 
 def noise_gate(cfg: DictConfig) -> CalibrationPlan:

@@ -158,6 +158,9 @@ def options_of(cfg: DictConfig, cell: dict, slo_ms: float, **extra) -> ServeOpti
     options = dict(cell["options"])
     if options.get("itl_slo_ms") == SLO:
         options["itl_slo_ms"] = slo_ms
+    chosen = configuration(cell["configuration"])
+    if chosen.chooses_proposer:  # rakv-asd chooses the proposer per request among the configuration's
+        options.setdefault("proposers", chosen.all_proposers)
     return ServeOptions.from_config(cfg.serving, **options, ignore_eos=True, **extra)
 
 
@@ -229,12 +232,27 @@ def calibrate_serving(cfg: DictConfig) -> None:
     out = run_layout(cfg).serving
     out.root.mkdir(parents=True, exist_ok=True)
     for name in serving_configurations(cfg):
-        engine = engine_for(cfg, configuration(name))
-        cost_table_for(cfg, engine)
-        batch_cost = load_or_calibrate_batch(engine, recalibrate=cfg.calibration.recalibrate, noise=noise_gate(cfg))
+        chosen = configuration(name)
+        engine = engine_for(cfg, chosen)
+        for proposer in chosen.all_proposers:
+            cost_table_for(cfg, engine.with_proposer(proposer))
+        batch_cost = configuration_batch_cost(cfg, chosen, engine)
         write_atomic(out.batch_cost(name), json.dumps(batch_cost.to_json(), indent=1))
         print(f"calibration {name} (serving): batch cost table, one-request decode step "
               f"{decode_step_s(batch_cost) * 1e3:.1f} ms", flush=True)
+
+
+def configuration_batch_cost(cfg: DictConfig, chosen, engine) -> BatchCost:
+    """A configuration's batch cost table, measured or loaded: its engine's; of several proposers, pricing each one's
+    proposals with its own step (rakv.serving.batchcost.BatchCost.with_proposers)."""
+    def table(proposer):
+        return load_or_calibrate_batch(engine.with_proposer(proposer), recalibrate=cfg.calibration.recalibrate,
+                                       noise=noise_gate(cfg))
+
+    batch_cost = table(engine.proposer)
+    if chosen.chooses_proposer:
+        batch_cost = batch_cost.with_proposers({p: table(p) for p in chosen.all_proposers[1:]})
+    return batch_cost
 
 
 def shared_batch_cost(out: ServingStudyLayout, name: str, engine) -> BatchCost:
@@ -284,22 +302,30 @@ class Served:
     """What one configuration brings to the study: its engine, cost table, batch cost table and SLOs."""
 
     engine: object
-    table: object
+    tables: dict  # each proposer's cost table (one, or a configuration of several proposers' in order)
     batch_cost: object
     slos_ms: dict
+
+    @property
+    def table(self):
+        """The engine's own proposer's table (the first)."""
+        return next(iter(self.tables.values()))
 
 
 def _setup(cfg: DictConfig, out: ServingStudyLayout, name: str, shared: bool = False) -> Served:
     """One configuration's engine and tables: measured or loaded (one process), or the calibration job's (`shared`:
     a serving shard, which never writes a table)."""
-    engine = engine_for(cfg, configuration(name))
+    chosen = configuration(name)
+    engine = engine_for(cfg, chosen)
+    engines = [engine.with_proposer(p) for p in chosen.all_proposers]
     if shared:
-        table, batch_cost = shared_table(cfg.results_dir, engine), shared_batch_cost(out, name, engine)
-        return Served(engine, table, batch_cost, slos_of(cfg, decode_step_s(batch_cost)))
-    table = _study_table(cfg, engine)
-    batch_cost = load_or_calibrate_batch(engine, recalibrate=cfg.calibration.recalibrate, noise=noise_gate(cfg))
+        tables = {e.proposer: shared_table(cfg.results_dir, e) for e in engines}
+        batch_cost = shared_batch_cost(out, name, engine)
+        return Served(engine, tables, batch_cost, slos_of(cfg, decode_step_s(batch_cost)))
+    tables = {e.proposer: _study_table(cfg, e) for e in engines}
+    batch_cost = configuration_batch_cost(cfg, chosen, engine)
     write_atomic(out.batch_cost(name), json.dumps(batch_cost.to_json(), indent=1))
-    return Served(engine, table, batch_cost, slos_of(cfg, decode_step_s(batch_cost)))
+    return Served(engine, tables, batch_cost, slos_of(cfg, decode_step_s(batch_cost)))
 
 
 def run_order(plan: list[dict], repeats: int, seed: int) -> list[tuple[int, dict]]:
@@ -353,7 +379,7 @@ def _run(cfg: DictConfig, out: ServingStudyLayout, shards: ShardOptions) -> Path
         engine.store.clear()
         slos = parts_of.slos_ms
         options = options_of(cfg, cell, slos["itl"], slos_ms={"ttft": slos["ttft"], "tpot": slos["tpot"]})
-        parts = serve_parts(engine, options, lambda parts_of=parts_of: parts_of.table,
+        parts = serve_parts(engine, options, lambda e, parts_of=parts_of: parts_of.tables[e.proposer],
                             family_controller(cfg, cell["family"]), cfg.calibration.recalibrate, progress=False,
                             batch_cost=parts_of.batch_cost)
         served_run = serve(engine, trace, target.root, options, parts, progress=False)

@@ -57,7 +57,6 @@ from rakv.experiments.config import (
     cost_table_for,
     engine_for,
     prompts_for,
-    proposer_engine,
     run_layout,
 )
 from rakv.experiments.metadata import CalibrationKey, MachineLoad, study_metadata, write_run_metadata
@@ -71,7 +70,6 @@ from rakv.runtime.costmodel import RequestFeatures
 from rakv.runtime.engine import Engine, RequestResult
 from rakv.runtime.errors import RakvError
 from rakv.runtime.json_records import read_record, to_json, write_record
-from rakv.runtime.proposers import proposer_type
 from rakv.runtime.run_layout import StudyLayout
 from rakv.runtime.strategies import action_of, run_choosing_proposer, run_strategy
 from rakv.runtime.workloads import Prompt, build_scenario
@@ -345,13 +343,13 @@ def prepare(cfg: DictConfig, configuration: Configuration, measure_k0: bool = Tr
     does. `mine` is every run here; `assign_blocks` narrows it to a shard's blocks."""
     engine = engine_for(cfg, configuration)
     shards: ShardOptions = section(cfg.study)
-    tables = {name: (shared_table(cfg.results_dir, proposer_engine(engine, name)) if shards.num_shards > 1
-                     else cost_table_for(cfg, proposer_engine(engine, name)))
+    tables = {name: (shared_table(cfg.results_dir, engine.with_proposer(name)) if shards.num_shards > 1
+                     else cost_table_for(cfg, engine.with_proposer(name)))
               for name in configuration.all_proposers}
     table = tables[configuration.proposer]
     controller, choice = Controller(table, controller_config(cfg)), None
     if configuration.chooses_proposer:
-        choice = ProposerChoice.of(tables, controller_config(cfg), candidate_limits(engine, tables))
+        choice = ProposerChoice.for_pair(tables, controller_config(cfg), engine.pair)
         controller = choice.controllers[configuration.proposer]
     prompts = {d: prompts_for(cfg, engine.encode, d) for d in cfg.datasets}
     runs = plan_runs(section(cfg.profile.study), cfg.experiment, configuration, prompts, controller, engine,
@@ -362,12 +360,6 @@ def prepare(cfg: DictConfig, configuration: Configuration, measure_k0: bool = Tr
     return PreparedConfiguration(configuration, engine, controller, prompts, runs, list(shuffled), shuffled=shuffled,
                                  learning=shards.learning, block_prompts=shards.block_prompts,
                                  digest=tables_digest(tables), choice=choice)
-
-
-def candidate_limits(engine: Engine, tables: dict) -> dict[str, int]:
-    """The most candidates a round of each proposer offers, where it has a limit (the heads: one per head)."""
-    kinds = {name: proposer_type(name) for name in tables}
-    return {name: kind.max_candidates(engine.pair) for name, kind in kinds.items() if hasattr(kind, "max_candidates")}
 
 
 def tables_digest(tables: dict) -> str:

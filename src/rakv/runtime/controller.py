@@ -350,6 +350,22 @@ class ProposerChoice:
         return cls({name: Controller(table, config, getattr(proposer_type(name), "acceptance_by_position", False))
                     for name, table in tables.items()}, dict(max_k or {}))
 
+    @classmethod
+    def for_pair(cls, tables: dict[str, CostTable], config: ControllerConfig, pair) -> ProposerChoice:
+        """`of`, with each proposer's candidate limit read from its kind on `pair` (the heads: one per head)."""
+        kinds = {name: proposer_type(name) for name in tables}
+        return cls.of(tables, config, {name: kind.max_candidates(pair) for name, kind in kinds.items()
+                                       if hasattr(kind, "max_candidates")})
+
+    @property
+    def first(self) -> Controller:
+        """The first proposer's controller (the engine's own; every controller shares its configuration)."""
+        return next(iter(self.controllers.values()))
+
+    @property
+    def config(self) -> ControllerConfig:
+        return self.first.config
+
     def decide(self, prompt_tokens: int, hit: Hit, new_tokens: int,
                temperature: float = 0.0) -> tuple[str, Decision]:
         """The proposer and its controller's decision, restricted to the k it can offer; with several proposers the

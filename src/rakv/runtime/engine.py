@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -213,6 +213,11 @@ class Engine:
 
     def make_proposer(self) -> Proposer:
         return self.proposer_type.for_pair(self.pair)
+
+    def with_proposer(self, proposer: str) -> Engine:
+        """The same pair and store with another proposer (a configuration of several: each calibrates and runs its
+        own kind on the one loaded target)."""
+        return self if proposer == self.proposer else replace(self, proposer=proposer)
 
     def check_lengths(self, prompt_tokens: int, max_new_tokens: int) -> None:
         if max_new_tokens <= 0:

@@ -249,3 +249,15 @@ def proposer_type(name: str) -> type[Proposer]:
         return PROPOSERS[name]
     except KeyError:
         raise RakvError(f"unknown proposer '{name}'; choose one of: {', '.join(PROPOSERS)}") from None
+
+
+def parse_proposers(value) -> tuple[str, ...]:
+    """Several proposers' names, each once: `draft,prompt-lookup,heads` (a flag's text) or a list (a config's); ""
+    or None: none given."""
+    names = [n.strip() for n in value.split(",")] if isinstance(value, str) else list(value or ())
+    names = [n for n in names if n]
+    for name in names:
+        proposer_type(name)
+    if len(set(names)) != len(names):
+        raise RakvError(f"proposers must name each proposer once, got {','.join(names)}")
+    return tuple(names)

@@ -46,19 +46,30 @@ class Choice:
     action: Action
     depth: RoundDepth | None = None
     decision: Decision | None = None
+    # of several proposers, the one whose controller chose it (its rounds teach that one; k = 0 too) or that a fixed
+    # `heads:r0k4` names; "": the engine's own
+    proposer: str = ""
 
 
 def choose_action(strategy: str, hit: Hit, prompt_tokens: int, new_tokens: int, proposer: type[Proposer],
-                  controller: Controller | None = None, alpha: float | None = None,
+                  controller: Controller | ProposerChoice | None = None, alpha: float | None = None,
                   temperature: float = 0.0) -> Choice:
     """The one place a request's action is chosen, for `rakv generate` (run_strategy) and `rakv serve` (admission,
     rakv.serving.admission): a fixed strategy's action, or the controller's decision for what the store's lookup
     (`hit`) offers; `alpha`: the request's own acceptance estimate when it has one (else the controller's EWMA at
-    the request's sampling `temperature`)."""
+    the request's sampling `temperature`). With several proposers (`controller` a ProposerChoice) the choice is
+    (reuse, proposer, k), its action names the proposer (`heads:r1k4`), and each controller's own EWMA prices its
+    proposer (`alpha` does not apply)."""
     if strategy != ADAPTIVE:
-        return Choice(action_of(strategy))
+        action = action_of(strategy)
+        return Choice(action, proposer=action.proposer)
     if controller is None:
         raise RakvError("strategy rakv-asd needs a controller (and so a calibration)")
+    if isinstance(controller, ProposerChoice):
+        name, decision = controller.decide(prompt_tokens, hit, new_tokens, temperature)
+        action = decision.action.of_proposer(name) if len(controller.controllers) > 1 else decision.action
+        depth = controller.controllers[name].round_depth(proposer_type(name), temperature) if action.k else None
+        return Choice(action, depth, decision, name if len(controller.controllers) > 1 else "")
     decision = controller.decide(prompt_tokens, hit, new_tokens, alpha=alpha, temperature=temperature)
     depth = controller.round_depth(proposer, temperature) if decision.action.k else None
     return Choice(decision.action, depth, decision)

@@ -4,7 +4,9 @@ Two sources (`--acceptance`): `ewma`, the running estimate across requests (rakv
 the controller's own under rakv-asd, seeded from the calibration under the model policies, else a neutral prior);
 `prefix`, the rounds recorded with the store entry a request's prompt extends (the EWMA as a prior of
 PRIOR_ROUNDS rejections' weight). Both learn from the same rounds, in `Acceptance.learn`, called once per finished
-request by Scheduler.update_from_output (rakv.serving.scheduler).
+request by Scheduler.update_from_output (rakv.serving.scheduler). With several proposers (rakv-asd over a
+ProposerChoice) each proposer's controller keeps its own EWMA: a request is priced and learnt from by the one that
+chose it; the `prefix` source, whose records do not say which proposer ran, is refused there.
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rakv.runtime.cache import Hit
-from rakv.runtime.controller import AcceptanceTracker, Controller, temperature_key
+from rakv.runtime.controller import AcceptanceTracker, Controller, ProposerChoice, temperature_key
 from rakv.runtime.errors import RakvError
-from rakv.runtime.proposers import DraftModelProposer, Proposer
+from rakv.runtime.proposers import DraftModelProposer, Proposer, proposer_type
 from rakv.serving.replay import lookup_rounds
 from rakv.serving.request import ServedRequest
 
@@ -26,7 +28,7 @@ PRIOR_ROUNDS = 4.0  # weight of the EWMA against a prefix's own recorded rounds
 @dataclass
 class Acceptance:
     source: str = "ewma"  # a request's acceptance at admission: the EWMA across requests, or `prefix`-keyed
-    controller: Controller | None = None  # rakv-asd's: its tracker is the EWMA
+    controller: Controller | ProposerChoice | None = None  # rakv-asd's: its tracker is the EWMA (the first's)
     tracker: AcceptanceTracker | None = None  # the EWMA to start from without a controller
     proposer: type[Proposer] = DraftModelProposer  # the engine's kind: do its greedy rounds replay unspeculated
     k_by_iteration: tuple[int, ...] = ()  # the load-aware policy's depths (the deepest replays a k = 0 request)
@@ -34,17 +36,26 @@ class Acceptance:
     def __post_init__(self):
         if self.source not in ACCEPTANCE_SOURCES:
             raise RakvError(f"--acceptance takes {' or '.join(ACCEPTANCE_SOURCES)}, got '{self.source}'")
+        if isinstance(self.controller, ProposerChoice) and self.source == "prefix":
+            raise RakvError("--acceptance prefix records a prefix's rounds whatever proposer ran them: it does not "
+                            "apply to a choice among several proposers (use ewma)")
         if self.controller is not None:
-            self.tracker = self.controller.tracker
+            self.tracker = self._controller("").tracker
         elif self.tracker is None:
             self.tracker = AcceptanceTracker(PRIOR_ALPHA, 0.9)
         self.sampled: dict[float, AcceptanceTracker] = {}  # without a controller: the EWMA of each temperature > 0
 
-    def tracker_at(self, temperature: float) -> AcceptanceTracker:
-        """The EWMA at a sampling temperature (acceptance moves with it): the greedy one is `tracker`; another starts
-        where the greedy one started and learns from that temperature's requests only."""
+    def _controller(self, proposer: str) -> Controller:
+        """The controller that prices `proposer`'s rounds ("": the engine's own, the first)."""
+        if isinstance(self.controller, ProposerChoice):
+            return self.controller.controllers[proposer] if proposer else self.controller.first
+        return self.controller
+
+    def tracker_at(self, temperature: float, proposer: str = "") -> AcceptanceTracker:
+        """The EWMA at a sampling temperature (acceptance moves with it), of `proposer` among several: the greedy one
+        is `tracker`; another starts where the greedy one started and learns from that temperature's requests only."""
         if self.controller is not None:
-            return self.controller.tracker_at(temperature)
+            return self._controller(proposer).tracker_at(temperature)
         key = temperature_key(temperature)
         if key == 0.0:
             return self.tracker
@@ -68,10 +79,11 @@ class Acceptance:
         (rakv.serving.replay.lookup_rounds: greedy acceptance is fixed by the output, so it is observed without
         speculating, and a k = 0 decision does not starve the estimate)."""
         log, empty = request.state.round_log, request.state.empty_rounds
-        if log or empty or not request.sampling.greedy or not self.proposer.replays_rounds:
+        kind = proposer_type(request.proposer) if request.proposer else self.proposer
+        if log or empty or not request.sampling.greedy or not kind.replays_rounds:
             return log, empty
-        depth = max(self.k_by_iteration or (self.controller.config.k_set if self.controller else (4,)))
-        return lookup_rounds(self.proposer(), request.prompt, request.state.tokens, max(depth, 1))
+        depth = max(self.k_by_iteration or (self._controller("").config.k_set if self.controller else (4,)))
+        return lookup_rounds(kind(), request.prompt, request.state.tokens, max(depth, 1))
 
     @staticmethod
     def recorded(request: ServedRequest, log) -> tuple[float, float] | None:
@@ -87,9 +99,10 @@ class Acceptance:
         return (accepted, rejected) if accepted + rejected > 0 else None
 
     def learn(self, request: ServedRequest, log, empty: int) -> None:
-        """The EWMA (the controller's, with its per-match-class depth) learns from a finished request's rounds."""
+        """The EWMA (the controller's, with its per-match-class depth; of several proposers, the one that chose the
+        request) learns from a finished request's rounds."""
         temperature = request.sampling.temperature  # greedy at <= 0 (temperature_key)
         if self.controller is None:
             self.tracker_at(temperature).observe(log, empty)
         elif request.choice.decision is not None:
-            self.controller.observe(log, empty, request.choice.depth, temperature)
+            self._controller(request.proposer).observe(log, empty, request.choice.depth, temperature)

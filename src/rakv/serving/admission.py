@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from rakv.runtime.actions import ADAPTIVE
 from rakv.runtime.cache import Hit
-from rakv.runtime.controller import Controller
+from rakv.runtime.controller import Controller, ProposerChoice
 from rakv.runtime.costmodel import tokens_per_round
-from rakv.runtime.proposers import DraftModelProposer, Proposer
+from rakv.runtime.proposers import DraftModelProposer, Proposer, proposer_type
 from rakv.runtime.strategies import check_strategy, choose_action
 from rakv.serving.acceptance import Acceptance
 from rakv.serving.batchcost import ScaledCost, pass_features
@@ -33,7 +33,7 @@ class Admission:
     strategy: str
     acceptance: Acceptance
     proposer: type[Proposer] = DraftModelProposer  # the engine's kind of proposer (rakv.runtime.proposers)
-    controller: Controller | None = None  # for rakv-asd
+    controller: Controller | ProposerChoice | None = None  # for rakv-asd (of several proposers: their choice)
     k_by_iteration: tuple[int, ...] = ()  # the load-aware policy's depths: k per iteration from these
     cost: ScaledCost | None = None  # for the service prediction under load
     token_budget: int = 1 << 30  # rows per iteration (its prefill's chunks)
@@ -50,6 +50,11 @@ class Admission:
         choice = choose_action(self.strategy, hit, len(request.prompt), request.state.max_new_tokens, self.proposer,
                                self.controller, alpha=alpha if self.strategy == ADAPTIVE else None,
                                temperature=temperature)
+        kind = proposer_type(choice.proposer) if choice.proposer else self.proposer
+        tracker = self.acceptance.tracker_at(temperature, choice.proposer)
+        if choice.proposer:  # one of several proposers: priced at its own EWMA
+            alpha = tracker.alpha
+        match = tracker.match_rate if kind.may_offer_none else 1.0
         max_k = choice.depth.max_k if choice.depth else choice.action.k
         if self.k_by_iteration and (self.strategy == ADAPTIVE or choice.action.k):
             max_k = max(self.k_by_iteration)
@@ -57,39 +62,43 @@ class Admission:
         predicted, concurrency = None, len(company) + 1
         if self.cost is not None:
             running = load.running if load is not None else 0.0
-            others = [(len(r.tokens), r.action.k) for r in company]
-            typical = others[0] if others else (len(request.prompt), choice.action.k)
+            others = [(len(r.tokens), r.action.k, r.proposer) for r in company]
+            typical = others[0] if others else (len(request.prompt), choice.action.k, choice.proposer)
             others += [typical] * max(int(round(running)) - 1 - len(others), 0)  # a burst's load, kept up
-            decoding = [(len(r.tokens), r.action.k) for r in company if r.status == Status.RUNNING and r.decoding]
+            decoding = [(len(r.tokens), r.action.k, r.proposer) for r in company
+                        if r.status == Status.RUNNING and r.decoding]
             ahead = sum(r.needed for r in company if r.status == Status.RUNNING and not r.decoding)
-            match = self.acceptance.tracker_at(temperature).match_rate if self.proposer.may_offer_none else 1.0
             predicted = service_prediction(self.cost, len(request.prompt) - reused, len(request.prompt),
                                            request.state.max_new_tokens, choice.action.k, alpha, match,
-                                           others, self.token_budget, ahead, decoding)
+                                           others, self.token_budget, ahead, decoding, choice.proposer)
             concurrency = len(others) + 1
-        request.assign(choice, max_k, alpha, hit.acceptance if hit.is_hit else None, predicted, concurrency)
+        request.assign(choice, max_k, alpha, hit.acceptance if hit.is_hit else None, predicted, concurrency,
+                       match if choice.proposer else None)
 
 
 def service_prediction(cost, prefill: int, prompt: int, new_tokens: int, k: int, alpha: float, match: float,
-                       others: list[tuple[int, int]], token_budget: int, ahead: int = 0,
-                       decoding: list[tuple[int, int]] | None = None) -> float:
+                       others: list[tuple[int, int, str]], token_budget: int, ahead: int = 0,
+                       decoding: list[tuple[int, int, str]] | None = None, proposer: str = "") -> float:
     """Seconds from admission to a request's last token, priced by the batch cost model: its `prefill` rows, after
     the `ahead` rows of prompts admitted before it, in chunks of what the token budget leaves beside the decode rows
-    of the requests decoding now (`decoding`, each (tokens, k); default `others`); then `new_tokens - 1` tokens at
-    the expected tokens per round (`match` the share of rounds with candidates), every round an iteration with
-    `others` (its company, assumed to decode throughout). Prompts that arrive later are not priced: an average of
+    of the requests decoding now (`decoding`, each (tokens, k, proposer); default `others`); then `new_tokens - 1`
+    tokens at the expected tokens per round (`match` the share of rounds with candidates), every round an iteration
+    with `others` (its company, assumed to decode throughout), each request's proposals priced by its proposer's
+    kind ("": the engine's). Prompts that arrive later are not priced: an average of
     recent prefill rows added to every decode iteration over-priced requests at most loads (compare a run's
     `served_predicted_s` with its measured times in requests.jsonl)."""
     now = others if decoding is None else decoding
-    beside_now, ks_now = [(1 + kk, n) for n, kk in now], [kk for _, kk in now]
+    beside_now, ks_now = [(1 + kk, n) for n, kk, _ in now], [kk for _, kk, _ in now]
     left = max(token_budget - sum(rows for rows, _ in beside_now), 1)
     seconds, done = 0.0, prompt - prefill - ahead
     while done < prompt:
         chunk = min(left, prompt - done)
-        seconds += cost.iteration_s(pass_features(beside_now + [(chunk, max(done, 0))]), ks_now, max(done, 0))
+        seconds += cost.iteration_s(pass_features(beside_now + [(chunk, max(done, 0))]), ks_now, max(done, 0),
+                                    [p for *_, p in now])
         done += chunk
-    beside, ks = [(1 + kk, n) for n, kk in others], [kk for _, kk in others]
+    beside, ks = [(1 + kk, n) for n, kk, _ in others], [kk for _, kk, _ in others]
     tokens = tokens_per_round(alpha, k, match)
     middle = new_tokens // 2  # contexts half-way through its output
-    step = cost.decode_s([(1 + k, prompt + middle)] + [(rows, n + middle) for rows, n in beside], [k] + ks)
+    step = cost.decode_s([(1 + k, prompt + middle)] + [(rows, n + middle) for rows, n in beside], [k] + ks,
+                         [proposer] + [p for *_, p in others])
     return seconds + max(new_tokens - 1, 0) / tokens * step

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +101,9 @@ class BatchCost:
     fit_error: float = 0.0  # largest |fit - measured| / measured over the fitted passes
     measured_s: float = 0.0
     load_average: list[float] = field(default_factory=list)
+    # several proposers served together (rakv-asd choosing per request): the other proposers' batched step curves,
+    # each from its own table (`with_proposers`); a request's proposals are priced by its own kind's curve
+    other_steps: dict[str, Curve] = field(default_factory=dict)
 
     def pass_s(self, features: PassFeatures) -> float:
         if features.rows <= 0:
@@ -109,24 +112,40 @@ class BatchCost:
                  + self.attend_s * features.extra_attended)
         return max(self.rows(features.rows) + extra, 0.0)
 
-    def propose_s(self, ks: list[int]) -> float:
-        """The proposer's part of an iteration whose decodes propose `ks` candidates each."""
-        ks = [k for k in ks if k > 0]
+    def propose_s(self, ks: list[int], kinds: list[str] | None = None) -> float:
+        """The proposers' part of an iteration whose decodes propose `ks` candidates each, with the proposers
+        `kinds` (one name per decode; None or "": this table's own), each kind batched apart (propose_batch)."""
+        kinds = [kind or self.proposer for kind in kinds] if kinds is not None else [self.proposer] * len(ks)
+        return sum(self._kind_s(name, [k for k, kind in zip(ks, kinds) if kind == name and k > 0])
+                   for name in dict.fromkeys(kinds))
+
+    def _kind_s(self, name: str, ks: list[int]) -> float:
         if not ks:
             return 0.0
-        if not proposer_type(self.proposer).pays_per_candidate:
-            return self.proposer_step(len(ks))  # one lookup per proposing request, whatever its k
+        if name != self.proposer and name not in self.other_steps:
+            raise RakvError(f"the batch cost table of {self.proposer} has no step for proposer '{name}'")
+        step = self.proposer_step if name == self.proposer else self.other_steps[name]
+        if not proposer_type(name).pays_per_candidate:
+            return step(len(ks))  # one proposal per proposing request, whatever its k (prompt lookup, the heads)
         # a draft round: the catch-up pass, then k - 1 steps over the requests still drafting (propose_batch)
-        return sum(self.proposer_step(sum(k > step for k in ks)) for step in range(max(ks)))
+        return sum(step(sum(k > i for k in ks)) for i in range(max(ks)))
 
-    def iteration_s(self, features: PassFeatures, ks: list[int] = (), prefill_context: int | None = 0) -> float:
+    def iteration_s(self, features: PassFeatures, ks: list[int] = (), prefill_context: int | None = 0,
+                    kinds: list[str] | None = None) -> float:
         """An iteration: its pass (`pass_features`) and the proposals of its decodes (`prefill_context`, the shape
         class ScaledCost scales by, does not change the table's price)."""
-        return self.pass_s(features) + self.propose_s(list(ks))
+        return self.pass_s(features) + self.propose_s(list(ks), kinds)
 
-    def decode_s(self, decodes: list[tuple[int, int]], ks: list[int] | None = None) -> float:
+    def decode_s(self, decodes: list[tuple[int, int]], ks: list[int] | None = None,
+                 kinds: list[str] | None = None) -> float:
         """An iteration of decodes only: (rows, context) per request, `ks` its candidates (rows - 1 if None)."""
-        return self.iteration_s(pass_features(decodes), [r - 1 for r, _ in decodes] if ks is None else ks)
+        return self.iteration_s(pass_features(decodes), [r - 1 for r, _ in decodes] if ks is None else ks, 0, kinds)
+
+    def with_proposers(self, tables: dict[str, BatchCost]) -> BatchCost:
+        """This table pricing the other proposers' steps too, each from its own table (measured on the same pair)."""
+        assert all(t.key.get("pair") == self.key.get("pair") for t in tables.values()), "tables of another pair"
+        return replace(self, other_steps={name: t.proposer_step for name, t in tables.items()
+                                          if name != self.proposer})
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -135,11 +154,15 @@ class BatchCost:
     def from_json(cls, row: dict) -> BatchCost:
         row = dict(row)
         row["rows"], row["proposer_step"] = Curve(**row["rows"]), Curve(**row["proposer_step"])
+        row["other_steps"] = {name: Curve(**curve) for name, curve in row.get("other_steps", {}).items()}
         return cls(**row)
 
 
 def batch_cost_key(engine) -> dict:
-    return {**calibration_key(engine.pair, engine.proposer), "method": METHOD}
+    # a proposer that reads the target's hidden states proposes nothing unless given them: its step is measured
+    # after they are given (`proposer_points`), which its tables' method names
+    hidden = "+hidden" if engine.proposer_type.needs_target_hidden else ""
+    return {**calibration_key(engine.pair, engine.proposer), "method": METHOD + hidden}
 
 
 def fit_pass_terms(rows: Curve, shapes: list[list[tuple[int, int]]], seconds: list[float]) -> tuple[np.ndarray, float]:
@@ -223,11 +246,17 @@ def proposer_points(engine, plan: BatchPlan, filler: torch.Tensor) -> dict[tuple
     lookup each."""
     context = min(plan.proposer_context, engine.pair.max_context // 2)
     history = filler[:context + 1].tolist()
+    hidden = None
+    if engine.proposer_type.needs_target_hidden:  # as after a verify: the target's hidden states of the context
+        target = engine.pair.target.module
+        hidden = forward(target, filler[None, :context], new_kv_cache(target), return_hidden=True)[1]
     points = {}
     for requests in plan.proposer_requests:
         proposers = [engine.make_proposer() for _ in range(requests)]
         for p in proposers:
             p.start(history[:context])
+            if hidden is not None:
+                p.observe_target_hidden(0, hidden)
         if engine.proposer_type.pays_per_candidate:
             points["proposer", requests] = Point(
                 lambda ps=proposers, m=proposers[0].model, n=context: forward_rows(
@@ -303,15 +332,18 @@ class ScaledCost:
     def proposer(self) -> str:
         return self.table.proposer
 
-    def iteration_s(self, features: PassFeatures, ks: list[int] = (), prefill_context: int | None = 0) -> float:
+    def iteration_s(self, features: PassFeatures, ks: list[int] = (), prefill_context: int | None = 0,
+                    kinds: list[str] | None = None) -> float:
         """An iteration's time; `prefill_context`: the positions before its prefill chunk (None: decode-only)."""
-        return self.table.iteration_s(features, ks) * self.scale[shape_class(prefill_context)]
+        return self.table.iteration_s(features, ks, kinds=kinds) * self.scale[shape_class(prefill_context)]
 
-    def decode_s(self, decodes: list[tuple[int, int]], ks: list[int] | None = None) -> float:
-        return self.table.decode_s(decodes, ks) * self.scale["decode"]
+    def decode_s(self, decodes: list[tuple[int, int]], ks: list[int] | None = None,
+                 kinds: list[str] | None = None) -> float:
+        return self.table.decode_s(decodes, ks, kinds) * self.scale["decode"]
 
-    def observe(self, features: PassFeatures, ks: list[int], prefill_context: int | None, measured_s: float) -> None:
-        predicted = self.table.iteration_s(features, ks)
+    def observe(self, features: PassFeatures, ks: list[int], prefill_context: int | None, measured_s: float,
+                kinds: list[str] | None = None) -> None:
+        predicted = self.table.iteration_s(features, ks, kinds=kinds)
         if predicted <= 0 or measured_s <= 0:
             return
         kind = shape_class(prefill_context)

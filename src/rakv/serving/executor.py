@@ -62,6 +62,7 @@ class StepOutput:
     rows: int = 0  # rows of the target forward
     features: PassFeatures | None = None  # what the batch cost model prices (rakv.serving.batchcost)
     ks: list[int] = field(default_factory=list)  # the decodes' candidates, in the step's order
+    kinds: list[str] = field(default_factory=list)  # their proposers, of several ("": the engine's own)
 
 
 @dataclass
@@ -82,7 +83,7 @@ class Executor:
             requests[request.id] = alone(lambda r=request: self._allocate(r))
         decodes = [w for w in step.decodes if w.request.id not in requests or not requests[w.request.id].error]
         prefills = [w for w in step.prefills if w.request.id not in requests or not requests[w.request.id].error]
-        output.ks = [w.k for w in decodes]
+        output.ks, output.kinds = [w.k for w in decodes], [w.request.proposer for w in decodes]
         proposals = self._propose([w for w in decodes if w.k > 0])
         segments = [self._segment(w.request, [w.request.tokens[-1], *(proposals[w.request.id][1] if w.k else [])],
                                   0 if w.k else 1) for w in decodes]

@@ -15,7 +15,8 @@ draft configuration an entry also carries the draft model's K/V (rakv.runtime.ca
 identity), so a speculating request's draft starts from the store's positions as its target does. The store
 keeps its own byte budget (conf/cache: `budget_mib`, LRU eviction); the running requests' budget is the scheduler's
 `kv_budget_bytes`, counted here. The slot's proposer holds the draft model's cache; the request's per-round depth
-travels with its choice (rakv.serving.request).
+travels with its choice (rakv.serving.request). With several proposers (rakv-asd choosing per request, `proposers`)
+each request's slot holds a proposer of its own kind, and only a draft-model request holds the draft's K/V.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from rakv.runtime.cache import Hit
 from rakv.runtime.decoding import cache_nbytes, forward
 from rakv.runtime.engine import Engine
 from rakv.runtime.kernels import new_kv_cache
-from rakv.runtime.proposers import Proposer
+from rakv.runtime.proposers import Proposer, proposer_type
 from rakv.serving.request import ServedRequest, Status
 
 
@@ -50,20 +51,25 @@ class Slot:
 @dataclass
 class KVManager:
     engine: Engine
+    proposers: tuple[str, ...] = ()  # several proposers served together (rakv-asd chooses per request); () for one
 
     def __post_init__(self):
         pair = self.engine.pair
         self.slots: dict[str, Slot] = {}
         self.kept_prompt_logits: dict[str, torch.Tensor] = {}  # a preempted request's: its prompt entry at completion
         self.target_bpt = _bytes_per_token(pair.target.module, pair.device)
-        self.draft_bpt = (_bytes_per_token(pair.draft.module, pair.device) if self.engine.proposer_type.has_draft_model
-                          else 0)
+        drafted = any(proposer_type(name).has_draft_model for name in (self.engine.proposer, *self.proposers))
+        self.draft_bpt = _bytes_per_token(pair.draft.module, pair.device) if drafted else 0
 
     # --- queries ---
 
+    def kind(self, request: ServedRequest) -> type[Proposer]:
+        """The kind of proposer the request runs with: its choice's, of several; else the engine's."""
+        return proposer_type(request.proposer) if request.proposer else self.engine.proposer_type
+
     def bytes_per_token(self, request: ServedRequest) -> int:
         """K/V bytes one position of this request holds: the target's, and its draft model's if it speculates."""
-        return self.target_bpt + (self.draft_bpt if request.max_k else 0)
+        return self.target_bpt + (self.draft_bpt if request.max_k and self.kind(request).has_draft_model else 0)
 
     def request_bytes(self, request: ServedRequest, rows: int = 0) -> int:
         return (request.computed + rows) * self.bytes_per_token(request)
@@ -85,16 +91,18 @@ class KVManager:
     def allocate(self, request: ServedRequest) -> Slot:
         """Admission's K/V: a cache holding the `request.computed` positions its hit gives (the scheduler counted them),
         a proposer when it may speculate (its draft's K/V from the same entry when the entry has it)."""
-        engine, reused = self.engine, request.computed
+        engine, reused, kind = self.engine, request.computed, self.kind(request)
+        # the store's draft K/V is the engine's own draft's: a request of another kind takes none
+        own_draft = engine.draft_key if request.max_k and kind is engine.proposer_type else None
         kv, stored_logits, draft_kv = None, None, None
         if reused:
             hit, kv, stored_logits, draft_kv = engine.store.lookup(
-                engine.namespace(request.salt), self.lookup_ids(request), engine.draft_key if request.max_k else None)
+                engine.namespace(request.salt), self.lookup_ids(request), own_draft)
             assert hit.reused_tokens == reused, f"request {request.id}: the store changed between peek and lookup"
         generator = None
         if not request.sampling.greedy:
             generator = torch.Generator(device=engine.pair.device).manual_seed(request.sampling.seed)
-        proposer = engine.make_proposer() if request.max_k else None
+        proposer = kind.for_pair(engine.pair) if request.max_k else None
         slot = Slot(new_kv_cache(engine.pair.target.module, kv), proposer, generator)
         if draft_kv is not None:  # the draft starts from the store's positions too; its first round feeds the rest
             proposer.resume(request.tokens, draft_kv)

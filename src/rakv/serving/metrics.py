@@ -95,6 +95,7 @@ class ServeSettings:
     kv_budget_mib: float
     itl_slo_ms: float | None
     acceptance: str
+    proposers: list[str] = optional()  # several proposers, rakv-asd choosing per request (`proposer` the first)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -87,10 +87,13 @@ class Goodput:
             return []
         alpha, match = self.tracker.alpha, self.tracker.match_rate
 
+        kinds = [r.proposer for r in decoding]
+
         def rate(k):
             ks = [min(k, r.max_k) for r in decoding]
             tokens = sum(tokens_per_round(alpha, kk, match) for kk in ks)
-            return tokens / max(self.cost.decode_s([(1 + kk, len(r.tokens)) for r, kk in zip(decoding, ks)]), 1e-9)
+            return tokens / max(self.cost.decode_s([(1 + kk, len(r.tokens)) for r, kk in zip(decoding, ks)], ks,
+                                                   kinds), 1e-9)
 
         best = most_goodput(self.k_set, rate)
         return [min(best, r.max_k) for r in decoding]
@@ -109,14 +112,15 @@ class LoadAware:
     def depths(self, decoding: list[ServedRequest]) -> list[int]:
         if not decoding:
             return []
-        match = self.tracker.match_rate
         alphas = [self.tracker.alpha if r.alpha is None else r.alpha for r in decoding]
-        contexts = [len(r.tokens) for r in decoding]
+        # each request's own proposer's match rate when admission gave it one (several proposers), else the EWMA's
+        matches = [self.tracker.match_rate if r.match_rate is None else r.match_rate for r in decoding]
+        contexts, kinds = [len(r.tokens) for r in decoding], [r.proposer for r in decoding]
         ks = [0] * len(decoding)
 
         def rate(ks):
-            tokens = sum(tokens_per_round(a, k, match) for a, k in zip(alphas, ks))
-            return tokens / max(self.cost.decode_s([(1 + k, c) for k, c in zip(ks, contexts)]), 1e-9)
+            tokens = sum(tokens_per_round(a, k, m) for a, k, m in zip(alphas, ks, matches))
+            return tokens / max(self.cost.decode_s([(1 + k, c) for k, c in zip(ks, contexts)], ks, kinds), 1e-9)
 
         current = rate(ks)
         order = sorted(range(len(decoding)), key=lambda i: -alphas[i])
@@ -155,12 +159,12 @@ class SloBudget:
         if not decodes:
             return max(limit, 0)
         shape = [(w.rows, w.request.computed) for w in decodes]
-        ks = [w.k for w in decodes]
+        ks, kinds = [w.k for w in decodes], [w.request.proposer for w in decodes]
         target = self.slo_s * (1 - self.headroom)
         low, high = 0, max(limit, 0)
         while low < high:  # the largest chunk whose iteration fits (the pass's cost grows with the chunk)
             mid = (low + high + 1) // 2
-            if self.cost.iteration_s(pass_features(shape + [(mid, context)]), ks, context) <= target:
+            if self.cost.iteration_s(pass_features(shape + [(mid, context)]), ks, context, kinds) <= target:
                 low = mid
             else:
                 high = mid - 1

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rakv.runtime.errors import RakvError
-from rakv.runtime.json_records import from_json, to_json
+from rakv.runtime.json_records import ABSENT, from_json, optional, to_json
 from rakv.serving.request import ServedRequest, Status
 
 STATUS_NAMES = {Status.FINISHED: "ok", Status.REFUSED: "refused", Status.ABORTED: "aborted",
@@ -61,6 +61,7 @@ class RequestRecord:
     service_s: float | None  # admission to last token
     empty_rounds: int  # speculative rounds without a candidate
     prompt_ids: list[int]
+    proposer: str = optional()  # of several proposers, the one chosen for it (its rounds' and k's); absent for one
 
     @property
     def ok(self) -> bool:
@@ -113,7 +114,7 @@ def record_of(request: ServedRequest, text: str) -> RequestRecord:
         concurrency_at_admission=request.concurrency_at_admission, realised_alpha=request.realised_alpha,
         admitted_s=request.admitted_s,
         service_s=request.finished_s - request.admitted_s if ok and request.admitted_s is not None else None,
-        empty_rounds=state.empty_rounds, prompt_ids=request.prompt)
+        empty_rounds=state.empty_rounds, prompt_ids=request.prompt, proposer=request.proposer or ABSENT)
 
 
 class RecordWriter:

@@ -8,7 +8,7 @@ its K/V (`computed = 0`) and later recomputes prompt and output in prefill chunk
 Every field changes only through the methods below, each asserting the state it comes from, and each called
 from one place (docs/serving.md):
 
-    assign    action, acceptance and service estimates admission (rakv.serving.admission.Admission.decide)
+    assign    action, proposer, acceptance, service     admission (rakv.serving.admission.Admission.decide)
     admit     status, admission order, hit, computed   Scheduler.schedule (a store hit counts as computed)
     preempt   status, computed = 0                     Scheduler.schedule (the K/V budget)
     refuse    status, error                            Scheduler.schedule (too large alone), serve's arrival
@@ -61,6 +61,7 @@ class ServedRequest:
     order: int = 0  # admission order: preemption takes the newest first
     # its acceptance estimate at admission (prefix-keyed or the EWMA; rakv.serving.acceptance)
     alpha: float | None = None
+    match_rate: float | None = None  # with it, the share of its rounds expected to offer candidates (its proposer's)
     prefix_acceptance: tuple[float, float] | None = None  # (accepted, rejections) its store hit carried
     predicted_s: float | None = None  # rakv-asd: the controller's predicted latency of the chosen action (batch one)
     served_predicted_s: float | None = None  # its service time predicted at admission with the running requests
@@ -71,6 +72,11 @@ class ServedRequest:
     @property
     def action(self) -> Action:
         return self.choice.action
+
+    @property
+    def proposer(self) -> str:
+        """Of several proposers, the one it runs with (its choice's); "": the engine's own."""
+        return self.choice.proposer
 
     @property
     def tokens(self) -> list[int]:
@@ -91,12 +97,12 @@ class ServedRequest:
         return self.state.max_new_tokens - len(self.state.tokens)
 
     def assign(self, choice: Choice, max_k: int, alpha: float, prefix_acceptance, served_predicted_s=None,
-               concurrency: int = 0) -> None:
+               concurrency: int = 0, match_rate: float | None = None) -> None:
         """The action chosen at its first admission attempt (against the store as it was then), with what admission
         predicted of its service under the load it saw."""
         assert not self.decided and self.status == Status.WAITING, f"request {self.id}: decided twice"
         self.decided, self.choice, self.max_k = True, choice, max_k
-        self.alpha, self.prefix_acceptance = alpha, prefix_acceptance
+        self.alpha, self.prefix_acceptance, self.match_rate = alpha, prefix_acceptance, match_rate
         self.predicted_s = choice.decision.predicted_latency_s if choice.decision is not None else None
         self.served_predicted_s, self.concurrency_at_admission = served_predicted_s, concurrency
 

@@ -22,15 +22,16 @@ from pathlib import Path
 from tqdm import tqdm
 
 from rakv.runtime.actions import ADAPTIVE, FIXED_STRATEGIES
-from rakv.runtime.controller import AcceptanceTracker, Controller, ControllerConfig
+from rakv.runtime.controller import AcceptanceTracker, Controller, ControllerConfig, ProposerChoice
 from rakv.runtime.costmodel import CostTable
 from rakv.runtime.decoding import DecodeState, Sampling
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
 from rakv.runtime.json_records import ABSENT
 from rakv.runtime.paths import conf_file
+from rakv.runtime.proposers import parse_proposers
 from rakv.runtime.run_layout import ServedRunLayout
-from rakv.runtime.strategies import check_strategy
+from rakv.runtime.strategies import action_of, check_strategy
 from rakv.serving.acceptance import ACCEPTANCE_SOURCES, Acceptance
 from rakv.serving.admission import Admission
 from rakv.serving.batchcost import BatchCost, ScaledCost, load_or_calibrate_batch
@@ -72,6 +73,10 @@ class ServeOptions:
     slos_ms: dict = field(default_factory=dict, metadata={  # goodput's SLOs
         "flag": "--goodput", "nargs": "+", "metavar": "METRIC:MS", "parse": parse_goodput,
         "help": "SLOs for summary.json's goodput: ttft:MS tpot:MS e2el:MS"})
+    proposers: tuple[str, ...] = field(default=(), metadata={"metavar": "NAMES", "parse": parse_proposers, "help": (
+        "rakv-asd chooses (reuse, proposer, k) per request among these proposers, comma-separated, the engine's "
+        "--proposer first (e.g. draft,prompt-lookup,heads); a fixed `heads:r1k4` runs the one it names "
+        "(default: the engine's alone)")})
     sampling: Sampling = Sampling()  # its own flags (rakv.runtime.decoding.Sampling)
     ignore_eos: bool = field(default=False, metadata={"help": "generate exactly max_new_tokens per request"})
     check_alone: bool = field(default=False, metadata={"help": (  # then count the outputs equal to batch one's
@@ -80,6 +85,7 @@ class ServeOptions:
 
     def __post_init__(self):
         check_strategy(self.strategy)
+        object.__setattr__(self, "proposers", parse_proposers(self.proposers))  # a config's list, checked
         if self.token_budget <= 0 or self.max_batch <= 0 or self.kv_budget_mib <= 0:
             raise RakvError("--token-budget, --max-batch and --kv-budget-mib must be positive")
         if self.itl_slo_ms is not None and self.itl_slo_ms <= 0:
@@ -92,6 +98,12 @@ class ServeOptions:
             raise RakvError("--temperature must be >= 0 and --top-p in (0, 1]")
         if self.check_alone and not self.sampling.greedy:
             raise RakvError("--check-alone compares greedy outputs; it needs --temperature 0")
+        named = action_of(self.strategy).proposer if self.strategy != ADAPTIVE else ""
+        if named and named not in self.proposers:
+            raise RakvError(f"strategy {self.strategy} runs proposer '{named}': list it in --proposers")
+        if len(self.proposers) > 1 and self.acceptance == "prefix":
+            raise RakvError("--acceptance prefix records a prefix's rounds whatever proposer ran them: with several "
+                            "--proposers use ewma")
 
     @property
     def needs_batch_cost(self) -> bool:
@@ -120,7 +132,7 @@ class ServeParts:
     is no controller, the batch cost model (the model policies, `itl_slo_ms` and every iteration's prediction) and
     the model policies' depths. `serve_parts` builds the ones `options` need; empty: a fixed strategy, no cost model."""
 
-    controller: Controller | None = None
+    controller: Controller | ProposerChoice | None = None  # of several proposers: their choice
     tracker: AcceptanceTracker | None = None
     batch_cost: BatchCost | None = None
     k_set: tuple[int, ...] = ()
@@ -131,23 +143,44 @@ class ServeParts:
         return tuple(self.k_set or (self.controller.config.k_set if self.controller is not None else ()))
 
 
-def serve_parts(engine: Engine, options: ServeOptions, table_for: Callable[[], CostTable],
+def serve_parts(engine: Engine, options: ServeOptions, table_for: Callable[[Engine], CostTable],
                 controller_config: ControllerConfig | None = None, recalibrate: str = "auto", progress: bool = True,
                 batch_cost: BatchCost | None = None) -> ServeParts:
-    """The parts `options` need: the controller (rakv-asd), the batch cost model (the model policies and the
-    per-iteration predictions) and the acceptance EWMA seeded from the calibrated acceptance. `table_for()` gives
-    the engine's per-request cost table (rakv.runtime.calibration), called only when needed. `batch_cost`: a batch
-    cost table at hand, used whether or not `options` need one (the serving study prices every run's iterations
-    with its own); without it, this machine's is loaded (or measured) when `options` need one."""
+    """The parts `options` need: the controller (rakv-asd; with several `proposers`, one per proposer in a
+    ProposerChoice), the batch cost model (the model policies and the per-iteration predictions; with several
+    proposers, pricing each one's proposals) and the acceptance EWMA seeded from the calibrated acceptance.
+    `table_for(engine)` gives an engine's per-request cost table (rakv.runtime.calibration), called only when needed,
+    once per proposer (`engine.with_proposer`). `batch_cost`: a batch cost table at hand, used whether or not
+    `options` need one (the serving study prices every run's iterations with its own); without it, this machine's
+    is loaded (or measured) when `options` need one."""
     config = controller_config or ControllerConfig.default()
+    names = served_proposers(engine, options)
     if not (options.strategy == ADAPTIVE or options.needs_batch_cost):
         return ServeParts(batch_cost=batch_cost, k_set=tuple(config.k_set))
-    table = table_for()
-    controller = Controller(table, config) if options.strategy == ADAPTIVE else None
+    tables = {name: table_for(engine.with_proposer(name)) for name in names}
+    table = tables[engine.proposer]
+    controller = None
+    if options.strategy == ADAPTIVE:
+        controller = (Controller(table, config) if len(names) == 1
+                      else ProposerChoice.for_pair(tables, config, engine.pair))
     tracker = AcceptanceTracker(table.acceptance, config.beta, table.match_rate) if controller is None else None
     if batch_cost is None:
         batch_cost = load_or_calibrate_batch(engine, recalibrate=recalibrate, progress=progress)
+    if len(names) > 1 and set(batch_cost.other_steps) != set(names[1:]):
+        others = {name: load_or_calibrate_batch(engine.with_proposer(name), recalibrate=recalibrate,
+                                                progress=progress) for name in names[1:]}
+        batch_cost = batch_cost.with_proposers(others)
     return ServeParts(controller, tracker, batch_cost, tuple(config.k_set))
+
+
+def served_proposers(engine: Engine, options: ServeOptions) -> tuple[str, ...]:
+    """The proposers served: the engine's, or `options.proposers` (which must list the engine's first)."""
+    if not options.proposers:
+        return (engine.proposer,)
+    if options.proposers[0] != engine.proposer:
+        raise RakvError(f"--proposers lists the engine's proposer first: {engine.proposer}, not "
+                        f"{options.proposers[0]}")
+    return tuple(options.proposers)
 
 
 @dataclass
@@ -224,8 +257,8 @@ def iteration_record(at: float, step: Step, output: StepOutput, running: list[Se
     held then (`held_bytes`, the scheduler's account)."""
     features, context = output.features, prefill_context(step)
     priced = batch_cost is not None and output.rows
-    predicted = batch_cost.iteration_s(features, output.ks, context) if priced else None
-    model = batch_cost.table.iteration_s(features, output.ks) if priced else None
+    predicted = batch_cost.iteration_s(features, output.ks, context, output.kinds) if priced else None
+    model = batch_cost.table.iteration_s(features, output.ks, kinds=output.kinds) if priced else None
     return IterationRecord(
         at_s=at, rows=output.rows, running=len(running), segments=features.segments,
         kv_positions=features.kv_positions, attended=features.attended, predicted_s=predicted, model_s=model,
@@ -235,7 +268,7 @@ def iteration_record(at: float, step: Step, output: StepOutput, running: list[Se
         iteration_s=ended - began)
 
 
-def build_scheduler(engine: Engine, options: ServeOptions, controller: Controller | None,
+def build_scheduler(engine: Engine, options: ServeOptions, controller: Controller | ProposerChoice | None,
                     batch_cost: ScaledCost | None, tracker: AcceptanceTracker | None,
                     k_set: tuple[int, ...]) -> tuple[Scheduler, Executor]:
     """The three parts of an engine step for `options`: admission (with the acceptance estimate), the K/V manager,
@@ -248,7 +281,7 @@ def build_scheduler(engine: Engine, options: ServeOptions, controller: Controlle
                             k_set if load_aware else ())
     admission = Admission(options.strategy, acceptance, engine.proposer_type, controller, k_set if load_aware else (),
                           batch_cost, options.token_budget if options.chunking else 1 << 30)
-    kv = KVManager(engine)
+    kv = KVManager(engine, tuple(options.proposers))
     policy = speculation_policy(options.speculation, batch_cost, acceptance.tracker, k_set)
     budget = SloBudget(batch_cost, options.itl_slo_ms / 1e3) if options.itl_slo_ms is not None else None
     scheduler = Scheduler(kv, admission, options.token_budget, options.max_batch,
@@ -295,7 +328,7 @@ def step_once(scheduler: Scheduler, executor: Executor, start: float, now: float
     record = iteration_record(ended - start, step, output, scheduler.running + finished, scheduler.held_bytes,
                               batch_cost, began, scheduled, ended)
     if batch_cost is not None and output.rows:  # the scale learns this iteration only after its prediction
-        batch_cost.observe(output.features, output.ks, prefill_context(step), ended - began)
+        batch_cost.observe(output.features, output.ks, prefill_context(step), ended - began, output.kinds)
     return Iteration(step, output, finished, record)
 
 
@@ -425,7 +458,8 @@ def finish_summary(engine: Engine, trace: list[TraceRequest], out: Path, options
                              pair=engine.pair.name, token_budget=options.token_budget if options.chunking else None,
                              chunking=options.chunking, max_batch=options.max_batch,
                              kv_budget_mib=options.kv_budget_mib, itl_slo_ms=options.itl_slo_ms,
-                             acceptance=options.acceptance)
+                             acceptance=options.acceptance,
+                             proposers=list(options.proposers) if len(options.proposers) > 1 else ABSENT)
     summary = RunSummary(statistics=statistics, outputs_equal_alone=equal, settings=settings,
                          peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     written = ServedRunLayout(out)
