@@ -23,8 +23,9 @@ the acceptance the study measured), and the cost model's own error (its MAPE in 
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,7 @@ def request_shapes(runs: pd.DataFrame) -> pd.DataFrame:
 def action_costs(table: CostTable, shapes: pd.DataFrame, actions: list[Action], alpha: float,
                  match: float) -> np.ndarray:
     """Estimated latency of every action (columns) for every request (rows)."""
+    table = remembering(table)
     out = np.empty((len(shapes), len(actions)))
     for i, r in enumerate(shapes.itertuples(index=False)):
         features = RequestFeatures(int(r.prompt_tokens), int(r.available_hit_tokens), int(r.new_tokens),
@@ -63,6 +65,19 @@ def action_costs(table: CostTable, shapes: pd.DataFrame, actions: list[Action], 
         for j, a in enumerate(actions):
             out[i, j] = estimate_latency(table, features, a.reuse, a.k, alpha, 0.0, match)
     return out
+
+
+def remembering(table: CostTable) -> CostTable:
+    """The table with each curve remembering the values it gave: a request's actions read the same points of the
+    same curves again and again (the prefill at two lengths, one step and one verify and propose per k), and the
+    Monte Carlo prices every request a few hundred times. The same values, computed once each."""
+    def remember(curve):
+        return functools.cache(curve)
+
+    return replace(table, target_prefill=remember(table.target_prefill), target_step=remember(table.target_step),
+                   proposer_prefill=remember(table.proposer_prefill), kv_copy=remember(table.kv_copy),
+                   verify={k: remember(c) for k, c in table.verify.items()},
+                   propose={k: remember(c) for k, c in table.propose.items()})
 
 
 def comparisons(chosen: np.ndarray, costs: np.ndarray, actions: list[Action]) -> dict[str, float]:
@@ -87,8 +102,6 @@ def comparisons(chosen: np.ndarray, costs: np.ndarray, actions: list[Action]) ->
 def perturbed(table: CostTable, factors) -> CostTable:
     """The table with each measured curve's values scaled by the next of `factors` (an iterator): one factor per
     curve, since a calibration's run-to-run shift moves a curve as a whole (docs/outputs.md)."""
-    from dataclasses import replace
-
     def scaled(curve):
         factor = next(factors)
         return replace(curve, ys=[y * factor for y in curve.ys])

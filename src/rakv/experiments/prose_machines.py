@@ -6,6 +6,7 @@ the prices measured here and on the shipped other machines), this run against th
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -395,17 +396,25 @@ def conclusions_table(folders: list[Path], labels: dict) -> str:
 
 def prediction_rows(results: Path | None, runs: list[Path], labels: dict) -> list:
     """Every shipped run's headline comparisons predicted from its calibration (rakv.experiments.prediction), this
-    run and its reruns first; [] without the request shapes or a same-machine calibration pair."""
+    run and its reruns first; [] without the request shapes or a same-machine calibration pair. Two sections of a
+    report read them (the machines' table and the prediction table): the Monte Carlo runs once per report."""
+    return list(_prediction_rows(results, tuple(runs), tuple(labels.items())))
+
+
+@functools.lru_cache(maxsize=4)
+def _prediction_rows(results: Path | None, runs: tuple[Path, ...], labels: tuple) -> tuple:
     from rakv.experiments import prediction
 
+    labels = dict(labels)
     reference = Path(results) if results is not None else PAPER_REFERENCE.root
     shapes = prediction.shapes_for(reference, PAPER_REFERENCE.root)
     run_sd = calibration_shift(reference)
     if shapes is None or run_sd is None:
-        return []
+        return ()
     own = [reference, *runcompare.sibling_runs(reference)] if results is not None else []
     names = {**{p: "this run" if p == reference else f"rerun \\texttt{{{tex_escape(p.name)}}}" for p in own}, **labels}
-    return [row for p in [*own, *runs] for row in prediction.run_predictions(p, shapes, run_sd, names.get(p, p.name))]
+    return tuple(row for p in [*own, *runs] for row in prediction.run_predictions(p, shapes, run_sd,
+                                                                                   names.get(p, p.name)))
 
 
 def calibration_shift(results: Path) -> float | None:
