@@ -372,3 +372,26 @@ def test_the_serving_study_serves_a_configuration_of_several_proposers_choosing_
     several = options_of(cfg, {"configuration": "tiny-all", "options": {"strategy": "rakv-asd"}}, 50.0)
     assert several.proposers == PROPOSERS and several.strategy == "rakv-asd"
     assert options_of(cfg, {"configuration": "tiny", "options": {"strategy": "rakv-asd"}}, 50.0).proposers == ()
+
+
+def test_the_served_choice_is_judged_against_the_best_fixed_proposer_with_its_controls():
+    """rakv.experiments.served_choice's verdict on made-up runs: a choice as fast as the best fixed proposer meets
+    the 5 % regret goal, one 20 % slower misses it, one 5 % slower with noisy latencies is inconclusive; the best
+    fixed is the one of least mean latency."""
+    import numpy as np
+
+    from rakv.experiments.served_choice import CHOICE, ServedProposersOptions, SetupRuns, report_of
+
+    rng = np.random.default_rng(0)
+    base = [{f"r{i}": float(v) for i, v in enumerate(rng.uniform(1.0, 3.0, 40))} for _ in range(3)]
+
+    def runs(scale, noise=0.02):
+        return SetupRuns([{i: v * scale * rng.lognormal(0.0, noise) for i, v in run.items()} for run in base],
+                         [10.0, 10.0, 10.0])
+
+    options = ServedProposersOptions(pair="tiny")
+    for scale, noise, verdict in ((1.0, 0.02, "met"), (1.2, 0.02, "missed"), (1.05, 0.3, "inconclusive")):
+        report = report_of(options, {"draft": runs(1.0), "prompt-lookup": runs(1.3), "heads": runs(1.1),
+                                     CHOICE: runs(scale, noise)})
+        assert report.best_fixed == "draft" and report.verdict == verdict, (scale, report.regret)
+        assert report.against["prompt-lookup"][0] < report.against["draft"][0]

@@ -1,0 +1,182 @@
+"""scripts/served_choice.py's measurement: the proposer chosen per request under load against one proposer
+per server, on the same traces (docs/heads.md, "Serving").
+
+Each repeat draws one Poisson trace (its own seed) and serves it once per setup, the setups in a shuffled order:
+one server per proposer (rakv-asd with that proposer alone: the (reuse, k) chosen per request, as vLLM and SGLang
+fix one method per server) and `choice` (rakv-asd choosing (reuse, proposer, k) per request among them,
+rakv.serving.server.ServeOptions.proposers). All use the load-aware speculation policy with the EWMA acceptance
+(the `prefix` source records rounds whatever proposer ran them, so it does not apply to a choice among several).
+
+A request's end-to-end latency is paired across the setups of its repeat; the goal fixed before the data is the
+batch-one one of issue 58: the choice's regret against the best fixed proposer <= 5 % (mean end-to-end latency),
+judged on a 95 % interval over the repeats (`mean_ratio`; rakv.experiments.verdicts.below). The best
+fixed proposer is the one of least mean latency over these same runs: chosen in hindsight, which can only favour
+it. Every greedy output is checked against the first setup's (a proposer never changes a greedy output).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rakv.experiments.intervals import geometric_mean_interval
+from rakv.experiments.verdicts import below
+from rakv.runtime.actions import ADAPTIVE
+from rakv.runtime.cache import PrefixKVStore
+from rakv.runtime.calibration import calibration_for
+from rakv.runtime.controller import ControllerConfig
+from rakv.runtime.engine import Engine
+from rakv.runtime.errors import RakvError
+from rakv.runtime.models import load_pair
+from rakv.runtime.proposers import parse_proposers
+from rakv.runtime.run_layout import ServedRunLayout
+from rakv.runtime.workloads import dataset_texts
+from rakv.serving.records import read_records
+from rakv.serving.server import ServeOptions, serve, serve_parts
+from rakv.serving.trace import generate_trace
+
+CHOICE = "choice"
+REGRET_GOAL = 0.05  # issue 58's batch-one goal, kept for serving: regret against the best fixed proposer <= 5 %
+
+
+@dataclass(frozen=True)
+class ServedProposersOptions:
+    pair: str = "smollm2"
+    proposers: tuple[str, ...] = ("draft", "prompt-lookup", "heads")
+    datasets: tuple[str, ...] = ("humaneval", "wikitext2")  # the trace's prompts, drawn from their texts together
+    requests: int = 24
+    rate: float = 2.0  # requests per second (Poisson)
+    new_tokens: int = 32
+    prompt_words: int = 48
+    max_batch: int = 8
+    repeats: int = 5
+    seed: int = 0
+
+    def __post_init__(self):
+        if len(parse_proposers(self.proposers)) < 2:
+            raise RakvError("--proposers: name at least two proposers to choose among")
+        if min(self.requests, self.repeats, self.max_batch, self.new_tokens) < 1 or self.rate <= 0:
+            raise RakvError("--requests, --repeats, --max-batch, --new-tokens and --rate must be positive")
+
+
+@dataclass
+class SetupRuns:
+    """One setup's served runs: per repeat, each request's end-to-end latency and the run's output tokens/s."""
+
+    e2el_s: list[dict[str, float]] = field(default_factory=list)
+    tokens_per_s: list[float] = field(default_factory=list)
+    proposer_share: dict[str, int] = field(default_factory=dict)  # requests per proposer (the choice: chosen)
+    equal: int = 0  # greedy outputs equal to the first setup's
+    total: int = 0
+
+
+@dataclass
+class ServedProposersReport:
+    options: ServedProposersOptions
+    setups: dict[str, SetupRuns]
+    best_fixed: str
+    regret: tuple[float, float, float]  # mean e2el of the choice / the best fixed's - 1, with its 95 % CI
+    against: dict[str, tuple[float, float, float]]  # the same against each fixed proposer
+    verdict: str
+
+
+def setups(options: ServedProposersOptions) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Setup name -> (engine proposer, --proposers)."""
+    fixed = {name: (name, ()) for name in options.proposers}
+    return {**fixed, CHOICE: (options.proposers[0], tuple(options.proposers))}
+
+
+def trace_of(options: ServedProposersOptions, repeat: int):
+    texts = [t for name in options.datasets for t in dataset_texts(name)]
+    return generate_trace(texts, requests=options.requests, rate=options.rate, kind="plain",
+                          max_new_tokens=options.new_tokens, prompt_words=options.prompt_words,
+                          seed=options.seed * 1000 + repeat)
+
+
+def serve_once(pair, proposer: str, proposers: tuple[str, ...], trace, max_batch: int):
+    """One served run: its records (id -> record) and output tokens/s; an empty store and a controller fresh from
+    the calibration each time, as a new server's."""
+    engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30), proposer=proposer)
+    options = ServeOptions.default(strategy=ADAPTIVE, speculation="load-aware", acceptance="ewma",
+                                   proposers=proposers, max_batch=max_batch, ignore_eos=True)
+    parts = serve_parts(engine, options, calibration_for, ControllerConfig.default(), progress=False)
+    with tempfile.TemporaryDirectory() as out:
+        summary = serve(engine, trace, out, options, parts, progress=False)
+        records = {r.id: r for r in read_records(ServedRunLayout(Path(out)).requests)}
+    return records, summary.statistics.output_throughput
+
+
+def measure(options: ServedProposersOptions, log=print) -> ServedProposersReport:
+    pair = load_pair(options.pair)
+    plan = setups(options)
+    runs = {name: SetupRuns() for name in plan}
+    warm = trace_of(options, 999)[:4]
+    for proposer, proposers in plan.values():  # warm-up, and every table measured before any timing
+        serve_once(pair, proposer, proposers, warm, options.max_batch)
+    rng = random.Random(options.seed)
+    for repeat in range(options.repeats):
+        trace = trace_of(options, repeat)
+        order = list(plan)
+        rng.shuffle(order)
+        outputs = {}
+        for name in order:
+            proposer, proposers = plan[name]
+            records, throughput = serve_once(pair, proposer, proposers, trace, options.max_batch)
+            if not all(r.ok for r in records.values()):
+                raise RakvError(f"{name}: a request was not served ({[r.error for r in records.values() if not r.ok]})")
+            outputs[name] = {i: r.token_ids for i, r in records.items()}
+            setup = runs[name]
+            setup.e2el_s.append({i: r.e2el_s for i, r in records.items()})
+            setup.tokens_per_s.append(throughput)
+            for r in records.values():
+                kind = (r.proposer if isinstance(r.proposer, str) else proposer) if r.k else "k = 0"
+                setup.proposer_share[kind] = setup.proposer_share.get(kind, 0) + 1
+            log(f"repeat {repeat} {name:<14} {throughput:6.1f} tok/s, mean e2el "
+                f"{statistics.fmean(setup.e2el_s[-1].values()):.2f} s")
+        first = outputs[order[0]]
+        for name in plan:
+            runs[name].equal += sum(outputs[name][i] == first[i] for i in first)
+            runs[name].total += len(first)
+    return report_of(options, runs)
+
+
+def mean_ratio(runs: SetupRuns, other: SetupRuns) -> tuple[float, float, float]:
+    """Mean e2el of `runs` over `other`'s on the same requests, minus 1, with a 95 % interval whose units are the
+    repeats: each repeat's paired ratio carries its trace and the machine's speed during it (a shift that moves
+    every request of a run together, which an interval over requests would leave out); the geometric mean of the
+    repeats' ratios with its t interval (rakv.experiments.intervals)."""
+    logs = [math.log(sum(a[i] for i in a) / sum(b[i] for i in a)) for a, b in zip(runs.e2el_s, other.e2el_s)]
+    value, low, high = geometric_mean_interval(logs)
+    return value - 1.0, low - 1.0, high - 1.0
+
+
+def report_of(options: ServedProposersOptions, runs: dict[str, SetupRuns]) -> ServedProposersReport:
+    fixed = [name for name in runs if name != CHOICE]
+    mean = {name: statistics.fmean(v for run in runs[name].e2el_s for v in run.values()) for name in fixed}
+    best = min(fixed, key=mean.get)
+    against = {name: mean_ratio(runs[CHOICE], runs[name]) for name in fixed}
+    regret = against[best]
+    return ServedProposersReport(options, runs, best, regret, against, str(below(regret, REGRET_GOAL)))
+
+
+def report_text(report: ServedProposersReport) -> str:
+    o = report.options
+    lines = [f"{o.pair}: {o.requests} requests per trace at {o.rate:g}/s (Poisson; {'+'.join(o.datasets)}, "
+             f"{o.new_tokens} new tokens each), max batch {o.max_batch}, {o.repeats} repeats; rakv-asd with the "
+             "load-aware policy and the EWMA acceptance in every setup",
+             f"{'setup':<14} {'tok/s (median)':>15} {'mean e2el s':>12} {'equal':>9}  requests by proposer"]
+    for name, runs in report.setups.items():
+        latencies = [v for run in runs.e2el_s for v in run.values()]
+        shares = ", ".join(f"{k} {v}" for k, v in sorted(runs.proposer_share.items()))
+        lines.append(f"{name:<14} {statistics.median(runs.tokens_per_s):>15.1f} {statistics.fmean(latencies):>12.3f} "
+                     f"{runs.equal:>4}/{runs.total:<4}  {shares}")
+    for name, (value, low, high) in report.against.items():
+        lines.append(f"choice vs {name:<14} mean e2el {value:+.1%} [{low:+.1%}, {high:+.1%}]")
+    value, low, high = report.regret
+    lines.append(f"goal: regret vs the best fixed proposer ({report.best_fixed}, chosen in hindsight) <= "
+                 f"{REGRET_GOAL:.0%}: {value:+.1%} [{low:+.1%}, {high:+.1%}] -> {report.verdict}")
+    return "\n".join(lines)
