@@ -358,12 +358,11 @@ def test_the_shipped_proposer_choice_report_is_what_its_runs_give():
 def test_the_serving_study_serves_a_configuration_of_several_proposers_choosing_among_them():
     """A serving cell of tiny-all runs rakv-asd over its three proposers (rakv.serving.server.ServeOptions.proposers);
     a single-proposer configuration's cell stays one proposer's."""
-    from rakv.experiments.serving import options_of
-
     from hydra import compose, initialize_config_dir
     from omegaconf import open_dict
 
     from rakv.experiments.config import CONF_DIR
+    from rakv.experiments.serving import options_of
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=GRID)
@@ -395,3 +394,25 @@ def test_the_served_choice_is_judged_against_the_best_fixed_proposer_with_its_co
                                      CHOICE: runs(scale, noise)})
         assert report.best_fixed == "draft" and report.verdict == verdict, (scale, report.regret)
         assert report.against["prompt-lookup"][0] < report.against["draft"][0]
+
+
+def test_the_papers_proposer_section_is_the_shipped_studys_rows_and_served_report(tmp_path):
+    """paper/generated/*/proposers.tex (rakv.experiments.prose_proposers): every row of the shipped all-proposer
+    study's choice table with its interval and verdict, the served choice's verdict where its report is shipped, and
+    a comment alone without the study."""
+    from rakv.experiments.formatting import ci_text
+    from rakv.experiments.prose_proposers import PROPOSER_STUDY, proposers_section, study_rows
+
+    configuration, rows, _ = study_rows(PROPOSER_STUDY.root)
+    served = tmp_path / "served"
+    served.mkdir()
+    for rate, verdict in ((6.0, "inconclusive"), (2.0, "met")):
+        (served / f"rate{rate:g}.json").write_text(json.dumps({
+            "options": {"requests": 24, "rate": rate, "repeats": 5}, "best_fixed": "draft",
+            "against": {"draft": [0.01, -0.02, 0.04]}, "verdict": verdict}))
+    text = proposers_section(served=served)
+    assert configuration == "smollm2-all" and all(ci_text(r.regret) in text for r in rows)
+    assert text.index("at 2 requests/s") < text.index("regret is met") < text.index("at 6 requests/s") < text.index(
+        "regret is inconclusive")
+    assert "served" not in proposers_section(served=tmp_path / "none").lower()
+    assert proposers_section(tmp_path).startswith("% no study")

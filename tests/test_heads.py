@@ -404,7 +404,7 @@ def test_a_heads_calibration_key_is_a_study_record(tiny_pair):
 
     key = calibration_key(tiny_pair, "heads")
     assert key["heads"] == read_heads_record(HeadsLayout.shipped("tiny")).key
-    assert CalibrationKey.of(key).heads == key["heads"]
+    assert CalibrationKey.of(key).heads == key["heads"] and CalibrationKey.of(key).proposal == key["proposal"]
     assert not CalibrationKey.of(calibration_key(tiny_pair, "draft")).heads
 
 
@@ -466,3 +466,26 @@ def test_served_choice_among_proposers_mixes_kinds_in_a_batch_and_keeps_greedy_o
     assert any(kinds == set(names) for kinds in batches)  # one batched iteration proposed with all three kinds
     for name in ("draft", "heads"):
         assert choice.controllers[name].tracker.state != before[name], name  # its own requests' rounds taught it
+
+
+@pytest.mark.parametrize("design", ["trained", "medusa"])
+def test_the_packed_proposal_is_the_heads_function(request, design):
+    """On the compact kernels (CPU) the proposal's products run through the engine's packed GEMM
+    (rakv.runtime.heads.PackedHeads): the same logits as torch's products up to fp32 summation order, the same
+    candidates, for every number of heads."""
+    from rakv.runtime.heads import head_logits
+
+    trained = request.getfixturevalue(design)
+    assert trained.packed is not None  # the tiny pair runs on the compact kernels: the packed path is the one used
+    generator = torch.Generator().manual_seed(3)
+    for n in range(1, trained.count + 1):
+        hidden = torch.randn(trained.rows.shape[1], generator=generator)
+        token = int(trained.vocab[n])
+        embedded = trained.embed(torch.tensor([token])) if trained.token_weight is not None else None
+        reference = head_logits(hidden.reshape(1, -1), trained.weight[:n], trained.bias[:n], trained.vocab_bias[:n],
+                                trained.rows, embedded, None if trained.token_weight is None else
+                                trained.token_weight[:n])[0]
+        packed = trained.logits(hidden, n, token)
+        assert packed.shape == reference.shape == (n, trained.rows.shape[0])
+        torch.testing.assert_close(packed, reference, rtol=1e-4, atol=1e-4)
+        assert torch.equal(packed.argmax(-1), reference.argmax(-1))

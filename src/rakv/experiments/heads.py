@@ -282,7 +282,7 @@ def train(pair, settings: HeadsSettings, prompts: list[list[int]], commit: str, 
     weight, bias, vocab_bias, *token_weight = best[1]
     module = pair.target.module
     heads = Heads(weight, bias, vocab_bias, vocab, rows, pair.vocab_size, None,
-                  token_weight[0] if token_weight else None, lambda ids: input_rows(module, ids))
+                  token_weight[0] if token_weight else None, lambda ids: input_rows(module, ids)).on_kernels_of(module)
     record = HeadsRecord(key=heads_key(pair, settings, digest), settings=settings,
                          target=target_identity(pair), data_digest=digest, commit=commit,
                          positions=len(x), vocab_size=v, coverage=round(data.coverage, 5), loss_curve=curve,

@@ -42,6 +42,7 @@ from rakv.experiments.prose_machines import (
     run_to_run,
     substitutions,
 )
+from rakv.experiments.prose_proposers import proposers_section
 from rakv.experiments.prose_sampling import sampling_tables, sampling_text
 from rakv.experiments.prose_serving import (
     SCENARIO_TEXT,
@@ -363,6 +364,7 @@ def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path
         "sampling.tex": sampling_text(summary),
         "sampling_tables.tex": sampling_tables(summary),
         "speculate_table.tex": speculate_table(summary, results),
+        "proposers.tex": proposers_section(),
     }
     paths = []
     for name, text in files.items():

@@ -106,6 +106,7 @@ class CalibrationKey:
     hardware: Hardware
     method: str
     heads: str | None = optional()  # the heads proposer's trained set (its key): a retrained set is another proposer
+    proposal: str | None = optional()  # how the heads' proposal is computed (rakv.runtime.heads.PROPOSAL)
 
     @property
     def pair_name(self) -> str:

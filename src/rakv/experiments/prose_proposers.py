@@ -1,0 +1,103 @@
+"""The paper's "Three proposer families" (paper/main.tex): the learned heads beside the int8 self-draft and prompt
+lookup, and rakv-asd choosing (reuse, proposer, k) per request, from the shipped all-proposer study
+(data/reference/proposer-choice/, rakv.experiments.proposer_choice: the table scripts/proposer_choice.py prints) and,
+where shipped, the served choice under load (data/reference/served-choice/*.json,
+rakv.experiments.served_choice). Every number is read from those files; every verdict is the goal's rule on its
+interval (met, missed or inconclusive), and the sentences carry no sign of their own.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from rakv.experiments.calibrations import calibration_tables
+from rakv.experiments.formatting import ci_text, num, tex_escape
+from rakv.experiments.proposer_choice import POOLED, ChoiceRow, all_proposer_configurations, choice_rows, prices
+from rakv.runtime.errors import RakvError
+from rakv.runtime.run_layout import RunLayout
+
+PROPOSER_STUDY = RunLayout.reference("proposer-choice")
+SERVED_CHOICE = RunLayout.reference("served-choice").root  # scripts/served_choice.py's reports, one per load
+PRICE_CONTEXT = 256  # where `rakv calibrate` quotes its step
+
+
+def study_rows(folder: Path) -> tuple[str, list[ChoiceRow], list] | None:
+    """(configuration, rows, shares) of the study's configuration of several proposers; None without one."""
+    path = RunLayout.of(folder).study.runs
+    if not path.exists():
+        return None
+    runs = pd.read_parquet(path)
+    names = all_proposer_configurations(runs)
+    if not names:
+        return None
+    rows, shares = choice_rows(runs, names[0])
+    return names[0], rows, shares
+
+
+def choice_table(rows: list[ChoiceRow]) -> str:
+    body = [f"{tex_escape(r.workload)} & {tex_escape(r.baseline)} & \\texttt{{{tex_escape(r.action)}}} & "
+            f"{r.instances} & {ci_text(r.regret)} & {tex_escape(r.goal)} & {tex_escape(r.verdict)} \\\\" for r in rows]
+    return ("\\begin{rakvtable}\\centering\\scriptsize\n\\fittable{\\begin{tabular}{lllrlll}\\toprule\n"
+            "workload & against & action & $n$ & latency ratio $-1$ [95\\,\\% CI] & goal & verdict \\\\\n\\midrule\n"
+            + "\n".join(body) + "\n\\bottomrule\\end{tabular}}\n"
+            "\\caption{The proposer chosen per request (rakv-asd of the configuration of all three proposers) against "
+            "the best fixed (proposer, $r$, $k$) of each workload and against each single-proposer configuration's "
+            "rakv-asd on the same instances; in the rows `$p$ vs draft', $p$'s best fixed action against the "
+            "self-draft's. The ratio is a mean latency over another's, its CI over prompts.}\\label{tab:proposers}\n"
+            "\\end{rakvtable}\n")
+
+
+def price_sentence(folder: Path) -> str:
+    try:
+        rows = prices(calibration_tables(folder), PRICE_CONTEXT)
+    except RakvError:
+        return ""
+    parts = [f"{tex_escape(r.calibration.split('-', 1)[1])}'s four candidates cost {num(r.propose_4, 3)} target "
+             f"steps, each accepted with probability {num(r.alpha, 3)}" for r in rows]
+    return (f" By the study's calibrations (at {PRICE_CONTEXT} tokens of context), " + "; ".join(parts) + ".")
+
+
+def verdict_sentence(rows: list[ChoiceRow]) -> str:
+    best = [r for r in rows if r.baseline == "best fixed"]
+    single = [r for r in rows if r.baseline.startswith("rakv-asd of")]
+    parts = [f"against the best fixed action, {tex_escape(r.workload)} ({tex_escape(r.goal)}), "
+             f"{ci_text(r.regret)}, {tex_escape(r.verdict)}" for r in best]
+    parts += [f"against the {tex_escape(r.baseline)} {ci_text(r.regret)}, {tex_escape(r.verdict)}" for r in single]
+    return "Its latency ratios, with each goal's verdict: " + "; ".join(parts) + "."
+
+
+def served_sentence(folder: Path = SERVED_CHOICE) -> str:
+    """The served choice under load, from scripts/served_choice.py's shipped reports (one per load, by rate)."""
+    reports = sorted((json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json"))),
+                     key=lambda r: r["options"]["rate"]) if Path(folder).is_dir() else []
+    if not reports:
+        return ""
+    o = reports[0]["options"]
+    loads = []
+    for report in reports:
+        against = "; ".join(f"against {tex_escape(name)} alone {ci_text(ci)}" for name, ci in report["against"].items())
+        loads.append(f"at {report['options']['rate']:g} requests/s, {against}, so against the best fixed proposer "
+                     f"({tex_escape(report['best_fixed'])}, in hindsight) the goal of at most 5\\,\\% regret is "
+                     f"{tex_escape(report['verdict'])}")
+    return (f" Served under load (\\texttt{{scripts/served\\_choice.py}}: {o['requests']} Poisson requests per trace, "
+            f"{o['repeats']} repeats, every server rakv-asd with the load-aware policy, intervals over repeats), the "
+            "mean end-to-end latency of the choice over one proposer per server is " + "; ".join(loads) + ".")
+
+
+def proposers_section(folder: Path = PROPOSER_STUDY.root, served: Path = SERVED_CHOICE) -> str:
+    """The section's text and table (empty, with a comment, when the all-proposer study is not shipped)."""
+    found = study_rows(folder)
+    if found is None:
+        return "% no study of a configuration of several proposers: data/reference/proposer-choice/ (docs/heads.md)\n"
+    configuration, rows, shares = found
+    ran = ", ".join(f"{tex_escape(s.proposer)} {s.share:.0%}".replace("%", "\\%") for s in shares
+                    if s.workload == POOLED)
+    text = (f"The study of \\texttt{{{tex_escape(configuration)}}} (the self-draft, prompt lookup and learned heads "
+            f"of one target; data/reference/proposer-choice/) sets rakv-asd choosing (reuse, proposer, $k$) per "
+            f"request against every fixed choice on the same instances (Table~\\ref{{tab:proposers}}). "
+            + verdict_sentence(rows) + f" rakv-asd ran {ran} of its requests." + price_sentence(folder)
+            + served_sentence(served) + "\n")
+    return text + choice_table(rows)
