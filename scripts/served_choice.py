@@ -12,14 +12,13 @@ minutes, on a quiet machine). Timings depend on the machine and its load: read t
 """
 
 import argparse
-import json
 import sys
 from dataclasses import fields
 from pathlib import Path
 
 from rakv.experiments.served_choice import ServedProposersOptions, measure, report_text
 from rakv.runtime.errors import RakvError
-from rakv.runtime.json_records import to_json
+from rakv.runtime.json_records import write_record
 from rakv.runtime.proposers import parse_proposers
 
 
@@ -45,7 +44,7 @@ def main(argv=None) -> int:
         return 2
     print(report_text(report))
     if out is not None:
-        out.write_text(json.dumps(to_json(report), indent=1) + "\n")
+        write_record(report, out)  # rakv.experiments.served_choice.read_report reads it back
     return 0
 
 

@@ -404,15 +404,46 @@ def test_the_papers_proposer_section_is_the_shipped_studys_rows_and_served_repor
     from rakv.experiments.prose_proposers import PROPOSER_STUDY, proposers_section, study_rows
 
     configuration, rows, _ = study_rows(PROPOSER_STUDY.root)
+    from dataclasses import replace
+
+    from rakv.experiments.served_choice import CHOICE, ServedProposersOptions, SetupRuns, report_of
+    from rakv.runtime.json_records import write_record
+
     served = tmp_path / "served"
     served.mkdir()
-    for rate, verdict in ((6.0, "inconclusive"), (2.0, "met")):
-        (served / f"rate{rate:g}.json").write_text(json.dumps({
-            "options": {"requests": 24, "rate": rate, "repeats": 5}, "best_fixed": "draft",
-            "against": {"draft": [0.01, -0.02, 0.04]}, "verdict": verdict}))
+    base = [{f"r{i}": 1.0 + i / 10 for i in range(10)}] * 3
+
+    def runs(scale, jitter=0.0):
+        return SetupRuns([{i: v * scale * (1 + jitter * (j % 2)) for i, v in run.items()} for j, run in
+                          enumerate(base)], [10.0] * 3, {"draft": 30}, 30, 30)
+
+    for rate, scale, jitter in ((6.0, 1.05, 0.3), (2.0, 1.0, 0.0)):
+        report = report_of(replace(ServedProposersOptions(), rate=rate, repeats=3),
+                           {"draft": runs(1.0), "prompt-lookup": runs(1.2), "heads": runs(1.3),
+                            CHOICE: runs(scale, jitter)})
+        write_record(report, served / f"rate{rate:g}.json")
     text = proposers_section(served=served)
     assert configuration == "smollm2-all" and all(ci_text(r.regret) in text for r in rows)
     assert text.index("at 2 requests/s") < text.index("regret is met") < text.index("at 6 requests/s") < text.index(
         "regret is inconclusive")
     assert "served" not in proposers_section(served=tmp_path / "none").lower()
     assert proposers_section(tmp_path).startswith("% no study")
+
+
+def test_the_shipped_served_choice_reports_are_what_their_runs_give():
+    """data/reference/served-choice/*.json (scripts/served_choice.py --out): each report's intervals, best fixed
+    proposer and verdict are what rakv.experiments.served_choice computes today from the runs it carries, every
+    greedy output was equal across the setups, and the load is the one its name says."""
+    from rakv.experiments.served_choice import read_report, report_of
+    from rakv.runtime.run_layout import RunLayout
+
+    paths = sorted(RunLayout.reference("served-choice").root.glob("*.json"))
+    assert [p.stem for p in paths] == ["rate2", "rate6"]
+    for path in paths:
+        report = read_report(path)
+        again = report_of(report.options, report.setups)
+        assert (again.regret, again.against, again.best_fixed, again.verdict) == (
+            report.regret, report.against, report.best_fixed, report.verdict), path.name
+        assert path.stem == f"rate{report.options.rate:g}"
+        assert all(s.equal == s.total == report.options.requests * report.options.repeats
+                   for s in report.setups.values())

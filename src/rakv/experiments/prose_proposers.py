@@ -8,7 +8,6 @@ interval (met, missed or inconclusive), and the sentences carry no sign of their
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +15,7 @@ import pandas as pd
 from rakv.experiments.calibrations import calibration_tables
 from rakv.experiments.formatting import ci_text, num, tex_escape
 from rakv.experiments.proposer_choice import POOLED, ChoiceRow, all_proposer_configurations, choice_rows, prices
+from rakv.experiments.served_choice import CHOICE, read_report
 from rakv.runtime.errors import RakvError
 from rakv.runtime.run_layout import RunLayout
 
@@ -71,19 +71,21 @@ def verdict_sentence(rows: list[ChoiceRow]) -> str:
 
 def served_sentence(folder: Path = SERVED_CHOICE) -> str:
     """The served choice under load, from scripts/served_choice.py's shipped reports (one per load, by rate)."""
-    reports = sorted((json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json"))),
-                     key=lambda r: r["options"]["rate"]) if Path(folder).is_dir() else []
+    reports = sorted((read_report(p) for p in sorted(Path(folder).glob("*.json"))),
+                     key=lambda r: r.options.rate) if Path(folder).is_dir() else []
     if not reports:
         return ""
-    o = reports[0]["options"]
+    o = reports[0].options
     loads = []
     for report in reports:
-        against = "; ".join(f"against {tex_escape(name)} alone {ci_text(ci)}" for name, ci in report["against"].items())
-        loads.append(f"at {report['options']['rate']:g} requests/s, {against}, so against the best fixed proposer "
-                     f"({tex_escape(report['best_fixed'])}, in hindsight) the goal of at most 5\\,\\% regret is "
-                     f"{tex_escape(report['verdict'])}")
-    return (f" Served under load (\\texttt{{scripts/served\\_choice.py}}: {o['requests']} Poisson requests per trace, "
-            f"{o['repeats']} repeats, every server rakv-asd with the load-aware policy, intervals over repeats), the "
+        against = "; ".join(f"against {tex_escape(name)} alone {ci_text(ci)}" for name, ci in report.against.items())
+        shares = ", ".join(f"{tex_escape(k)} {v}" for k, v in sorted(report.setups[CHOICE].proposer_share.items()))
+        loads.append(f"at {report.options.rate:g} requests/s, {against} (the choice ran {shares} of "
+                     f"{report.setups[CHOICE].total} requests), so against the best fixed proposer "
+                     f"({tex_escape(report.best_fixed)}, in hindsight) the goal of at most 5\\,\\% regret is "
+                     f"{tex_escape(report.verdict)}")
+    return (f" Served under load (\\texttt{{scripts/served\\_choice.py}}: {o.requests} Poisson requests per trace, "
+            f"{o.repeats} repeats, every server rakv-asd with the load-aware policy, intervals over repeats), the "
             "mean end-to-end latency of the choice over one proposer per server is " + "; ".join(loads) + ".")
 
 

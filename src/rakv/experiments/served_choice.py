@@ -31,6 +31,7 @@ from rakv.runtime.calibration import calibration_for
 from rakv.runtime.controller import ControllerConfig
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
+from rakv.runtime.json_records import read_record
 from rakv.runtime.models import load_pair
 from rakv.runtime.proposers import parse_proposers
 from rakv.runtime.run_layout import ServedRunLayout
@@ -161,6 +162,11 @@ def report_of(options: ServedProposersOptions, runs: dict[str, SetupRuns]) -> Se
     against = {name: mean_ratio(runs[CHOICE], runs[name]) for name in fixed}
     regret = against[best]
     return ServedProposersReport(options, runs, best, regret, against, str(below(regret, REGRET_GOAL)))
+
+
+def read_report(path: Path) -> ServedProposersReport:
+    """A report scripts/served_choice.py --out wrote (a one-line error when it is not one)."""
+    return read_record(ServedProposersReport, Path(path), when_missing=f"no served-choice report at {path}")
 
 
 def report_text(report: ServedProposersReport) -> str:

@@ -141,8 +141,8 @@ class PackedHeads:
     kernels): per head [W_i | U_i] over [h, e], then the candidate rows. A proposal is all weight traffic (about 20 MB
     at fp32 for four heads over 4,096 rows against a few MFLOP), and torch's products of one to four rows streamed
     it at a fraction of the machine's bandwidth where the engine's panel GEMM streams the target's weights at it
-    (measured on the 2-core EPYC: the four-head proposal 2.2 ms with torch, 0.24 ms packed, weights warm; docs/heads.md
-    "Why the proposal is cheap"). The same function as `head_logits`, summed in another order (fp32 rounding)."""
+    (scripts/bench_heads.py before and after: docs/heads.md, "The proposal through the packed GEMM"). The same
+    function as `head_logits`, summed in another order (fp32 rounding)."""
 
     inner: list[torch.Tensor]  # per head, [W_i | U_i] (or W_i alone: Medusa-1) packed
     bias: torch.Tensor  # [n, d]
