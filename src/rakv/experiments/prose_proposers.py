@@ -22,6 +22,7 @@ from rakv.runtime.run_layout import RunLayout
 PROPOSER_STUDY = RunLayout.reference("proposer-choice")
 SERVED_CHOICE = RunLayout.reference("served-choice").root  # scripts/served_choice.py's reports, one per load
 PRICE_CONTEXT = 256  # where `rakv calibrate` quotes its step
+OWNER = {"draft": "the self-draft's", "heads": "the heads'", "prompt-lookup": "prompt lookup's"}
 
 
 def study_rows(folder: Path) -> tuple[str, list[ChoiceRow], list] | None:
@@ -55,9 +56,11 @@ def price_sentence(folder: Path) -> str:
         rows = prices(calibration_tables(folder), PRICE_CONTEXT)
     except RakvError:
         return ""
-    parts = [f"{tex_escape(r.calibration.split('-', 1)[1])}'s four candidates cost {num(r.propose_4, 3)} target "
-             f"steps, each accepted with probability {num(r.alpha, 3)}" for r in rows]
-    return (f" By the study's calibrations (at {PRICE_CONTEXT} tokens of context), " + "; ".join(parts) + ".")
+    parts = [f"{OWNER.get(r.calibration.split('-', 1)[1], tex_escape(r.calibration))} four candidates cost "
+             f"{num(r.propose_4, 3)} target steps, each accepted with probability {num(r.alpha, 3)}" for r in rows]
+    return (f" By the study's calibrations (at {PRICE_CONTEXT} tokens of context; the study predates the heads' "
+            "proposal through the engine's own GEMM, docs/heads.md has the later measurements), " + "; ".join(parts)
+            + ".")
 
 
 def verdict_sentence(rows: list[ChoiceRow]) -> str:
