@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/served_choice.py [--pair smollm2] [--proposers draft,prompt-lookup,heads]
         [--datasets humaneval,wikitext2] [--requests 24] [--rate 2] [--new-tokens 32] [--max-batch 8]
-        [--repeats 3] [--seed 0] [--out FILE.json]
+        [--repeats 5] [--seed 0] [--at-load] [--out FILE.json]
 
 Prints each setup's median output tokens/s, mean end-to-end latency, greedy outputs equal to the first setup's and
 which proposer its requests ran; the choice against each fixed proposer with a 95 % CI, and the goal's verdict
@@ -26,10 +26,13 @@ def parse_args(argv=None) -> tuple[ServedProposersOptions, Path | None]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     lists = {"proposers": parse_proposers, "datasets": lambda text: tuple(t for t in text.split(",") if t)}
     for spec in fields(ServedProposersOptions):
-        default = spec.default
-        kind = lists.get(spec.name, type(default))
+        default, flag = spec.default, "--" + spec.name.replace("_", "-")
+        if isinstance(default, bool):
+            parser.add_argument(flag, action="store_true", help="also serve the choice by the predicted service time "
+                                "under load (rakv serve --proposer-choice service) as a setup of its own")
+            continue
         shown = ",".join(default) if isinstance(default, tuple) else default
-        parser.add_argument("--" + spec.name.replace("_", "-"), type=kind, default=default, help=f"(default {shown})")
+        parser.add_argument(flag, type=lists.get(spec.name, type(default)), default=default, help=f"(default {shown})")
     parser.add_argument("--out", type=Path, help="also write the report as JSON")
     args = parser.parse_args(argv)
     return ServedProposersOptions(**{f.name: getattr(args, f.name) for f in fields(ServedProposersOptions)}), args.out

@@ -492,6 +492,8 @@ def test_a_malformed_speculation_policy_is_refused(bad):
     ({"proposers": "draft,bogus"}, "unknown proposer 'bogus'"), ({"proposers": "draft,draft"}, "each proposer once"),
     ({"strategy": "heads:r1k4"}, "list it in --proposers"),
     ({"strategy": "rakv-asd", "proposers": "draft,heads", "acceptance": "prefix"}, "with several --proposers"),
+    ({"proposer_choice": "fastest"}, "--proposer-choice takes"),
+    ({"strategy": "rakv-asd", "proposer_choice": "service"}, "chooses among several --proposers"),
 ])
 def test_serve_options_check_themselves_once_with_one_line(overrides, message):
     with pytest.raises(RakvError, match=message):

@@ -4,6 +4,7 @@ budget), prefix-keyed acceptance, the prompt-lookup replay, and the stage itself
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from rakv.serving.batchcost import (
     BatchCost,
     BatchPlan,
     PassFeatures,
+    ScaledCost,
     calibrate_batch,
     fit_pass_terms,
     fitted_shapes,
@@ -91,6 +93,39 @@ def test_several_proposers_proposals_are_each_priced_by_their_own_step():
     assert restored.propose_s([4, 4], ["", "prompt-lookup"]) == pytest.approx(4 * 0.004 + 0.0001)
     with pytest.raises(RakvError, match="no step for proposer 'heads'"):
         draft.propose_s([4], ["heads"])
+
+
+def test_the_proposer_chosen_at_load_is_the_one_of_least_predicted_service_time():
+    """`--proposer-choice service`: of several proposers, admission takes the one of least predicted service time
+    beside the running requests (the batch cost model prices each kind's proposals), where the batch-one choice
+    takes the least batch-one latency. Here the self-draft wins at batch one (its candidates are accepted far more
+    often) and prompt lookup under the batch cost model (the draft's batched steps cost more than the verify's rows
+    save); with the draft's steps priced as cheap as lookup's, the draft wins both ways (the control)."""
+    from test_costmodel import configured, table
+
+    from rakv.runtime.cache import Hit
+    from rakv.runtime.controller import Controller, ProposerChoice
+    from rakv.serving.acceptance import Acceptance
+    from rakv.serving.admission import Admission
+
+    def admitted(draft_step_s: float, at_load: bool) -> ServedRequest:
+        k_set = configured(k_set=(0, 2, 4))
+        choice = ProposerChoice({"draft": Controller(table(alpha=0.9, propose_per_token=0.0005), k_set),
+                                 "prompt-lookup": Controller(table(alpha=0.4, propose_per_token=0.0), k_set)})
+        lookup = linear_cost(per_row=0.2, fixed=20.0)
+        cost = replace(lookup, proposer="draft", proposer_step=Curve.table([1, 16], [draft_step_s, draft_step_s]))
+        cost = ScaledCost(cost.with_proposers({"prompt-lookup": lookup}))
+        admission = Admission("rakv-asd", Acceptance(controller=choice), controller=choice, k_by_iteration=(0, 2, 4),
+                              cost=cost, proposer_at_load=at_load)
+        r = ServedRequest(id="r", arrival_s=0.0, prompt=list(range(60)), state=DecodeState(32, None, True))
+        admission.decide(r, Hit(prompt_length=60))
+        return r
+
+    assert admitted(0.02, at_load=False).proposer == "draft"  # batch one: the draft's acceptance wins
+    at_load = admitted(0.02, at_load=True)
+    assert at_load.proposer == "prompt-lookup" and at_load.action.proposer in ("", "prompt-lookup")
+    assert at_load.choice.decision is not None and at_load.served_predicted_s > 0
+    assert admitted(1e-5, at_load=True).proposer == "draft"  # the control: cheap draft steps, the draft again
 
 
 def test_the_batch_calibration_measures_every_point_on_the_tiny_pair(tiny_pair):
@@ -322,7 +357,7 @@ def test_rakv_serve_takes_the_model_policies(tmp_path):
 
 
 def test_the_online_scale_follows_what_iterations_measure_and_only_after_their_prediction():
-    from rakv.serving.batchcost import ScaledCost
+
 
     scaled = ScaledCost(linear_cost(per_row=1.0, fixed=10.0), beta=0.5)
     features = pass_features([(1, 100)] * 4)

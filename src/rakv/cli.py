@@ -272,7 +272,8 @@ def _text_streamer(tokenizer, request_id):
 
 
 SERVE_FLAGS = ("strategy", "speculation", "acceptance", "itl_slo_ms", "token_budget", "chunking", "max_batch",
-               "kv_budget_mib", "slos_ms", "ignore_eos", "check_alone", "proposers")
+               "kv_budget_mib", "slos_ms", "ignore_eos", "check_alone", "proposers",
+               "proposer_choice")
 
 
 def build_parser() -> argparse.ArgumentParser:

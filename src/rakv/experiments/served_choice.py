@@ -41,6 +41,7 @@ from rakv.serving.server import ServeOptions, serve, serve_parts
 from rakv.serving.trace import generate_trace
 
 CHOICE = "choice"
+AT_LOAD = "choice-at-load"  # the choice by the predicted service time under load (`--proposer-choice service`)
 REGRET_GOAL = 0.05  # issue 58's batch-one goal, kept for serving: regret against the best fixed proposer <= 5 %
 
 
@@ -56,6 +57,7 @@ class ServedProposersOptions:
     max_batch: int = 8
     repeats: int = 5
     seed: int = 0
+    at_load: bool = False  # also serve the choice made by the predicted service time (a setup of its own)
 
     def __post_init__(self):
         if len(parse_proposers(self.proposers)) < 2:
@@ -76,6 +78,16 @@ class SetupRuns:
 
 
 @dataclass
+class ChoiceResult:
+    """Another choice setup (AT_LOAD) against the same fixed proposers, judged by the same goal."""
+
+    setup: str
+    regret: tuple[float, float, float]
+    against: dict[str, tuple[float, float, float]]
+    verdict: str
+
+
+@dataclass
 class ServedProposersReport:
     options: ServedProposersOptions
     setups: dict[str, SetupRuns]
@@ -83,12 +95,15 @@ class ServedProposersReport:
     regret: tuple[float, float, float]  # mean e2el of the choice / the best fixed's - 1, with its 95 % CI
     against: dict[str, tuple[float, float, float]]  # the same against each fixed proposer
     verdict: str
+    others: list[ChoiceResult] = field(default_factory=list)  # the choice at load, when served
 
 
-def setups(options: ServedProposersOptions) -> dict[str, tuple[str, tuple[str, ...]]]:
-    """Setup name -> (engine proposer, --proposers)."""
-    fixed = {name: (name, ()) for name in options.proposers}
-    return {**fixed, CHOICE: (options.proposers[0], tuple(options.proposers))}
+def setups(options: ServedProposersOptions) -> dict[str, tuple[str, tuple[str, ...], str]]:
+    """Setup name -> (engine proposer, --proposers, --proposer-choice)."""
+    fixed = {name: (name, (), "batch-one") for name in options.proposers}
+    every = tuple(options.proposers)
+    return {**fixed, CHOICE: (every[0], every, "batch-one"),
+            **({AT_LOAD: (every[0], every, "service")} if options.at_load else {})}
 
 
 def trace_of(options: ServedProposersOptions, repeat: int):
@@ -98,12 +113,13 @@ def trace_of(options: ServedProposersOptions, repeat: int):
                           seed=options.seed * 1000 + repeat)
 
 
-def serve_once(pair, proposer: str, proposers: tuple[str, ...], trace, max_batch: int):
+def serve_once(pair, setup: tuple[str, tuple[str, ...], str], trace, max_batch: int):
     """One served run: its records (id -> record) and output tokens/s; an empty store and a controller fresh from
     the calibration each time, as a new server's."""
+    proposer, proposers, how = setup
     engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30), proposer=proposer)
     options = ServeOptions.default(strategy=ADAPTIVE, speculation="load-aware", acceptance="ewma",
-                                   proposers=proposers, max_batch=max_batch, ignore_eos=True)
+                                   proposers=proposers, proposer_choice=how, max_batch=max_batch, ignore_eos=True)
     parts = serve_parts(engine, options, calibration_for, ControllerConfig.default(), progress=False)
     with tempfile.TemporaryDirectory() as out:
         summary = serve(engine, trace, out, options, parts, progress=False)
@@ -116,8 +132,8 @@ def measure(options: ServedProposersOptions, log=print) -> ServedProposersReport
     plan = setups(options)
     runs = {name: SetupRuns() for name in plan}
     warm = trace_of(options, 999)[:4]
-    for proposer, proposers in plan.values():  # warm-up, and every table measured before any timing
-        serve_once(pair, proposer, proposers, warm, options.max_batch)
+    for setup in plan.values():  # warm-up, and every table measured before any timing
+        serve_once(pair, setup, warm, options.max_batch)
     rng = random.Random(options.seed)
     for repeat in range(options.repeats):
         trace = trace_of(options, repeat)
@@ -125,8 +141,8 @@ def measure(options: ServedProposersOptions, log=print) -> ServedProposersReport
         rng.shuffle(order)
         outputs = {}
         for name in order:
-            proposer, proposers = plan[name]
-            records, throughput = serve_once(pair, proposer, proposers, trace, options.max_batch)
+            proposer = plan[name][0]
+            records, throughput = serve_once(pair, plan[name], trace, options.max_batch)
             if not all(r.ok for r in records.values()):
                 raise RakvError(f"{name}: a request was not served ({[r.error for r in records.values() if not r.ok]})")
             outputs[name] = {i: r.token_ids for i, r in records.items()}
@@ -156,12 +172,17 @@ def mean_ratio(runs: SetupRuns, other: SetupRuns) -> tuple[float, float, float]:
 
 
 def report_of(options: ServedProposersOptions, runs: dict[str, SetupRuns]) -> ServedProposersReport:
-    fixed = [name for name in runs if name != CHOICE]
+    fixed = [name for name in runs if name not in (CHOICE, AT_LOAD)]
     mean = {name: statistics.fmean(v for run in runs[name].e2el_s for v in run.values()) for name in fixed}
     best = min(fixed, key=mean.get)
-    against = {name: mean_ratio(runs[CHOICE], runs[name]) for name in fixed}
-    regret = against[best]
-    return ServedProposersReport(options, runs, best, regret, against, str(below(regret, REGRET_GOAL)))
+
+    def judged(setup: str) -> ChoiceResult:
+        against = {name: mean_ratio(runs[setup], runs[name]) for name in fixed}
+        return ChoiceResult(setup, against[best], against, str(below(against[best], REGRET_GOAL)))
+
+    first = judged(CHOICE)
+    others = [judged(AT_LOAD)] if AT_LOAD in runs else []
+    return ServedProposersReport(options, runs, best, first.regret, first.against, first.verdict, others)
 
 
 def read_report(path: Path) -> ServedProposersReport:
@@ -185,4 +206,10 @@ def report_text(report: ServedProposersReport) -> str:
     value, low, high = report.regret
     lines.append(f"goal: regret vs the best fixed proposer ({report.best_fixed}, chosen in hindsight) <= "
                  f"{REGRET_GOAL:.0%}: {value:+.1%} [{low:+.1%}, {high:+.1%}] -> {report.verdict}")
+    for other in report.others:
+        lines += [f"{other.setup} vs {name:<14} mean e2el {v:+.1%} [{lo:+.1%}, {hi:+.1%}]"
+                  for name, (v, lo, hi) in other.against.items()]
+        value, low, high = other.regret
+        lines.append(f"goal, {other.setup}: regret vs {report.best_fixed} <= {REGRET_GOAL:.0%}: {value:+.1%} "
+                     f"[{low:+.1%}, {high:+.1%}] -> {other.verdict}")
     return "\n".join(lines)

@@ -96,6 +96,7 @@ class ServeSettings:
     itl_slo_ms: float | None
     acceptance: str
     proposers: list[str] = optional()  # several proposers, rakv-asd choosing per request (`proposer` the first)
+    proposer_choice: str = optional()  # ... by the batch-one latency or the service time (`--proposer-choice`)
 
 
 @dataclass(frozen=True, kw_only=True)

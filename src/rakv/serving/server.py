@@ -45,6 +45,8 @@ from rakv.serving.request import ServedRequest, Status
 from rakv.serving.scheduler import Scheduler, Step
 from rakv.serving.trace import TraceRequest
 
+PROPOSER_CHOICES = ("batch-one", "service")  # how rakv-asd chooses among several proposers (ServeOptions)
+
 
 @dataclass(frozen=True)
 class ServeOptions:
@@ -77,6 +79,10 @@ class ServeOptions:
         "rakv-asd chooses (reuse, proposer, k) per request among these proposers, comma-separated, the engine's "
         "--proposer first (e.g. draft,prompt-lookup,heads); a fixed `heads:r1k4` runs the one it names "
         "(default: the engine's alone)")})
+    proposer_choice: str = field(default="batch-one", metadata={"choices": PROPOSER_CHOICES, "help": (
+        "with several --proposers: choose the proposer by the least batch-one latency (each proposer's controller, "
+        "as rakv generate does) or by the least predicted service time beside the running requests (the batch cost "
+        "model)")})
     sampling: Sampling = Sampling()  # its own flags (rakv.runtime.decoding.Sampling)
     ignore_eos: bool = field(default=False, metadata={"help": "generate exactly max_new_tokens per request"})
     check_alone: bool = field(default=False, metadata={"help": (  # then count the outputs equal to batch one's
@@ -101,6 +107,10 @@ class ServeOptions:
         named = action_of(self.strategy).proposer if self.strategy != ADAPTIVE else ""
         if named and named not in self.proposers:
             raise RakvError(f"strategy {self.strategy} runs proposer '{named}': list it in --proposers")
+        if self.proposer_choice not in PROPOSER_CHOICES:
+            raise RakvError(f"--proposer-choice takes {' or '.join(PROPOSER_CHOICES)}, got '{self.proposer_choice}'")
+        if self.proposer_choice == "service" and (len(self.proposers) < 2 or self.strategy != ADAPTIVE):
+            raise RakvError("--proposer-choice service chooses among several --proposers under --strategy rakv-asd")
         if len(self.proposers) > 1 and self.acceptance == "prefix":
             raise RakvError("--acceptance prefix records a prefix's rounds whatever proposer ran them: with several "
                             "--proposers use ewma")
@@ -108,7 +118,7 @@ class ServeOptions:
     @property
     def needs_batch_cost(self) -> bool:
         """The model policies and the ITL-SLO chunking price iterations with the batch cost model."""
-        return self.speculation in MODEL_POLICIES or self.itl_slo_ms is not None
+        return self.speculation in MODEL_POLICIES or self.itl_slo_ms is not None or self.proposer_choice == "service"
 
     @classmethod
     def from_config(cls, node, **overrides) -> ServeOptions:
@@ -280,7 +290,8 @@ def build_scheduler(engine: Engine, options: ServeOptions, controller: Controlle
     acceptance = Acceptance(options.acceptance, controller, tracker, engine.proposer_type,
                             k_set if load_aware else ())
     admission = Admission(options.strategy, acceptance, engine.proposer_type, controller, k_set if load_aware else (),
-                          batch_cost, options.token_budget if options.chunking else 1 << 30)
+                          batch_cost, options.token_budget if options.chunking else 1 << 30,
+                          options.proposer_choice == "service")
     kv = KVManager(engine, tuple(options.proposers))
     policy = speculation_policy(options.speculation, batch_cost, acceptance.tracker, k_set)
     budget = SloBudget(batch_cost, options.itl_slo_ms / 1e3) if options.itl_slo_ms is not None else None
@@ -459,7 +470,8 @@ def finish_summary(engine: Engine, trace: list[TraceRequest], out: Path, options
                              chunking=options.chunking, max_batch=options.max_batch,
                              kv_budget_mib=options.kv_budget_mib, itl_slo_ms=options.itl_slo_ms,
                              acceptance=options.acceptance,
-                             proposers=list(options.proposers) if len(options.proposers) > 1 else ABSENT)
+                             proposers=list(options.proposers) if len(options.proposers) > 1 else ABSENT,
+                             proposer_choice=options.proposer_choice if len(options.proposers) > 1 else ABSENT)
     summary = RunSummary(statistics=statistics, outputs_equal_alone=equal, settings=settings,
                          peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     written = ServedRunLayout(out)
