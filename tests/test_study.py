@@ -112,21 +112,32 @@ LAUNCHERS = {
 }
 
 
-@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
-def test_sharded_study_through_a_launcher_merges_to_the_unsharded_plan(tmp_path, launcher):
-    """Two shards as a Hydra multirun on the unsharded study's calibration table, then the merge step: the merged
-    runs.parquet holds exactly the run ids of an unsharded study of the same grid, and the same rakv-asd actions."""
-    sharded, unsharded = tmp_path / "sharded", tmp_path / "unsharded"
-    grid = ["profile=smoke", "configurations=[tiny]", "datasets=[humaneval]", "profile.study.repeats=1",
-            "profile.study.sweep_repeats=1", "study.learning=per_block"]  # the merge, not the size, is under test
-    script = str(ROOT / "scripts" / "run_stage.py")
-    tables = tmp_path / "calibrations"  # one seeded table: a calibration on a loaded machine is refused as noisy
+LAUNCHED_GRID = ["profile=smoke", "configurations=[tiny]", "datasets=[humaneval]", "profile.study.repeats=1",
+                 "profile.study.sweep_repeats=1", "study.learning=per_block"]  # the merge, not the size, is under test
+
+
+@pytest.fixture(scope="module")
+def unsharded_study(tmp_path_factory) -> tuple[Path, dict]:
+    """The unsharded study every launcher's merge is compared with (one for both launchers), on one seeded table
+    (a calibration on a loaded machine is refused as noisy), and the environment that names that table."""
+    root = tmp_path_factory.mktemp("unsharded")
+    tables = root / "calibrations"
     tables.mkdir()
     write_seeded_table(tables)
     env = {**os.environ, "RAKV_CALIBRATION_DIR": str(tables)}
-    single = subprocess.run([sys.executable, script, "study", *grid, f"results_dir={unsharded}"], capture_output=True,
-                            text=True, timeout=600, env=env)
+    single = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_stage.py"), "study", *LAUNCHED_GRID,
+                             f"results_dir={root / 'results'}"], capture_output=True, text=True, timeout=600, env=env)
     assert single.returncode == 0, single.stderr[-2000:]
+    return root / "results", env
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_sharded_study_through_a_launcher_merges_to_the_unsharded_plan(tmp_path, launcher, unsharded_study):
+    """Two shards as a Hydra multirun on the unsharded study's calibration table, then the merge step: the merged
+    runs.parquet holds exactly the run ids of an unsharded study of the same grid, and the same rakv-asd actions."""
+    sharded, (unsharded, env) = tmp_path / "sharded", unsharded_study
+    grid = LAUNCHED_GRID
+    script = str(ROOT / "scripts" / "run_stage.py")
     shutil.copytree(RunLayout.of(unsharded).calibration_dir, RunLayout.of(sharded).calibration_dir)  # one table
     shards = subprocess.run([sys.executable, script, "study", "-m", *LAUNCHERS[launcher],
                              f"hydra.sweep.dir={tmp_path / 'multirun'}", *grid, f"results_dir={sharded}",
