@@ -27,16 +27,3 @@ def smollm2_pair():
     from rakv.runtime.models import load_pair
 
     return load_pair("smollm2", threads=THREADS)
-
-
-# The files whose tests take longest (a pipeline fixture, studies and stages run as subprocesses; `pytest
-# --durations`), longest first. scripts/test.sh keeps a file on one worker (--dist loadfile) and hands files out in
-# collection order: collected in alphabetical order, the longest file started when the other worker was near its end
-# and ran on alone. Collected first, they start at once and the short files fill in around them.
-LONGEST_FIRST = ("test_smoke_outputs.py", "test_study.py", "test_reproduce_jobs.py", "test_serving_study.py",
-                 "test_sampling_engine.py", "test_all_proposers.py", "test_sharding_stages.py", "test_kernels.py")
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: every other file keeps its order
