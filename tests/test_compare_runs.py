@@ -6,6 +6,8 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from rakv.experiments.metadata import Hardware, read_run_metadata, write_run_metadata
 from rakv.runtime.run_layout import OTHER_MACHINES_DIR, RunLayout
 
@@ -167,6 +169,7 @@ def test_agreement_counts_values_inside_and_conclusions_that_flip(tmp_path):
     assert flipped.outside == [MOVED] == flipped.flipped and flipped.inside == flipped.total - 1
 
 
+@pytest.mark.heavy
 def test_the_paper_sets_the_shipped_other_machines_side_by_side():
     from rakv.experiments import prose_machines
 

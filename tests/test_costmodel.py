@@ -165,6 +165,7 @@ def test_exact_hit_costs_no_prefill():
     assert estimate_latency(t, exact, True, 0, 0.5) < estimate_latency(t, exact, False, 0, 0.5) - 0.4
 
 
+@pytest.mark.heavy
 def test_stale_calibration_is_detected_and_not_used(tiny_pair, tmp_path, monkeypatch):
     monkeypatch.setenv("RAKV_CALIBRATION_DIR", str(tmp_path))
     engine = Engine(tiny_pair, PrefixKVStore(budget_bytes=1 << 30))

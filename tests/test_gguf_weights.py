@@ -93,6 +93,7 @@ def test_a_packed_file_of_another_layout_is_rebuilt(tmp_path, tiny_gguf, monkeyp
     assert len(built) == 2 and "another layout" in capsys.readouterr().err
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_smollm2_packed_straight_from_the_gguf_is_bitwise_the_transformers_path(tmp_path):
     """Every packed tensor of the target and of its int8 draft, and the logits of a few prompts: the same bits as

@@ -59,6 +59,7 @@ def served(tiny_pair, tmp_path):
         stop()
 
 
+@pytest.mark.heavy
 def test_generated_requests_get_no_5xx_no_hang_conforming_answers_and_whole_records(served, tmp_path):
     url, _, stop = served
     cases = generate(load_schema(url), EXAMPLES, seed_value=0)

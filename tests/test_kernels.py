@@ -193,6 +193,7 @@ def test_logits_are_bitwise_the_same_alone_chunked_verified_or_batched(tiny_pair
         _batch_invariance(model, segments, cuts, seed)
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @settings(max_examples=6, deadline=None)
 @given(SEGMENTS, CUTS, st.integers(0, 10_000))
@@ -290,6 +291,7 @@ def _w8a8_stock(stock_module, draft):
     return stock_module
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_compact_smollm2_target_and_int8_draft_give_reference_logits(smollm2_pair):
     from rakv.runtime.workloads import load_humaneval
@@ -395,6 +397,7 @@ def _beyond_avx2() -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not _beyond_avx2(), reason="this machine's build already runs the AVX2 code (both builds "
                                                "compile the same vector code; the other tests check it)")
+@pytest.mark.heavy
 def test_an_avx2_build_gives_every_gemm_row_the_bits_of_this_machines_build(tmp_path):
     """The GEMM's bits do not depend on the vector width (kernels.cpp: eight-lane tiles on AVX2, sixteen-lane ones
     with AVX-512, two or more row counts per call): the same rows through a build for x86-64-v3 (AVX2 + FMA, compiled

@@ -241,6 +241,7 @@ def test_a_regime_point_is_labelled_by_what_its_run_measured(tmp_path):
     assert regime_map(points, tmp_path)[0].exists()
 
 
+@pytest.mark.heavy
 def test_the_machines_table_carries_the_measured_regime_and_the_band():
     """Table tab:machines, from the shipped runs: each pair's measured count of scenarios where the best k>0 won
     equals its summary's, and the band's ends are this run's two calibrations."""

@@ -57,6 +57,7 @@ def shipped() -> Summary:
     return read_summary(REFERENCE)
 
 
+@pytest.mark.heavy
 def test_the_shipped_summary_is_what_todays_analysis_computes_from_the_shipped_tables(recomputed):
     found = differences(json.loads(LAYOUT.summary.read_text()), recomputed.to_json())
     assert not found, f"{len(found)} difference(s), first: {found[:5]}; {REGENERATE}"
@@ -67,6 +68,7 @@ def ablations() -> pd.DataFrame:
     return ablation.study_ablations(REFERENCE)
 
 
+@pytest.mark.heavy
 def test_the_shipped_latex_is_what_todays_report_writes(recomputed, ablations, tmp_path):
     written = latex.write_generated(recomputed, REFERENCE, tmp_path)
     written.append(latex.write_ablation(ablations, tmp_path))

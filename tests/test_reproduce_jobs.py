@@ -10,12 +10,15 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from test_sharding import GRID, SERVING, composed, serving_cfg, write_seeded_batch_cost, write_seeded_table
 
 from rakv.experiments import stages
 from rakv.experiments.serving import run_serving
 from rakv.experiments.study import run_main_study
 from rakv.runtime.run_layout import RunLayout
+
+pytestmark = pytest.mark.heavy
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = [*GRID, "study.learning=per_block"]

@@ -15,6 +15,7 @@ from rakv.runtime.cache import PrefixKVStore
 from rakv.runtime.decoding import Sampling
 from rakv.runtime.engine import Engine
 
+pytestmark = pytest.mark.heavy  # 300 runs per arm and position: about a minute on 2 cores
 RUNS = 300
 NEW_TOKENS = 5
 POSITIONS = (2, 3, 4)  # the first token comes from the prefill; these follow at least one speculative round

@@ -249,6 +249,7 @@ def test_admission_decides_once_with_the_stores_answer_before_the_request_is_siz
     assert reuse.status == fresh.status == Status.FINISHED
 
 
+@pytest.mark.heavy
 def test_a_prompt_is_shared_as_soon_as_it_is_computed_not_only_when_its_request_ends(tiny_pair, tmp_path):
     """A request sharing a running request's prompt reuses it while the first still decodes (the prompt's K/V is
     published when its first token comes out); both outputs stay the requests' alone."""

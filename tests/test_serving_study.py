@@ -258,7 +258,8 @@ def test_model_policies_change_no_output(tiny_pair, tmp_path, speculation, accep
     assert all(i.predicted_s is None or i.predicted_s > 0 for i in iterations)
 
 
-SMALL = ["profile=smoke", "profile.serving.repeats=2", "profile.serving.requests=4",
+# calibration.refuse_spread: the suite's own workers load the machine; the gate itself is tested in test_costmodel.py
+SMALL = ["profile=smoke", "calibration.refuse_spread=10.0", "profile.serving.repeats=2", "profile.serving.requests=4",
          "profile.serving.rates={chunking:[32],speculation:[32],speculation-draft:[32],acceptance:[16]}"]
 
 
@@ -267,6 +268,7 @@ def run_stage(results, *extra):
                            f"results_dir={results}", *extra], capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.heavy
 def test_the_serving_stage_writes_its_tables_counts_exact_outputs_and_resumes_per_run(tmp_path):
     results = tmp_path / "results"
     done = run_stage(results)
@@ -332,6 +334,7 @@ def test_a_bad_serving_design_stops_with_one_line(tmp_path):
     assert "speculation.margins.goodput" in done.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.heavy
 def test_rakv_serve_takes_the_model_policies(tmp_path):
     from rakv.runtime.calibration import calibration_dir
 

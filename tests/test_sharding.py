@@ -79,6 +79,7 @@ def one_process(seeded_table, tmp_path_factory):
     return results
 
 
+@pytest.mark.heavy
 def test_shards_decide_as_one_process_and_merge_without_models(one_process, tmp_path, monkeypatch):
     sharded = tmp_path / "sharded"
     shard = [f"results_dir={sharded}", "study.learning=per_block", "study.num_shards=3"]
@@ -189,6 +190,7 @@ def served_outputs(results) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values(["run", "id"]).reset_index(drop=True)
 
 
+@pytest.mark.heavy
 def test_serving_cells_as_jobs_serve_what_one_process_serves(tmp_path, monkeypatch):
     from rakv.experiments.serving import run_serving
 

@@ -243,6 +243,7 @@ SMALL_SAMPLING = ["profile.sampling.seeds=1", "profile.sampling.distribution.pro
                   "experiment.temperatures=[0.0,1.0]", "experiment.ks=[2]"]
 
 
+@pytest.mark.heavy
 def test_sampling_as_jobs_gives_one_process_outputs(tables, tmp_path, monkeypatch):
     from rakv.experiments.sampling import run_sampling, sampling_units
 

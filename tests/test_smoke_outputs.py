@@ -15,6 +15,7 @@ from rakv.runtime.json_records import record_items
 from rakv.runtime.run_layout import RunLayout
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.heavy
 
 
 @pytest.fixture(scope="session")

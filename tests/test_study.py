@@ -60,6 +60,7 @@ def study_command(results_dir):
             "calibration.recalibrate=auto"]
 
 
+@pytest.mark.heavy
 def test_study_killed_with_sigkill_resumes_without_loss_duplicates_or_other_decisions(tmp_path):
     interrupted, uninterrupted = tmp_path / "interrupted", tmp_path / "uninterrupted"
     command = study_command(interrupted)
@@ -131,6 +132,7 @@ def unsharded_study(tmp_path_factory) -> tuple[Path, dict]:
     return root / "results", env
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_sharded_study_through_a_launcher_merges_to_the_unsharded_plan(tmp_path, launcher, unsharded_study):
     """Two shards as a Hydra multirun on the unsharded study's calibration table, then the merge step: the merged
