@@ -125,3 +125,48 @@ def test_a_retrained_set_is_calibrated_again(tiny_pair, monkeypatch):
     assert key["heads"] == shipped and "heads" not in calibration_key(tiny_pair, "draft")
     monkeypatch.setattr(heads_module, "shipped_heads_key", lambda name: "another-set")
     assert key_digest(calibration_key(tiny_pair, "heads")) != key_digest(key)
+
+
+def test_a_greedy_request_teaches_prompt_lookup_the_rounds_it_would_have_run():
+    """Of several proposers, a finished greedy request served by one teaches prompt lookup (whose greedy rounds an
+    output fixes) the rounds lookup would have run over it, so a proposer the choice never picks still learns
+    (rakv.serving.acceptance.Acceptance.learn); the draft, which does not replay, learns only from its own rounds; a
+    sampled request teaches no other proposer; lookup's own request is not counted twice."""
+    from types import SimpleNamespace
+
+    from rakv.runtime.decoding import Sampling
+    from rakv.serving.acceptance import Acceptance
+
+    k_set = configured(k_set=(0, 1, 2, 4))
+    prompt, output = [1, 2, 3, 4, 5, 6, 7, 8] * 3, [1, 2, 3, 4, 5, 6, 7, 8] * 2  # lookup proposes the output exactly
+
+    def served(proposer, temperature=0.0, log=()):
+        choice = SimpleNamespace(decision=object(), depth=None, proposer=proposer)
+        return SimpleNamespace(prompt=prompt, state=SimpleNamespace(tokens=output), choice=choice, proposer=proposer,
+                               sampling=Sampling(temperature=temperature)), list(log)
+
+    def states(acceptance):
+        return {n: c.tracker.state for n, c in acceptance.controller.controllers.items()}
+
+    def fresh():
+        return Acceptance("ewma", ProposerChoice.of({"draft": table(alpha=0.3), "prompt-lookup": table(alpha=0.3)},
+                                                    k_set))
+
+    acceptance = fresh()
+    before = states(acceptance)
+    request, log = served("draft", log=[(4, 0)] * 4)
+    acceptance.learn(request, log, 0)
+    lookup = acceptance.controller.controllers["prompt-lookup"].tracker
+    assert lookup.alpha > 0.45 and lookup.state != before["prompt-lookup"]  # learnt: every candidate passes
+    assert acceptance.controller.controllers["draft"].tracker.alpha < 0.3  # its own rejected rounds only
+
+    sampled = fresh()
+    request, log = served("draft", temperature=0.7, log=[(4, 0)] * 4)
+    sampled.learn(request, log, 0)
+    assert states(sampled)["prompt-lookup"] == before["prompt-lookup"]
+
+    own, alone = fresh(), fresh()
+    request, log = served("prompt-lookup", log=[(4, 4)] * 3)
+    own.learn(request, log, 0)
+    alone.controller.controllers["prompt-lookup"].observe(log, 0)
+    assert states(own) == states(alone)

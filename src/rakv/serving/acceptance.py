@@ -100,9 +100,25 @@ class Acceptance:
 
     def learn(self, request: ServedRequest, log, empty: int) -> None:
         """The EWMA (the controller's, with its per-match-class depth; of several proposers, the one that chose the
-        request) learns from a finished request's rounds."""
+        request) learns from a finished request's rounds; of several proposers, each other one whose greedy rounds
+        replay from an output (prompt lookup) learns too, from the rounds it would have run over this request's."""
         temperature = request.sampling.temperature  # greedy at <= 0 (temperature_key)
         if self.controller is None:
             self.tracker_at(temperature).observe(log, empty)
         elif request.choice.decision is not None:
             self._controller(request.proposer).observe(log, empty, request.choice.depth, temperature)
+            self._learn_replayed(request)
+
+    def _learn_replayed(self, request: ServedRequest) -> None:
+        """Why: a proposer that is not chosen runs no rounds, so its EWMA would stay at its calibrated start however
+        well it would have done (the choice by service time under load never chose prompt lookup, whose server was
+        measured fastest: data/reference/served-choice/). A greedy output fixes a model-free proposer's rounds
+        (rakv.serving.replay.lookup_rounds), so they are learnt at no cost, at the deepest k that proposer may run."""
+        if not isinstance(self.controller, ProposerChoice) or not request.sampling.greedy:
+            return
+        for name, controller in self.controller.controllers.items():
+            kind = proposer_type(name)
+            if name == request.proposer or not kind.replays_rounds:
+                continue
+            depth = self.controller.max_k.get(name, max(self.k_by_iteration or controller.config.k_set))
+            controller.observe(*lookup_rounds(kind(), request.prompt, request.state.tokens, max(depth, 1)))
