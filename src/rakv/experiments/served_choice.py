@@ -31,7 +31,7 @@ from rakv.runtime.calibration import calibration_for
 from rakv.runtime.controller import ControllerConfig
 from rakv.runtime.engine import Engine
 from rakv.runtime.errors import RakvError
-from rakv.runtime.json_records import read_record
+from rakv.runtime.json_records import optional, read_record
 from rakv.runtime.models import load_pair
 from rakv.runtime.proposers import parse_proposers
 from rakv.runtime.run_layout import ServedRunLayout
@@ -67,6 +67,36 @@ class ServedProposersOptions:
 
 
 @dataclass
+class ProposerService:
+    """What admission predicted for one proposer's requests against what they measured, summed over a setup's
+    requests (requests.jsonl's `served_predicted_s` and `service_s`, `alpha` and `realised_alpha`): whether the
+    choice at load prices each proposer as it serves (the means are the sums over `requests`)."""
+
+    requests: int = 0
+    predicted_s: float = 0.0  # admission's service prediction (admission to last token, beside its company)
+    measured_s: float = 0.0  # the service time measured (admission to last token)
+    alpha_priced: float = 0.0  # the acceptance its action was priced with
+    alpha_realised: float = 0.0  # the acceptance its rounds realised (over `realised` requests: those with rounds)
+    realised: int = 0
+
+    def add(self, record) -> None:
+        if record.served_predicted_s is None or record.service_s is None:
+            return
+        self.requests += 1
+        self.predicted_s += record.served_predicted_s
+        self.measured_s += record.service_s
+        self.alpha_priced += record.alpha or 0.0
+        if record.realised_alpha is not None:
+            self.realised += 1
+            self.alpha_realised += record.realised_alpha
+
+    def text(self, name: str) -> str:
+        realised = f"{self.alpha_realised / self.realised:.3f}" if self.realised else "none"
+        return (f"{name} {self.measured_s / self.predicted_s:.2f} (alpha priced {self.alpha_priced / self.requests:.3f}"
+                f", realised {realised})")
+
+
+@dataclass
 class SetupRuns:
     """One setup's served runs: per repeat, each request's end-to-end latency and the run's output tokens/s."""
 
@@ -75,6 +105,8 @@ class SetupRuns:
     proposer_share: dict[str, int] = field(default_factory=dict)  # requests per proposer (the choice: chosen)
     equal: int = 0  # greedy outputs equal to the first setup's
     total: int = 0
+    # per proposer, admission's service prediction against the measured service (reports before it: ABSENT)
+    service: dict[str, ProposerService] = optional()
 
 
 @dataclass
@@ -130,7 +162,7 @@ def serve_once(pair, setup: tuple[str, tuple[str, ...], str], trace, max_batch: 
 def measure(options: ServedProposersOptions, log=print) -> ServedProposersReport:
     pair = load_pair(options.pair)
     plan = setups(options)
-    runs = {name: SetupRuns() for name in plan}
+    runs = {name: SetupRuns(service={}) for name in plan}
     warm = trace_of(options, 999)[:4]
     for setup in plan.values():  # warm-up, and every table measured before any timing
         serve_once(pair, setup, warm, options.max_batch)
@@ -152,6 +184,7 @@ def measure(options: ServedProposersOptions, log=print) -> ServedProposersReport
             for r in records.values():
                 kind = (r.proposer if isinstance(r.proposer, str) else proposer) if r.k else "k = 0"
                 setup.proposer_share[kind] = setup.proposer_share.get(kind, 0) + 1
+                setup.service.setdefault(kind, ProposerService()).add(r)
             log(f"repeat {repeat} {name:<14} {throughput:6.1f} tok/s, mean e2el "
                 f"{statistics.fmean(setup.e2el_s[-1].values()):.2f} s")
         first = outputs[order[0]]
@@ -201,6 +234,10 @@ def report_text(report: ServedProposersReport) -> str:
         shares = ", ".join(f"{k} {v}" for k, v in sorted(runs.proposer_share.items()))
         lines.append(f"{name:<14} {statistics.median(runs.tokens_per_s):>15.1f} {statistics.fmean(latencies):>12.3f} "
                      f"{runs.equal:>4}/{runs.total:<4}  {shares}")
+    for name, runs in report.setups.items():
+        if runs.service:
+            lines.append(f"{name:<14} service measured / predicted at admission: "
+                         + "; ".join(s.text(k) for k, s in sorted(runs.service.items()) if s.requests))
     for name, (value, low, high) in report.against.items():
         lines.append(f"choice vs {name:<14} mean e2el {value:+.1%} [{low:+.1%}, {high:+.1%}]")
     value, low, high = report.regret
