@@ -406,7 +406,7 @@ def test_the_papers_proposer_section_is_the_shipped_studys_rows_and_served_repor
     configuration, rows, _ = study_rows(PROPOSER_STUDY.root)
     from dataclasses import replace
 
-    from rakv.experiments.served_choice import CHOICE, ServedProposersOptions, SetupRuns, report_of
+    from rakv.experiments.served_choice import CHOICE, ProposerService, ServedProposersOptions, SetupRuns, report_of
     from rakv.runtime.json_records import write_record
 
     served = tmp_path / "served"
@@ -418,11 +418,15 @@ def test_the_papers_proposer_section_is_the_shipped_studys_rows_and_served_repor
                           enumerate(base)], [10.0] * 3, {"draft": 30}, 30, 30)
 
     for rate, scale, jitter in ((6.0, 1.05, 0.3), (2.0, 1.0, 0.0)):
+        draft = runs(1.0)
+        if rate == 2.0:  # admission's predictions beside the service measured, per proposer (only this report's)
+            draft.service = {"draft": ProposerService(30, 30.0, 39.0, 27.0, 28.5, 30)}
         report = report_of(replace(ServedProposersOptions(), rate=rate, repeats=3),
-                           {"draft": runs(1.0), "prompt-lookup": runs(1.2), "heads": runs(1.3),
+                           {"draft": draft, "prompt-lookup": runs(1.2), "heads": runs(1.3),
                             CHOICE: runs(scale, jitter)})
         write_record(report, served / f"rate{rate:g}.json")
     text = proposers_section(served=served)
+    assert text.count("over admission's prediction was 1.30 for draft (acceptance priced 0.900, realised 0.950)") == 1
     assert configuration == "smollm2-all" and all(ci_text(r.regret) in text for r in rows)
     assert text.index("at 2 requests/s") < text.index("regret is met") < text.index("at 6 requests/s") < text.index(
         "regret is inconclusive")

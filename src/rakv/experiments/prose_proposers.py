@@ -90,10 +90,25 @@ def served_sentence(folder: Path = SERVED_CHOICE) -> str:
         loads.append(f"at {report.options.rate:g} requests/s, {against} (the choice ran {shares} of "
                      f"{report.setups[CHOICE].total} requests), so against the best fixed proposer "
                      f"({tex_escape(report.best_fixed)}, in hindsight) the goal of at most 5\\,\\% regret is "
-                     f"{tex_escape(report.verdict)}{at_load}")
-    return (f" Served under load (\\texttt{{scripts/served\\_choice.py}}: {o.requests} Poisson requests per trace, "
+                     f"{tex_escape(report.verdict)}{at_load}{service_clause(report)}")
+    return (f" Served under load (\\texttt{{scripts/served\\_choice.py}}, its machine and commit in "
+            f"data/reference/served-choice/README.md: {o.requests} Poisson requests per trace, "
             f"{o.repeats} repeats, every server rakv-asd with the load-aware policy, intervals over repeats), the "
             "mean end-to-end latency of the choice over one proposer per server is " + "; ".join(loads) + ".")
+
+
+def service_clause(report) -> str:
+    """How far admission's service predictions were from the service measured, per proposer on its own server
+    (measured over predicted, summed over its requests): what the choice at load compares proposers by."""
+    own = [(name, report.setups[name].service.get(name)) for name in report.setups
+           if report.setups[name].service and name in report.setups[name].service]
+    own = [(name, s) for name, s in own if s.requests]
+    if not own:
+        return ""
+    return ("; on each proposer's own server the measured service time over admission's prediction was "
+            + ", ".join(f"{num(s.measured_s / s.predicted_s, 2)} for {tex_escape(name)} (acceptance priced "
+                        f"{num(s.alpha_priced / s.requests, 3)}, realised "
+                        f"{num(s.alpha_realised / s.realised, 3) if s.realised else 'none'})" for name, s in own))
 
 
 def proposers_section(folder: Path = PROPOSER_STUDY.root, served: Path = SERVED_CHOICE) -> str:
@@ -107,6 +122,6 @@ def proposers_section(folder: Path = PROPOSER_STUDY.root, served: Path = SERVED_
     text = (f"The study of \\texttt{{{tex_escape(configuration)}}} (the self-draft, prompt lookup and learned heads "
             f"of one target; data/reference/proposer-choice/) sets rakv-asd choosing (reuse, proposer, $k$) per "
             f"request against every fixed choice on the same instances (Table~\\ref{{tab:proposers}}). "
-            + verdict_sentence(rows) + f" rakv-asd ran {ran} of its requests." + price_sentence(folder)
-            + served_sentence(served) + "\n")
-    return text + choice_table(rows)
+            + verdict_sentence(rows) + f" rakv-asd ran {ran} of its requests." + price_sentence(folder) + "\n")
+    served_text = served_sentence(served).strip()  # its own paragraph after the table, which stays by its reference
+    return text + choice_table(rows) + (f"\n{served_text}\n" if served_text else "")
