@@ -398,8 +398,8 @@ def test_the_served_choice_is_judged_against_the_best_fixed_proposer_with_its_co
 
 def test_the_papers_proposer_section_is_the_shipped_studys_rows_and_served_report(tmp_path):
     """paper/generated/*/proposers.tex (rakv.experiments.prose_proposers): every row of the shipped all-proposer
-    study's choice table with its interval and verdict, the served choice's verdict where its report is shipped, and
-    a comment alone without the study."""
+    study's choice table with its interval and verdict (the analysed run's own study where it has one), the served
+    choice's verdict where its report is shipped, and a comment alone without a study."""
     from rakv.experiments.formatting import ci_text
     from rakv.experiments.prose_proposers import PROPOSER_STUDY, proposers_section, study_rows
 
@@ -431,7 +431,11 @@ def test_the_papers_proposer_section_is_the_shipped_studys_rows_and_served_repor
     assert text.index("at 2 requests/s") < text.index("regret is met") < text.index("at 6 requests/s") < text.index(
         "regret is inconclusive")
     assert "served" not in proposers_section(served=tmp_path / "none").lower()
-    assert proposers_section(tmp_path).startswith("% no study")
+    assert "data/reference/proposer-choice/" in text and "predates" in text
+    assert proposers_section(tmp_path, shipped=tmp_path).startswith("% no study")
+    # a run whose own study holds a configuration of several proposers (the offline profile's) is read instead
+    own = proposers_section(PROPOSER_STUDY.root, served=served, shipped=tmp_path)
+    assert "this run's study" in own and "predates" not in own and all(ci_text(r.regret) in own for r in rows)
 
 
 def test_the_shipped_served_choice_reports_are_what_their_runs_give():

@@ -364,7 +364,7 @@ def write_generated(summary: Summary, results: Path, out_dir: Path) -> list[Path
         "sampling.tex": sampling_text(summary),
         "sampling_tables.tex": sampling_tables(summary),
         "speculate_table.tex": speculate_table(summary, results),
-        "proposers.tex": proposers_section(),
+        "proposers.tex": proposers_section(results),
     }
     paths = []
     for name, text in files.items():

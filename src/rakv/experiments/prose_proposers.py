@@ -1,6 +1,8 @@
 """The paper's "Three proposer families" (paper/main.tex): the learned heads beside the int8 self-draft and prompt
-lookup, and rakv-asd choosing (reuse, proposer, k) per request, from the shipped all-proposer study
-(data/reference/proposer-choice/, rakv.experiments.proposer_choice: the table scripts/proposer_choice.py prints) and,
+lookup, and rakv-asd choosing (reuse, proposer, k) per request, from the analysed run's own study where its
+configurations include one of several proposers (the offline profile's `smollm2-all`), else the shipped all-proposer
+study (data/reference/proposer-choice/), both through rakv.experiments.proposer_choice (the table
+scripts/proposer_choice.py prints), and,
 where shipped, the served choice under load (data/reference/served-choice/*.json,
 rakv.experiments.served_choice). Every number is read from those files; every verdict is the goal's rule on its
 interval (met, missed or inconclusive), and the sentences carry no sign of their own.
@@ -51,16 +53,18 @@ def choice_table(rows: list[ChoiceRow]) -> str:
             "\\end{rakvtable}\n")
 
 
-def price_sentence(folder: Path) -> str:
+def price_sentence(folder: Path, shipped: bool) -> str:
+    """The proposers' prices by the study's calibrations; `shipped`: the older all-proposer study, which predates
+    the heads' proposal through the engine's own GEMM, so the sentence says so."""
     try:
         rows = prices(calibration_tables(folder), PRICE_CONTEXT)
     except RakvError:
         return ""
     parts = [f"{OWNER.get(r.calibration.split('-', 1)[1], tex_escape(r.calibration))} four candidates cost "
              f"{num(r.propose_4, 3)} target steps, each accepted with probability {num(r.alpha, 3)}" for r in rows]
-    return (f" By the study's calibrations (at {PRICE_CONTEXT} tokens of context; the study predates the heads' "
-            "proposal through the engine's own GEMM, docs/heads.md has the later measurements), " + "; ".join(parts)
-            + ".")
+    dated = ("; the study predates the heads' proposal through the engine's own GEMM, docs/heads.md has the later "
+             "measurements" if shipped else "")
+    return f" By the study's calibrations (at {PRICE_CONTEXT} tokens of context{dated}), " + "; ".join(parts) + "."
 
 
 def verdict_sentence(rows: list[ChoiceRow]) -> str:
@@ -111,17 +115,24 @@ def service_clause(report) -> str:
                         f"{num(s.alpha_realised / s.realised, 3) if s.realised else 'none'})" for name, s in own))
 
 
-def proposers_section(folder: Path = PROPOSER_STUDY.root, served: Path = SERVED_CHOICE) -> str:
-    """The section's text and table (empty, with a comment, when the all-proposer study is not shipped)."""
-    found = study_rows(folder)
+def proposers_section(results: Path | None = None, served: Path = SERVED_CHOICE,
+                      shipped: Path = PROPOSER_STUDY.root) -> str:
+    """The section's text and table from the run at `results` where its study holds a configuration of several
+    proposers, else from the shipped all-proposer study (empty, with a comment, when neither has one)."""
+    found = study_rows(Path(results)) if results is not None else None
+    own = found is not None
+    folder = Path(results) if own else Path(shipped)
+    found = found if own else study_rows(folder)
     if found is None:
         return "% no study of a configuration of several proposers: data/reference/proposer-choice/ (docs/heads.md)\n"
     configuration, rows, shares = found
+    where = "this run's study" if own else "data/reference/proposer-choice/"
     ran = ", ".join(f"{tex_escape(s.proposer)} {s.share:.0%}".replace("%", "\\%") for s in shares
                     if s.workload == POOLED)
     text = (f"The study of \\texttt{{{tex_escape(configuration)}}} (the self-draft, prompt lookup and learned heads "
-            f"of one target; data/reference/proposer-choice/) sets rakv-asd choosing (reuse, proposer, $k$) per "
+            f"of one target; {where}) sets rakv-asd choosing (reuse, proposer, $k$) per "
             f"request against every fixed choice on the same instances (Table~\\ref{{tab:proposers}}). "
-            + verdict_sentence(rows) + f" rakv-asd ran {ran} of its requests." + price_sentence(folder) + "\n")
+            + verdict_sentence(rows) + f" rakv-asd ran {ran} of its requests."
+            + price_sentence(folder, shipped=not own) + "\n")
     served_text = served_sentence(served).strip()  # its own paragraph after the table, which stays by its reference
     return text + choice_table(rows) + (f"\n{served_text}\n" if served_text else "")
