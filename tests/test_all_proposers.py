@@ -455,3 +455,38 @@ def test_the_shipped_served_choice_reports_are_what_their_runs_give():
         assert path.stem == f"rate{report.options.rate:g}"
         assert all(s.equal == s.total == report.options.requests * report.options.repeats
                    for s in report.setups.values())
+
+
+def test_the_ablation_replays_the_choice_among_the_proposers(study):
+    """rakv.experiments.ablation replays a configuration of several proposers with their ProposerChoice, each priced
+    by its own calibration: one replayed run per live one, each a proposer-qualified action the study measured, the
+    first decision (nothing learnt yet) the live one's, the heads offered no k deeper than their heads, and
+    `k_set=[0]` never speculating. The ablation table, from the study folder's calibrations, holds it under every
+    variant."""
+    from dataclasses import replace
+
+    from rakv.experiments.ablation import LIVE, ablation_table, replay, replay_controller, replay_tables, replayable
+    from rakv.experiments.calibrations import proposer_tables
+    from rakv.experiments.metadata import read_run_metadata
+    from rakv.experiments.oracle import adaptive_mask, measurements
+    from rakv.runtime.controller import ControllerConfig, ProposerChoice
+
+    runs, results = runs_of(study), study / "results"
+    tables = proposer_tables(runs, results, "tiny-all")
+    assert list(tables) == list(PROPOSERS) and None not in tables.values()
+    config = ControllerConfig.from_conf(read_run_metadata(RunLayout.of(results)).controller)
+    meas = measurements(runs)
+    part = meas[meas.configuration == "tiny-all"]
+    controller = replay_controller(tables, config, part)
+    assert isinstance(controller, ProposerChoice) and controller.max_k == {"heads": 4}
+    live = runs[adaptive_mask(runs, "tiny-all")].sort_values("order")
+    replayed = replay(runs, meas, tables, config, "tiny-all").sort_values("order")
+    assert len(replayed) == len(live) and set(replayed.action) <= set(part.action)
+    assert replayed.action.iloc[0] == live.action.iloc[0]
+    assert not any(a.startswith("heads:") and Action.parse(a).k > 4 for a in replayed.action)
+    assert {Action.parse(a).proposer for a in replayed.action if ":" in a} - {""}  # it speculates with some proposer
+    never = replay(runs, meas, tables, replace(config, k_set=(0,)), "tiny-all")
+    assert (never.k == 0).all()
+    variants = {LIVE: None, "as run": replayable(config), "tie 10 %": replace(replayable(config), tie_margin=0.1)}
+    table = ablation_table(runs, replay_tables(runs, results), variants, config)
+    assert list(table.variant) == list(variants) and set(table.configuration) == {"tiny-all"}

@@ -28,12 +28,15 @@ from pathlib import Path
 import pandas as pd
 
 from rakv.experiments import analysis
+from rakv.experiments.calibrations import proposer_tables
 from rakv.experiments.metadata import read_run_metadata
 from rakv.experiments.oracle import adaptive_mask, measured_strategies, measurements, strategy_latencies
+from rakv.experiments.proposer_choice import all_proposer_configurations
 from rakv.experiments.study_stats import MeasuredStatistics, configuration_statistics
 from rakv.experiments.summary import ConfigurationStatistics
+from rakv.runtime.actions import Action
 from rakv.runtime.cache import Hit
-from rakv.runtime.controller import Controller, ControllerConfig
+from rakv.runtime.controller import Controller, ControllerConfig, Decision, ProposerChoice
 from rakv.runtime.errors import RakvError
 from rakv.runtime.run_layout import RunLayout
 
@@ -77,13 +80,34 @@ def empty_rounds(run) -> int:
     return max(int(run.new_tokens) - 1 - int(run.accepted) - int(run.rounds), 0)
 
 
+def replay_controller(table, config: ControllerConfig, part: pd.DataFrame) -> Controller | ProposerChoice:
+    """The controller a replay decides with: one proposer's from its table, or (`table` a dict: proposer -> table,
+    a configuration of several proposers) their ProposerChoice, each proposer offered no deeper k than the study
+    measured of it (the heads: one candidate per head; the study's plan asked the pair, this reads the plan)."""
+    if not isinstance(table, dict):
+        return Controller(table, config)
+    actions = part.action.map(Action.parse)
+    deepest = {name: int(max((a.k for a in actions if a.proposer == name), default=0)) for name in table}
+    return ProposerChoice.of(table, config, {name: k for name, k in deepest.items() if k < max(config.k_set)})
+
+
+def replayed_decision(controller: Controller | ProposerChoice, row, hit: Hit) -> tuple[Decision, str, Controller]:
+    """(decision, the study's label of its action, the controller that learns from its rounds)."""
+    if isinstance(controller, ProposerChoice):
+        proposer, decision = controller.decide(row.prompt_tokens, hit, row.new_tokens)
+        return decision, decision.action.of_proposer(proposer).label, controller.controllers[proposer]
+    decision = controller.decide(row.prompt_tokens, hit, row.new_tokens)
+    return decision, decision.action.label, controller
+
+
 def replay(runs: pd.DataFrame, meas: pd.DataFrame, table, config: ControllerConfig, configuration: str) -> pd.DataFrame:
-    """The configuration's rakv-asd runs as a controller with `config` would have made them."""
+    """The configuration's rakv-asd runs as a controller with `config` would have made them (`table`: its
+    calibration, or per proposer for a configuration of several: `replay_controller`)."""
     live = runs[adaptive_mask(runs, configuration)]
     part = meas[meas.configuration == configuration]
     repeats = part.repeat.nunique()
     lookup = part.set_index(["dataset", "prompt_id", "scenario", "action", "repeat"]).sort_index()
-    controller = Controller(table, config)
+    controller = replay_controller(table, config, part)
     rows = []
     for row in live.sort_values("order").itertuples(index=False):
         exact = row.scenario == "exact"
@@ -91,18 +115,18 @@ def replay(runs: pd.DataFrame, meas: pd.DataFrame, table, config: ControllerConf
         draft = int(draft) if draft == draft and draft is not None else 0
         hit = Hit(row.prompt_tokens, row.prompt_tokens if exact else row.available_hit_tokens + 1, exact,
                   draft_tokens=draft) if row.available_hit_tokens else Hit(row.prompt_tokens)
-        decision = controller.decide(row.prompt_tokens, hit, row.new_tokens)
-        key = (row.dataset, row.prompt_id, row.scenario, decision.action.label, row.repeat % repeats)
+        decision, label, learner = replayed_decision(controller, row, hit)
+        key = (row.dataset, row.prompt_id, row.scenario, label, row.repeat % repeats)
         if key not in lookup.index:
             raise RakvError(f"replay: no measurement of {'/'.join(map(str, key))} in the study")
         measured = lookup.loc[key]
         if measured.rounds:
-            controller.tracker.observe_mean(measured.accepted / measured.rounds,
-                                            measured.rejections / measured.rounds, int(measured.rounds))
+            learner.tracker.observe_mean(measured.accepted / measured.rounds,
+                                         measured.rejections / measured.rounds, int(measured.rounds))
         if measured.k:
-            controller.tracker.observe_matches(int(measured.rounds), empty_rounds(measured))
+            learner.tracker.observe_matches(int(measured.rounds), empty_rounds(measured))
         latency = float(measured.latency_s) + float(row.decision_s)  # the live decision's time (module docstring)
-        rows.append({**row._asdict(), "action": decision.action.label, "k": decision.action.k,
+        rows.append({**row._asdict(), "action": label, "k": decision.action.k,
                      "reuse": decision.action.reuse, "latency_s": latency, "tokens_per_s": row.new_tokens / latency,
                      "predicted_latency_s": decision.predicted_latency_s})
     return pd.DataFrame(rows, columns=list(live.columns))
@@ -163,7 +187,7 @@ def ablation_table(runs: pd.DataFrame, tables: dict, variants: dict[str, Control
     rows = []
     for configuration in sorted(runs.configuration.unique()):
         table = tables.get(configuration)
-        if table is None:
+        if table is None or (isinstance(table, dict) and None in table.values()):
             raise RakvError(f"no calibration kept for configuration {configuration}")
         measured = Measured.of(meas, configuration)
         for name, config in variants.items():
@@ -191,8 +215,16 @@ def study_ablations(results: Path, changes: dict | None = None) -> pd.DataFrame:
     layout = RunLayout.of(results)
     runs = pd.read_parquet(layout.study.runs)
     study = ControllerConfig.from_conf(read_run_metadata(layout).controller)
-    return ablation_table(runs, analysis.tables_by_configuration(runs, results), standard_variants(study, changes),
-                          study)
+    return ablation_table(runs, replay_tables(runs, results), standard_variants(study, changes), study)
+
+
+def replay_tables(runs: pd.DataFrame, results: Path) -> dict:
+    """Configuration -> its kept calibration; for a configuration of several proposers, proposer -> calibration
+    (its rakv-asd priced each proposer by that proposer's table)."""
+    tables = analysis.tables_by_configuration(runs, results)
+    for name in all_proposer_configurations(runs):
+        tables[name] = proposer_tables(runs, results, name)
+    return tables
 
 
 def format_table(frame: pd.DataFrame) -> str:

@@ -81,6 +81,19 @@ def tables_by_configuration(runs: pd.DataFrame, results: Path) -> dict[str, Cost
             for r in pairs.itertuples(index=False)}
 
 
+def proposer_tables(runs: pd.DataFrame, results: Path, configuration: str) -> dict[str, CostTable | None]:
+    """A configuration of several proposers' kept calibration per proposer, in its configuration's order (the
+    first is the engine's own; a tie goes to it): what its rakv-asd (rakv.runtime.controller.ProposerChoice)
+    priced each proposer's actions with."""
+    from rakv.experiments.config import configuration as configuration_entry
+
+    kept = calibration_tables(results)
+    mine = runs[runs.configuration == configuration]
+    precision = mine.precision.iloc[0] if "precision" in mine else "fp32"
+    return {name: kept.get(calibration_stem(mine.pair.iloc[0], name, precision))
+            for name in configuration_entry(configuration).all_proposers}
+
+
 def with_tie_sets(runs: pd.DataFrame, cost_tables: dict) -> pd.DataFrame:
     """The runs with every rakv-asd run's `tie_set` (JSON): as the controller recorded it, or for runs from before it
     was recorded recomputed from their `predictions` and their configuration's calibration (`cost_tables`:
