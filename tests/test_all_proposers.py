@@ -490,3 +490,15 @@ def test_the_ablation_replays_the_choice_among_the_proposers(study):
     variants = {LIVE: None, "as run": replayable(config), "tie 10 %": replace(replayable(config), tie_margin=0.1)}
     table = ablation_table(runs, replay_tables(runs, results), variants, config)
     assert list(table.variant) == list(variants) and set(table.configuration) == {"tiny-all"}
+
+
+def test_a_configuration_of_several_proposers_has_no_acceptance_row_of_mixed_proposers(study):
+    """rakv.experiments.study_stats.acceptance_table leaves out a configuration whose speculative runs mix proposers
+    (each proposer's acceptance is its single-proposer configuration's row); control: the same runs with their
+    labels unqualified, as a configuration of one proposer records them, get their row."""
+    from rakv.experiments.study_stats import acceptance_table
+
+    runs = runs_of(study)
+    assert "tiny-all" not in set(acceptance_table(runs, {}).get("configuration", []))
+    single = runs.assign(action=runs.action.str.replace(r"^[a-z-]+:", "", regex=True))
+    assert set(acceptance_table(single, {}).configuration) == {"tiny-all"}

@@ -281,3 +281,21 @@ def test_the_within_run_band_of_prices_is_the_fp32_targets_alone(tmp_path):
     assert calibration_band(folder) == before
     save_table(dearer, RunLayout.of(folder).calibration("smollm2", "heads"))  # positive control: an fp32 one widens it
     assert calibration_band(folder)[1] > 2 * before[1]
+
+
+def test_a_configuration_of_several_proposers_gets_no_precision_row(shipped):
+    """The configuration of all three proposers (its engine's proposer the self-draft, at fp32) would otherwise join
+    the self-draft's family as a second fp32 row: it gets none, and the other rows stay as they were."""
+    from dataclasses import replace
+
+    from rakv.experiments.config import configuration
+    from rakv.experiments.precision_factor import precision_rows
+
+    summary, tables, context = shipped
+    summary = with_q4_1(summary, [0.2, 0.1, 0.3])
+    assert configuration("smollm2-all").proposer == "draft" and configuration("smollm2-all").precision == "fp32"
+    names = [n for n in summary.configurations if n != "smollm2-all"]
+    without = only(summary, names)
+    held = replace(without, configurations=[*names, "smollm2-all"],
+                   per_configuration={**without.per_configuration, "smollm2-all": summary.per_configuration["smollm2"]})
+    assert precision_rows(held, tables, context) == precision_rows(without, tables, context) != []

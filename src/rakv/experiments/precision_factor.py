@@ -53,6 +53,8 @@ def precision_rows(summary: Summary, tables: dict, context: float) -> list[Preci
     families: dict[str, list] = {}
     for name in summary.configurations:
         chosen = configuration(name)
+        if chosen.chooses_proposer:  # several proposers: no one proposer's family (Section "Three proposer families")
+            continue
         families.setdefault(f"{chosen.pair}-{chosen.proposer}", []).append((chosen.precision, name))
     rows = []
     for family, members in families.items():

@@ -152,7 +152,11 @@ def direction_word(triple) -> str:
 def cause_part(summary: Summary, results: Path, befores: list[Path]) -> str:
     """What decides the regime: today's prices of every configuration with a draft (each precision's) beside each
     earlier engine's, and what the earlier engines' studies found against Joint-k4 (each word from its CI)."""
-    drafted = [(n, engine_prices(results, n)) for n in summary.per_configuration]
+    from rakv.experiments.config import configuration
+
+    # a configuration of several proposers prices its draft as its single-proposer configuration does
+    drafted = [(n, engine_prices(results, n)) for n in summary.per_configuration
+               if not configuration(n).chooses_proposer]
     drafted = [(n, p) for n, p in drafted if p is not None and p[1] is not None]
     if not drafted:
         return ""

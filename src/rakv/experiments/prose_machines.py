@@ -25,6 +25,7 @@ from rakv.experiments.verdicts import Side, ci_side
 from rakv.runtime.actions import BEST_FIXED, JOINT_K4, KV_ONLY
 from rakv.runtime.run_layout import RunLayout, split_calibration_stem
 
+PROPOSER_WORDS = {"draft": "the int8 self-draft", "prompt-lookup": "prompt lookup", "heads": "the learned heads"}
 PAPER_REFERENCE = RunLayout.reference("offline")  # the shipped run whose request shapes and calibrations stand in
 
 
@@ -46,7 +47,15 @@ def substitutions(summary: Summary, meta: RunMetadata, results: Path) -> str:
         measured = "; ".join(f"{tex_escape(r.dataset)} {num(r.acceptance, 2)} [{num(r.acceptance_low, 2)}, "
                              f"{num(r.acceptance_high, 2)}]" for r in alphas.get(name, []))
         chosen = configuration(name)
-        if not chosen.proposer_type.has_draft_model:
+        if chosen.chooses_proposer:
+            held = ", ".join(PROPOSER_WORDS.get(p, p) for p in chosen.all_proposers)
+            text.append(f"\\texttt{{{tex_escape(name)}}} holds {held} for one {tex_escape(chosen.precision)} target, "
+                        "rakv-asd choosing (reuse, proposer, $k$) per request (Section~\\ref{sec:proposers}); each "
+                        "proposer's acceptance is its single-proposer configuration's.")
+        elif chosen.proposer == "heads":
+            text.append(f"\\texttt{{{tex_escape(name)}}} proposes with learned heads on the target's last hidden "
+                        f"state, trained here by self-distillation (data/heads/; measured acceptance {measured}).")
+        elif not chosen.proposer_type.has_draft_model:
             text.append(f"\\texttt{{{tex_escape(name)}}} drafts by prompt lookup, without a model (measured "
                         f"acceptance {measured}).")
         else:
@@ -625,6 +634,7 @@ def regime_text(summary: Summary, results: Path) -> str:
     """The paper's "The regime": where speculation pays here and why, in the prices and acceptances measured, on this
     machine and the shipped others, and where the reference's pairs, as twins, put their crossover (Figure
     fig:regime, rakv.experiments.figures.regime_map)."""
+    from rakv.experiments.config import configuration
 
     folders = analysis.regime_folders(results)
     points = analysis.regime_points(folders)
@@ -650,6 +660,8 @@ def regime_text(summary: Summary, results: Path) -> str:
             sentence += (f"; the best $k>0$ is faster in {pct(1 - slow.share_slower, 0)} of the {s.scenarios} "
                          f"scenarios ({spread})")
         text.append(sentence + ".")
+        if configuration(name).chooses_proposer:  # its proposers' prices are their single configurations'
+            continue
         text += pair_price_sentences(summary, name, points[points.pair == pair], own)
         note = zero_crossover_note(name, results)
         if note:

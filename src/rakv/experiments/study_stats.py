@@ -168,12 +168,16 @@ def spec_slowdown(meas: pd.DataFrame) -> SpecSlowdown:
 
 
 def acceptance_table(runs: pd.DataFrame, tables: dict) -> pd.DataFrame:
-    """Measured per-token acceptance per configuration x dataset (every speculative run; CI over prompts),
-    beside the cost model's break-even alpha for the same setting: a cold request of the dataset's mean
+    """Measured per-token acceptance per configuration of one proposer x dataset (every speculative run; CI over
+    prompts), beside the cost model's break-even alpha for the same setting: a cold request of the dataset's mean
     prompt length, the study's new tokens, least over k (and at k = 4). `tables`: configuration -> CostTable."""
     from rakv.runtime.costmodel import RequestFeatures, break_even_alpha
 
-    spec = runs[runs.k > 0]
+    # a configuration of several proposers (its actions name theirs: `heads:r1k4`) is left out: its speculative runs
+    # mix proposers, priced against one proposer's break-even; each proposer's acceptance on the same target is its
+    # single-proposer configuration's row
+    several = runs.action.fillna("").str.contains(":", regex=False).groupby(runs.configuration).transform("any")
+    spec = runs[(runs.k > 0) & ~several]
     rows = []
     for (name, dataset), part in spec.groupby(["configuration", "dataset"]):
         value = cluster_interval(prompt_keys(part), part.accepted, part.accepted + part.rejections, scale="proportion")
