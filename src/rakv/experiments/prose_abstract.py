@@ -179,9 +179,25 @@ def cause_part(summary: Summary, results: Path, befores: list[Path]) -> str:
             f"{shares} and were {results_} than Joint-k4: {' and '.join(directions)}.")
 
 
+def reference_proposers(summary: Summary) -> tuple[Summary, str]:
+    """The summary restricted to the configurations of one proposer of the kinds the reference question is about
+    (a draft, prompt lookup), and the clause that points to the others (the learned heads, the proposer chosen per
+    request: the paper's "Three proposer families"), '' without them: the abstract keeps its word limit."""
+    from dataclasses import replace
+
+    from rakv.experiments.config import configuration
+
+    kept = [n for n in summary.configurations
+            if not configuration(n).chooses_proposer and configuration(n).proposer != "heads"]
+    if len(kept) == len(summary.configurations):
+        return summary, ""
+    return (replace(summary, configurations=kept, per_configuration={n: summary.per_configuration[n] for n in kept}),
+            " (learned heads: Section~\\ref{sec:proposers})")
+
+
 def abstract(summary: Summary, meta: RunMetadata, results: Path) -> str:
     """The abstract (pooled over the shipped runs of this commit and machine class where there are several)."""
-    summary = pooled_summary(summary)
+    summary, later = reference_proposers(pooled_summary(summary))
     hardware = meta.hardware
     cores = f"{hardware.cores}-core " if isinstance(hardware.cores, int) else ""
     ref = REFERENCE
@@ -191,7 +207,7 @@ def abstract(summary: Summary, meta: RunMetadata, results: Path) -> str:
         "laptop GPU?",
         f"We reproduce it offline on a {cores}{tex_escape(hardware.processor)} {tex_escape(hardware.device.upper())} "
         f"with SmolLM2-135M as the target{precisions_part(summary)}, its int8 copy as self-draft and prompt "
-        f"lookup as proposers: {summary.runs} timed requests, "
+        f"lookup as proposers{later}: {summary.runs} timed requests, "
         f"{summary.exact.equal}/{summary.exact.total} identical to greedy decoding.",
         f"Against fixed Joint-k4 (the reference: {pct(ref['latency_reduction_vs_joint_k4'])} lower latency), RAKV-ASD "
         "is " + across(summary, lambda s: s.latency_reduction.joint_k4) + ".",

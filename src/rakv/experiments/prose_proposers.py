@@ -19,7 +19,7 @@ from rakv.experiments.formatting import ci_text, num, tex_escape
 from rakv.experiments.proposer_choice import POOLED, ChoiceRow, all_proposer_configurations, choice_rows, prices
 from rakv.experiments.served_choice import CHOICE, read_report
 from rakv.runtime.errors import RakvError
-from rakv.runtime.run_layout import RunLayout
+from rakv.runtime.run_layout import RunLayout, calibration_stem
 
 PROPOSER_STUDY = RunLayout.reference("proposer-choice")
 SERVED_CHOICE = RunLayout.reference("served-choice").root  # scripts/served_choice.py's reports, one per load
@@ -53,11 +53,17 @@ def choice_table(rows: list[ChoiceRow]) -> str:
             "\\end{rakvtable}\n")
 
 
-def price_sentence(folder: Path, shipped: bool) -> str:
-    """The proposers' prices by the study's calibrations; `shipped`: the older all-proposer study, which predates
-    the heads' proposal through the engine's own GEMM, so the sentence says so."""
+def price_sentence(folder: Path, shipped: bool, configuration: str) -> str:
+    """The prices of `configuration`'s proposers by the study's calibrations (its pair and precision's, not the
+    run's other pairs'); `shipped`: the older all-proposer study, which predates the heads' proposal through the
+    engine's own GEMM, so the sentence says so."""
+    from rakv.experiments.config import configuration as entry
+
+    chosen = entry(configuration)
+    stems = {calibration_stem(chosen.pair, name, chosen.precision) for name in chosen.all_proposers}
     try:
-        rows = prices(calibration_tables(folder), PRICE_CONTEXT)
+        rows = prices({stem: table for stem, table in calibration_tables(folder).items() if stem in stems},
+                      PRICE_CONTEXT)
     except RakvError:
         return ""
     parts = [f"{OWNER.get(r.calibration.split('-', 1)[1], tex_escape(r.calibration))} four candidates cost "
@@ -133,6 +139,6 @@ def proposers_section(results: Path | None = None, served: Path = SERVED_CHOICE,
             f"of one target; {where}) sets rakv-asd choosing (reuse, proposer, $k$) per "
             f"request against every fixed choice on the same instances (Table~\\ref{{tab:proposers}}). "
             + verdict_sentence(rows) + f" rakv-asd ran {ran} of its requests."
-            + price_sentence(folder, shipped=not own) + "\n")
+            + price_sentence(folder, not own, configuration) + "\n")
     served_text = served_sentence(served).strip()  # its own paragraph after the table, which stays by its reference
     return text + choice_table(rows) + (f"\n{served_text}\n" if served_text else "")
