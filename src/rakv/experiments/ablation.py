@@ -37,6 +37,7 @@ from rakv.experiments.summary import ConfigurationStatistics
 from rakv.runtime.actions import Action
 from rakv.runtime.cache import Hit
 from rakv.runtime.controller import Controller, ControllerConfig, Decision, ProposerChoice
+from rakv.runtime.costmodel import CostTable
 from rakv.runtime.errors import RakvError
 from rakv.runtime.run_layout import RunLayout
 
@@ -218,7 +219,7 @@ def study_ablations(results: Path, changes: dict | None = None) -> pd.DataFrame:
     return ablation_table(runs, replay_tables(runs, results), standard_variants(study, changes), study)
 
 
-def replay_tables(runs: pd.DataFrame, results: Path) -> dict:
+def replay_tables(runs: pd.DataFrame, results: Path) -> dict[str, CostTable | dict[str, CostTable | None] | None]:
     """Configuration -> its kept calibration; for a configuration of several proposers, proposer -> calibration
     (its rakv-asd priced each proposer by that proposer's table)."""
     tables = analysis.tables_by_configuration(runs, results)

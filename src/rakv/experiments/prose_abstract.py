@@ -188,7 +188,7 @@ def reference_proposers(summary: Summary) -> tuple[Summary, str]:
     from rakv.experiments.config import configuration
 
     kept = [n for n in summary.configurations
-            if not configuration(n).chooses_proposer and configuration(n).proposer != "heads"]
+            if not configuration(n).chooses_proposer and not configuration(n).proposer_type.needs_target_hidden]
     if len(kept) == len(summary.configurations):
         return summary, ""
     return (replace(summary, configurations=kept, per_configuration={n: summary.per_configuration[n] for n in kept}),

@@ -52,7 +52,7 @@ def substitutions(summary: Summary, meta: RunMetadata, results: Path) -> str:
             text.append(f"\\texttt{{{tex_escape(name)}}} holds {held} for one {tex_escape(chosen.precision)} target, "
                         "rakv-asd choosing (reuse, proposer, $k$) per request (Section~\\ref{sec:proposers}); each "
                         "proposer's acceptance is its single-proposer configuration's.")
-        elif chosen.proposer == "heads":
+        elif chosen.proposer_type.needs_target_hidden:  # learned heads on the target's features
             text.append(f"\\texttt{{{tex_escape(name)}}} proposes with learned heads on the target's last hidden "
                         f"state, trained here by self-distillation (data/heads/; measured acceptance {measured}).")
         elif not chosen.proposer_type.has_draft_model:
