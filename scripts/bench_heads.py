@@ -2,7 +2,9 @@
 intervals (bootstrap over prompts):
 
 - each head's top-1 agreement with the target's greedy continuation (head 1 = the token after the target's own), on
-  WikiText-2 test paragraphs (the heads train on the validation split), teacher-forced over the AR output;
+  held-out prompts of a workload (--workload): WikiText-2 test paragraphs cut to --prompt-tokens (the heads train on
+  the validation split), or HumanEval's or the structured-output (JSON) workload's prompts whole, none of which the
+  heads saw; teacher-forced over the AR output;
 - the acceptance by head position in real greedy rounds (k = heads): the share of rounds reaching position i that
   accept it;
 - the proposal's cost (k candidates) over one target step at the prompt's context, both timed here, medians;
@@ -10,6 +12,7 @@ intervals (bootstrap over prompts):
 
     .venv/bin/python scripts/bench_heads.py [--pair smollm2] [--prompts 12] [--new-tokens 64] [--draft]
                                             [--heads FOLDER]   # another trained set (default: the shipped one)
+                                            [--workload wikitext2|humaneval|structured]
 
 Timings depend on the machine and its load: read them as ratios measured in the same run, not as results.
 """
@@ -51,7 +54,16 @@ def shown(ci, digits: int = 3) -> str:
     return f"{value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
-def held_out_prompts(encode, count: int, tokens: int, seed: int) -> list[list[int]]:
+WORKLOADS = {"wikitext2": "WikiText-2 test", "humaneval": "HumanEval", "structured": "structured-output (JSON)"}
+
+
+def held_out_prompts(encode, count: int, tokens: int, seed: int, workload: str = "wikitext2") -> list[list[int]]:
+    """`count` seeded prompts of the workload: WikiText-2 test paragraphs of at least `tokens` tokens cut to
+    `tokens`; HumanEval's and the structured workload's prompts whole (a cut would end a code prompt mid-docstring)."""
+    if workload != "wikitext2":
+        encoded = [encode(t) for _, t in dataset_texts(workload)]
+        rng = np.random.default_rng(seed)
+        return [encoded[i] for i in sorted(rng.choice(len(encoded), size=min(count, len(encoded)), replace=False))]
     texts = dataset_texts("wikitext2", "bundled", "test")
     encoded = [ids[:tokens] for ids in (encode(t) for _, t in texts) if len(ids) >= tokens]
     rng = np.random.default_rng(seed)
@@ -95,12 +107,21 @@ def cost_ratio(pair, heads, prompt: list[int], repeats: int = 30) -> float:
     return statistics.median(propose) / statistics.median(step)
 
 
+def prompt_lengths(prompts: list[list[int]]) -> str:
+    lengths = sorted(len(p) for p in prompts)
+    if lengths[0] == lengths[-1]:
+        return str(lengths[0])
+    return f"{lengths[0]} to {lengths[-1]} (median {lengths[len(lengths) // 2]})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pair", default="smollm2")
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="wikitext2",
+                        help="the held-out prompts (default: WikiText-2 test paragraphs)")
     parser.add_argument("--draft", action="store_true", help="also time spec-k with the int8 self-draft")
     parser.add_argument("--heads", type=Path, default=None,
                         help="a trained set's folder (heads.pt, heads.json); default: data/heads/<pair>/")
@@ -113,7 +134,7 @@ def main() -> None:
     heads = shipped_heads(pair) if args.heads is None else load_heads(pair, HeadsLayout(args.heads))
     k = heads.count
     engine = Engine(pair, PrefixKVStore(budget_bytes=1 << 30), proposer="draft")
-    prompts = held_out_prompts(engine.encode, args.prompts, args.prompt_tokens, args.seed)
+    prompts = held_out_prompts(engine.encode, args.prompts, args.prompt_tokens, args.seed, args.workload)
     per_head = [[] for _ in range(k)]
     reached, passed = np.zeros(k), np.zeros(k)
     speedup, draft_speedup, ratios = [], [], []
@@ -135,8 +156,9 @@ def main() -> None:
         ratios.append(cost_ratio(pair, heads, ids))
     record = heads.record
     print(f"bench_heads: pair {args.pair}, heads {record.key if record else '?'} ({k} heads, vocabulary "
-          f"{len(heads.vocab)}), {len(prompts)} WikiText-2 test prompts of {args.prompt_tokens} tokens, "
-          f"{args.new_tokens} new tokens, greedy; 95 % bootstrap intervals over prompts")
+          f"{len(heads.vocab)}), {len(prompts)} {WORKLOADS[args.workload]} prompts of "
+          f"{prompt_lengths(prompts)} tokens, {args.new_tokens} new tokens, greedy; 95 % bootstrap "
+          "intervals over prompts")
     for i in range(k):
         print(f"  head {i + 1} top-1 agreement with the target (teacher-forced): {shown(bootstrap(per_head[i]))}")
     print("  acceptance by position in spec-k rounds (accepted / reached): "

@@ -489,3 +489,29 @@ def test_the_packed_proposal_is_the_heads_function(request, design):
         assert packed.shape == reference.shape == (n, trained.rows.shape[0])
         torch.testing.assert_close(packed, reference, rtol=1e-4, atol=1e-4)
         assert torch.equal(packed.argmax(-1), reference.argmax(-1))
+
+
+def bench_heads_script():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_heads", Path(__file__).resolve().parents[1] / "scripts" / "bench_heads.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("workload", ["humaneval", "structured"])
+def test_bench_heads_reads_each_held_out_workloads_prompts_whole_and_seeded(workload):
+    """The acceptance per head position is measured on HumanEval and the JSON workload too: their prompts whole (a
+    WikiText-2 paragraph is cut to the prompt length); the same seed gives the same prompts, another seed others."""
+    bench = bench_heads_script()
+    encode = lambda text: [ord(c) for c in text]  # noqa: E731 - one token per character: the prompt's length is its text's
+    texts = {tuple(encode(t)) for _, t in bench.dataset_texts(workload)}
+    first = bench.held_out_prompts(encode, 5, 64, seed=0, workload=workload)
+    assert len(first) == 5 and all(tuple(p) in texts for p in first)
+    assert first == bench.held_out_prompts(encode, 5, 64, seed=0, workload=workload)
+    assert first != bench.held_out_prompts(encode, 5, 64, seed=1, workload=workload)
+    cut = bench.held_out_prompts(encode, 5, 64, seed=0)
+    assert all(len(p) == 64 for p in cut)  # the control: WikiText-2's paragraphs are cut

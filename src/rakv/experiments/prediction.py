@@ -12,11 +12,11 @@ four headline comparisons follow as the study computes them (ratios of sums over
 - against the best fixed action in hindsight: the same, against the single action of least sum;
 - the regime: sum over requests of the best k > 0 / the best k = 0, minus 1.
 
-The interval is what the calibration's own uncertainty allows (`predict`, seeded Monte Carlo): the controller
-decides on the calibrated costs while the costs it then meets differ from them by a factor per measured curve,
-log-normal with the run-to-run standard deviation of a curve measured on one machine class (`calibration_run_sd`,
-from the shipped pairs of same-commit, same-machine calibrations), and the acceptance (and prompt lookup's match
-rate) is drawn from a beta of the calibration's rounds. What it leaves out, and what a miss is then traced to
+The prediction is the median and 95 % interval of what the calibration's own uncertainty allows (`predict`,
+seeded Monte Carlo): the controller decides on the calibrated costs while the costs it then meets differ from them
+by a factor per measured curve, log-normal with the run-to-run standard deviation of a curve measured on one
+machine class (`calibration_run_sd`, from the shipped pairs of same-commit, same-machine calibrations), and the
+acceptance (and prompt lookup's match rate) is drawn from a beta of the calibration's rounds. What it leaves out, and what a miss is then traced to
 (`PredictionRow.cause`): the study prompts' own acceptance, which the calibration cannot know (re-predicted with
 the acceptance the study measured), and the cost model's own error (its MAPE in the summary).
 """
@@ -121,8 +121,14 @@ def beta_draw(rng, mean: float, rounds: int) -> float:
 
 def predict(table: CostTable, shapes: pd.DataFrame, actions: list[Action], run_sd: float, draws: int = DRAWS,
             seed: int = 0, alpha: float | None = None) -> dict[str, list[float]]:
-    """Each comparison's point prediction and its 95 % interval (`alpha`: predict at this acceptance instead of the
-    calibration's, e.g. the one the study measured)."""
+    """Each comparison's prediction, [median, 2.5 %, 97.5 %] of what a run measures under the calibration's
+    uncertainty (`alpha`: predict at this acceptance instead of the calibration's, e.g. the one the study measured).
+
+    The point is the draws' median, not the comparison at the calibrated costs themselves: against the best fixed
+    action in hindsight a run's measurement is biased low, since hindsight takes the fixed action the run's costs
+    favoured while the controller decided on the calibrated ones, so the noise-free value can lie above every draw.
+    Where no draw differs from the calibration (no run-to-run
+    spread, no acceptance rounds) the median is that value."""
     alpha = table.acceptance if alpha is None else alpha
     base = action_costs(table, shapes, actions, alpha, table.match_rate)
     chosen = base.argmin(axis=1)
@@ -136,7 +142,7 @@ def predict(table: CostTable, shapes: pd.DataFrame, actions: list[Action], run_s
                              beta_draw(rng, table.match_rate, table.acceptance_rounds))
         for name, value in comparisons(chosen, costs, actions).items():
             samples[name].append(value)
-    return {name: [point[name], *np.percentile(samples[name], [2.5, 97.5]).tolist()] for name in point}
+    return {name: np.percentile(samples[name], [50.0, 2.5, 97.5]).tolist() for name in point}
 
 
 def calibration_run_sd(pairs: list[tuple[RunLayout, RunLayout]]) -> float | None:
