@@ -16,9 +16,10 @@ The prediction is the median and 95 % interval of what the calibration's own unc
 seeded Monte Carlo): the controller decides on the calibrated costs while the costs it then meets differ from them
 by a factor per measured curve, log-normal with the run-to-run standard deviation of a curve measured on one
 machine class (`calibration_run_sd`, from the shipped pairs of same-commit, same-machine calibrations), and the
-acceptance (and prompt lookup's match rate) is drawn from a beta of the calibration's rounds. What it leaves out, and what a miss is then traced to
-(`PredictionRow.cause`): the study prompts' own acceptance, which the calibration cannot know (re-predicted with
-the acceptance the study measured), and the cost model's own error (its MAPE in the summary).
+acceptance (and prompt lookup's match rate) is drawn from a beta of the calibration's rounds. What it leaves out,
+and what a miss is then traced to (`PredictionRow.cause`): the study prompts' own acceptance, which the calibration
+cannot know (re-predicted with the acceptance the study measured), and the cost model's own error (its MAPE in the
+summary).
 """
 
 from __future__ import annotations
