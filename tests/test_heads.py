@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rakv.experiments.heads import ensure_heads, settings_of, train, training_prompts
+from rakv.experiments.heads import ensure_heads, mixed_texts, settings_of, train, training_prompts
 from rakv.runtime import heads as heads_module
 from rakv.runtime.actions import Action
 from rakv.runtime.cache import PrefixKVStore
@@ -224,6 +224,17 @@ def test_the_stage_trains_once_then_finds_its_key_in_the_cache(tiny_pair, tmp_pa
     assert other != first  # the seed is part of the key
     record = read_heads_record(first)
     assert record.positions > 0 and 0 < record.coverage <= 1 and len(record.holdout_accuracy) == 2
+    assert record.texts == "wikitext2: bundled validation"
+
+
+def test_a_record_names_the_python_whose_library_it_read():
+    import platform
+
+    from rakv.runtime.heads import data_origin
+
+    assert data_origin(HeadsSettings(dataset="wikitext2+python")) == (
+        f"wikitext2: bundled validation; python: the Python {platform.python_version()} standard library")
+    assert data_origin(HeadsSettings(dataset="python", source="/src")) == "python: /src"
 
 
 def test_training_is_seeded(tiny_pair):
@@ -233,6 +244,20 @@ def test_training_is_seeded(tiny_pair):
     a, _ = train(tiny_pair, settings, prompts, "test", log=lambda *_: None)
     b, _ = train(tiny_pair, settings, prompts, "test", log=lambda *_: None)
     assert torch.equal(a.weight, b.weight) and torch.equal(a.vocab, b.vocab)
+
+
+def test_a_mixture_takes_each_dataset_in_turn_in_its_own_seeded_order(tmp_path):
+    (tmp_path / "valid.txt").write_text("".join(f" prose {i} .\n" for i in range(6)))
+    (tmp_path / "code.py").write_text("".join(f"def f{i}():\n    pass\n" for i in range(3)))
+    encode = lambda text: [ord(c) for c in text]  # noqa: E731
+    alone = {name: mixed_texts(encode, HeadsSettings(dataset=name, source=str(tmp_path), seed=3))
+             for name in ("wikitext2", "python")}
+    mixed = mixed_texts(encode, HeadsSettings(dataset="wikitext2+python", source=str(tmp_path), seed=3))
+    assert sorted(alone["wikitext2"]) == sorted(encode(f"prose {i} .") for i in range(6))
+    assert mixed == [alone["wikitext2"][0], alone["python"][0], alone["wikitext2"][1], alone["python"][1],
+                     alone["wikitext2"][2], alone["python"][2], *alone["wikitext2"][3:]]
+    with pytest.raises(RakvError, match="unknown dataset 'wikitext3'"):
+        mixed_texts(encode, HeadsSettings(dataset="wikitext2+wikitext3", source=str(tmp_path)))
 
 
 @pytest.mark.parametrize("node, message", [({"pair": "tiny", "heds": 3}, "unknown setting"),

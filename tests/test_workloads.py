@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rakv.runtime.errors import RakvError
-from rakv.runtime.workloads import BUNDLED_WIKITEXT2, load_wikitext2
+from rakv.runtime.workloads import BUNDLED_WIKITEXT2, STDLIB_LEFT_OUT, load_wikitext2, python_files
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,3 +125,26 @@ def test_long_context_documents_share_their_prefix_across_questions():
         assert all(p[:len(doc.document)] == doc.document for p in prompts) and len(set(prompts)) == 3
     with pytest.raises(RakvError, match="only"):
         select_documents(articles, encode, [(100_000, 200_000)], per_bin=1, questions=1, seed=0)
+
+
+def test_python_texts_are_each_top_level_function_and_class_of_a_folder(tmp_path):
+    (tmp_path / "b.py").write_text("import os\n\n@decorator\ndef f(x):\n    return x\n\n\nclass C:\n    y = 1\n")
+    (tmp_path / "a.py").write_text("async def g():\n    pass\nX = 1\n")
+    (tmp_path / "broken.py").write_text("def (:\n")
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "c.py").write_text("def h():\n    pass\n")
+    assert dataset_texts("python", str(tmp_path)) == [
+        ("python/a.py:1", "async def g():\n    pass"),
+        ("python/b.py:3", "@decorator\ndef f(x):\n    return x"),
+        ("python/b.py:8", "class C:\n    y = 1")]
+
+
+def test_bundled_python_is_the_interpreters_library_without_its_tests():
+    root, files = python_files("bundled")
+    parts = {part for f in files for part in f.relative_to(root).parts[:-1]}
+    assert len(files) > 100 and root / "json" / "decoder.py" in files and not parts & STDLIB_LEFT_OUT
+
+
+def test_a_python_source_that_is_not_a_folder_fails_with_one_line(tmp_path):
+    with pytest.raises(RakvError, match="neither bundled .* nor an existing folder"):
+        dataset_texts("python", str(tmp_path / "missing"))

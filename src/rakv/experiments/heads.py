@@ -6,7 +6,9 @@ settings: conf/heads/<pair>.yaml), computes the set's key (the target's fingerpr
 settings, rakv.runtime.heads.heads_key) and then: the shipped set (data/heads/<pair>/) has that key -> nothing to do;
 the cache (<derived files>/heads/<key>/) has it -> installed from there; else trained, cached and installed. The
 data (WikiText-2 paragraphs, the bundled validation split by default: the test split stays held out for the
-measurements, scripts/bench_heads.py), of two kinds that mix: `prompts` paragraphs' first `prompt_tokens` tokens
+measurements, scripts/bench_heads.py; or Python code, `heads.dataset=python`: the functions and classes of the
+interpreter's standard library or of a folder, `heads.source=DIR`; or a mixture in equal shares,
+`heads.dataset=wikitext2+python`), of two kinds that mix: `prompts` paragraphs' first `prompt_tokens` tokens
 continued greedily by the target (one forward per token), where head i learns, from the hidden state that produced
 continuation token j, token j+i; and `paragraphs` paragraphs read teacher-forced (one prefill each), where head i's
 label at position t is the target's own argmax at position t+i (with `consistent`, only where the text's tokens in
@@ -16,6 +18,7 @@ between are the target's own choices, so that the label is what its greedy conti
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 import shutil
@@ -32,6 +35,7 @@ from rakv.runtime.heads import (
     Heads,
     HeadsRecord,
     HeadsSettings,
+    data_origin,
     head_logits,
     heads_key,
     input_rows,
@@ -52,11 +56,8 @@ def training_texts(encode, settings: HeadsSettings) -> tuple[list[list[int]], li
     """The split's paragraphs in a seeded order, each used once: the first `prompts` of `prompt_tokens` tokens or
     more, cut to those (continued greedily), and the first `paragraphs` of the others of `heads` + 2 tokens or more,
     cut to `paragraph_tokens` (read teacher-forced)."""
-    texts = dataset_texts(settings.dataset, settings.source, settings.split)
-    encoded = [encode(text) for _, text in texts]
-    random.Random(settings.seed).shuffle(encoded)
     prompts, paragraphs = [], []
-    for ids in encoded:
+    for ids in mixed_texts(encode, settings):
         if len(prompts) < settings.prompts and len(ids) >= settings.prompt_tokens:
             prompts.append(ids[:settings.prompt_tokens])
         elif len(paragraphs) < settings.paragraphs and len(ids) >= settings.heads + 2:
@@ -66,6 +67,18 @@ def training_texts(encode, settings: HeadsSettings) -> tuple[list[list[int]], li
                         f"{settings.prompt_tokens} tokens or more and {len(paragraphs)} others, fewer than the "
                         f"{settings.prompts} prompts and {settings.paragraphs} paragraphs asked for")
     return prompts, paragraphs
+
+
+def mixed_texts(encode, settings: HeadsSettings) -> list[list[int]]:
+    """The texts of `settings.dataset` encoded, in a seeded order; a mixture (`wikitext2+python`: each named dataset
+    with the same `source` and `split`) takes one text of each in turn, each dataset in its own seeded order, so the
+    mixture holds equal shares whatever the datasets' sizes (until the smaller runs out)."""
+    orders = []
+    for name in settings.dataset.split("+"):
+        encoded = [encode(text) for _, text in dataset_texts(name, settings.source, settings.split)]
+        random.Random(settings.seed).shuffle(encoded)
+        orders.append(encoded)
+    return [ids for group in itertools.zip_longest(*orders) for ids in group if ids is not None]
 
 
 def training_prompts(encode, settings: HeadsSettings) -> list[list[int]]:
@@ -287,7 +300,7 @@ def train(pair, settings: HeadsSettings, prompts: list[list[int]], commit: str, 
                          target=target_identity(pair), data_digest=digest, commit=commit,
                          positions=len(x), vocab_size=v, coverage=round(data.coverage, 5), loss_curve=curve,
                          holdout_accuracy=held_accuracy, train_seconds=round(time.perf_counter() - started, 2),
-                         best_epoch=best_epoch)
+                         best_epoch=best_epoch, texts=data_origin(settings))
     heads.record = record
     return heads, record
 

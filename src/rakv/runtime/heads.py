@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 from rakv.runtime import kernels
 from rakv.runtime.decoding import Proposer, Sampling, probabilities
 from rakv.runtime.errors import RakvError
-from rakv.runtime.json_records import read_record, write_record
+from rakv.runtime.json_records import optional, read_record, write_record
 from rakv.runtime.kernels import compact_of
 from rakv.runtime.run_layout import HeadsLayout
 
@@ -91,6 +92,20 @@ class HeadsRecord:
     holdout_accuracy: list[float]  # each head's top-1 agreement with the target's greedy token, held-out text
     train_seconds: float  # wall time of generation and training (the machine's load not controlled)
     best_epoch: int = 0  # the epoch whose weights were kept (the best mean held-out agreement; 0: not recorded)
+    texts: str = optional()  # where the texts came from (data_origin); sets trained before it was recorded lack it
+
+
+def data_origin(settings: HeadsSettings) -> str:
+    """Where a set's texts come from, for its record: each dataset with its source and split, the bundled Python
+    library named by the interpreter that holds it (its content is in the data digest, its version here)."""
+    origins = []
+    for name in settings.dataset.split("+"):
+        if name == "python":
+            origins.append(f"python: the Python {platform.python_version()} standard library"
+                           if settings.source == "bundled" else f"python: {settings.source}")
+        else:
+            origins.append(f"{name}: {settings.source} {settings.split}")
+    return "; ".join(origins)
 
 
 def target_identity(pair) -> dict:

@@ -8,8 +8,10 @@ Prefix: a longer prompt of which the timed prompt is a strict prefix.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
+import sysconfig
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -85,9 +87,50 @@ def load_wikitext2(source: str = "bundled", split: str = "test"):
     return load_dataset("text", data_files=str(wikitext2_files(folder, split)), split="train")
 
 
+# Parts of the standard library that are not library code (tests, IDLE, demos) or not the library (installed packages).
+STDLIB_LEFT_OUT = frozenset({"test", "tests", "idlelib", "lib2to3", "turtledemo", "ensurepip", "site-packages",
+                             "dist-packages", "__pycache__"})
+
+
+def python_files(source: str = "bundled") -> tuple[Path, list[Path]]:
+    """The folder and the `.py` files under it: `source`, or for "bundled" the running interpreter's standard library
+    (every machine that runs the artifact holds one; STDLIB_LEFT_OUT left out), in sorted order."""
+    if source == "bundled":
+        root, left_out = Path(sysconfig.get_paths()["stdlib"]), STDLIB_LEFT_OUT
+    else:
+        root, left_out = Path(source).expanduser(), frozenset({"__pycache__"})
+    if not root.is_dir():
+        raise RakvError(f"Python source '{source}' is neither bundled (the interpreter's standard library) nor an "
+                        "existing folder")
+    return root, sorted(f for f in root.rglob("*.py") if not left_out.intersection(f.relative_to(root).parts[:-1]))
+
+
+def python_texts(source: str = "bundled") -> list[tuple[str, str]]:
+    """(id, text) pairs of Python code: every top-level function and class (decorators included) of python_files,
+    in file order; a file that does not parse or decode is skipped. Code for training the learned heads (docs/heads.md)
+    that no workload draws its prompts from."""
+    root, files = python_files(source)
+    out = []
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+            tree = ast.parse(text)
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        lines = text.splitlines()
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                out.append((f"python/{path.relative_to(root)}:{start}", "\n".join(lines[start - 1:node.end_lineno])))
+    return out
+
+
 def dataset_texts(name: str, source: str = "bundled", split: str = "test") -> list[tuple[str, str]]:
-    """(id, text) pairs: HumanEval prompts, WikiText-2 paragraphs (headings and blank lines dropped), or the
-    structured-output prompts (rakv.runtime.structured_outputs; `source` and `split` do not apply)."""
+    """(id, text) pairs: HumanEval prompts, WikiText-2 paragraphs (headings and blank lines dropped), Python
+    functions and classes (python_texts; `split` does not apply), or the structured-output prompts
+    (rakv.runtime.structured_outputs; `source` and `split` do not apply)."""
+    if name == "python":
+        return python_texts(source)
     if name == "humaneval":
         return [(row["task_id"], row["prompt"]) for row in load_humaneval()]
     if name == "wikitext2":
@@ -98,7 +141,7 @@ def dataset_texts(name: str, source: str = "bundled", split: str = "test") -> li
         from rakv.runtime.structured_outputs import structured_texts
 
         return structured_texts()
-    raise RakvError(f"unknown dataset '{name}'; choose humaneval, wikitext2 or structured")
+    raise RakvError(f"unknown dataset '{name}'; choose humaneval, wikitext2, python or structured")
 
 
 @dataclass(frozen=True)
