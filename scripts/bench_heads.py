@@ -13,6 +13,7 @@ intervals (bootstrap over prompts):
     .venv/bin/python scripts/bench_heads.py [--pair smollm2] [--prompts 12] [--new-tokens 64] [--draft]
                                             [--heads FOLDER]   # another trained set (default: the shipped one)
                                             [--workload wikitext2|humaneval|structured]
+                                            [--show-outputs]     # each prompt's greedy output, printed
 
 Timings depend on the machine and its load: read them as ratios measured in the same run, not as results.
 """
@@ -127,6 +128,8 @@ def main() -> None:
                         help="a trained set's folder (heads.pt, heads.json); default: data/heads/<pair>/")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--show-outputs", action="store_true", help="print each prompt's greedy output (what the "
+                        "heads are measured against)")
     args = parser.parse_args()
     if args.prompts < 2 or args.new_tokens < 8:
         raise RakvError("--prompts must be >= 2 and --new-tokens >= 8")
@@ -140,6 +143,8 @@ def main() -> None:
     speedup, draft_speedup, ratios = [], [], []
     for ids in prompts:
         ar = engine.run(ids, Action(False, 0), args.new_tokens, ignore_eos=True)
+        if args.show_outputs:
+            print(f"  greedy output: {pair.tokenizer.decode(ar.token_ids)!r}")
         guessed = engine.run(ids, Action(False, k), args.new_tokens, ignore_eos=True, proposer=HeadsProposer(heads))
         if guessed.token_ids != ar.token_ids:
             raise RakvError("the heads changed a greedy output: a bug")
